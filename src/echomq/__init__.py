@@ -1,0 +1,51 @@
+"""echomq: a reliable job queue for Python on Valkey/Redis.
+
+A job is one hash row plus membership in exactly one of four sorted sets of its queue; every
+transition is one atomic Lua script; ``attempts`` is both the retry count and the fencing
+token, so a worker whose lease lapsed can never settle a job another worker now owns.
+"""
+
+from __future__ import annotations
+
+from echomq import ids, keyspace
+from echomq._protocol import WIRE_VERSION, Enqueued, Job
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    InvalidId,
+    JobGone,
+    KindError,
+    Locked,
+    PayloadTooLarge,
+    ProtocolError,
+    RateLimited,
+    StaleToken,
+    StateError,
+    VersionFenceError,
+)
+from echomq.queue import AsyncQueue, Queue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "WIRE_VERSION",
+    "AsyncQueue",
+    "EchoMQError",
+    "Enqueued",
+    "InvalidArgument",
+    "InvalidId",
+    "Job",
+    "JobGone",
+    "KindError",
+    "Locked",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "Queue",
+    "RateLimited",
+    "StaleToken",
+    "StateError",
+    "VersionFenceError",
+    "__version__",
+    "ids",
+    "keyspace",
+]

@@ -1,0 +1,402 @@
+"""The only lines that do I/O: run a :class:`~echomq._protocol.Call` or drive a plan.
+
+Scripts run EVALSHA first and fall back to EVAL on ``NOSCRIPT`` (EVAL also caches the
+script). Every error reply, on either path and in pipelines, goes through the one mapper
+:func:`echomq.errors.from_reply`, so a refusal is the same exception however it arrived.
+
+The version fence (D1) runs before the first call and again on every (re)connect: a hook on
+the connection pool fences each new connection on the connection itself, before the command
+that caused the connect is sent. On a cluster node that does not own ``{emq}:version`` the
+hook cannot read it there, so it marks the executor to fence through the cluster client
+before the next call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Sequence
+from typing import Any, Protocol, TypeVar, cast
+
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, ResponseError
+from redis.retry import Retry
+
+from echomq._protocol import WIRE_VERSION, Call, Plan
+from echomq.errors import EchoMQError, InvalidArgument, VersionFenceError, from_reply
+from echomq.keyspace import VERSION_KEY
+
+__all__ = ["AsyncExecutor", "SyncExecutor", "async_client", "default_url", "sync_client"]
+
+T = TypeVar("T")
+
+
+class SyncClient(Protocol):
+    """What echomq needs of a redis-py client (``redis.Redis`` or ``RedisCluster``)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any: ...
+    def pipeline(self, transaction: bool = ...) -> Any: ...
+    def close(self) -> None: ...
+
+
+class AsyncClient(Protocol):
+    """What echomq needs of an asyncio redis-py client."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Awaitable[Any]: ...
+    def pipeline(self, transaction: bool = ...) -> Any: ...
+
+
+def default_url() -> str:
+    """``ECHOMQ_URL`` when set, else a local server on the default port."""
+    return os.environ.get("ECHOMQ_URL") or "redis://127.0.0.1:6379/0"
+
+
+def _client_options() -> dict[str, Any]:
+    # No blind replays: redis-py would resend a command whose reply was lost, which can
+    # double-apply a non-idempotent verb (a log line) or misreport a settle. Reconnecting
+    # happens on the next call, and the worker retries with backoff where it is safe.
+    return {"retry": Retry(NoBackoff(), 0), "socket_keepalive": True, "health_check_interval": 30}
+
+
+def sync_client(url: str | None = None) -> redis.Redis:
+    """A ``redis.Redis`` for ``url`` (default :func:`default_url`), bytes in and out."""
+    return redis.Redis.from_url(url or default_url(), **_client_options())
+
+
+def async_client(url: str | None = None) -> redis.asyncio.Redis:
+    """A ``redis.asyncio.Redis`` for ``url`` (default :func:`default_url`)."""
+    return redis.asyncio.Redis.from_url(url or default_url(), **_client_options())
+
+
+def _check_bytes_client(client: Any) -> None:
+    get = getattr(client, "get_connection_kwargs", None)
+    kwargs = (
+        get()
+        if callable(get)
+        else getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    )
+    if isinstance(kwargs, dict) and kwargs.get("decode_responses"):
+        raise InvalidArgument(
+            "echomq needs a client with decode_responses=False: payloads are bytes"
+        )
+
+
+def _mapped(exc: ResponseError) -> Exception:
+    err = from_reply(str(exc))
+    return err if err is not None else exc
+
+
+def _version_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _is_redirect(exc: ResponseError) -> bool:
+    return str(exc).startswith(("MOVED", "ASK"))
+
+
+def _script_args(call: Call[Any], use_eval: bool) -> tuple[Any, ...]:
+    script = call.script
+    assert script is not None
+    head = ("EVAL", script.source) if use_eval else ("EVALSHA", script.sha)
+    return (*head, len(call.keys), *call.keys, *call.args)
+
+
+def _fence_value(found: str | None) -> None:
+    if found != WIRE_VERSION:
+        raise VersionFenceError(str(found), WIRE_VERSION)
+
+
+def _get_hook(target: Any) -> Any:
+    if isinstance(target, dict):
+        return target.get("redis_connect_func")
+    return getattr(target, "redis_connect_func", None)
+
+
+def _set_hook(target: Any, hook: Any) -> None:
+    hook._echomq_fence = True
+    if isinstance(target, dict):
+        target["redis_connect_func"] = hook
+    else:
+        target.redis_connect_func = hook
+
+
+def _pool_targets(client: Any) -> list[Any]:
+    """The connection kwargs dict and the live connections of a standalone client's pool."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return []
+    conns = list(getattr(pool, "_available_connections", []) or [])
+    conns += list(getattr(pool, "_in_use_connections", []) or [])
+    return [pool.connection_kwargs, *conns]
+
+
+class _Fence:
+    """Shared state of the fence: whether the next call must fence through the client."""
+
+    def __init__(self) -> None:
+        self.pending = True
+
+    def mark(self) -> None:
+        self.pending = True
+
+
+class SyncExecutor:
+    """Runs calls on a synchronous redis-py client."""
+
+    def __init__(self, client: SyncClient, *, owned: bool = False) -> None:
+        _check_bytes_client(client)
+        self.client = client
+        self.owned = owned
+        self._fence = _Fence()
+        self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
+        self._install_hook()
+
+    # -- the version fence
+    def _install_hook(self) -> None:
+        fence = self._fence
+        if hasattr(self.client, "user_on_connect_func"):  # RedisCluster
+            prev_cluster = getattr(self.client, "user_on_connect_func", None)
+
+            def on_cluster_connect(conn: Any) -> None:
+                if prev_cluster is not None:
+                    prev_cluster(conn)
+                _fence_connection(conn, fence)
+
+            self.client.user_on_connect_func = on_cluster_connect
+            return
+        for target in _pool_targets(self.client):
+            prev = _get_hook(target)
+            if getattr(prev, "_echomq_fence", False):
+                continue
+
+            def on_connect(conn: Any, prev: Any = prev) -> None:
+                if prev is None:
+                    conn.on_connect()
+                else:
+                    prev(conn)
+                _fence_connection(conn, fence)
+
+            _set_hook(target, on_connect)
+
+    def fence(self) -> None:
+        """Read ``{emq}:version``; claim it when absent; refuse a foreign value (D1)."""
+        found = self.client.execute_command("GET", VERSION_KEY)
+        if found is None:
+            self.client.execute_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
+            found = self.client.execute_command("GET", VERSION_KEY)
+        _fence_value(_version_text(found))
+        self._fence.pending = False
+
+    # -- running calls
+    def call(self, call: Call[T]) -> T:
+        if self._fence.pending:
+            self.fence()
+        client = self.client
+        if call.script is None:
+            return call.decode(client.execute_command(*call.args))
+        try:
+            reply = client.execute_command(*_script_args(call, False))
+        except NoScriptError:
+            try:
+                reply = client.execute_command(*_script_args(call, True))
+            except ResponseError as exc:
+                raise _mapped(exc) from None
+        except ResponseError as exc:
+            raise _mapped(exc) from None
+        return call.decode(reply)
+
+    def pipeline(self, calls: Sequence[Call[Any]]) -> list[Any]:
+        """Run calls in one round trip; each result is decoded or is the exception it raised."""
+        if self._fence.pending:
+            self.fence()
+        replies = self._send(calls, use_eval=False)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            again = self._send([calls[i] for i in missing], use_eval=True)
+            for i, r in zip(missing, again, strict=True):
+                replies[i] = r
+        return [_decode_one(c, r) for c, r in zip(calls, replies, strict=True)]
+
+    def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for args in _pipeline_args(calls, use_eval, self._cluster):
+            pipe.execute_command(*args)
+        return list(pipe.execute(raise_on_error=False))
+
+    def run(self, work: Call[T] | Plan[T]) -> T:
+        """Run one call, or drive a plan to its result."""
+        if isinstance(work, Call):
+            return self.call(work)
+        try:
+            step = next(work)
+            while True:
+                result = self.pipeline(step) if isinstance(step, list) else self.call(step)
+                step = work.send(result)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    def close(self) -> None:
+        if self.owned:
+            self.client.close()
+
+
+class AsyncExecutor:
+    """Runs calls on an asyncio redis-py client; the twin of :class:`SyncExecutor`."""
+
+    def __init__(self, client: AsyncClient, *, owned: bool = False) -> None:
+        _check_bytes_client(client)
+        self.client = client
+        self.owned = owned
+        self._fence = _Fence()
+        self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
+        self._install_hook()
+
+    def _install_hook(self) -> None:
+        fence = self._fence
+        for target in _pool_targets(self.client):
+            prev = _get_hook(target)
+            if getattr(prev, "_echomq_fence", False):
+                continue
+
+            async def on_connect(conn: Any, prev: Any = prev) -> None:
+                if prev is None:
+                    await conn.on_connect()
+                else:
+                    result = prev(conn)
+                    if hasattr(result, "__await__"):
+                        await result
+                await _afence_connection(conn, fence)
+
+            _set_hook(target, on_connect)
+
+    async def fence(self) -> None:
+        found = await self.client.execute_command("GET", VERSION_KEY)
+        if found is None:
+            await self.client.execute_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
+            found = await self.client.execute_command("GET", VERSION_KEY)
+        _fence_value(_version_text(found))
+        self._fence.pending = False
+
+    async def call(self, call: Call[T]) -> T:
+        if self._fence.pending:
+            await self.fence()
+        client = self.client
+        if call.script is None:
+            return call.decode(await client.execute_command(*call.args))
+        try:
+            reply = await client.execute_command(*_script_args(call, False))
+        except NoScriptError:
+            try:
+                reply = await client.execute_command(*_script_args(call, True))
+            except ResponseError as exc:
+                raise _mapped(exc) from None
+        except ResponseError as exc:
+            raise _mapped(exc) from None
+        return call.decode(reply)
+
+    async def pipeline(self, calls: Sequence[Call[Any]]) -> list[Any]:
+        if self._fence.pending:
+            await self.fence()
+        replies = await self._send(calls, use_eval=False)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            again = await self._send([calls[i] for i in missing], use_eval=True)
+            for i, r in zip(missing, again, strict=True):
+                replies[i] = r
+        return [_decode_one(c, r) for c, r in zip(calls, replies, strict=True)]
+
+    async def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for args in _pipeline_args(calls, use_eval, self._cluster):
+            pipe.execute_command(*args)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def run(self, work: Call[T] | Plan[T]) -> T:
+        if isinstance(work, Call):
+            return await self.call(work)
+        try:
+            step = next(work)
+            while True:
+                result = await (self.pipeline(step) if isinstance(step, list) else self.call(step))
+                step = work.send(result)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    async def close(self) -> None:
+        if self.owned:
+            await cast(Any, self.client).aclose()
+
+
+def _pipeline_args(
+    calls: Sequence[Call[Any]], use_eval: bool, cluster: bool
+) -> list[tuple[Any, ...]]:
+    """Command tuples for a pipeline. After a NOSCRIPT, the first call of each script is
+    sent as EVAL (which caches it) and the rest as EVALSHA behind it on the same connection;
+    on a cluster the calls may go to several nodes, so each is sent as EVAL."""
+    out = []
+    loaded: set[str] = set()
+    for call in calls:
+        if call.script is None:
+            out.append(call.args)
+            continue
+        first = call.script.sha not in loaded
+        loaded.add(call.script.sha)
+        out.append(_script_args(call, use_eval and (first or cluster)))
+    return out
+
+
+def _decode_one(call: Call[Any], reply: Any) -> Any:
+    if isinstance(reply, ResponseError):
+        return _mapped(reply)
+    if isinstance(reply, Exception):
+        return reply
+    try:
+        return call.decode(reply)
+    except EchoMQError as exc:
+        return exc
+
+
+def _fence_connection(conn: Any, fence: _Fence) -> None:
+    """Fence one freshly connected connection, on itself, before it serves any command."""
+    try:
+        conn.send_command("GET", VERSION_KEY)
+        found = conn.read_response()
+        if found is None:
+            conn.send_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
+            conn.read_response()
+            conn.send_command("GET", VERSION_KEY)
+            found = conn.read_response()
+        _fence_value(_version_text(found))
+    except ResponseError as exc:
+        if not _is_redirect(exc):
+            conn.disconnect()
+            raise
+        fence.mark()  # a cluster node that does not own {emq}: fence via the client
+    except BaseException:
+        # A connection that failed its fence must not stay connected: the next command
+        # would otherwise use it without connecting (and fencing) again.
+        conn.disconnect()
+        raise
+
+
+async def _afence_connection(conn: Any, fence: _Fence) -> None:
+    try:
+        await conn.send_command("GET", VERSION_KEY)
+        found = await conn.read_response()
+        if found is None:
+            await conn.send_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
+            await conn.read_response()
+            await conn.send_command("GET", VERSION_KEY)
+            found = await conn.read_response()
+        _fence_value(_version_text(found))
+    except ResponseError as exc:
+        if not _is_redirect(exc):
+            await conn.disconnect()
+            raise
+        fence.mark()
+    except BaseException:
+        await conn.disconnect()
+        raise

@@ -1,0 +1,651 @@
+"""The sans-I/O core: every verb validates, builds its keys and arguments, and decodes.
+
+A verb returns a :class:`Call` (one script or command) or a :data:`Plan` (a generator that
+yields calls, or lists of calls to pipeline, and returns the verb's result). ``Queue`` and
+``AsyncQueue`` drive the same objects, so validation, keys, decoding and error mapping exist
+once and the two classes differ only by ``await``. Nothing here touches the network: all
+validation happens before the first call is yielded, so bad input never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, Union
+
+from echomq import ids, keyspace
+from echomq._scripts import SCRIPTS, Script
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    JobGone,
+    KindError,
+    PayloadTooLarge,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "STATES",
+    "WIRE_VERSION",
+    "Call",
+    "Enqueued",
+    "Job",
+    "Keys",
+    "Plan",
+]
+
+T = TypeVar("T")
+WIRE_VERSION = "echomq:3.0.0"
+DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
+# Lua numbers are doubles: every integer we send stays exact below 2**53.
+MAX_INT = 2**53 - 1
+# The longest lease or delay we accept: ~69 years keeps now + ms far from 2**53.
+MAX_MS = 2**41
+STATES = ("pending", "active", "schedule", "dead")
+_ENQUEUE_CHUNK_ITEMS = 1000
+_ENQUEUE_CHUNK_BYTES = 1 << 20
+_REMINT_TRIES = 8
+
+Arg = Union[str, bytes, int]  # noqa: UP007 - a runtime alias on 3.10
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One round trip: ``script`` with ``keys`` and ``args``, or the command ``args`` when
+    ``script`` is None; ``decode`` turns the reply into the verb's result (and raises the
+    typed error a sentinel reply means)."""
+
+    script: Script | None
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+    decode: Callable[[Any], T]
+
+
+# A multi-call verb: yields a Call (receives its decoded result) or a list of Calls to
+# pipeline (receives a list of decoded results or exceptions), returns the verb's result.
+Plan = Generator[Call[Any] | list[Call[Any]], Any, T]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A claimed job: ``token`` is the fencing token every settle verb must present."""
+
+    id: str
+    payload: bytes
+    token: int
+    group: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The receipt of an enqueue: the job id and what happened to it."""
+
+    id: str
+    status: Literal["enqueued", "scheduled", "duplicate"]
+
+
+class Keys:
+    """The precomputed key names of one queue (all carry the ``{queue}`` hash tag)."""
+
+    __slots__ = (
+        "active",
+        "base",
+        "dead",
+        "gactive",
+        "glimit",
+        "gweight",
+        "lanes",
+        "max_payload",
+        "meta",
+        "name",
+        "paused",
+        "pending",
+        "ring",
+        "schedule",
+        "wake",
+    )
+
+    def __init__(self, queue: str, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.name = keyspace.check_queue(queue)
+        if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
+            raise InvalidArgument(f"max_payload must be a positive int, got {max_payload!r}")
+        self.max_payload = max_payload
+        self.base = keyspace.base(queue)
+        b = self.base
+        self.pending, self.active = b + "pending", b + "active"
+        self.schedule, self.dead = b + "schedule", b + "dead"
+        self.meta, self.ring, self.wake = b + "meta", b + "ring", b + "wake"
+        self.lanes, self.paused = b + "lanes", b + "paused"
+        self.glimit, self.gactive, self.gweight = b + "glimit", b + "gactive", b + "gweight"
+
+    def job(self, job_id: str) -> str:
+        """The row key; the id is gated here, before any I/O."""
+        return self.base + "job:" + keyspace.check_id(job_id)
+
+    def lane(self, group: str) -> str:
+        return self.base + "g:" + keyspace.check_lane(group) + ":pending"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _int(name: str, value: object, lo: int, hi: int = MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _lease(value: object) -> int:
+    return _int("lease_ms", value, 1, MAX_MS)
+
+
+def _token(value: object) -> str:
+    # Tokens are minted by claim starting at 1; 0 would match a never-claimed row.
+    return str(_int("token", value, 1))
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{name} is not encodable as UTF-8: {exc}") from None
+    return value
+
+
+def _payload(value: object, limit: int) -> bytes:
+    if isinstance(value, str):
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"payload is not encodable as UTF-8: {exc}") from None
+    elif isinstance(value, bytes):
+        data = value
+    elif isinstance(value, (bytearray, memoryview)):
+        data = bytes(value)
+    else:
+        raise InvalidArgument(f"payload must be bytes or str, got {type(value).__name__}")
+    if len(data) > limit:
+        raise PayloadTooLarge(len(data), limit)
+    return data
+
+
+def _group(group: object) -> str:
+    return "" if group is None else keyspace.check_lane(group)
+
+
+def _when(delay_ms: object, at_ms: object) -> tuple[str, str]:
+    """The enqueue mode: now, in (server clock + ms) or at (the caller's absolute ms)."""
+    if delay_ms is not None and at_ms is not None:
+        raise InvalidArgument("pass delay_ms or at_ms, not both")
+    if delay_ms is not None:
+        ms = _int("delay_ms", delay_ms, 0, MAX_MS)
+        return ("in", str(ms)) if ms > 0 else ("now", "0")
+    if at_ms is not None:
+        return "at", str(_int("at_ms", at_ms, 0, MAX_INT))
+    return "now", "0"
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+def _gone_if_zero(job_id: str) -> Callable[[Any], None]:
+    def decode(reply: Any) -> None:
+        if reply == 0:
+            raise JobGone(job_id)
+
+    return decode
+
+
+def _none(_: Any) -> None:
+    return None
+
+
+def _int_reply(reply: Any) -> int:
+    return int(reply)
+
+
+def _job(reply: Sequence[Any]) -> Job:
+    jid, payload, token, group = reply
+    return Job(
+        _s(jid), payload if payload is not None else b"", int(token), _s(group) if group else None
+    )
+
+
+def _str_list(reply: Iterable[bytes | str]) -> list[str]:
+    return [_s(x) for x in reply]
+
+
+def _call(
+    name: str, keys: tuple[str, ...], args: tuple[Arg, ...], decode: Callable[[Any], T]
+) -> Call[T]:
+    return Call(SCRIPTS[name], keys, args, decode)
+
+
+def _cmd(args: tuple[Arg, ...], decode: Callable[[Any], T]) -> Call[T]:
+    return Call(None, (), args, decode)
+
+
+# --------------------------------------------------------------------------- producer verbs
+
+
+def enqueue(
+    k: Keys,
+    payload: bytes | str,
+    *,
+    id: str | None = None,
+    group: str | None = None,
+    delay_ms: int | None = None,
+    at_ms: int | None = None,
+) -> Plan[Enqueued]:
+    data = _payload(payload, k.max_payload)
+    g = _group(group)
+    mode, value = _when(delay_ms, at_ms)
+    minted = id is None
+    jid = ids.mint() if id is None else keyspace.check_id(id)
+
+    for _ in range(_REMINT_TRIES):
+        status = yield _call(
+            "enqueue", (k.job(jid), k.meta), (k.base, jid, data, g, mode, value), _s
+        )
+        # A minted id that already exists is a collision with another process's minter, not
+        # a retried producer: mint again rather than report a duplicate of someone else's job.
+        if not (minted and status == "duplicate"):
+            return Enqueued(jid, status)
+        jid = ids.mint()
+    raise EchoMQError("could not mint a fresh job id")  # pragma: no cover - 8 collisions in a row
+
+
+def _chunks(todo: list[int], sizes: list[int]) -> list[list[int]]:
+    """Split job indices into script calls of at most 1000 jobs / ~1 MiB of payload, so no
+    single script holds the server for long; a larger payload travels alone."""
+    spans: list[list[int]] = [[]]
+    size = 0
+    for i, n in zip(todo, sizes, strict=True):
+        span = spans[-1]
+        if span and (len(span) >= _ENQUEUE_CHUNK_ITEMS or size + n > _ENQUEUE_CHUNK_BYTES):
+            spans.append([])
+            size = 0
+        spans[-1].append(i)
+        size += n
+    return spans
+
+
+def _flat(jobs: list[tuple[str, bytes, bool]], span: list[int]) -> list[Arg]:
+    out: list[Arg] = []
+    for i in span:
+        out += (jobs[i][0], jobs[i][1])
+    return out
+
+
+def enqueue_many(
+    k: Keys,
+    items: Iterable[bytes | str | tuple[str, bytes | str]],
+    *,
+    group: str | None = None,
+    delay_ms: int | None = None,
+    at_ms: int | None = None,
+) -> Plan[list[Enqueued | EchoMQError]]:
+    g = _group(group)
+    mode, value = _when(delay_ms, at_ms)
+    if isinstance(items, (str, bytes)):
+        raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
+    jobs: list[tuple[str, bytes, bool]] = []
+    for item in items:
+        if isinstance(item, tuple):
+            if len(item) != 2:
+                raise InvalidArgument(f"an (id, payload) item has 2 parts, got {len(item)}")
+            jobs.append((keyspace.check_id(item[0]), _payload(item[1], k.max_payload), False))
+        else:
+            jobs.append((ids.mint(), _payload(item, k.max_payload), True))
+    results: list[Enqueued | EchoMQError | None] = [None] * len(jobs)
+    todo = list(range(len(jobs)))
+    for _ in range(_REMINT_TRIES):
+        if not todo:
+            break
+        spans = _chunks(todo, [len(jobs[i][1]) for i in todo])
+        calls = [
+            _call(
+                "enqueue_many", (k.meta,), (k.base, g, mode, value, *_flat(jobs, span)), _str_list
+            )
+            for span in spans
+        ]
+        replies = yield calls
+        retry: list[int] = []
+        for span, reply in zip(spans, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            for i, verdict in zip(span, reply, strict=True):
+                jid, data, minted = jobs[i]
+                if verdict == "kind":
+                    results[i] = KindError("EMQKIND job id must be JOB-namespaced")
+                elif verdict == "duplicate" and minted:
+                    # A minted id collided with another process's: mint again (see enqueue).
+                    jobs[i] = (ids.mint(), data, True)
+                    retry.append(i)
+                else:
+                    results[i] = Enqueued(jid, verdict)
+        todo = retry
+    if todo:  # pragma: no cover - 8 collisions in a row
+        raise EchoMQError("could not mint fresh job ids")
+    return [r for r in results if r is not None]
+
+
+# --------------------------------------------------------------------------- consumer verbs
+
+
+def claim(k: Keys, lease_ms: int = 30_000) -> Call[Job | None]:
+    def decode(reply: Any) -> Job | None:
+        return _job(reply) if reply else None
+
+    return _call("claim", (k.meta, k.ring, k.active), (k.base, _lease(lease_ms)), decode)
+
+
+def claim_batch(k: Keys, n: int, lease_ms: int = 30_000) -> Call[list[Job]]:
+    def decode(reply: Any) -> list[Job]:
+        return [_job(r) for r in reply]
+
+    args = (k.base, _lease(lease_ms), _int("n", n, 1, 1_000_000))
+    return _call("claim_batch", (k.meta, k.ring, k.active), args, decode)
+
+
+def complete(k: Keys, id: str, token: int, result: bytes | str | None = None) -> Call[None]:
+    res = b"" if result is None else _payload(result, k.max_payload)
+    keys = (k.active, k.job(id))
+    return _call("complete", keys, (k.base, id, _token(token), res), _gone_if_zero(id))
+
+
+def retry(
+    k: Keys, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str
+) -> Call[str]:
+    def decode(reply: Any) -> str:
+        if reply == 0:
+            raise JobGone(id)
+        return _s(reply)
+
+    keys = (k.active, k.schedule, k.dead, k.job(id))
+    args = (
+        k.base,
+        id,
+        _token(token),
+        _int("delay_ms", delay_ms, 0, MAX_MS),
+        _int("max_attempts", max_attempts, 1),
+        _text("error", error),
+    )
+    return _call("retry", keys, args, decode)
+
+
+def delay(k: Keys, id: str, token: int, delay_ms: int) -> Call[None]:
+    keys = (k.active, k.schedule, k.job(id))
+    args = (k.base, id, _token(token), _int("delay_ms", delay_ms, 0, MAX_MS))
+    return _call("delay", keys, args, _gone_if_zero(id))
+
+
+def extend(k: Keys, id: str, token: int, lease_ms: int) -> Call[None]:
+    keys = (k.active, k.job(id))
+    return _call("extend", keys, (k.base, id, _token(token), _lease(lease_ms)), _gone_if_zero(id))
+
+
+def extend_many(k: Keys, pairs: Iterable[tuple[str, int]], lease_ms: int) -> Plan[list[str]]:
+    args: list[Arg] = [k.base, _lease(lease_ms)]
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidArgument(f"extend_many takes (id, token) pairs, got {pair!r}")
+        args += (keyspace.check_id(pair[0]), _token(pair[1]))
+    if len(args) == 2:
+        return []
+    result: list[str] = yield _call("extend_many", (k.active,), tuple(args), _str_list)
+    return result
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def promote(k: Keys, limit: int = 100) -> Call[int]:
+    return _call("promote", (k.schedule,), (k.base, _int("limit", limit, 1)), _int_reply)
+
+
+def reap(k: Keys, limit: int = 100) -> Call[int]:
+    return _call("reap", (k.active,), (k.base, _int("limit", limit, 1)), _int_reply)
+
+
+def sweep_stalled(
+    k: Keys, max_stalled: int = 1, limit: int = 100
+) -> Call[tuple[list[str], list[str]]]:
+    def decode(reply: Any) -> tuple[list[str], list[str]]:
+        return _str_list(reply[0]), _str_list(reply[1])
+
+    args = (k.base, _int("max_stalled", max_stalled, 1), _int("limit", limit, 1))
+    return _call("sweep_stalled", (k.active, k.dead), args, decode)
+
+
+# --------------------------------------------------------------------------- job verbs
+
+
+def reprocess(k: Keys, id: str) -> Call[None]:
+    return _call("reprocess", (k.job(id), k.dead), (k.base, id), _gone_if_zero(id))
+
+
+def remove(k: Keys, id: str) -> Call[None]:
+    return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
+
+
+def update_progress(k: Keys, id: str, value: str) -> Call[None]:
+    args = (k.base, id, _text("value", value))
+    return _call("update_progress", (k.job(id),), args, _gone_if_zero(id))
+
+
+def add_log(k: Keys, id: str, line: str, keep: int = 0) -> Call[int]:
+    def decode(reply: Any) -> int:
+        if reply == -1:
+            raise JobGone(id)
+        return int(reply)
+
+    jk = k.job(id)
+    return _call(
+        "add_log", (jk, jk + ":logs"), (_text("line", line), _int("keep", keep, 0)), decode
+    )
+
+
+def logs(k: Keys, id: str) -> Call[list[bytes]]:
+    def decode(reply: Any) -> list[bytes]:
+        if reply is None:
+            raise JobGone(id)
+        return list(reply)
+
+    jk = k.job(id)
+    return _call("logs", (jk, jk + ":logs"), (), decode)
+
+
+def get_job(k: Keys, id: str) -> Call[dict[str, str | bytes] | None]:
+    def decode(reply: Any) -> dict[str, str | bytes] | None:
+        if not reply:
+            return None
+        items = (
+            reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+        )
+        row: dict[str, str | bytes] = {}
+        for field, value in items:
+            name = _s(field)
+            # The payload is opaque bytes (D7); every other field is text.
+            row[name] = value if name == "payload" else _s(value)
+        return row
+
+    return _cmd(("HGETALL", k.job(id)), decode)
+
+
+def job_state(k: Keys, id: str) -> Call[str]:
+    return _call("job_state", (k.job(id),), (k.base, id), _s)
+
+
+# --------------------------------------------------------------------------- read plane
+
+
+def _state_key(k: Keys, state: object) -> tuple[str, bool]:
+    """The set of a state name and whether it is lexically ordered (score 0)."""
+    table = {
+        "pending": (k.pending, True),
+        "dead": (k.dead, True),
+        "active": (k.active, False),
+        "schedule": (k.schedule, False),
+        "scheduled": (k.schedule, False),
+    }
+    if not isinstance(state, str) or state not in table:
+        raise InvalidArgument(f"state must be one of {', '.join(STATES)}, got {state!r}")
+    return table[state]
+
+
+def browse(
+    k: Keys, state: str = "pending", n: int = 50, group: str | None = None
+) -> Call[list[str]]:
+    count = _int("n", n, 1, 1_000_000)
+    key, lexical = _state_key(k, state)
+    if group is not None:
+        if key != k.pending:
+            raise InvalidArgument("a group can only be browsed in the pending state")
+        key = k.lane(group)
+    # pending, lanes and dead hold score 0: lexical order is mint order, so REV BYLEX is
+    # newest first. active and schedule are ordered by their times (lease, run-at), newest first.
+    if lexical:
+        args: tuple[Arg, ...] = ("ZRANGE", key, "+", "-", "BYLEX", "REV", "LIMIT", 0, count)
+    else:
+        args = ("ZRANGE", key, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, count)
+    return _cmd(args, _str_list)
+
+
+def pending_size(k: Keys) -> Call[int]:
+    return _cmd(("ZCARD", k.pending), _int_reply)
+
+
+def counts(k: Keys) -> Call[dict[str, int]]:
+    names = ("pending", "active", "schedule", "dead", "completed", "failed")
+
+    def decode(reply: Any) -> dict[str, int]:
+        return dict(zip(names, (int(x) for x in reply), strict=True))
+
+    return _call("counts", (k.meta,), (k.base,), decode)
+
+
+def check(k: Keys) -> Call[list[str]]:
+    return _call("check", (k.meta,), (k.base,), _str_list)
+
+
+# --------------------------------------------------------------------------- queue admin
+
+
+def pause(k: Keys) -> Call[None]:
+    return _call("pause", (k.meta,), (), _none)
+
+
+def resume(k: Keys) -> Call[None]:
+    return _call("resume", (k.meta, k.ring), (k.base,), _none)
+
+
+def is_paused(k: Keys) -> Call[bool]:
+    return _cmd(("HEXISTS", k.meta, "paused"), bool)
+
+
+def drain(k: Keys, include_schedule: bool = False, budget: int = 1000) -> Plan[int]:
+    flag = "1" if include_schedule else "0"
+    total = 0
+    while True:
+        deleted, more = yield _call(
+            "drain", (k.pending, k.lanes), (k.base, flag, budget), lambda r: (int(r[0]), int(r[1]))
+        )
+        total += int(deleted)
+        if not more:
+            return total
+
+
+def obliterate(k: Keys, force: bool = False, budget: int = 1000) -> Plan[None]:
+    flag = "1" if force else "0"
+    cursor = "0"
+    while True:
+        cursor = yield _call(
+            "obliterate", (k.meta, k.active), (k.base, flag, cursor, budget), lambda r: _s(r[0])
+        )
+        if cursor == "0":
+            return
+
+
+# --------------------------------------------------------------------------- lanes
+
+
+def pause_lane(k: Keys, group: str) -> Call[None]:
+    return _call("pause_lane", (k.paused,), (k.base, keyspace.check_lane(group)), _none)
+
+
+def resume_lane(k: Keys, group: str) -> Call[None]:
+    return _call("resume_lane", (k.paused,), (k.base, keyspace.check_lane(group)), _none)
+
+
+def limit_lane(k: Keys, group: str, n: int | None) -> Call[None]:
+    limit = "" if n is None else _int("n", n, 1)
+    return _call("limit_lane", (k.glimit,), (k.base, keyspace.check_lane(group), limit), _none)
+
+
+def weight_lane(k: Keys, group: str, w: int) -> Call[None]:
+    return _call(
+        "weight_lane", (k.gweight,), (keyspace.check_lane(group), _int("w", w, 1, 1_000_000)), _none
+    )
+
+
+def reassign(k: Keys, id: str, group: str) -> Call[str]:
+    def decode(reply: Any) -> str:
+        if reply == 0:
+            raise JobGone(id)
+        return _s(reply)
+
+    return _call("reassign", (k.job(id),), (k.base, id, keyspace.check_lane(group)), decode)
+
+
+def lane_depth(k: Keys, group: str) -> Call[int]:
+    return _cmd(("ZCARD", k.lane(group)), _int_reply)
+
+
+def lanes(k: Keys) -> Call[list[str]]:
+    return _cmd(("SMEMBERS", k.lanes), lambda r: sorted(_str_list(r)))
+
+
+__all__ += [
+    "add_log",
+    "browse",
+    "check",
+    "claim",
+    "claim_batch",
+    "complete",
+    "counts",
+    "delay",
+    "drain",
+    "enqueue",
+    "enqueue_many",
+    "extend",
+    "extend_many",
+    "get_job",
+    "is_paused",
+    "job_state",
+    "lane_depth",
+    "lanes",
+    "limit_lane",
+    "logs",
+    "obliterate",
+    "pause",
+    "pause_lane",
+    "promote",
+    "reap",
+    "reassign",
+    "remove",
+    "reprocess",
+    "resume",
+    "resume_lane",
+    "sweep_stalled",
+    "update_progress",
+    "weight_lane",
+]

@@ -1,0 +1,144 @@
+"""The one exception tree of echomq, and the one mapper from a server reply to it.
+
+::
+
+    EchoMQError
+    ├── InvalidId           (also ValueError)  malformed id, queue or lane name; before any I/O
+    ├── InvalidArgument     (also ValueError)  bad lease, count, state, ...; before any I/O
+    ├── PayloadTooLarge     (also ValueError)  payload over the configured maximum; before any I/O
+    ├── KindError           EMQKIND   a non-JOB id in the job position
+    ├── StaleToken          EMQSTALE  the token no longer owns the job
+    ├── JobGone             the row does not exist (completed, removed, never enqueued)
+    ├── StateError          EMQSTATE  e.g. reprocess of a job that is not dead; ``.reason``
+    ├── Locked              EMQLOCK
+    ├── RateLimited         EMQRATE
+    ├── ProtocolError       an unknown EMQ* class word; carries the text
+    └── VersionFenceError   ``{emq}:version`` holds another wire version
+
+Connection errors of the driver (``redis.ConnectionError`` ...) propagate unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EchoMQError",
+    "InvalidArgument",
+    "InvalidId",
+    "JobGone",
+    "KindError",
+    "Locked",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "RateLimited",
+    "StaleToken",
+    "StateError",
+    "VersionFenceError",
+    "from_reply",
+]
+
+
+class EchoMQError(Exception):
+    """Base of everything echomq raises."""
+
+
+class InvalidId(EchoMQError, ValueError):
+    """A malformed branded id, queue name or lane name. Raised before any I/O."""
+
+
+class InvalidArgument(EchoMQError, ValueError):
+    """A malformed argument (lease, count, delay, state name ...). Raised before any I/O."""
+
+
+class PayloadTooLarge(EchoMQError, ValueError):
+    """The payload is larger than the queue's ``max_payload``; nothing was written."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload is {size} bytes, over the maximum of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class _WireError(EchoMQError):
+    """A refusal the server sent as an error reply led by a class word."""
+
+    word = ""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+        head, _, rest = text.partition(" ")
+        self.reason = rest if head.startswith("EMQ") else text
+
+
+class KindError(_WireError):
+    """``EMQKIND``: a non-``JOB`` id in the job position."""
+
+    word = "EMQKIND"
+
+
+class StaleToken(_WireError):
+    """``EMQSTALE``: the token no longer owns the job (another lease generation, or settled)."""
+
+    word = "EMQSTALE"
+
+
+class StateError(_WireError):
+    """``EMQSTATE``: the job or queue is not in the state the verb needs; see ``.reason``."""
+
+    word = "EMQSTATE"
+
+
+class Locked(_WireError):
+    """``EMQLOCK``: the job is locked."""
+
+    word = "EMQLOCK"
+
+
+class RateLimited(_WireError):
+    """``EMQRATE``: a rate or concurrency ceiling refused the call."""
+
+    word = "EMQRATE"
+
+
+class ProtocolError(_WireError):
+    """An ``EMQ*`` class word this client does not know; ``.text`` holds the reply."""
+
+
+class JobGone(EchoMQError):
+    """The job's row does not exist: completed, removed, or never enqueued."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} is gone")
+        self.job_id = job_id
+
+
+class VersionFenceError(EchoMQError):
+    """``{emq}:version`` holds a wire version other than this client's."""
+
+    def __init__(self, found: str, expected: str) -> None:
+        super().__init__(
+            f"{{emq}}:version holds {found!r} but this client speaks {expected!r}; "
+            "refusing to serve a foreign deployment"
+        )
+        self.found = found
+        self.expected = expected
+
+
+_BY_WORD: dict[str, type[_WireError]] = {
+    cls.word: cls for cls in (KindError, StaleToken, StateError, Locked, RateLimited)
+}
+
+
+def from_reply(text: str) -> EchoMQError | None:
+    """Map an error reply's text to its exception; ``None`` when it is not an echomq refusal.
+
+    This is the only mapper: the EVALSHA path, the EVAL-after-NOSCRIPT path, pipelines and
+    the native module all call it, so one reply always becomes the same exception.
+    """
+    word = text.split(" ", 1)[0]
+    cls = _BY_WORD.get(word)
+    if cls is not None:
+        return cls(text)
+    if word.startswith("EMQ"):
+        return ProtocolError(text)
+    return None

@@ -1,0 +1,126 @@
+"""Every key name echomq uses comes from here; names and ids are gated here (PROTOCOL §1, D3).
+
+A queue's keys all carry the queue name as the cluster hash tag (``emq:{orders}:pending``),
+so every script touches one slot and runs unchanged on Redis/Valkey Cluster. The reserve
+``{emq}:`` holds deployment-wide keys (the wire version). Anything malformed raises
+:class:`~echomq.errors.InvalidId` before a byte goes on the wire.
+"""
+
+from __future__ import annotations
+
+import re
+
+from echomq import ids
+from echomq.errors import InvalidId
+
+__all__ = [
+    "QUEUE_TYPES",
+    "VERSION_KEY",
+    "base",
+    "check_lane",
+    "check_queue",
+    "hashtag",
+    "job_key",
+    "lane_key",
+    "queue_key",
+    "slot",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+VERSION_KEY = "{emq}:version"
+
+# The closed registry of per-queue key types (PROTOCOL §1.3) that echomq writes.
+QUEUE_TYPES = frozenset(
+    {
+        "pending",
+        "active",
+        "schedule",
+        "dead",
+        "meta",
+        "ring",
+        "wake",
+        "lanes",
+        "paused",
+        "glimit",
+        "gactive",
+        "gweight",
+        "events",
+        "metrics:completed",
+        "metrics:failed",
+    }
+)
+
+
+def check_queue(name: object) -> str:
+    """Return ``name`` if it is a legal queue name (D3), else raise :class:`InvalidId`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidId(f"a queue name matches [A-Za-z0-9._-]{{1,128}}, got {name!r}")
+    if name == "emq":
+        raise InvalidId("a queue may not be named 'emq' (it is the reserve's hash tag)")
+    return name
+
+
+def check_lane(name: object) -> str:
+    """Return ``name`` if it is a legal lane (group) name (D3), else raise :class:`InvalidId`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidId(f"a lane name matches [A-Za-z0-9._-]{{1,128}}, got {name!r}")
+    return name
+
+
+def check_id(job_id: object) -> str:
+    """Return ``job_id`` if it is a well-formed branded id (any namespace), else raise."""
+    if not ids.is_valid(job_id):
+        raise InvalidId(f"job_key requires a valid branded id, got {job_id!r}")
+    assert isinstance(job_id, str)
+    return job_id
+
+
+def queue_key(queue: str, type: str) -> str:
+    """``emq:{queue}:type``; ``queue_key(q, "")`` is the queue base scripts append to."""
+    return "emq:{" + check_queue(queue) + "}:" + type
+
+
+def base(queue: str) -> str:
+    """The queue base ``emq:{queue}:`` every script receives and appends suffixes to."""
+    return queue_key(queue, "")
+
+
+def job_key(queue: str, job_id: str) -> str:
+    """The row key ``emq:{queue}:job:<id>``; raises :class:`InvalidId` before any I/O."""
+    return queue_key(queue, "job:") + check_id(job_id)
+
+
+def lane_key(queue: str, group: str) -> str:
+    """A lane: ``emq:{queue}:g:<group>:pending``."""
+    return queue_key(queue, "g:") + check_lane(group) + ":pending"
+
+
+def hashtag(key: str) -> str:
+    """The part of ``key`` that Redis Cluster hashes: between the first ``{`` and next ``}``."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        table.append(crc & 0xFFFF)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def slot(key: str) -> int:
+    """The cluster slot of ``key``: CRC16-XMODEM of its hash tag, mod 16384."""
+    crc = 0
+    for byte in hashtag(key).encode():
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
+    return crc % 16384

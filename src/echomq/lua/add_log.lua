@@ -1,0 +1,16 @@
+--[[ add_log: append a line to the job's log, keeping the newest `keep` lines (0 = all).
+  KEYS[1] row       HASH  emq:{q}:job:<id>
+  KEYS[2] logs      LIST  emq:{q}:job:<id>:logs
+  ARGV[1] line
+  ARGV[2] keep            >= 0
+  Returns the number of lines kept | -1 when gone
+]]
+local rcall = redis.call
+if rcall('EXISTS', KEYS[1]) == 0 then return -1 end
+local n = rcall('RPUSH', KEYS[2], ARGV[1])
+local keep = tonumber(ARGV[2])
+if keep > 0 and n > keep then
+  rcall('LTRIM', KEYS[2], -keep, -1)
+  return keep
+end
+return n

@@ -1,0 +1,15 @@
+--[[ claim: pending (flat or a lane) -> active; mints the fencing token (attempts). D4.
+  KEYS[1] meta      HASH  emq:{q}:meta   (the pause flag is read here, inside the script)
+  KEYS[2] ring      LIST  emq:{q}:ring
+  KEYS[3] active    ZSET  emq:{q}:active
+  ARGV[1] base            emq:{q}:
+  ARGV[2] lease_ms        > 0
+  Returns {id, payload, attempts, group|nil} | {} when paused or nothing is claimable
+]]
+--@include common
+--@include lease
+local base = ARGV[1]
+if rcall('HEXISTS', KEYS[1], 'paused') == 1 then return {} end
+local job = claim_one(base, now_ms() + tonumber(ARGV[2]))
+if not job then return {} end
+return job

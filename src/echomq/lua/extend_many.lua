@@ -1,0 +1,23 @@
+--[[ extend_many: extend many held leases on one clock read; each pair fenced on its own.
+  KEYS[1] active    ZSET  emq:{q}:active
+  ARGV[1] base            emq:{q}:
+  ARGV[2] lease_ms        > 0
+  ARGV[3..] id, token, id, token, ...
+  Returns {id, ...}: the ids whose extend failed (gone, stale or settled)
+]]
+--@include common
+--@include fence
+local base = ARGV[1]
+local deadline = now_ms() + tonumber(ARGV[2])
+local failed = {}
+for i = 3, #ARGV, 2 do
+  local id = ARGV[i]
+  local jk = base .. 'job:' .. id
+  local row = fence(jk, ARGV[i + 1], 'extend')
+  if row then
+    rearm(base, id, jk, row, deadline)
+  else
+    failed[#failed + 1] = id
+  end
+end
+return failed

@@ -1,0 +1,35 @@
+-- fence: the settling rule D5, shared by complete, retry, delay, extend and their batches.
+-- Needs common. In order: the row exists (else gone), the token equals attempts (else
+-- EMQSTALE), the state is active or pending (else EMQSTALE ... lease settled).
+-- Returns row {attempts, state, group}, or nil with an error text (nil, nil = gone).
+local function fence(jk, token, verb)
+  local row = rcall('HMGET', jk, 'attempts', 'state', 'group')
+  if not row[1] then return nil, nil end
+  -- A never-claimed job holds attempts "0": no caller can own it, so "0" is never a token.
+  if row[1] ~= token or token == '0' then
+    return nil, 'EMQSTALE ' .. verb .. ' token mismatch'
+  end
+  if row[2] ~= 'active' and row[2] ~= 'pending' then
+    return nil, 'EMQSTALE ' .. verb .. ' lease settled'
+  end
+  return row, nil
+end
+
+-- Release a fenced job from where it is: active, or (D5) pending/its lane when its lease
+-- lapsed and was reaped but nobody claimed it since, so it is never in two places.
+local function release(base, id, row)
+  if row[2] == 'active' then return leave_active(base, id, row[3]) end
+  return leave_waiting(base, id, row[3])
+end
+
+-- Extend a fenced lease to `deadline` (server clock). A job whose lease lapsed and was reaped
+-- back to pending, and that nobody claimed since, is re-armed into active (D5): its holder is
+-- still alive, so the job leaves its waiting set and takes its lane slot again.
+local function rearm(base, id, jk, row, deadline)
+  if row[2] == 'pending' then
+    if row[3] then rcall('HINCRBY', base .. 'gactive', row[3], 1) end
+    leave_waiting(base, id, row[3])
+    rcall('HSET', jk, 'state', 'active')
+  end
+  rcall('ZADD', base .. 'active', deadline, id)
+end

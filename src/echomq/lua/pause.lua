@@ -1,0 +1,6 @@
+--[[ pause: stop every claim of the queue (flat and lanes, single and batch). Idempotent.
+  KEYS[1] meta      HASH  emq:{q}:meta
+  Returns 1
+]]
+redis.call('HSET', KEYS[1], 'paused', '1')
+return 1

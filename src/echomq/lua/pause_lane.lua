@@ -1,0 +1,10 @@
+--[[ pause_lane: take lane g out of the ring; its backlog and in-flight jobs are untouched.
+  KEYS[1] paused    SET   emq:{q}:paused
+  ARGV[1] base            emq:{q}:
+  ARGV[2] g
+  Returns 1
+]]
+--@include common
+rcall('SADD', KEYS[1], ARGV[2])
+sync(ARGV[1], ARGV[2])
+return 1

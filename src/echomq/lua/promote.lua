@@ -1,0 +1,27 @@
+--[[ promote: schedule -> pending (or the job's lane) for every job now due (server clock).
+  KEYS[1] schedule  ZSET  emq:{q}:schedule
+  ARGV[1] base            emq:{q}:
+  ARGV[2] limit           > 0, jobs per call
+  Returns the number promoted
+]]
+--@include common
+local base = ARGV[1]
+local due = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[2]))
+local added = {}
+local moved = 0
+for _, id in ipairs(due) do
+  rcall('ZREM', KEYS[1], id)
+  local jk = base .. 'job:' .. id
+  local row = rcall('HMGET', jk, 'state', 'group')
+  -- A ghost (no row) is dropped from the set and never resurrected.
+  if row[1] then
+    park(base, id, jk, row[2])
+    local key = row[2] or FLAT
+    added[key] = (added[key] or 0) + 1
+    moved = moved + 1
+  end
+end
+for key, n in pairs(added) do
+  if key == FLAT then touch(base, false, n) else touch(base, key, n) end
+end
+return moved

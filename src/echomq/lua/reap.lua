@@ -1,0 +1,31 @@
+--[[ reap: active -> pending (or the lane) for every lapsed lease; the crash recovery sweep.
+  Does not touch attempts: the next claim mints a new token, fencing the lapsed holder.
+  KEYS[1] active    ZSET  emq:{q}:active
+  ARGV[1] base            emq:{q}:
+  ARGV[2] limit           > 0, jobs per call
+  Returns the number recovered
+]]
+--@include common
+local base = ARGV[1]
+local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[2]))
+local added = {}
+local moved = 0
+for _, id in ipairs(lapsed) do
+  rcall('ZREM', KEYS[1], id)
+  local jk = base .. 'job:' .. id
+  local row = rcall('HMGET', jk, 'state', 'group')
+  local g = row[2]
+  if g then
+    if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end
+  end
+  if row[1] then
+    park(base, id, jk, g)
+    local key = g or FLAT
+    added[key] = (added[key] or 0) + 1
+    moved = moved + 1
+  end
+end
+for key, n in pairs(added) do
+  if key == FLAT then touch(base, false, n) else touch(base, key, n) end
+end
+return moved

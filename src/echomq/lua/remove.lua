@@ -1,0 +1,21 @@
+--[[ remove: delete a job wherever it is (waiting, lane, active, schedule, dead) with its logs;
+  lanes, the ring and gactive stay consistent (D6).
+  KEYS[1] row       HASH  emq:{q}:job:<id>
+  ARGV[1] base            emq:{q}:
+  ARGV[2] id
+  Returns 1 | 0 when gone | error EMQLOCK
+]]
+--@include common
+local base, id = ARGV[1], ARGV[2]
+local jk = KEYS[1]
+local row = rcall('HMGET', jk, 'state', 'group')
+if rcall('EXISTS', jk) == 0 then return 0 end
+if rcall('EXISTS', jk .. ':lock') == 1 then return redis.error_reply('EMQLOCK job is locked') end
+local g = row[2]
+leave_active(base, id, g)
+leave_waiting(base, id, g)
+if g then leave_waiting(base, id, false) end
+rcall('ZREM', base .. 'schedule', id)
+rcall('ZREM', base .. 'dead', id)
+rcall('DEL', jk, jk .. ':logs')
+return 1

@@ -1,0 +1,17 @@
+--[[ reprocess: dead -> pending (a grouped job back to its lane, D6). attempts is kept.
+  KEYS[1] row       HASH  emq:{q}:job:<id>
+  KEYS[2] dead      ZSET  emq:{q}:dead
+  ARGV[1] base            emq:{q}:
+  ARGV[2] id
+  Returns 1 | 0 when gone | error EMQSTATE not dead
+]]
+--@include common
+local base, id = ARGV[1], ARGV[2]
+local jk = KEYS[1]
+if rcall('EXISTS', jk) == 0 then return 0 end
+if rcall('ZREM', KEYS[2], id) == 0 then return redis.error_reply('EMQSTATE not dead') end
+local g = rcall('HGET', jk, 'group')
+rcall('HDEL', jk, 'last_error')
+park(base, id, jk, g)
+touch(base, g, 1)
+return 1

@@ -1,0 +1,44 @@
+--[[ sweep_stalled: the counted stall sweep. Every lapsed lease bumps the row's `stalled`;
+  below max_stalled the job goes back to pending (or its lane), at it the job is dead with
+  last_error "stalled".
+  KEYS[1] active    ZSET  emq:{q}:active
+  KEYS[2] dead      ZSET  emq:{q}:dead
+  ARGV[1] base            emq:{q}:
+  ARGV[2] max_stalled     > 0
+  ARGV[3] limit           > 0, jobs per call
+  Returns {{recovered id, ...}, {dead id, ...}}
+]]
+--@include common
+local base = ARGV[1]
+local max_stalled = tonumber(ARGV[2])
+local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[3]))
+local added = {}
+local recovered, died = {}, {}
+for _, id in ipairs(lapsed) do
+  rcall('ZREM', KEYS[1], id)
+  local jk = base .. 'job:' .. id
+  local row = rcall('HMGET', jk, 'state', 'group')
+  local g = row[2]
+  if g then
+    if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end
+    added[g] = added[g] or 0
+  end
+  if row[1] then
+    if rcall('HINCRBY', jk, 'stalled', 1) >= max_stalled then
+      rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
+      rcall('ZADD', KEYS[2], 0, id)
+      rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
+      died[#died + 1] = id
+    else
+      park(base, id, jk, g)
+      local key = g or FLAT
+      added[key] = (added[key] or 0) + 1
+      recovered[#recovered + 1] = id
+    end
+  end
+end
+-- Every lane that lost an active job is synced: a freed slot may make it serviceable again.
+for key, n in pairs(added) do
+  if key == FLAT then touch(base, false, n) else touch(base, key, n) end
+end
+return {recovered, died}

@@ -1,0 +1,13 @@
+--[[ update_progress: set the row's progress and publish a progress event.
+  KEYS[1] row       HASH  emq:{q}:job:<id>
+  ARGV[1] base            emq:{q}:   (events go to emq:{q}:events)
+  ARGV[2] id
+  ARGV[3] value
+  Returns 1 | 0 when gone
+]]
+local rcall = redis.call
+if rcall('EXISTS', KEYS[1]) == 0 then return 0 end
+rcall('HSET', KEYS[1], 'progress', ARGV[3])
+rcall('PUBLISH', ARGV[1] .. 'events',
+  cjson.encode({event = 'progress', job = ARGV[2], progress = ARGV[3]}))
+return 1

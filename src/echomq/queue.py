@@ -1,0 +1,449 @@
+"""``Queue`` and ``AsyncQueue``: one-line forwarders over the sans-I/O core in ``_protocol``.
+
+Every verb validates, builds keys and decodes in ``_protocol``; the two classes only run the
+result, with or without ``await``. A parity test checks both classes expose the same verbs
+with the same signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+
+from echomq import _protocol as _p
+from echomq._executor import (
+    AsyncClient,
+    AsyncExecutor,
+    SyncClient,
+    SyncExecutor,
+    async_client,
+    sync_client,
+)
+from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job
+from echomq.errors import EchoMQError, InvalidArgument
+
+__all__ = ["AsyncQueue", "Queue"]
+
+
+class Queue:
+    """A queue on a synchronous client: ``Queue("orders", url=...)`` or ``client=...``.
+
+    Args:
+        name: the queue name (``[A-Za-z0-9._-]{1,128}``, not ``emq``).
+        url: a ``redis://``/``rediss://``/``unix://`` URL; default ``ECHOMQ_URL`` or localhost.
+        client: a ``redis.Redis`` or ``RedisCluster`` (bytes replies); not closed by ``close``.
+        max_payload: the largest payload in bytes (default 16 MiB); larger raises
+            ``PayloadTooLarge`` before any write.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: SyncClient | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ) -> None:
+        self._k = _p.Keys(name, max_payload)
+        if client is not None and url is not None:
+            raise InvalidArgument("pass url or client, not both")
+        owned = client is None
+        self._x = SyncExecutor(client if client is not None else sync_client(url), owned=owned)
+
+    @property
+    def name(self) -> str:
+        """The queue name."""
+        return self._k.name
+
+    @property
+    def client(self) -> SyncClient:
+        """The redis-py client this queue runs on."""
+        return self._x.client
+
+    def close(self) -> None:
+        """Close the client if this queue created it."""
+        self._x.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    def enqueue(
+        self,
+        payload: bytes | str,
+        *,
+        id: str | None = None,
+        group: str | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+    ) -> Enqueued:
+        """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule."""
+        return self._x.run(
+            _p.enqueue(self._k, payload, id=id, group=group, delay_ms=delay_ms, at_ms=at_ms)
+        )
+
+    def enqueue_many(
+        self,
+        items: Iterable[bytes | str | tuple[str, bytes | str]],
+        *,
+        group: str | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+    ) -> list[Enqueued | EchoMQError]:
+        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        return self._x.run(
+            _p.enqueue_many(self._k, items, group=group, delay_ms=delay_ms, at_ms=at_ms)
+        )
+
+    def claim(self, *, lease_ms: int = 30_000) -> Job | None:
+        """Lease the next job (flat set and lanes served fairly); None when none is claimable."""
+        return self._x.run(_p.claim(self._k, lease_ms))
+
+    def claim_batch(self, n: int, *, lease_ms: int = 30_000) -> list[Job]:
+        """Lease up to ``n`` jobs on one shared lease, lanes served fairly."""
+        return self._x.run(_p.claim_batch(self._k, n, lease_ms))
+
+    def complete(self, id: str, token: int, *, result: bytes | str | None = None) -> None:
+        """Settle a held job as done (deletes its row); refuses a stale token."""
+        return self._x.run(_p.complete(self._k, id, token, result))
+
+    def retry(self, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str) -> str:
+        """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling."""
+        return self._x.run(
+            _p.retry(self._k, id, token, delay_ms=delay_ms, max_attempts=max_attempts, error=error)
+        )
+
+    def delay(self, id: str, token: int, delay_ms: int) -> None:
+        """Release a held job without minting; ``delay_ms=0`` returns it to pending at once."""
+        return self._x.run(_p.delay(self._k, id, token, delay_ms))
+
+    def extend(self, id: str, token: int, *, lease_ms: int) -> None:
+        """Push a held lease to now + ``lease_ms`` (server clock)."""
+        return self._x.run(_p.extend(self._k, id, token, lease_ms))
+
+    def extend_many(self, pairs: Iterable[tuple[str, int]], *, lease_ms: int) -> list[str]:
+        """Extend many leases in one call; returns the ids that failed (gone, stale or settled)."""
+        return self._x.run(_p.extend_many(self._k, pairs, lease_ms))
+
+    def promote(self, limit: int = 100) -> int:
+        """Move due scheduled jobs to pending; returns how many."""
+        return self._x.run(_p.promote(self._k, limit))
+
+    def reap(self, limit: int = 100) -> int:
+        """Return lapsed leases to pending; returns how many."""
+        return self._x.run(_p.reap(self._k, limit))
+
+    def sweep_stalled(
+        self, *, max_stalled: int = 1, limit: int = 100
+    ) -> tuple[list[str], list[str]]:
+        """The counted stall sweep: ``(recovered, dead)`` ids."""
+        return self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
+
+    def reprocess(self, id: str) -> None:
+        """Send a dead job back to pending (its lane when grouped)."""
+        return self._x.run(_p.reprocess(self._k, id))
+
+    def remove(self, id: str) -> None:
+        """Delete a job wherever it is."""
+        return self._x.run(_p.remove(self._k, id))
+
+    def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
+        """Up to ``n`` ids in ``state``, newest first."""
+        return self._x.run(_p.browse(self._k, state, n, group))
+
+    def pending_size(self) -> int:
+        """The size of the flat pending set (lanes not included)."""
+        return self._x.run(_p.pending_size(self._k))
+
+    def counts(self) -> dict[str, int]:
+        """pending (flat + lanes), active, schedule, dead, completed, failed."""
+        return self._x.run(_p.counts(self._k))
+
+    def check(self) -> list[str]:
+        """The consistency checker (D6): one line per violation, ``[]`` when sound."""
+        return self._x.run(_p.check(self._k))
+
+    def get_job(self, id: str) -> dict[str, str | bytes] | None:
+        """The job's row, or None when it does not exist."""
+        return self._x.run(_p.get_job(self._k, id))
+
+    def job_state(self, id: str) -> str:
+        """Where the job is: pending, active, scheduled, dead, ... or absent."""
+        return self._x.run(_p.job_state(self._k, id))
+
+    def pause(self) -> None:
+        """Stop all claims of this queue."""
+        return self._x.run(_p.pause(self._k))
+
+    def resume(self) -> None:
+        """Let claims through again."""
+        return self._x.run(_p.resume(self._k))
+
+    def is_paused(self) -> bool:
+        """Whether the queue is paused."""
+        return self._x.run(_p.is_paused(self._k))
+
+    def pause_lane(self, g: str) -> None:
+        """Stop serving lane ``g``."""
+        return self._x.run(_p.pause_lane(self._k, g))
+
+    def resume_lane(self, g: str) -> None:
+        """Serve lane ``g`` again."""
+        return self._x.run(_p.resume_lane(self._k, g))
+
+    def limit_lane(self, g: str, n: int | None) -> None:
+        """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""
+        return self._x.run(_p.limit_lane(self._k, g, n))
+
+    def weight_lane(self, g: str, w: int) -> None:
+        """Lane ``g``'s fair share (default 1)."""
+        return self._x.run(_p.weight_lane(self._k, g, w))
+
+    def reassign(self, id: str, g: str) -> str:
+        """Move a waiting job to lane ``g``: ``'reassigned'`` or ``'noop'``."""
+        return self._x.run(_p.reassign(self._k, id, g))
+
+    def lane_depth(self, g: str) -> int:
+        """How many jobs wait in lane ``g``."""
+        return self._x.run(_p.lane_depth(self._k, g))
+
+    def lanes(self) -> list[str]:
+        """Every lane holding at least one waiting job."""
+        return self._x.run(_p.lanes(self._k))
+
+    def drain(self, *, include_schedule: bool = False) -> int:
+        """Delete the waiting jobs (flat and lanes); returns how many."""
+        return self._x.run(_p.drain(self._k, include_schedule))
+
+    def obliterate(self, *, force: bool = False) -> None:
+        """Delete every key of this (paused) queue."""
+        return self._x.run(_p.obliterate(self._k, force))
+
+    def update_progress(self, id: str, value: str) -> None:
+        """Set the job's progress and publish a progress event."""
+        return self._x.run(_p.update_progress(self._k, id, value))
+
+    def add_log(self, id: str, line: str, *, keep: int = 0) -> int:
+        """Append a log line; returns how many lines are kept."""
+        return self._x.run(_p.add_log(self._k, id, line, keep))
+
+    def logs(self, id: str) -> list[bytes]:
+        """The job's log lines, oldest first."""
+        return self._x.run(_p.logs(self._k, id))
+
+
+class AsyncQueue:
+    """A queue on an asyncio client; every verb of :class:`Queue` as a coroutine."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: AsyncClient | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ) -> None:
+        self._k = _p.Keys(name, max_payload)
+        if client is not None and url is not None:
+            raise InvalidArgument("pass url or client, not both")
+        owned = client is None
+        self._x = AsyncExecutor(client if client is not None else async_client(url), owned=owned)
+
+    @property
+    def name(self) -> str:
+        """The queue name."""
+        return self._k.name
+
+    @property
+    def client(self) -> AsyncClient:
+        """The redis-py asyncio client this queue runs on."""
+        return self._x.client
+
+    async def aclose(self) -> None:
+        """Close the client if this queue created it."""
+        await self._x.close()
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncQueue({self.name!r})"
+
+    async def enqueue(
+        self,
+        payload: bytes | str,
+        *,
+        id: str | None = None,
+        group: str | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+    ) -> Enqueued:
+        """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule."""
+        return await self._x.run(
+            _p.enqueue(self._k, payload, id=id, group=group, delay_ms=delay_ms, at_ms=at_ms)
+        )
+
+    async def enqueue_many(
+        self,
+        items: Iterable[bytes | str | tuple[str, bytes | str]],
+        *,
+        group: str | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+    ) -> list[Enqueued | EchoMQError]:
+        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        return await self._x.run(
+            _p.enqueue_many(self._k, items, group=group, delay_ms=delay_ms, at_ms=at_ms)
+        )
+
+    async def claim(self, *, lease_ms: int = 30_000) -> Job | None:
+        """Lease the next job (flat set and lanes served fairly); None when none is claimable."""
+        return await self._x.run(_p.claim(self._k, lease_ms))
+
+    async def claim_batch(self, n: int, *, lease_ms: int = 30_000) -> list[Job]:
+        """Lease up to ``n`` jobs on one shared lease, lanes served fairly."""
+        return await self._x.run(_p.claim_batch(self._k, n, lease_ms))
+
+    async def complete(self, id: str, token: int, *, result: bytes | str | None = None) -> None:
+        """Settle a held job as done (deletes its row); refuses a stale token."""
+        return await self._x.run(_p.complete(self._k, id, token, result))
+
+    async def retry(
+        self, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str
+    ) -> str:
+        """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling."""
+        return await self._x.run(
+            _p.retry(self._k, id, token, delay_ms=delay_ms, max_attempts=max_attempts, error=error)
+        )
+
+    async def delay(self, id: str, token: int, delay_ms: int) -> None:
+        """Release a held job without minting; ``delay_ms=0`` returns it to pending at once."""
+        return await self._x.run(_p.delay(self._k, id, token, delay_ms))
+
+    async def extend(self, id: str, token: int, *, lease_ms: int) -> None:
+        """Push a held lease to now + ``lease_ms`` (server clock)."""
+        return await self._x.run(_p.extend(self._k, id, token, lease_ms))
+
+    async def extend_many(self, pairs: Iterable[tuple[str, int]], *, lease_ms: int) -> list[str]:
+        """Extend many leases in one call; returns the ids that failed (gone, stale or settled)."""
+        return await self._x.run(_p.extend_many(self._k, pairs, lease_ms))
+
+    async def promote(self, limit: int = 100) -> int:
+        """Move due scheduled jobs to pending; returns how many."""
+        return await self._x.run(_p.promote(self._k, limit))
+
+    async def reap(self, limit: int = 100) -> int:
+        """Return lapsed leases to pending; returns how many."""
+        return await self._x.run(_p.reap(self._k, limit))
+
+    async def sweep_stalled(
+        self, *, max_stalled: int = 1, limit: int = 100
+    ) -> tuple[list[str], list[str]]:
+        """The counted stall sweep: ``(recovered, dead)`` ids."""
+        return await self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
+
+    async def reprocess(self, id: str) -> None:
+        """Send a dead job back to pending (its lane when grouped)."""
+        return await self._x.run(_p.reprocess(self._k, id))
+
+    async def remove(self, id: str) -> None:
+        """Delete a job wherever it is."""
+        return await self._x.run(_p.remove(self._k, id))
+
+    async def browse(
+        self, state: str = "pending", n: int = 50, *, group: str | None = None
+    ) -> list[str]:
+        """Up to ``n`` ids in ``state``, newest first."""
+        return await self._x.run(_p.browse(self._k, state, n, group))
+
+    async def pending_size(self) -> int:
+        """The size of the flat pending set (lanes not included)."""
+        return await self._x.run(_p.pending_size(self._k))
+
+    async def counts(self) -> dict[str, int]:
+        """pending (flat + lanes), active, schedule, dead, completed, failed."""
+        return await self._x.run(_p.counts(self._k))
+
+    async def check(self) -> list[str]:
+        """The consistency checker (D6): one line per violation, ``[]`` when sound."""
+        return await self._x.run(_p.check(self._k))
+
+    async def get_job(self, id: str) -> dict[str, str | bytes] | None:
+        """The job's row, or None when it does not exist."""
+        return await self._x.run(_p.get_job(self._k, id))
+
+    async def job_state(self, id: str) -> str:
+        """Where the job is: pending, active, scheduled, dead, ... or absent."""
+        return await self._x.run(_p.job_state(self._k, id))
+
+    async def pause(self) -> None:
+        """Stop all claims of this queue."""
+        return await self._x.run(_p.pause(self._k))
+
+    async def resume(self) -> None:
+        """Let claims through again."""
+        return await self._x.run(_p.resume(self._k))
+
+    async def is_paused(self) -> bool:
+        """Whether the queue is paused."""
+        return await self._x.run(_p.is_paused(self._k))
+
+    async def pause_lane(self, g: str) -> None:
+        """Stop serving lane ``g``."""
+        return await self._x.run(_p.pause_lane(self._k, g))
+
+    async def resume_lane(self, g: str) -> None:
+        """Serve lane ``g`` again."""
+        return await self._x.run(_p.resume_lane(self._k, g))
+
+    async def limit_lane(self, g: str, n: int | None) -> None:
+        """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""
+        return await self._x.run(_p.limit_lane(self._k, g, n))
+
+    async def weight_lane(self, g: str, w: int) -> None:
+        """Lane ``g``'s fair share (default 1)."""
+        return await self._x.run(_p.weight_lane(self._k, g, w))
+
+    async def reassign(self, id: str, g: str) -> str:
+        """Move a waiting job to lane ``g``: ``'reassigned'`` or ``'noop'``."""
+        return await self._x.run(_p.reassign(self._k, id, g))
+
+    async def lane_depth(self, g: str) -> int:
+        """How many jobs wait in lane ``g``."""
+        return await self._x.run(_p.lane_depth(self._k, g))
+
+    async def lanes(self) -> list[str]:
+        """Every lane holding at least one waiting job."""
+        return await self._x.run(_p.lanes(self._k))
+
+    async def drain(self, *, include_schedule: bool = False) -> int:
+        """Delete the waiting jobs (flat and lanes); returns how many."""
+        return await self._x.run(_p.drain(self._k, include_schedule))
+
+    async def obliterate(self, *, force: bool = False) -> None:
+        """Delete every key of this (paused) queue."""
+        return await self._x.run(_p.obliterate(self._k, force))
+
+    async def update_progress(self, id: str, value: str) -> None:
+        """Set the job's progress and publish a progress event."""
+        return await self._x.run(_p.update_progress(self._k, id, value))
+
+    async def add_log(self, id: str, line: str, *, keep: int = 0) -> int:
+        """Append a log line; returns how many lines are kept."""
+        return await self._x.run(_p.add_log(self._k, id, line, keep))
+
+    async def logs(self, id: str) -> list[bytes]:
+        """The job's log lines, oldest first."""
+        return await self._x.run(_p.logs(self._k, id))

@@ -1,0 +1,182 @@
+"""A private ``valkey-server``/``redis-server`` process: the embedded server and test fixture.
+
+With no URL configured, ``echomq server``, ``demo`` and ``worker`` start one of these (unix
+socket + loopback port, AOF on, data in ``./.echomq/``) and stop it when done. The test
+suite starts its servers with the same class, so there is one way to run a server here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["EmbeddedServer", "NoServerBinary", "find_binary", "free_port"]
+
+INSTALL_HINT = (
+    "no valkey-server or redis-server on PATH; install one "
+    "(Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew install valkey) "
+    "or set ECHOMQ_URL to a running server"
+)
+
+
+class NoServerBinary(RuntimeError):
+    """Neither ``valkey-server`` nor ``redis-server`` is on PATH."""
+
+    def __init__(self) -> None:
+        super().__init__(INSTALL_HINT)
+
+
+def find_binary() -> str:
+    """The server binary to run: ``ECHOMQ_SERVER_BIN``, else valkey-server, else redis-server."""
+    env = os.environ.get("ECHOMQ_SERVER_BIN")
+    if env:
+        return env
+    for name in ("valkey-server", "redis-server"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise NoServerBinary()
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith((b"+PONG", b"-LOADING"))
+    except OSError:
+        return False
+
+
+class EmbeddedServer:
+    """One server process that this object starts and stops (by its own pid, never others).
+
+    Args:
+        dir: data directory (created); the AOF and the unix socket live here.
+        port: TCP port on 127.0.0.1; a free one when None.
+        appendonly: AOF on (``appendfsync everysec`` unless ``fsync`` says otherwise).
+        unix_socket: also listen on ``<dir>/server.sock``.
+        args: extra ``--name value`` arguments (cluster mode, ``--loadmodule``, TLS ...).
+    """
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str],
+        *,
+        port: int | None = None,
+        appendonly: bool = True,
+        fsync: str = "everysec",
+        unix_socket: bool = True,
+        args: Sequence[str] = (),
+        binary: str | None = None,
+        logfile: bool = True,
+    ) -> None:
+        self.dir = Path(dir).resolve()
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.fsync = fsync
+        self.unix_socket = unix_socket
+        self.args = list(args)
+        self.binary = binary
+        self.logfile = logfile
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / "server.sock"
+
+    @property
+    def url(self) -> str:
+        """The TCP URL of the server (db 0)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.binary or find_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.fsync,
+            "--daemonize", "no",
+            "--maxmemory-policy", "noeviction",
+        ]  # fmt: skip
+        if self.unix_socket:
+            cmd += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        if self.logfile:
+            cmd += ["--logfile", str(self.dir / "server.log")]
+        return cmd + self.args
+
+    def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        """Start the process and wait until it answers PING."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the server
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                log = self.dir / "server.log"
+                if log.exists():
+                    err += log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {err.strip()}")
+            if _ping("127.0.0.1", self.port):
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"server on port {self.port} did not answer PING in {timeout}s")
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash, for tests); the data directory stays."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM our own process and wait; SIGKILL it if it does not go."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
