@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from echomq import ids, keyspace
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
+from echomq.app import App, Discard, JobContext, Retry, Task, current_job
+from echomq.backoff import exponential, fixed, jitter
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
@@ -24,17 +26,21 @@ from echomq.errors import (
     VersionFenceError,
 )
 from echomq.queue import AsyncQueue, Queue
+from echomq.worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "WIRE_VERSION",
+    "App",
     "AsyncQueue",
+    "Discard",
     "EchoMQError",
     "Enqueued",
     "InvalidArgument",
     "InvalidId",
     "Job",
+    "JobContext",
     "JobGone",
     "KindError",
     "Locked",
@@ -42,10 +48,17 @@ __all__ = [
     "ProtocolError",
     "Queue",
     "RateLimited",
+    "Retry",
     "StaleToken",
     "StateError",
+    "Task",
     "VersionFenceError",
+    "Worker",
     "__version__",
+    "current_job",
+    "exponential",
+    "fixed",
     "ids",
+    "jitter",
     "keyspace",
 ]

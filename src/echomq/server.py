@@ -8,6 +8,8 @@ suite starts its servers with the same class, so there is one way to run a serve
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
 import shutil
 import signal
@@ -18,7 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["EmbeddedServer", "NoServerBinary", "find_binary", "free_port"]
+__all__ = [
+    "EmbeddedServer",
+    "NoServerBinary",
+    "configured_url",
+    "find_binary",
+    "free_port",
+    "recorded_url",
+    "state_dir",
+]
 
 INSTALL_HINT = (
     "no valkey-server or redis-server on PATH; install one "
@@ -53,6 +63,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+try:  # loaded here, in the parent: the child between fork and exec only calls prctl
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM the server when its parent dies, so a
+    crashed owner never leaves a server behind (no-op elsewhere)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _ping(host: str, port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
@@ -84,6 +107,7 @@ class EmbeddedServer:
         args: Sequence[str] = (),
         binary: str | None = None,
         logfile: bool = True,
+        die_with_parent: bool = True,
     ) -> None:
         self.dir = Path(dir).resolve()
         self.port = port or free_port()
@@ -93,6 +117,7 @@ class EmbeddedServer:
         self.args = list(args)
         self.binary = binary
         self.logfile = logfile
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -135,6 +160,8 @@ class EmbeddedServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the server
+            # Only a prctl call runs between fork and exec (libc is loaded in the parent).
+            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -180,3 +207,37 @@ class EmbeddedServer:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def state_dir() -> Path:
+    """Where the embedded server keeps its data: ``ECHOMQ_HOME`` or ``./.echomq``."""
+    return Path(os.environ.get("ECHOMQ_HOME") or ".echomq")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recorded_url(directory: Path | None = None) -> str | None:
+    """The URL of a live ``echomq server`` recorded in the state dir, if one is running."""
+    record = (directory or state_dir()) / "server.json"
+    try:
+        info = json.loads(record.read_text())
+        pid, port = int(info["pid"]), int(info["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _pid_alive(pid) and _ping("127.0.0.1", port):
+        return str(info["url"])
+    return None
+
+
+def configured_url(explicit: str | None) -> str | None:
+    """The server the user configured: an explicit URL, ``ECHOMQ_URL``, or a running
+    ``echomq server`` recorded in the state dir; None when nothing is configured."""
+    return explicit or os.environ.get("ECHOMQ_URL") or recorded_url()

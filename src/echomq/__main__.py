@@ -1,0 +1,5 @@
+"""``python -m echomq`` is the ``echomq`` command."""
+
+from echomq.cli import main
+
+main()

@@ -1,0 +1,525 @@
+"""The ``echomq`` command line: run workers, operate queues, run a server, run the demo.
+
+The server comes from ``--url``, else ``ECHOMQ_URL``, else an ``echomq server`` recorded in
+``./.echomq/``. ``worker``, ``server`` and ``demo`` start a private embedded server when none
+is configured; the operator commands default to ``redis://127.0.0.1:6379/0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+import redis
+import redis.exceptions
+
+from echomq import _executor
+from echomq.app import App
+from echomq.errors import EchoMQError
+from echomq.queue import Queue
+from echomq.server import EmbeddedServer, NoServerBinary, configured_url, state_dir
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"echomq: {message}", err=True)
+    sys.exit(code)
+
+
+def _url(ctx: click.Context) -> str:
+    return configured_url(ctx.obj.get("url")) or _executor.default_url()
+
+
+@contextlib.contextmanager
+def _errors(url: str) -> Iterator[None]:
+    """Turn the usual failures into one clear line and a non-zero exit."""
+    try:
+        yield
+    except redis.exceptions.ConnectionError as exc:
+        _fail(f"cannot reach the server at {url}: {exc}")
+    except redis.exceptions.AuthenticationError as exc:
+        _fail(f"the server at {url} refused the credentials: {exc}")
+    except redis.exceptions.ResponseError as exc:
+        _fail(f"the server at {url} answered an error: {exc}")
+    except EchoMQError as exc:
+        _fail(str(exc))
+
+
+@contextlib.contextmanager
+def _server_for(ctx: click.Context, *, purpose: str) -> Iterator[str]:
+    """The configured server, or a private embedded one for the duration of the command."""
+    url = configured_url(ctx.obj.get("url"))
+    if url:
+        yield url
+        return
+    directory = state_dir() / purpose
+    try:
+        server = EmbeddedServer(directory).start()
+    except NoServerBinary as exc:
+        _fail(str(exc))
+        raise  # unreachable; keeps type checkers quiet
+    click.echo(
+        f"echomq: no server configured; started an embedded one at {server.url} "
+        f"(data in {directory})",
+        err=True,
+    )
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _queue(ctx: click.Context, name: str) -> Queue:
+    url = _url(ctx)
+    try:
+        return Queue(name, url=url)
+    except EchoMQError as exc:
+        _fail(str(exc))
+        raise
+
+
+def _run(ctx: click.Context, fn: Callable[[], Any]) -> Any:
+    url = _url(ctx)
+    with _errors(url):
+        return fn()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url", envvar="ECHOMQ_URL", help="Server URL (redis://, rediss://, unix://). Env: ECHOMQ_URL."
+)
+@click.version_option(package_name="echomq")
+@click.pass_context
+def main(ctx: click.Context, url: str | None) -> None:
+    """echomq: a reliable job queue on Valkey/Redis."""
+    ctx.ensure_object(dict)
+    ctx.obj["url"] = url
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _load_app(spec: str) -> App:
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        _fail(f"expected MODULE:APP, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(f"cannot import {module_name!r}: {exc}")
+    obj = getattr(module, attr or "app", None)
+    if not isinstance(obj, App):
+        _fail(f"{spec!r} is not an echomq.App (found {type(obj).__name__})")
+    assert isinstance(obj, App)
+    return obj
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option(
+    "-q",
+    "--queue",
+    "queues",
+    multiple=True,
+    help="Queue to serve (repeat); default: all of the app's.",
+)
+@click.option("-c", "--concurrency", default=10, show_default=True, help="Jobs in flight at once.")
+@click.option("--beat-ms", default=1000, show_default=True, help="Sweep rhythm and idle wait.")
+@click.option(
+    "--grace",
+    "grace_s",
+    default=10.0,
+    show_default=True,
+    help="Seconds in-flight jobs get after SIGTERM.",
+)
+@click.option(
+    "--max-stalled", default=5, show_default=True, help="Stalls before a job is dead (0: never)."
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app_spec: str,
+    queues: tuple[str, ...],
+    concurrency: int,
+    beat_ms: int,
+    grace_s: float,
+    max_stalled: int,
+    log_level: str,
+) -> None:
+    """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
+    import logging
+
+    from echomq.worker import Worker
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
+    )
+    app = _load_app(app_spec)
+    with _server_for(ctx, purpose="worker") as url:
+        app.url = url
+        try:
+            w = Worker(
+                app,
+                list(queues) or None,
+                concurrency,
+                beat_ms=beat_ms,
+                grace_s=grace_s,
+                max_stalled=max_stalled,
+            )
+        except EchoMQError as exc:
+            _fail(str(exc))
+            return
+        with _errors(url):
+            w.run()
+
+
+# --------------------------------------------------------------------------- producing
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("payload", required=False)
+@click.option(
+    "--task", "task_name", help="Enqueue a task call: the payload is built from --args/--kwargs."
+)
+@click.option(
+    "--args", "args_json", default="[]", help="JSON list of positional arguments (with --task)."
+)
+@click.option(
+    "--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments (with --task)."
+)
+@click.option("--id", "job_id", help="Job id (a branded JOB id) for idempotent enqueue.")
+@click.option("--group", help="Lane (tenant) name.")
+@click.option("--delay-ms", type=int, help="Run after this many ms (server clock).")
+@click.pass_context
+def enqueue(
+    ctx: click.Context,
+    queue: str,
+    payload: str | None,
+    task_name: str | None,
+    args_json: str,
+    kwargs_json: str,
+    job_id: str | None,
+    group: str | None,
+    delay_ms: int | None,
+) -> None:
+    """Enqueue PAYLOAD (or stdin with "-") or a --task call into QUEUE; prints the job id."""
+    if task_name:
+        try:
+            args, kwargs = json.loads(args_json), json.loads(kwargs_json)
+        except json.JSONDecodeError as exc:
+            _fail(f"--args/--kwargs must be JSON: {exc}")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            _fail("--args is a JSON list and --kwargs a JSON object")
+        data: bytes = json.dumps({"task": task_name, "args": args, "kwargs": kwargs}).encode()
+    elif payload is None or payload == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        data = payload.encode()
+    q = _queue(ctx, queue)
+    result = _run(ctx, lambda: q.enqueue(data, id=job_id, group=group, delay_ms=delay_ms))
+    click.echo(f"{result.id} {result.status}")
+
+
+# --------------------------------------------------------------------------- operating
+
+
+def _discover_queues(client: redis.Redis) -> list[str]:
+    names = set()
+    for key in client.scan_iter(match="emq:{*", count=1000):
+        text = key.decode(errors="replace")
+        end = text.find("}")
+        if end > 5:
+            names.add(text[5:end])
+    return sorted(names)
+
+
+def _stats_table(url: str, names: list[str]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"echomq @ {url}", title_justify="left")
+    for col in (
+        "queue",
+        "pending",
+        "active",
+        "schedule",
+        "dead",
+        "completed",
+        "failed",
+        "lanes",
+        "paused",
+    ):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    client = _executor.sync_client(url)
+    try:
+        for name in names or _discover_queues(client):
+            q = Queue(name, client=client)
+            c = q.counts()
+            table.add_row(
+                name,
+                *(
+                    f"{c[k]:,}"
+                    for k in ("pending", "active", "schedule", "dead", "completed", "failed")
+                ),
+                str(len(q.lanes())),
+                "yes" if q.is_paused() else "",
+            )
+    finally:
+        client.close()
+    return table
+
+
+@main.command()
+@click.argument("queues", nargs=-1)
+@click.option("--watch", is_flag=True, help="Refresh live until Ctrl-C.")
+@click.option(
+    "--interval", default=1.0, show_default=True, help="Refresh interval in seconds (--watch)."
+)
+@click.pass_context
+def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: float) -> None:
+    """Counts per state for QUEUES (default: every queue found on the server)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    url = _url(ctx)
+    console = Console()
+    with _errors(url):
+        if not watch:
+            console.print(_stats_table(url, list(queues)))
+            return
+        first = _stats_table(url, list(queues))
+        with (
+            Live(first, console=console, refresh_per_second=4) as live,
+            contextlib.suppress(KeyboardInterrupt),
+        ):
+            while True:
+                time.sleep(interval)
+                live.update(_stats_table(url, list(queues)))
+
+
+@main.command()
+@click.argument("queue")
+@click.option(
+    "--state",
+    default="pending",
+    show_default=True,
+    type=click.Choice(["pending", "active", "schedule", "dead"]),
+)
+@click.option("-n", "count", default=20, show_default=True)
+@click.option("--group", help="Browse one lane (pending only).")
+@click.pass_context
+def browse(ctx: click.Context, queue: str, state: str, count: int, group: str | None) -> None:
+    """List job ids in a state, newest first."""
+    q = _queue(ctx, queue)
+    for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
+        click.echo(job_id)
+
+
+def _show_value(value: str | bytes) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return repr(value)
+    return value
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("job_id")
+@click.pass_context
+def job(ctx: click.Context, queue: str, job_id: str) -> None:
+    """Show one job: where it is, its row, and its logs."""
+    q = _queue(ctx, queue)
+
+    def show() -> int:
+        state = q.job_state(job_id)
+        row = q.get_job(job_id)
+        click.echo(f"id: {job_id}\nplace: {state}")
+        if row is None:
+            return 1
+        for field, value in sorted(row.items()):
+            click.echo(f"{field}: {_show_value(value)}")
+        lines = q.logs(job_id)
+        if lines:
+            click.echo("logs:")
+            for line in lines:
+                click.echo(f"  {_show_value(line)}")
+        return 0
+
+    sys.exit(_run(ctx, show))
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("job_ids", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Reprocess every dead job of QUEUE.")
+@click.pass_context
+def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everything: bool) -> None:
+    """Send dead jobs back to pending (a grouped job back to its lane)."""
+    q = _queue(ctx, queue)
+
+    def go() -> int:
+        ids = list(job_ids)
+        if everything:
+            while batch := q.browse("dead", 1000):
+                for job_id in batch:
+                    q.reprocess(job_id)
+                ids += batch
+        else:
+            for job_id in ids:
+                q.reprocess(job_id)
+        return len(ids)
+
+    if not job_ids and not everything:
+        _fail("name job ids or pass --all")
+    click.echo(f"reprocessed {_run(ctx, go)} job(s)")
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--lane", help="Pause one lane instead of the whole queue.")
+@click.pass_context
+def pause(ctx: click.Context, queue: str, lane: str | None) -> None:
+    """Stop claims of QUEUE (or of one lane)."""
+    q = _queue(ctx, queue)
+    _run(ctx, (lambda: q.pause_lane(lane)) if lane else q.pause)
+    click.echo(f"paused {queue}" + (f" lane {lane}" if lane else ""))
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--lane", help="Resume one lane instead of the whole queue.")
+@click.pass_context
+def resume(ctx: click.Context, queue: str, lane: str | None) -> None:
+    """Let claims of QUEUE (or of one lane) through again."""
+    q = _queue(ctx, queue)
+    _run(ctx, (lambda: q.resume_lane(lane)) if lane else q.resume)
+    click.echo(f"resumed {queue}" + (f" lane {lane}" if lane else ""))
+
+
+@main.command()
+@click.argument("queue")
+@click.option(
+    "--max-stalled",
+    default=5,
+    show_default=True,
+    help="Stalls before a job is dead (0: reap only).",
+)
+@click.pass_context
+def sweep(ctx: click.Context, queue: str, max_stalled: int) -> None:
+    """Run the sweeps once: promote due jobs, recover lapsed leases."""
+    q = _queue(ctx, queue)
+
+    def go() -> tuple[int, int, int]:
+        promoted = q.promote(10_000)
+        if max_stalled > 0:
+            recovered, dead = q.sweep_stalled(max_stalled=max_stalled, limit=10_000)
+            return promoted, len(recovered), len(dead)
+        return promoted, q.reap(10_000), 0
+
+    promoted, recovered, dead = _run(ctx, go)
+    click.echo(f"promoted {promoted}, recovered {recovered}, dead {dead}")
+
+
+@main.command()
+@click.argument("queues", nargs=-1, required=True)
+@click.pass_context
+def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
+    """Run the consistency checker; exits 1 when any violation is found."""
+    bad = 0
+    for name in queues:
+        q = _queue(ctx, name)
+        violations = _run(ctx, q.check)
+        for line in violations:
+            click.echo(f"{name}: {line}")
+        bad += len(violations)
+        if not violations:
+            click.echo(f"{name}: ok")
+    sys.exit(1 if bad else 0)
+
+
+# --------------------------------------------------------------------------- server and demo
+
+
+@main.command()
+@click.option("--port", type=int, help="TCP port on 127.0.0.1 (default: a free one).")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    help="Data directory (default ./.echomq/server).",
+)
+def server(port: int | None, directory: str | None) -> None:
+    """Run a private valkey-server/redis-server in the foreground (AOF on) for other
+    processes to share; its URL is printed and recorded in ./.echomq/server.json."""
+    from pathlib import Path
+
+    data = Path(directory) if directory else state_dir() / "server"
+    try:
+        srv = EmbeddedServer(data, port=port, die_with_parent=True).start()
+    except NoServerBinary as exc:
+        _fail(str(exc))
+        return
+    record = state_dir() / "server.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(
+        json.dumps(
+            {"pid": srv.pid, "port": srv.port, "url": srv.url, "socket": str(srv.socket_path)}
+        )
+    )
+    click.echo(
+        f"echomq server: {srv.url} (unix socket {srv.socket_path}, data in {data}); Ctrl-C stops it"
+    )
+    click.echo(f"  export ECHOMQ_URL={srv.url}")
+    stopping = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        while not stopping and srv.proc is not None and srv.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        srv.stop()
+        with contextlib.suppress(FileNotFoundError):
+            record.unlink()
+    click.echo("echomq server: stopped")
+
+
+@main.command()
+@click.option("--jobs", default=20_000, show_default=True, help="How many jobs to run.")
+@click.option("--workers", default=3, show_default=True, help="Worker processes.")
+@click.option("--concurrency", default=32, show_default=True, help="Jobs in flight per worker.")
+@click.option("--quick", is_flag=True, help="A shortened run (2,000 jobs) for CI.")
+@click.option("--no-kill", is_flag=True, help="Do not SIGKILL a worker mid-run.")
+@click.pass_context
+def demo(
+    ctx: click.Context, jobs: int, workers: int, concurrency: int, quick: bool, no_kill: bool
+) -> None:
+    """Run ~20k jobs over several tenants with flaky and poison jobs, kill a worker
+    mid-run, and print what happened."""
+    from echomq.demo import run_demo
+
+    if quick:
+        jobs = min(jobs, 2_000)
+    with _server_for(ctx, purpose="demo") as url, _errors(url):
+        sys.exit(
+            run_demo(url, jobs=jobs, workers=workers, concurrency=concurrency, kill=not no_kill)
+        )

@@ -1,0 +1,551 @@
+"""The worker: the loop that owns the rhythm — claim, heartbeat, settle, sweep.
+
+One asyncio loop per process. For each queue a *pump* turns finished jobs into settle
+calls and free slots into one ``claim_batch``, and sends both in a single pipelined round
+trip; when the queue runs dry it parks on a blocking pop of the queue's ``wake`` list (no
+polling: an idle worker only speaks on its beat). A *heartbeat* extends every in-flight
+lease in one ``extend_many`` every lease/3, so a job that runs far longer than its lease is
+never re-delivered while its worker lives; a job whose extend fails was recovered by someone
+else and is cancelled, never settled. The *beat* runs the idempotent sweeps (promote, and
+the counted stall sweep) that any worker may run.
+
+Async handlers run as tasks on the loop; sync handlers run in a thread pool. SIGTERM/SIGINT
+stop claiming, let in-flight jobs finish within ``grace_s``, then hand the rest back to
+pending at once (``delay(id, token, 0)``); a second signal exits immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import random
+import signal
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+
+from echomq import _protocol as _p
+from echomq._executor import AsyncExecutor, async_client
+from echomq._protocol import Call, Job, Keys
+from echomq.app import Discard, JobContext, Retry, _current
+from echomq.errors import EchoMQError, InvalidArgument, JobGone, StaleToken, VersionFenceError
+
+if TYPE_CHECKING:
+    from echomq.app import App, Task
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("echomq.worker")
+
+_NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+_MAX_ERROR_TEXT = 8192
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker process (settles this worker made and saw accepted)."""
+
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0  # leases lost (extend or settle refused): another worker owns the job
+    handed_back: int = 0  # returned to pending at shutdown
+    recovered: int = 0  # stalled jobs this worker's sweeps returned to pending
+    swept_dead: int = 0  # stalled jobs this worker's sweeps dead-lettered
+
+
+@dataclass(eq=False)
+class _Running:
+    job: Job
+    ctx: JobContext | None = None
+    fut: asyncio.Future[Any] | None = None
+    lost: bool = False
+
+
+@dataclass(eq=False)
+class _Settle:
+    call: Call[Any]
+    kind: str  # completed | retried | dead
+    job_id: str
+
+
+@dataclass(eq=False)
+class _QueueLoop:
+    """One queue's state inside the worker."""
+
+    keys: Keys
+    lease_ms: int
+    inflight: dict[str, _Running] = field(default_factory=dict)
+    settles: list[_Settle] = field(default_factory=list)
+    kick: asyncio.Event = field(default_factory=asyncio.Event)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Worker:
+    """Runs an app's tasks from its queues.
+
+    Args:
+        app: the :class:`~echomq.App` whose tasks this worker runs.
+        queues: the queues to serve (default: every queue the app's tasks use).
+        concurrency: jobs in flight at once (shared across queues).
+        beat_ms: the rhythm of sweeps and of an idle worker's blocking wait.
+        grace_s: how long in-flight jobs may finish after SIGTERM before they are handed back.
+        max_stalled: stalls (lapsed leases) after which the stall sweep dead-letters a job;
+            ``0`` disables counting (lapsed leases are always returned to pending, via reap).
+        url: the server, overriding the app's.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        queues: list[str] | None = None,
+        concurrency: int = 10,
+        *,
+        beat_ms: int = 1000,
+        grace_s: float = 10.0,
+        max_stalled: int = 5,
+        url: str | None = None,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if isinstance(beat_ms, bool) or not isinstance(beat_ms, int) or beat_ms < 10:
+            raise InvalidArgument(f"beat_ms must be an int >= 10, got {beat_ms!r}")
+        if isinstance(max_stalled, bool) or not isinstance(max_stalled, int) or max_stalled < 0:
+            raise InvalidArgument(f"max_stalled must be an int >= 0, got {max_stalled!r}")
+        self.app = app
+        self.queue_names = list(queues) if queues else app.queues()
+        if not self.queue_names:
+            raise InvalidArgument("no queues to serve: register a task or pass queues=[...]")
+        self.concurrency = concurrency
+        self.beat_ms = beat_ms
+        self.grace_s = grace_s
+        self.max_stalled = max_stalled
+        self.url = url
+        self.stats = WorkerStats()
+        self._loops: list[_QueueLoop] = []
+        self._free = concurrency
+        self._stopping = False
+        self._stop_event: asyncio.Event | None = None
+        self._drained: asyncio.Event | None = None
+        self._x: AsyncExecutor | None = None
+        self._client: Any = None
+        self._threads: ThreadPoolExecutor | None = None
+        self._signals = 0
+        self._side_tasks: set[asyncio.Future[Any]] = set()
+
+    # ------------------------------------------------------------------ entry points
+
+    def run(self) -> WorkerStats:
+        """Run until SIGTERM/SIGINT (installs the signal handlers); returns the stats."""
+        return asyncio.run(self._run_with_signals())
+
+    async def _run_with_signals(self) -> WorkerStats:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            return await self.arun()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info(
+                "received %s: finishing in-flight jobs (grace %.1fs)",
+                signal.Signals(sig).name,
+                self.grace_s,
+            )
+            self.stop()
+        else:
+            # Immediately, as promised: leases lapse and the stall sweep of any worker
+            # recovers the jobs this process held.
+            log.warning("second signal: exiting now; held leases will lapse and be swept")
+            logging.shutdown()
+            os._exit(128 + sig)
+
+    def stop(self) -> None:
+        """Ask the worker to stop gracefully (safe to call from the loop's thread)."""
+        self._stopping = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+        for ql in self._loops:
+            ql.kick.set()
+            ql.idle.set()
+
+    async def arun(self) -> WorkerStats:
+        """Run on the current event loop until :meth:`stop`; returns the stats."""
+        self._stop_event = asyncio.Event()
+        self._drained = asyncio.Event()
+        if self._stopping:
+            self._stop_event.set()
+        url = self.url or self.app.url
+        self._client = async_client(url)
+        self._x = AsyncExecutor(self._client, owned=True)
+        await self._x.fence()  # refuse a foreign deployment before taking any job
+        self._threads = ThreadPoolExecutor(
+            max_workers=self.concurrency, thread_name_prefix="echomq-job"
+        )
+        kw = {} if self.app.max_payload is None else {"max_payload": self.app.max_payload}
+        for name in self.queue_names:
+            leases = [t.lease_ms for t in self.app.tasks.values() if t.queue == name]
+            self._loops.append(_QueueLoop(Keys(name, **kw), max(leases, default=30_000)))
+        log.info(
+            "worker %d serving %s with concurrency %d on %s",
+            os.getpid(), ", ".join(self.queue_names), self.concurrency, url,
+        )  # fmt: skip
+        background = []
+        for ql in self._loops:
+            ql.kick.set()
+            background += [
+                asyncio.ensure_future(self._pump(ql)),
+                asyncio.ensure_future(self._waker(ql)),
+                asyncio.ensure_future(self._heartbeat(ql)),
+            ]
+        background.append(asyncio.ensure_future(self._beat()))
+        try:
+            await self._stop_event.wait()
+            await self._shutdown()
+        finally:
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            await self._x.close()
+        log.info("worker %d stopped: %s", os.getpid(), self.stats)
+        return self.stats
+
+    # ------------------------------------------------------------------ the pump
+
+    async def _pump(self, ql: _QueueLoop) -> None:
+        """Settle what finished and claim into free slots, one round trip per turn."""
+        assert self._x is not None
+        failures = 0
+        while True:
+            await ql.kick.wait()
+            ql.kick.clear()
+            while True:
+                settles, ql.settles = ql.settles, []
+                want = 0
+                if not self._stopping and not ql.idle.is_set():
+                    want = min(self._free, 1000)
+                if not settles and want == 0:
+                    break
+                self._free -= want
+                calls: list[Call[Any]] = [s.call for s in settles]
+                if want:
+                    calls.append(_p.claim_batch(ql.keys, want, ql.lease_ms))
+                try:
+                    results = await self._x.pipeline(calls)
+                except _NETWORK_ERRORS as exc:
+                    # Settles are fenced, so sending them again is safe: one that already
+                    # applied answers gone/stale and is counted as lost, never applied twice.
+                    self._free += want
+                    ql.settles[:0] = settles
+                    failures += 1
+                    delay = min(2.0, 0.1 * 2 ** min(failures, 5)) * (0.5 + random.random() / 2)
+                    log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                for s, result in zip(settles, results, strict=False):
+                    self._count_settle(s, result)
+                if want:
+                    jobs = results[-1]
+                    if isinstance(jobs, BaseException):
+                        self._free += want
+                        self._fatal_or_log(jobs)
+                        break
+                    self._free += want - len(jobs)
+                    self.stats.claimed += len(jobs)
+                    for job in jobs:
+                        self._start(ql, job)
+                    if len(jobs) < want:
+                        ql.idle.set()  # nothing more to claim: park on the wake list
+
+    def _count_settle(self, s: _Settle, result: Any) -> None:
+        if isinstance(result, (StaleToken, JobGone)):
+            self.stats.lost += 1
+            log.warning("job %s: settle refused (%s); another worker owns it now", s.job_id, result)
+        elif isinstance(result, BaseException):
+            log.error("job %s: settle failed: %r", s.job_id, result)
+        elif s.kind == "completed":
+            self.stats.completed += 1
+        elif result == "dead":
+            self.stats.dead += 1
+        else:
+            self.stats.retried += 1
+
+    def _fatal_or_log(self, exc: BaseException) -> None:
+        if isinstance(exc, VersionFenceError):
+            log.error("%s", exc)
+            self.stop()
+        else:
+            log.error("claim failed: %r", exc)
+
+    async def _waker(self, ql: _QueueLoop) -> None:
+        """Park on the wake list while the queue is empty; kick the pump on a token or a beat."""
+        failures = 0
+        while True:
+            await ql.idle.wait()
+            if self._stopping:
+                return
+            try:
+                await self._client.blpop([ql.keys.wake], timeout=self.beat_ms / 1000)
+                failures = 0
+            except _NETWORK_ERRORS as exc:
+                failures += 1
+                log.warning("wake wait failed (%s)", exc)
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** min(failures, 5)))
+            ql.idle.clear()
+            ql.kick.set()
+
+    # ------------------------------------------------------------------ running jobs
+
+    def _start(self, ql: _QueueLoop, job: Job) -> None:
+        running = _Running(job)
+        ql.inflight[job.id] = running
+        running.fut = asyncio.ensure_future(self._execute(ql, running))
+
+    async def _execute(self, ql: _QueueLoop, r: _Running) -> None:
+        job = r.job
+        settle: _Settle | None = None
+        task: Task[Any, Any] | None = None
+        try:
+            try:
+                envelope = self.app.serializer.loads(job.payload)
+                name = envelope["task"]
+                args, kwargs = list(envelope.get("args", ())), dict(envelope.get("kwargs", {}))
+            except Exception as exc:
+                settle = self._dead(ql, job, f"undecodable payload: {type(exc).__name__}: {exc}")
+                return
+            task = self.app.tasks.get(name) if isinstance(name, str) else None
+            if task is None:
+                settle = self._dead(ql, job, f"unknown task {name!r}: no handler is registered")
+                return
+            r.ctx = JobContext(ql.keys.name, job.id, job.token, job.group, task.name)
+            await self._invoke(task, r.ctx, args, kwargs)
+            settle = _Settle(_p.complete(ql.keys, job.id, job.token), "completed", job.id)
+        except Retry as sig:
+            assert task is not None
+            delay = sig.delay_ms if sig.delay_ms is not None else task.backoff.delay_ms(job.token)
+            settle = self._retry(ql, job, task, delay, f"Retry: {sig.reason}")
+        except Discard as sig:
+            settle = self._dead(ql, job, f"Discard: {sig.reason}")
+        except asyncio.CancelledError:
+            if not r.lost and not self._stopping:
+                raise
+            # Cancelled because the lease was lost or at shutdown: never settle.
+        except asyncio.TimeoutError:
+            assert task is not None
+            text = f"TimeoutError: the run took longer than {task.timeout}s"
+            settle = self._retry(ql, job, task, task.backoff.delay_ms(job.token), text)
+        except Exception as exc:
+            assert task is not None
+            settle = self._retry(ql, job, task, task.backoff.delay_ms(job.token), _error_text(exc))
+        finally:
+            self._finish(ql, r, settle)
+
+    async def _invoke(
+        self, task: Task[Any, Any], ctx: JobContext, args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        token = _current.set(ctx)
+        try:
+            if task.is_async:
+                coro = task.fn(*args, **kwargs)
+                await (asyncio.wait_for(coro, task.timeout) if task.timeout else coro)
+            else:
+                loop = asyncio.get_running_loop()
+                call = functools.partial(_run_in_context, ctx, task.fn, args, kwargs)
+                fut = loop.run_in_executor(self._threads, call)
+                await (asyncio.wait_for(fut, task.timeout) if task.timeout else fut)
+        finally:
+            _current.reset(token)
+
+    def _retry(
+        self, ql: _QueueLoop, job: Job, task: Task[Any, Any], delay: int, error: str
+    ) -> _Settle:
+        call = _p.retry(
+            ql.keys, job.id, job.token, delay_ms=max(0, int(delay)),
+            max_attempts=task.max_attempts, error=error[-_MAX_ERROR_TEXT:],
+        )  # fmt: skip
+        if 0 < delay < self.beat_ms and job.token < task.max_attempts:
+            # Promote our own short retries on time instead of at the next beat.
+            asyncio.get_running_loop().call_later(delay / 1000, self._promote_soon, ql)
+        return _Settle(call, "retried", job.id)
+
+    def _dead(self, ql: _QueueLoop, job: Job, reason: str) -> _Settle:
+        # A retry with max_attempts=1 dead-letters at once (attempts >= 1 after any claim).
+        call = _p.retry(
+            ql.keys, job.id, job.token, delay_ms=0, max_attempts=1, error=reason[-_MAX_ERROR_TEXT:]
+        )
+        return _Settle(call, "dead", job.id)
+
+    def _finish(self, ql: _QueueLoop, r: _Running, settle: _Settle | None) -> None:
+        ql.inflight.pop(r.job.id, None)
+        self._free += 1
+        if settle is not None and not r.lost:
+            ql.settles.append(settle)
+        for other in self._loops:
+            other.kick.set()
+        if self._drained is not None and not any(q.inflight for q in self._loops):
+            self._drained.set()
+
+    def _promote_soon(self, ql: _QueueLoop) -> None:
+        if self._x is not None and not self._stopping:
+            fut = asyncio.ensure_future(self._quiet(self._x.call(_p.promote(ql.keys, 1000))))
+            self._side_tasks.add(fut)
+            fut.add_done_callback(self._side_tasks.discard)
+
+    async def _quiet(self, aw: Any) -> None:
+        with contextlib.suppress(*_NETWORK_ERRORS, EchoMQError):
+            await aw
+
+    # ------------------------------------------------------------------ heartbeat and beat
+
+    async def _heartbeat(self, ql: _QueueLoop) -> None:
+        """Extend every in-flight lease of the queue in one call, every lease/3."""
+        assert self._x is not None
+        while True:
+            await asyncio.sleep(ql.lease_ms / 3000)
+            held = [r for r in ql.inflight.values() if not r.lost]
+            if not held:
+                continue
+            try:
+                failed = await self._x.run(
+                    _p.extend_many(ql.keys, [(r.job.id, r.job.token) for r in held], ql.lease_ms)
+                )
+            except _NETWORK_ERRORS as exc:
+                log.warning("heartbeat failed (%s); leases may lapse", exc)
+                continue
+            for job_id in failed:
+                r = ql.inflight.get(job_id)
+                if r is not None and not r.lost:
+                    # Someone else owns the job now (our lease lapsed and was recovered):
+                    # cancel cooperatively and never settle it.
+                    r.lost = True
+                    self.stats.lost += 1
+                    if r.ctx is not None:
+                        r.ctx.lost = True
+                    if r.fut is not None:
+                        r.fut.cancel()
+                    log.warning("job %s: lease lost; cancelled without settling", job_id)
+
+    async def _beat(self) -> None:
+        """The sweeps any worker may run: promote due jobs, recover lapsed leases."""
+        assert self._x is not None
+        while not self._stopping:
+            for ql in self._loops:
+                try:
+                    await self._sweep(ql)
+                except _NETWORK_ERRORS as exc:
+                    log.warning("sweep failed (%s)", exc)
+                except EchoMQError as exc:
+                    self._fatal_or_log(exc)
+            await asyncio.sleep(self.beat_ms / 1000)
+
+    async def _sweep(self, ql: _QueueLoop) -> None:
+        assert self._x is not None
+        limit = 1000
+        while True:
+            calls: list[Call[Any]] = [_p.promote(ql.keys, limit)]
+            if self.max_stalled:
+                calls.append(_p.sweep_stalled(ql.keys, self.max_stalled, limit))
+            else:
+                calls.append(_p.reap(ql.keys, limit))
+            promoted, swept = await self._x.pipeline(calls)
+            for result in (promoted, swept):
+                if isinstance(result, BaseException):
+                    raise result
+            if self.max_stalled:
+                recovered, dead = swept
+                self.stats.recovered += len(recovered)
+                self.stats.swept_dead += len(dead)
+                if recovered or dead:
+                    log.info(
+                        "stall sweep on %s: %d recovered, %d dead",
+                        ql.keys.name,
+                        len(recovered),
+                        len(dead),
+                    )
+                moved = len(recovered) + len(dead)
+            else:
+                moved = swept
+                self.stats.recovered += swept
+            if promoted < limit and moved < limit:
+                return
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def _shutdown(self) -> None:
+        assert self._x is not None and self._drained is not None
+        for ql in self._loops:
+            ql.kick.set()
+            ql.idle.set()
+        if any(ql.inflight for ql in self._loops):
+            self._drained.clear()
+            if any(ql.inflight for ql in self._loops):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._drained.wait(), self.grace_s)
+        for ql in self._loops:
+            left = list(ql.inflight.values())
+            for r in left:
+                r.lost = True  # the hand-back below is the settle; the handler's result is dropped
+                if r.ctx is not None:
+                    r.ctx.lost = True
+                if r.fut is not None:
+                    r.fut.cancel()
+            if left:
+                calls = [_p.delay(ql.keys, r.job.id, r.job.token, 0) for r in left]
+                try:
+                    results = await self._x.pipeline(calls)
+                    back = sum(1 for res in results if not isinstance(res, BaseException))
+                    self.stats.handed_back += back
+                    log.info("handed %d unfinished jobs of %s back to pending", back, ql.keys.name)
+                except _NETWORK_ERRORS as exc:
+                    log.warning("could not hand jobs back (%s); their leases will lapse", exc)
+        await self._flush_settles()
+
+    async def _flush_settles(self) -> None:
+        assert self._x is not None
+        for _ in range(20):
+            pending = [(ql, s) for ql in self._loops for s in ql.settles]
+            if not pending:
+                return
+            for ql in self._loops:
+                ql.settles = []
+            try:
+                results = await self._x.pipeline([s.call for _, s in pending])
+            except _NETWORK_ERRORS as exc:
+                for ql, s in pending:
+                    ql.settles.append(s)
+                log.warning("final settle failed (%s); retrying", exc)
+                await asyncio.sleep(0.2)
+                continue
+            for (_, s), result in zip(pending, results, strict=True):
+                self._count_settle(s, result)
+
+
+def _run_in_context(
+    ctx: JobContext, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+) -> Any:
+    token = _current.set(ctx)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _current.reset(token)
+
+
+def _error_text(exc: BaseException) -> str:
+    head = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{head}\n{tb}" if len(head) < _MAX_ERROR_TEXT else head
