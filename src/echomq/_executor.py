@@ -16,18 +16,28 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, ResponseError
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, NoScriptError, ResponseError
 from redis.retry import Retry
 
 from echomq._protocol import WIRE_VERSION, Call, Plan
 from echomq.errors import EchoMQError, InvalidArgument, VersionFenceError, from_reply
 from echomq.keyspace import VERSION_KEY
 
-__all__ = ["AsyncExecutor", "SyncExecutor", "async_client", "default_url", "sync_client"]
+__all__ = [
+    "AsyncExecutor",
+    "SyncExecutor",
+    "async_client",
+    "cluster_url",
+    "default_url",
+    "sync_client",
+]
 
 T = TypeVar("T")
 
@@ -59,14 +69,41 @@ def _client_options() -> dict[str, Any]:
     return {"retry": Retry(NoBackoff(), 0), "socket_keepalive": True, "health_check_interval": 30}
 
 
-def sync_client(url: str | None = None) -> redis.Redis:
-    """A ``redis.Redis`` for ``url`` (default :func:`default_url`), bytes in and out."""
-    return redis.Redis.from_url(url or default_url(), **_client_options())
+def cluster_url(url: str) -> str | None:
+    """The plain URL when ``url`` selects cluster mode, else None.
+
+    Cluster mode is selected by the scheme ``redis+cluster://`` (``rediss+cluster://`` for
+    TLS) or by the query option ``cluster=true``; the host is any node of the cluster.
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flag = [v for k, v in query if k == "cluster"]
+    scheme = parts.scheme
+    if scheme.endswith("+cluster"):
+        scheme = scheme[: -len("+cluster")]
+    elif not (flag and flag[-1].lower() in ("1", "true", "yes")):
+        return None
+    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
+    return urlunsplit((scheme, parts.netloc, parts.path, rest, parts.fragment))
 
 
-def async_client(url: str | None = None) -> redis.asyncio.Redis:
-    """A ``redis.asyncio.Redis`` for ``url`` (default :func:`default_url`)."""
-    return redis.asyncio.Redis.from_url(url or default_url(), **_client_options())
+def sync_client(url: str | None = None) -> redis.Redis | RedisCluster:
+    """A client for ``url`` (default :func:`default_url`), bytes in and out: ``redis.Redis``,
+    or ``RedisCluster`` when the URL selects cluster mode (see :func:`cluster_url`)."""
+    url = url or default_url()
+    plain = cluster_url(url)
+    if plain is not None:
+        return RedisCluster.from_url(plain, **_client_options())
+    return redis.Redis.from_url(url, **_client_options())
+
+
+def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisCluster:
+    """The asyncio twin of :func:`sync_client`."""
+    url = url or default_url()
+    plain = cluster_url(url)
+    if plain is not None:
+        return AsyncRedisCluster.from_url(plain, **_client_options())
+    return redis.asyncio.Redis.from_url(url, **_client_options())
 
 
 def _check_bytes_client(client: Any) -> None:
@@ -94,7 +131,8 @@ def _version_text(value: Any) -> str | None:
 
 
 def _is_redirect(exc: ResponseError) -> bool:
-    return str(exc).startswith(("MOVED", "ASK"))
+    # redis-py parses MOVED/ASK into their own classes and strips the word from the text.
+    return isinstance(exc, AskError) or str(exc).startswith(("MOVED", "ASK"))
 
 
 def _script_args(call: Call[Any], use_eval: bool) -> tuple[Any, ...]:

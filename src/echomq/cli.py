@@ -238,7 +238,7 @@ def enqueue(
 # --------------------------------------------------------------------------- operating
 
 
-def _discover_queues(client: redis.Redis) -> list[str]:
+def _discover_queues(client: Any) -> list[str]:
     names = set()
     for key in client.scan_iter(match="emq:{*", count=1000):
         text = key.decode(errors="replace")

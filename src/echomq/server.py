@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -56,11 +57,28 @@ def find_binary() -> str:
     raise NoServerBinary()
 
 
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(*, cluster: bool = False) -> int:
+    """A loopback TCP port that was free a moment ago. ``cluster=True`` picks one at most
+    55535 whose cluster bus port (+10000) is free too."""
+    if not cluster:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randint(20000, 55535)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 try:  # loaded here, in the parent: the child between fork and exec only calls prctl
