@@ -207,11 +207,11 @@ class Worker:
         for ql in self._loops:
             ql.kick.set()
             background += [
-                asyncio.ensure_future(self._pump(ql)),
-                asyncio.ensure_future(self._waker(ql)),
-                asyncio.ensure_future(self._heartbeat(ql)),
+                asyncio.ensure_future(self._supervised(self._pump, ql)),
+                asyncio.ensure_future(self._supervised(self._waker, ql)),
+                asyncio.ensure_future(self._supervised(self._heartbeat, ql)),
             ]
-        background.append(asyncio.ensure_future(self._beat()))
+        background.append(asyncio.ensure_future(self._supervised(self._beat)))
         try:
             await self._stop_event.wait()
             await self._shutdown()
@@ -223,6 +223,21 @@ class Worker:
             await self._x.close()
         log.info("worker %d stopped: %s", os.getpid(), self.stats)
         return self.stats
+
+    async def _supervised(self, loop_fn: Callable[..., Any], *args: Any) -> None:
+        """Run one of the worker's loops; a bug in it is logged and the loop restarted,
+        never silently lost (a dead pump would strand its queue)."""
+        while True:
+            try:
+                await loop_fn(*args)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s crashed; restarting it", loop_fn.__name__)
+                await asyncio.sleep(0.5)
+                for ql in self._loops:
+                    ql.kick.set()
 
     # ------------------------------------------------------------------ the pump
 
@@ -271,6 +286,11 @@ class Worker:
                         self._start(ql, job)
                     if len(jobs) < want:
                         ql.idle.set()  # nothing more to claim: park on the wake list
+                        # The slots this queue did not use go to the other queues' pumps,
+                        # which may have found none free while this claim was in flight.
+                        for other in self._loops:
+                            if other is not ql and not other.idle.is_set():
+                                other.kick.set()
 
     def _count_settle(self, s: _Settle, result: Any) -> None:
         if isinstance(result, (StaleToken, JobGone)):

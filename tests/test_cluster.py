@@ -1,0 +1,149 @@
+"""echomq on a real 6-process Redis Cluster (3 primaries, 3 replicas) that the tests start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+import echomq
+from echomq import keyspace
+from echomq.server import EmbeddedCluster
+
+from conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    c = EmbeddedCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def rc(cluster: EmbeddedCluster) -> Iterator[RedisCluster]:
+    client = RedisCluster(host="127.0.0.1", port=cluster.primaries()[0].port)
+    client.execute_command("SCRIPT", "FLUSH", target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+def _owner(cluster: EmbeddedCluster, queue: str) -> int:
+    """The port of the primary that holds the queue's slot (asked of the servers)."""
+    slot = keyspace.slot(keyspace.queue_key(queue, "pending"))
+    for node in cluster.primaries():
+        with redis.Redis(port=node.port) as c:
+            if c.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0:
+                return node.port
+    raise AssertionError(f"no primary holds slot {slot}")
+
+
+def test_queues_spread_over_every_primary(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
+    names = [f"{qname}-{i}" for i in range(12)]
+    for name in names:
+        q = echomq.Queue(name, client=rc)
+        q.enqueue(b"x", group="tenant")
+        q.enqueue(b"y")
+    owners = {_owner(cluster, n) for n in names}
+    assert owners == {n.port for n in cluster.primaries()}, owners
+    for name in names:
+        q = echomq.Queue(name, client=rc)
+        assert q.counts()["pending"] == 2
+        assert q.check() == []
+
+
+def test_every_verb_family_runs_unchanged(rc: RedisCluster, qname: str) -> None:
+    q = echomq.Queue(qname, client=rc)
+    a = q.enqueue(b"a", group="acme")
+    b = q.enqueue(b"b")
+    q.enqueue(b"later", delay_ms=60_000)
+    assert [r.status for r in q.enqueue_many([b"1", b"2"], group="globex")] == ["enqueued"] * 2
+    jobs = q.claim_batch(3, lease_ms=5_000)
+    assert len(jobs) == 3 and len({j.group for j in jobs}) == 3  # fair over acme, flat, globex
+    for j in jobs:
+        q.complete(j.id, j.token)
+    job = q.claim(lease_ms=5_000)
+    assert job is not None
+    with pytest.raises(echomq.StaleToken):
+        q.complete(job.id, job.token + 1)
+    assert q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
+    q.reprocess(job.id)
+    q.pause_lane("acme")
+    q.limit_lane("globex", 1)
+    q.weight_lane("globex", 2)
+    assert q.lanes() == sorted(q.lanes())
+    q.add_log(q.enqueue(b"log").id, "hello")
+    assert q.check() == []
+    counts = q.counts()
+    assert counts["completed"] == 3 and counts["failed"] == 1
+    q.pause()
+    q.obliterate(force=True)
+    assert q.counts() == dict.fromkeys(counts, 0)
+    assert a.id != b.id
+
+
+async def test_async_queue_on_cluster(cluster: EmbeddedCluster, qname: str) -> None:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    client = AsyncRedisCluster(host="127.0.0.1", port=cluster.primaries()[0].port)
+    try:
+        aq = echomq.AsyncQueue(qname, client=client)
+        e = await aq.enqueue(b"async")
+        job = await aq.claim(lease_ms=5_000)
+        assert job is not None and job.id == e.id
+        await aq.complete(job.id, job.token)
+        assert await aq.check() == []
+        assert (await aq.counts())["completed"] == 1
+    finally:
+        await client.aclose()
+
+
+def test_cluster_url_selects_cluster_mode(cluster: EmbeddedCluster, qname: str) -> None:
+    with echomq.Queue(qname, url=cluster.url) as q:
+        assert isinstance(q.client, RedisCluster)
+        q.enqueue(b"x")
+        assert q.counts()["pending"] == 1
+
+
+def test_version_fence_on_cluster(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
+    echomq.Queue(qname, client=rc).pending_size()
+    assert rc.get(keyspace.VERSION_KEY) == echomq.WIRE_VERSION.encode()
+
+
+def test_worker_serves_queues_on_different_shards(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
+    names = [f"{qname}-{i}" for i in range(6)]
+    assert len({_owner_slot(n) for n in names}) == 6
+    env = {**os.environ, "ECHOMQ_URL": cluster.url, "PYTHONPATH": str(TESTS), "CLUSTER_TEST_QUEUES": ",".join(names)}
+    for name in names:
+        echomq.Queue(name, client=rc).enqueue_many(
+            [b'{"task": "cluster.noop", "args": [], "kwargs": {}}'] * 50
+        )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "apps.cluster_app:app", "-c", "8", "--log-level", "WARNING"],
+        env=env,
+    )
+    try:
+        queues = [echomq.Queue(n, client=rc) for n in names]
+        wait_for(lambda: all(q.counts()["completed"] == 50 for q in queues), timeout=30)
+        owners = {_owner(cluster, n) for n in names}
+        assert len(owners) >= 2
+        for q in queues:
+            assert q.check() == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert proc.returncode == 0
+
+
+def _owner_slot(name: str) -> int:
+    return keyspace.slot(keyspace.queue_key(name, "pending"))
