@@ -14,10 +14,9 @@ import redis
 from redis.cluster import RedisCluster
 
 import echomq
+from conftest import wait_for
 from echomq import keyspace
 from echomq.server import EmbeddedCluster
-
-from conftest import wait_for
 
 pytestmark = pytest.mark.cluster
 TESTS = Path(__file__).parent
@@ -48,7 +47,9 @@ def _owner(cluster: EmbeddedCluster, queue: str) -> int:
     raise AssertionError(f"no primary holds slot {slot}")
 
 
-def test_queues_spread_over_every_primary(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
+def test_queues_spread_over_every_primary(
+    cluster: EmbeddedCluster, rc: RedisCluster, qname: str
+) -> None:
     names = [f"{qname}-{i}" for i in range(12)]
     for name in names:
         q = echomq.Queue(name, client=rc)
@@ -120,16 +121,33 @@ def test_version_fence_on_cluster(cluster: EmbeddedCluster, rc: RedisCluster, qn
     assert rc.get(keyspace.VERSION_KEY) == echomq.WIRE_VERSION.encode()
 
 
-def test_worker_serves_queues_on_different_shards(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
+def test_worker_serves_queues_on_different_shards(
+    cluster: EmbeddedCluster, rc: RedisCluster, qname: str
+) -> None:
     names = [f"{qname}-{i}" for i in range(6)]
     assert len({_owner_slot(n) for n in names}) == 6
-    env = {**os.environ, "ECHOMQ_URL": cluster.url, "PYTHONPATH": str(TESTS), "CLUSTER_TEST_QUEUES": ",".join(names)}
+    env = {
+        **os.environ,
+        "ECHOMQ_URL": cluster.url,
+        "PYTHONPATH": str(TESTS),
+        "CLUSTER_TEST_QUEUES": ",".join(names),
+    }
     for name in names:
         echomq.Queue(name, client=rc).enqueue_many(
             [b'{"task": "cluster.noop", "args": [], "kwargs": {}}'] * 50
         )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "echomq", "worker", "apps.cluster_app:app", "-c", "8", "--log-level", "WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "echomq",
+            "worker",
+            "apps.cluster_app:app",
+            "-c",
+            "8",
+            "--log-level",
+            "WARNING",
+        ],
         env=env,
     )
     try:

@@ -106,10 +106,16 @@ local job_prefix = base .. 'job:'
 scan_keys(job_prefix .. '*', function(key)
   local id = string.sub(key, #job_prefix + 1)
   if #id ~= 14 or rcall('TYPE', key)['ok'] ~= 'hash' then return end
-  local row = rcall('HMGET', key, 'state', 'attempts')
+  local row = rcall('HMGET', key, 'state', 'attempts', 'lease_epoch')
   if not STATES[row[1] or ''] then bad(id .. ' has unknown state ' .. tostring(row[1])) end
   if not row[2] or not string.match(row[2], '^%d+$') then
     bad(id .. ' has attempts ' .. tostring(row[2]) .. ', not an integer')
+  end
+  if row[1] == 'active' and row[3] ~= row[2] then
+    bad(id .. ' is active but its lease_epoch ' .. tostring(row[3]) .. ' is not attempts ' .. tostring(row[2]))
+  end
+  if row[3] and row[1] ~= 'active' and row[1] ~= 'pending' then
+    bad(id .. ' (state ' .. tostring(row[1]) .. ') holds an open lease_epoch')
   end
   if not where[id] and row[1] ~= 'awaiting_children' then
     bad(id .. ' (state ' .. tostring(row[1]) .. ') is in no set')

@@ -13,7 +13,7 @@ local base, id = ARGV[1], ARGV[2]
 local row, err = fence(KEYS[2], ARGV[3], 'complete')
 if err then return redis.error_reply(err) end
 if not row then return 0 end
-release(base, id, row)
+release(base, id, KEYS[2], row)
 -- The logs go with the row: once the row is gone no verb can read them, so keeping them
 -- would only leak memory.
 rcall('DEL', KEYS[2], KEYS[2] .. ':logs')

@@ -17,7 +17,7 @@ local jk = KEYS[3]
 local row, err = fence(jk, ARGV[3], 'delay')
 if err then return redis.error_reply(err) end
 if not row then return 0 end
-release(base, id, row)
+release(base, id, jk, row)
 local ms = tonumber(ARGV[4])
 if ms <= 0 then
   park(base, id, jk, row[3])

@@ -18,7 +18,7 @@ local jk = KEYS[4]
 local row, err = fence(jk, ARGV[3], 'retry')
 if err then return redis.error_reply(err) end
 if not row then return 0 end
-release(base, id, row)
+release(base, id, jk, row)
 rcall('HSET', jk, 'last_error', ARGV[6])
 if tonumber(row[1]) >= tonumber(ARGV[5]) then
   rcall('HSET', jk, 'state', 'dead')

@@ -26,6 +26,7 @@ for _, id in ipairs(lapsed) do
   if row[1] then
     if rcall('HINCRBY', jk, 'stalled', 1) >= max_stalled then
       rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
+      rcall('HDEL', jk, 'lease_epoch')
       rcall('ZADD', KEYS[2], 0, id)
       rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
       died[#died + 1] = id

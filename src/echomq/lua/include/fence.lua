@@ -1,23 +1,31 @@
 -- fence: the settling rule D5, shared by complete, retry, delay, extend and their batches.
 -- Needs common. In order: the row exists (else gone), the token equals attempts (else
--- EMQSTALE), the state is active or pending (else EMQSTALE ... lease settled).
+-- EMQSTALE), the lease generation is still open (else EMQSTALE ... lease settled): the job
+-- is active, or pending because its lease lapsed and was reaped while nobody claimed it since.
+--
+-- lease_epoch is what tells a reaped job from one its holder already released: claim stamps
+-- it with the new token, every release by the holder (complete, retry, delay) and a stall
+-- death delete it, reap keeps it. So an old token can never settle a job after retry ->
+-- promote, delay(0) or reprocess, and each lease generation settles at most once (D13).
 -- Returns row {attempts, state, group}, or nil with an error text (nil, nil = gone).
 local function fence(jk, token, verb)
-  local row = rcall('HMGET', jk, 'attempts', 'state', 'group')
+  local row = rcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch')
   if not row[1] then return nil, nil end
   -- A never-claimed job holds attempts "0": no caller can own it, so "0" is never a token.
   if row[1] ~= token or token == '0' then
     return nil, 'EMQSTALE ' .. verb .. ' token mismatch'
   end
-  if row[2] ~= 'active' and row[2] ~= 'pending' then
+  if row[4] ~= token or (row[2] ~= 'active' and row[2] ~= 'pending') then
     return nil, 'EMQSTALE ' .. verb .. ' lease settled'
   end
   return row, nil
 end
 
 -- Release a fenced job from where it is: active, or (D5) pending/its lane when its lease
--- lapsed and was reaped but nobody claimed it since, so it is never in two places.
-local function release(base, id, row)
+-- lapsed and was reaped but nobody claimed it since, so it is never in two places. The
+-- lease generation closes here.
+local function release(base, id, jk, row)
+  rcall('HDEL', jk, 'lease_epoch')
   if row[2] == 'active' then return leave_active(base, id, row[3]) end
   return leave_waiting(base, id, row[3])
 end

@@ -11,7 +11,8 @@ local function lease_one(base, g, deadline)
     local jk = base .. 'job:' .. id
     if rcall('EXISTS', jk) == 1 then
       local att = rcall('HINCRBY', jk, 'attempts', 1)
-      rcall('HSET', jk, 'state', 'active')
+      -- lease_epoch names the open lease generation: the token that may still settle.
+      rcall('HSET', jk, 'state', 'active', 'lease_epoch', att)
       rcall('ZADD', base .. 'active', deadline, id)
       local lane = false
       if g ~= FLAT then

@@ -1,0 +1,466 @@
+"""Bad input: every malformed argument raises its typed error and leaves the queue's keyspace
+byte-identical, on a queue that already holds jobs in every state (Queue and AsyncQueue)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import echomq
+from conftest import SyncOverAsync, snapshot
+from echomq import ids
+from echomq.errors import InvalidArgument, InvalidId, KindError, PayloadTooLarge
+
+LANE = "PRT0KHTOWnGLuC"
+LANE_B = "tenant-b"
+ABSENT = "JOB0KHTOWnGLuC"  # well-formed, never enqueued
+
+
+def populate(q: Any) -> dict[str, Any]:
+    """Jobs in every state: completed, dead (flat and lane), active (flat and lane), scheduled,
+    pending (flat and lane), plus logs, progress and lane settings."""
+    out: dict[str, Any] = {}
+    done = q.enqueue(b"done")
+    job = q.claim(lease_ms=60_000)
+    q.complete(job.id, job.token)
+    out["done"] = done.id
+    for key, group in (("dead", None), ("dead_lane", LANE_B)):
+        jid = q.enqueue(b"dead", group=group).id
+        job = q.claim(lease_ms=60_000)
+        assert job.id == jid
+        assert q.retry(jid, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
+        out[key] = jid
+    out["active"] = q.enqueue(b"active").id
+    held = q.claim(lease_ms=60_000)
+    assert held.id == out["active"]
+    out["token"] = held.token
+    q.enqueue(b"active-lane", group=LANE)
+    out["active_lane"] = q.claim(lease_ms=60_000).id
+    out["scheduled"] = q.enqueue(b"later", delay_ms=600_000).id
+    out["pending"] = q.enqueue(b"pending").id
+    out["lane"] = q.enqueue(b"lane", group=LANE).id
+    q.enqueue(b"lane-b", group=LANE_B)
+    q.add_log(out["pending"], "a line")
+    q.update_progress(out["pending"], "5")
+    q.weight_lane(LANE, 2)
+    q.limit_lane(LANE_B, 3)
+    q.pause_lane(LANE_B)
+    assert q.counts() == {
+        "pending": 3,
+        "active": 2,
+        "schedule": 1,
+        "dead": 2,
+        "completed": 1,
+        "failed": 2,
+    }
+    return out
+
+
+@pytest.fixture
+def loaded(anyq: Any, r: redis.Redis, qname: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+    jobs = populate(anyq)
+    before = snapshot(r, qname)
+    yield anyq, jobs
+    # Whatever the test did, the queue is byte-identical and still sound.
+    assert snapshot(r, qname) == before
+    assert anyq.check() == []
+
+
+BAD_IDS: list[Any] = [
+    "JOB123",  # too short
+    "JOB0KHTOWnGLuCx",  # too long
+    "job0KHTOWnGLuC",  # lowercase namespace
+    "J0B0KHTOWnGLuC",
+    "JOB0KHTOWnGLu!",  # not base62
+    "JOB" + "z" * 11,  # over 2**63 - 1
+    "",
+    123,
+    None,
+    b"JOB0KHTOWnGLuC",
+]
+
+ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
+    "complete": lambda q, i: q.complete(i, 1),
+    "retry": lambda q, i: q.retry(i, 1, delay_ms=0, max_attempts=3, error="e"),
+    "delay": lambda q, i: q.delay(i, 1, 0),
+    "extend": lambda q, i: q.extend(i, 1, lease_ms=1_000),
+    "extend_many": lambda q, i: q.extend_many([(ABSENT, 1), (i, 1)], lease_ms=1_000),
+    "reprocess": lambda q, i: q.reprocess(i),
+    "remove": lambda q, i: q.remove(i),
+    "get_job": lambda q, i: q.get_job(i),
+    "job_state": lambda q, i: q.job_state(i),
+    "update_progress": lambda q, i: q.update_progress(i, "1"),
+    "add_log": lambda q, i: q.add_log(i, "line"),
+    "logs": lambda q, i: q.logs(i),
+    "reassign": lambda q, i: q.reassign(i, LANE),
+    "enqueue": lambda q, i: q.enqueue(b"x", id=i),
+    "enqueue_many": lambda q, i: q.enqueue_many([b"ok", (ABSENT, b"ok"), (i, b"x")]),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(ID_VERBS))
+def test_malformed_ids(loaded: tuple[Any, dict[str, Any]], verb: str) -> None:
+    q, _ = loaded
+    for bad in BAD_IDS:
+        if verb == "enqueue" and bad is None:
+            continue  # id=None means "mint one"
+        with pytest.raises(InvalidId):
+            ID_VERBS[verb](q, bad)
+
+
+BAD_LANES: list[Any] = ["", "*", "a b", "a{b}", "a:b", "x" * 129, "caf\u00e9", 5]
+
+LANE_VERBS: dict[str, Callable[[Any, Any, dict[str, Any]], Any]] = {
+    "enqueue": lambda q, g, j: q.enqueue(b"x", group=g),
+    "enqueue_many": lambda q, g, j: q.enqueue_many([b"x"], group=g),
+    "pause_lane": lambda q, g, j: q.pause_lane(g),
+    "resume_lane": lambda q, g, j: q.resume_lane(g),
+    "limit_lane": lambda q, g, j: q.limit_lane(g, 2),
+    "limit_lane_none": lambda q, g, j: q.limit_lane(g, None),
+    "weight_lane": lambda q, g, j: q.weight_lane(g, 2),
+    "reassign": lambda q, g, j: q.reassign(j["pending"], g),
+    "lane_depth": lambda q, g, j: q.lane_depth(g),
+    "browse": lambda q, g, j: q.browse("pending", group=g),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(LANE_VERBS))
+def test_bad_lane_names(loaded: tuple[Any, dict[str, Any]], verb: str) -> None:
+    q, jobs = loaded
+    for bad in BAD_LANES:
+        with pytest.raises(InvalidId):
+            LANE_VERBS[verb](q, bad, jobs)
+    if verb not in ("enqueue", "enqueue_many", "browse"):  # there None means "no lane"
+        with pytest.raises(InvalidId):
+            LANE_VERBS[verb](q, None, jobs)
+
+
+Case = Callable[[Any, dict[str, Any]], Any]
+
+# (label, call, error): each one must raise before any write.
+CASES: list[tuple[str, Case, type[Exception]]] = [
+    # non-JOB kinds, refused by the server
+    ("kind", lambda q, j: q.enqueue(b"x", id=ids.mint("ORD")), KindError),
+    ("kind-lane", lambda q, j: q.enqueue(b"x", id=ids.mint("ORD"), group=LANE), KindError),
+    ("kind-delayed", lambda q, j: q.enqueue(b"x", id=ids.mint("PRT"), delay_ms=5), KindError),
+    # wrong payload types
+    ("payload-int", lambda q, j: q.enqueue(123), InvalidArgument),
+    ("payload-dict", lambda q, j: q.enqueue({"a": 1}), InvalidArgument),
+    ("payload-none", lambda q, j: q.enqueue(None), InvalidArgument),
+    ("payload-list", lambda q, j: q.enqueue([b"x"]), InvalidArgument),
+    ("many-int", lambda q, j: q.enqueue_many([b"ok", 123]), InvalidArgument),
+    ("many-dict", lambda q, j: q.enqueue_many([b"ok", {"a": 1}]), InvalidArgument),
+    ("many-bytes", lambda q, j: q.enqueue_many(b"abc"), InvalidArgument),
+    ("many-str", lambda q, j: q.enqueue_many("abc"), InvalidArgument),
+    ("many-pair-int", lambda q, j: q.enqueue_many([(ABSENT, 1)]), InvalidArgument),
+    ("many-triple", lambda q, j: q.enqueue_many([(ABSENT, b"x", b"y")]), InvalidArgument),
+    ("many-single", lambda q, j: q.enqueue_many([b"ok", (ABSENT,)]), InvalidArgument),
+    ("result-int", lambda q, j: q.complete(j["active"], j["token"], result=5), InvalidArgument),
+    # leases
+    ("lease-0", lambda q, j: q.claim(lease_ms=0), InvalidArgument),
+    ("lease-neg", lambda q, j: q.claim(lease_ms=-5), InvalidArgument),
+    ("lease-float", lambda q, j: q.claim(lease_ms=1.5), InvalidArgument),
+    ("lease-bool", lambda q, j: q.claim(lease_ms=True), InvalidArgument),
+    ("lease-str", lambda q, j: q.claim(lease_ms="100"), InvalidArgument),
+    ("lease-none", lambda q, j: q.claim(lease_ms=None), InvalidArgument),
+    ("lease-huge", lambda q, j: q.claim(lease_ms=2**60), InvalidArgument),
+    ("batch-lease-0", lambda q, j: q.claim_batch(2, lease_ms=0), InvalidArgument),
+    ("extend-lease-0", lambda q, j: q.extend(j["active"], j["token"], lease_ms=0), InvalidArgument),
+    (
+        "extend-lease-float",
+        lambda q, j: q.extend(j["active"], j["token"], lease_ms=10.0),
+        InvalidArgument,
+    ),
+    (
+        "extend_many-lease-0",
+        lambda q, j: q.extend_many([(j["active"], j["token"])], lease_ms=0),
+        InvalidArgument,
+    ),
+    (
+        "extend_many-lease-bool",
+        lambda q, j: q.extend_many([(j["active"], j["token"])], lease_ms=False),
+        InvalidArgument,
+    ),
+    # unknown browse states
+    ("browse-wait", lambda q, j: q.browse("wait"), InvalidArgument),
+    ("browse-completed", lambda q, j: q.browse("completed"), InvalidArgument),
+    ("browse-upper", lambda q, j: q.browse("PENDING"), InvalidArgument),
+    ("browse-none", lambda q, j: q.browse(None), InvalidArgument),
+    ("browse-lane-active", lambda q, j: q.browse("active", group=LANE), InvalidArgument),
+    # n <= 0 and other counts
+    ("batch-0", lambda q, j: q.claim_batch(0), InvalidArgument),
+    ("batch-neg", lambda q, j: q.claim_batch(-1), InvalidArgument),
+    ("batch-bool", lambda q, j: q.claim_batch(True), InvalidArgument),
+    ("batch-float", lambda q, j: q.claim_batch(2.0), InvalidArgument),
+    ("browse-0", lambda q, j: q.browse("pending", 0), InvalidArgument),
+    ("browse-neg", lambda q, j: q.browse("dead", -3), InvalidArgument),
+    ("promote-0", lambda q, j: q.promote(0), InvalidArgument),
+    ("reap-0", lambda q, j: q.reap(0), InvalidArgument),
+    ("reap-neg", lambda q, j: q.reap(-1), InvalidArgument),
+    ("sweep-limit-0", lambda q, j: q.sweep_stalled(limit=0), InvalidArgument),
+    ("sweep-max-0", lambda q, j: q.sweep_stalled(max_stalled=0), InvalidArgument),
+    ("add_log-keep-neg", lambda q, j: q.add_log(j["pending"], "x", keep=-1), InvalidArgument),
+    # delays
+    ("delay_ms-neg", lambda q, j: q.enqueue(b"x", delay_ms=-1), InvalidArgument),
+    ("at_ms-neg", lambda q, j: q.enqueue(b"x", at_ms=-1), InvalidArgument),
+    ("delay_ms-float", lambda q, j: q.enqueue(b"x", delay_ms=1.5), InvalidArgument),
+    ("many-delay-neg", lambda q, j: q.enqueue_many([b"x"], delay_ms=-1), InvalidArgument),
+    (
+        "retry-delay-neg",
+        lambda q, j: q.retry(j["active"], j["token"], delay_ms=-1, max_attempts=3, error="e"),
+        InvalidArgument,
+    ),
+    ("delay-neg", lambda q, j: q.delay(j["active"], j["token"], -1), InvalidArgument),
+    ("delay-none", lambda q, j: q.delay(j["active"], j["token"], None), InvalidArgument),
+    ("both", lambda q, j: q.enqueue(b"x", delay_ms=10, at_ms=10**12), InvalidArgument),
+    ("both-zero", lambda q, j: q.enqueue(b"x", delay_ms=0, at_ms=0), InvalidArgument),
+    ("many-both", lambda q, j: q.enqueue_many([b"x"], delay_ms=1, at_ms=1), InvalidArgument),
+    # tokens
+    ("token-0", lambda q, j: q.complete(j["active"], 0), InvalidArgument),
+    ("token-neg", lambda q, j: q.complete(j["active"], -1), InvalidArgument),
+    ("token-true", lambda q, j: q.complete(j["active"], True), InvalidArgument),
+    ("token-str", lambda q, j: q.complete(j["active"], str(j["token"])), InvalidArgument),
+    ("token-float", lambda q, j: q.complete(j["active"], float(j["token"])), InvalidArgument),
+    (
+        "retry-token-0",
+        lambda q, j: q.retry(j["active"], 0, delay_ms=0, max_attempts=3, error="e"),
+        InvalidArgument,
+    ),
+    ("delay-token-false", lambda q, j: q.delay(j["active"], False, 0), InvalidArgument),
+    ("extend-token-neg", lambda q, j: q.extend(j["active"], -2, lease_ms=10), InvalidArgument),
+    # max_attempts
+    (
+        "max_attempts-0",
+        lambda q, j: q.retry(j["active"], j["token"], delay_ms=0, max_attempts=0, error="e"),
+        InvalidArgument,
+    ),
+    (
+        "max_attempts-bool",
+        lambda q, j: q.retry(j["active"], j["token"], delay_ms=0, max_attempts=True, error="e"),
+        InvalidArgument,
+    ),
+    # lane settings
+    ("limit-0", lambda q, j: q.limit_lane(LANE, 0), InvalidArgument),
+    ("limit-neg", lambda q, j: q.limit_lane(LANE, -1), InvalidArgument),
+    ("limit-bool", lambda q, j: q.limit_lane(LANE, True), InvalidArgument),
+    ("limit-float", lambda q, j: q.limit_lane(LANE, 2.0), InvalidArgument),
+    ("weight-0", lambda q, j: q.weight_lane(LANE, 0), InvalidArgument),
+    ("weight-neg", lambda q, j: q.weight_lane(LANE, -2), InvalidArgument),
+    ("weight-bool", lambda q, j: q.weight_lane(LANE, True), InvalidArgument),
+    # extend_many with a malformed pair (the good pair before it is not extended either)
+    (
+        "pair-short",
+        lambda q, j: q.extend_many([(j["active"], j["token"]), (j["active_lane"],)], lease_ms=9),
+        InvalidArgument,
+    ),
+    (
+        "pair-long",
+        lambda q, j: q.extend_many([(j["active"], j["token"]), (j["lane"], 1, 2)], lease_ms=9),
+        InvalidArgument,
+    ),
+    (
+        "pair-list",
+        lambda q, j: q.extend_many([(j["active"], j["token"]), [j["active_lane"], 1]], lease_ms=9),
+        InvalidArgument,
+    ),
+    (
+        "pair-str",
+        lambda q, j: q.extend_many([(j["active"], j["token"]), "JOB0KHTOWnGLuC"], lease_ms=9),
+        InvalidArgument,
+    ),
+    (
+        "pair-token-0",
+        lambda q, j: q.extend_many([(j["active"], j["token"]), (j["active_lane"], 0)], lease_ms=9),
+        InvalidArgument,
+    ),
+    (
+        "pair-bad-id",
+        lambda q, j: q.extend_many([(j["active"], j["token"]), ("JOB1", 1)], lease_ms=9),
+        InvalidId,
+    ),
+    # text that cannot be encoded (a lone surrogate) and non-str text
+    ("payload-surrogate", lambda q, j: q.enqueue("ok \ud800"), InvalidArgument),
+    ("many-surrogate", lambda q, j: q.enqueue_many(["ok", "\udc00"]), InvalidArgument),
+    (
+        "error-surrogate",
+        lambda q, j: q.retry(j["active"], j["token"], delay_ms=0, max_attempts=3, error="\ud800"),
+        InvalidArgument,
+    ),
+    (
+        "error-bytes",
+        lambda q, j: q.retry(j["active"], j["token"], delay_ms=0, max_attempts=3, error=b"e"),
+        InvalidArgument,
+    ),
+    (
+        "error-none",
+        lambda q, j: q.retry(j["active"], j["token"], delay_ms=0, max_attempts=3, error=None),
+        InvalidArgument,
+    ),
+    ("progress-surrogate", lambda q, j: q.update_progress(j["pending"], "\udfff"), InvalidArgument),
+    ("progress-int", lambda q, j: q.update_progress(j["pending"], 50), InvalidArgument),
+    ("log-surrogate", lambda q, j: q.add_log(j["pending"], "a\ud800b"), InvalidArgument),
+    ("log-bytes", lambda q, j: q.add_log(j["pending"], b"line"), InvalidArgument),
+    (
+        "result-surrogate",
+        lambda q, j: q.complete(j["active"], j["token"], result="\ud800"),
+        InvalidArgument,
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "call", "error"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input(
+    loaded: tuple[Any, dict[str, Any]], label: str, call: Case, error: type[Exception]
+) -> None:
+    q, jobs = loaded
+    with pytest.raises(error):
+        call(q, jobs)
+
+
+def test_kind_error_in_enqueue_many_is_a_verdict(loaded: tuple[Any, dict[str, Any]]) -> None:
+    q, _ = loaded
+    out = q.enqueue_many([(ids.mint("ORD"), b"x"), (ids.mint("USR"), b"y")])
+    assert len(out) == 2
+    assert all(isinstance(v, KindError) for v in out)
+
+
+def test_errors_are_value_errors(loaded: tuple[Any, dict[str, Any]]) -> None:
+    q, _ = loaded
+    with pytest.raises(ValueError):
+        q.complete("nope", 1)
+    with pytest.raises(ValueError):
+        q.claim(lease_ms=0)
+
+
+# --------------------------------------------------------------------------- max_payload
+
+
+@pytest.fixture(params=["sync", "async"])
+def smallq(
+    request: pytest.FixtureRequest, url: str, qname: str, r: redis.Redis
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    if request.param == "sync":
+        queue: Any = echomq.Queue(qname, url=url, max_payload=1024)
+    else:
+        queue = SyncOverAsync(echomq.AsyncQueue(qname, url=url, max_payload=1024))
+    jobs = populate(queue)
+    before = snapshot(r, qname)
+    yield queue, jobs
+    assert snapshot(r, qname) == before
+    assert queue.check() == []
+    queue.close()
+
+
+BIG = b"x" * 1025
+SMALL = b"x" * 1024
+
+PAYLOAD_CASES: list[tuple[str, Case]] = [
+    ("enqueue", lambda q, j: q.enqueue(BIG)),
+    ("enqueue-str", lambda q, j: q.enqueue("x" * 1025)),
+    # 513 characters, 1026 bytes once UTF-8 encoded: measured in bytes.
+    ("enqueue-utf8", lambda q, j: q.enqueue("\u00e9" * 513)),
+    ("enqueue-bytearray", lambda q, j: q.enqueue(bytearray(BIG))),
+    ("enqueue-lane", lambda q, j: q.enqueue(BIG, group=LANE)),
+    ("enqueue-delayed", lambda q, j: q.enqueue(BIG, delay_ms=10)),
+    ("enqueue-id", lambda q, j: q.enqueue(BIG, id=ABSENT)),
+    ("many-first", lambda q, j: q.enqueue_many([BIG, SMALL])),
+    ("many-last", lambda q, j: q.enqueue_many([SMALL, b"a", b"b", BIG])),
+    ("many-pair", lambda q, j: q.enqueue_many([SMALL, (ABSENT, BIG)])),
+    ("many-lane", lambda q, j: q.enqueue_many([SMALL, BIG], group=LANE)),
+    ("complete-result", lambda q, j: q.complete(j["active"], j["token"], result=BIG)),
+]
+
+
+@pytest.mark.parametrize(("label", "call"), PAYLOAD_CASES, ids=[c[0] for c in PAYLOAD_CASES])
+def test_payload_too_large(smallq: tuple[Any, dict[str, Any]], label: str, call: Case) -> None:
+    q, jobs = smallq
+    with pytest.raises(PayloadTooLarge) as info:
+        call(q, jobs)
+    assert info.value.limit == 1024
+    assert info.value.size > 1024
+
+
+def test_payload_at_the_limit_is_accepted(url: str, qname: str, r: redis.Redis) -> None:
+    with echomq.Queue(qname, url=url, max_payload=1024) as q:
+        e = q.enqueue(SMALL)
+        assert e.status == "enqueued"
+        assert q.get_job(e.id)["payload"] == SMALL
+        assert [v.status for v in q.enqueue_many([SMALL, "\u00e9" * 512])] == [
+            "enqueued",
+            "enqueued",
+        ]
+
+
+# --------------------------------------------------------------------------- construction
+
+
+BAD_QUEUE_NAMES: list[Any] = [
+    "",
+    "emq",
+    "x" * 129,
+    "a b",
+    "a{b}",
+    "{a}",
+    "a:b",
+    "a*b",
+    "caf\u00e9",
+    None,
+    123,
+    b"orders",
+]
+
+
+@pytest.mark.parametrize("name", BAD_QUEUE_NAMES, ids=repr)
+def test_bad_queue_names(url: str, name: Any) -> None:
+    with pytest.raises(InvalidId):
+        echomq.Queue(name, url=url)
+    with pytest.raises(InvalidId):
+        echomq.AsyncQueue(name, url=url)
+
+
+def test_longest_queue_name_is_legal(url: str, r: redis.Redis) -> None:
+    name = "q" * 127 + "1"
+    with echomq.Queue(name, url=url) as q:
+        e = q.enqueue(b"x")
+        assert r.exists("emq:{" + name + "}:job:" + e.id) == 1
+        q.remove(e.id)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "1024", None])
+def test_bad_max_payload(url: str, bad: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        echomq.Queue("ok", url=url, max_payload=bad)
+    with pytest.raises(InvalidArgument):
+        echomq.AsyncQueue("ok", url=url, max_payload=bad)
+
+
+def test_url_and_client_together(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    aclient = redis.asyncio.Redis.from_url(url)
+    try:
+        with pytest.raises(InvalidArgument):
+            echomq.Queue("ok", url=url, client=client)
+        with pytest.raises(InvalidArgument):
+            echomq.AsyncQueue("ok", url=url, client=aclient)
+    finally:
+        client.close()
+        asyncio.run(aclient.aclose())
+
+
+def test_decoding_clients_are_refused(url: str) -> None:
+    # Payloads are bytes: a client that decodes replies would corrupt them.
+    client = redis.Redis.from_url(url, decode_responses=True)
+    aclient = redis.asyncio.Redis.from_url(url, decode_responses=True)
+    try:
+        with pytest.raises(InvalidArgument):
+            echomq.Queue("ok", client=client)
+        with pytest.raises(InvalidArgument):
+            echomq.AsyncQueue("ok", client=aclient)
+    finally:
+        client.close()
+        asyncio.run(aclient.aclose())

@@ -1,0 +1,180 @@
+"""Queue and AsyncQueue expose the same verbs with identical signatures; every AsyncQueue verb
+is a coroutine function; and the verbs match the API contract (API.md)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+import echomq
+from echomq import _protocol
+
+# Lifecycle methods differ by design (close / aclose, __enter__ / __aenter__).
+LIFECYCLE = {"close", "aclose"}
+
+# Every verb of API.md's queue and lane sections.
+API_VERBS = {
+    "enqueue",
+    "enqueue_many",
+    "claim",
+    "claim_batch",
+    "complete",
+    "retry",
+    "delay",
+    "extend",
+    "extend_many",
+    "promote",
+    "reap",
+    "sweep_stalled",
+    "reprocess",
+    "remove",
+    "browse",
+    "pending_size",
+    "counts",
+    "check",
+    "get_job",
+    "job_state",
+    "pause",
+    "resume",
+    "is_paused",
+    "pause_lane",
+    "resume_lane",
+    "limit_lane",
+    "weight_lane",
+    "reassign",
+    "lane_depth",
+    "lanes",
+    "drain",
+    "obliterate",
+    "update_progress",
+    "add_log",
+    "logs",
+}
+
+
+def _verbs(cls: type) -> set[str]:
+    return {
+        name
+        for name, member in vars(cls).items()
+        if not name.startswith("_") and inspect.isfunction(member) and name not in LIFECYCLE
+    }
+
+
+def _shape(sig: inspect.Signature) -> list[tuple[str, Any, Any, Any]]:
+    return [(p.name, p.kind, p.default, p.annotation) for p in sig.parameters.values()]
+
+
+def test_same_verbs() -> None:
+    assert _verbs(echomq.Queue) == _verbs(echomq.AsyncQueue)
+
+
+def test_every_api_verb_exists() -> None:
+    assert set(API_VERBS) <= _verbs(echomq.Queue)
+    assert set(API_VERBS) <= _verbs(echomq.AsyncQueue)
+
+
+def test_every_protocol_verb_has_a_queue_method() -> None:
+    verbs = {
+        name
+        for name, obj in vars(_protocol).items()
+        if name[:1].islower() and inspect.isfunction(obj) and obj.__module__ == _protocol.__name__
+    }
+    assert verbs <= _verbs(echomq.Queue)
+
+
+@pytest.mark.parametrize("verb", sorted(_verbs(echomq.Queue)))
+def test_identical_signatures(verb: str) -> None:
+    sync = inspect.signature(getattr(echomq.Queue, verb))
+    asyn = inspect.signature(getattr(echomq.AsyncQueue, verb))
+    assert _shape(sync) == _shape(asyn)
+    assert sync.return_annotation == asyn.return_annotation
+
+
+@pytest.mark.parametrize("verb", sorted(_verbs(echomq.AsyncQueue)))
+def test_async_verbs_are_coroutine_functions(verb: str) -> None:
+    assert inspect.iscoroutinefunction(getattr(echomq.AsyncQueue, verb))
+    assert not inspect.iscoroutinefunction(getattr(echomq.Queue, verb))
+
+
+def test_lifecycle() -> None:
+    assert inspect.iscoroutinefunction(echomq.AsyncQueue.aclose)
+    assert inspect.iscoroutinefunction(echomq.AsyncQueue.__aenter__)
+    assert inspect.iscoroutinefunction(echomq.AsyncQueue.__aexit__)
+    assert not inspect.iscoroutinefunction(echomq.Queue.close)
+    assert hasattr(echomq.Queue, "__enter__") and hasattr(echomq.Queue, "__exit__")
+    for cls in (echomq.Queue, echomq.AsyncQueue):
+        assert isinstance(vars(cls)["name"], property)
+        assert isinstance(vars(cls)["client"], property)
+    # The constructors take the same arguments (the client's type differs by design).
+    inits = [inspect.signature(cls.__init__) for cls in (echomq.Queue, echomq.AsyncQueue)]
+    sync, asyn = ([(n, p.kind, p.default) for n, p in s.parameters.items()] for s in inits)
+    assert sync == asyn
+    assert [n for n, _, _ in sync] == ["self", "name", "url", "client", "max_payload"]
+
+
+POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
+KW = inspect.Parameter.KEYWORD_ONLY
+EMPTY = inspect.Parameter.empty
+
+# API.md's signatures: (name, kind, default) after self.
+API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
+    "enqueue": [
+        ("payload", POS, EMPTY),
+        ("id", KW, None),
+        ("group", KW, None),
+        ("delay_ms", KW, None),
+        ("at_ms", KW, None),
+    ],
+    "claim": [("lease_ms", KW, 30_000)],
+    "claim_batch": [("n", POS, EMPTY), ("lease_ms", KW, 30_000)],
+    "complete": [("id", POS, EMPTY), ("token", POS, EMPTY), ("result", KW, None)],
+    "retry": [
+        ("id", POS, EMPTY),
+        ("token", POS, EMPTY),
+        ("delay_ms", KW, EMPTY),
+        ("max_attempts", KW, EMPTY),
+        ("error", KW, EMPTY),
+    ],
+    "delay": [("id", POS, EMPTY), ("token", POS, EMPTY), ("delay_ms", POS, EMPTY)],
+    "extend": [("id", POS, EMPTY), ("token", POS, EMPTY), ("lease_ms", KW, EMPTY)],
+    "extend_many": [("pairs", POS, EMPTY), ("lease_ms", KW, EMPTY)],
+    "promote": [("limit", POS, 100)],
+    "reap": [("limit", POS, 100)],
+    "sweep_stalled": [("max_stalled", KW, 1), ("limit", KW, 100)],
+    "reprocess": [("id", POS, EMPTY)],
+    "remove": [("id", POS, EMPTY)],
+    "pending_size": [],
+    "counts": [],
+    "check": [],
+    "get_job": [("id", POS, EMPTY)],
+    "job_state": [("id", POS, EMPTY)],
+    "pause": [],
+    "resume": [],
+    "is_paused": [],
+    "reassign": [("id", POS, EMPTY), ("g", POS, EMPTY)],
+    "lane_depth": [("g", POS, EMPTY)],
+    "lanes": [],
+    "drain": [("include_schedule", KW, False)],
+    "obliterate": [("force", KW, False)],
+    "add_log": [("id", POS, EMPTY), ("line", POS, EMPTY), ("keep", KW, 0)],
+    "logs": [("id", POS, EMPTY)],
+}
+
+
+@pytest.mark.parametrize("cls", [echomq.Queue, echomq.AsyncQueue], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("verb", sorted(API_SIGNATURES))
+def test_signatures_follow_the_api(cls: type, verb: str) -> None:
+    params = list(inspect.signature(getattr(cls, verb)).parameters.values())
+    assert params[0].name == "self"
+    assert [(p.name, p.kind, p.default) for p in params[1:]] == API_SIGNATURES[verb]
+
+
+def test_browse_and_enqueue_many_start_as_the_api_says() -> None:
+    for cls in (echomq.Queue, echomq.AsyncQueue):
+        browse = list(inspect.signature(cls.browse).parameters.values())[1:]
+        assert [(p.name, p.default) for p in browse[:2]] == [("state", "pending"), ("n", 50)]
+        many = list(inspect.signature(cls.enqueue_many).parameters.values())[1:]
+        assert many[0].name == "items" and many[0].kind == POS
+        assert ("group", KW, None) in [(p.name, p.kind, p.default) for p in many]

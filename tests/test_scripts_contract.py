@@ -1,0 +1,366 @@
+"""Script contracts: the Lua headers against the Python calls (KEYS counts, one slot per call),
+the `state` vocabulary written by the scripts, and raw EVAL tests that run a script with
+hand-built KEYS/ARGV and assert the keys afterwards."""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from conftest import server_ms
+from echomq import _protocol as _p
+from echomq import ids, keyspace
+from echomq._scripts import SCRIPTS
+
+LUA = Path(_p.__file__).parent / "lua"
+JOB_STATES = {"pending", "active", "scheduled", "dead", "awaiting_children"}
+
+K = _p.Keys("contract")
+JID = "JOB0KHTOWnGLuC"
+LANE = "PRT0KHTOWnGLuC"
+
+# One sample invocation of every verb in _protocol.
+VERBS: dict[str, Callable[[], Any]] = {
+    "enqueue": lambda: _p.enqueue(K, b"x"),
+    "enqueue_many": lambda: _p.enqueue_many(K, [b"x", (JID, b"y")]),
+    "claim": lambda: _p.claim(K, 1000),
+    "claim_batch": lambda: _p.claim_batch(K, 3, 1000),
+    "complete": lambda: _p.complete(K, JID, 1),
+    "retry": lambda: _p.retry(K, JID, 1, delay_ms=0, max_attempts=3, error="e"),
+    "delay": lambda: _p.delay(K, JID, 1, 10),
+    "extend": lambda: _p.extend(K, JID, 1, 1000),
+    "extend_many": lambda: _p.extend_many(K, [(JID, 1)], 1000),
+    "promote": lambda: _p.promote(K),
+    "reap": lambda: _p.reap(K),
+    "sweep_stalled": lambda: _p.sweep_stalled(K),
+    "reprocess": lambda: _p.reprocess(K, JID),
+    "remove": lambda: _p.remove(K, JID),
+    "update_progress": lambda: _p.update_progress(K, JID, "50"),
+    "add_log": lambda: _p.add_log(K, JID, "line", 2),
+    "logs": lambda: _p.logs(K, JID),
+    "get_job": lambda: _p.get_job(K, JID),
+    "job_state": lambda: _p.job_state(K, JID),
+    "browse": lambda: _p.browse(K, "pending", 10),
+    "pending_size": lambda: _p.pending_size(K),
+    "counts": lambda: _p.counts(K),
+    "check": lambda: _p.check(K),
+    "pause": lambda: _p.pause(K),
+    "resume": lambda: _p.resume(K),
+    "is_paused": lambda: _p.is_paused(K),
+    "drain": lambda: _p.drain(K, True),
+    "obliterate": lambda: _p.obliterate(K, True),
+    "pause_lane": lambda: _p.pause_lane(K, LANE),
+    "resume_lane": lambda: _p.resume_lane(K, LANE),
+    "limit_lane": lambda: _p.limit_lane(K, LANE, 2),
+    "weight_lane": lambda: _p.weight_lane(K, LANE, 3),
+    "reassign": lambda: _p.reassign(K, JID, LANE),
+    "lane_depth": lambda: _p.lane_depth(K, LANE),
+    "lanes": lambda: _p.lanes(K),
+}
+
+
+def _first_calls(work: Any) -> list[_p.Call[Any]]:
+    """The calls a verb sends first: its Call, or the first step of its plan."""
+    if isinstance(work, _p.Call):
+        return [work]
+    assert isinstance(work, types.GeneratorType)
+    step = next(work)
+    work.close()
+    return list(step) if isinstance(step, list) else [step]
+
+
+def test_every_protocol_verb_is_sampled_and_exported() -> None:
+    defined = {
+        name
+        for name, obj in vars(_p).items()
+        if name[:1].islower()
+        and isinstance(obj, types.FunctionType)
+        and obj.__module__ == _p.__name__
+    }
+    assert defined == set(VERBS)
+    exported = {name for name in _p.__all__ if name[:1].islower()}
+    assert exported == set(VERBS)
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_calls_pass_exactly_the_header_keys(verb: str) -> None:
+    for call in _first_calls(VERBS[verb]()):
+        if call.script is None:
+            # A plain command: its key (args[1]) is a key of this queue.
+            assert keyspace.hashtag(str(call.args[1])) == "contract"
+            continue
+        assert call.script is SCRIPTS[call.script.name]
+        assert len(call.keys) == call.script.nkeys, (verb, call.script.name)
+        # D9: every KEYS entry and the base in ARGV pin the queue's slot.
+        for key in call.keys:
+            assert keyspace.hashtag(key) == "contract"
+        for arg in call.args:
+            if isinstance(arg, str) and arg.startswith("emq:"):
+                assert keyspace.hashtag(arg) == "contract"
+
+
+def test_every_script_is_called_by_some_verb() -> None:
+    used = {
+        call.script.name
+        for make in VERBS.values()
+        for call in _first_calls(make())
+        if call.script is not None
+    }
+    assert used == set(SCRIPTS)
+
+
+def test_lua_files_are_the_scripts() -> None:
+    assert {p.stem for p in LUA.glob("*.lua")} == set(SCRIPTS)
+    for script in SCRIPTS.values():
+        assert not re.search(r"^--@include", script.source, re.M)  # includes were inlined
+        assert re.fullmatch(r"[0-9a-f]{40}", script.sha)
+
+
+_HEADER = re.compile(r"^--\[\[(.*?)\]\]", re.S)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_header_contract(name: str) -> None:
+    text = (LUA / f"{name}.lua").read_text()
+    header = _HEADER.match(text)
+    assert header is not None
+    head = header.group(1)
+    assert head.lstrip().startswith(name + ":"), "the header names its script"
+    assert "Returns" in head
+    declared = [int(n) for n in re.findall(r"^\s*KEYS\[(\d+)\]", head, re.M)]
+    assert declared == list(range(1, len(declared) + 1))
+    assert len(declared) == SCRIPTS[name].nkeys
+    argv = [int(n) for n in re.findall(r"^\s*ARGV\[(\d+)\]", head, re.M)]
+    # The body (with its includes) never reads a KEYS or ARGV slot the header does not declare.
+    body = SCRIPTS[name].source[header.end() :]
+    used_keys = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", body)}
+    assert used_keys <= set(declared), name
+    used_argv = {int(n) for n in re.findall(r"ARGV\[(\d+)\]", body)}
+    # A header may declare a variadic tail ("ARGV[5..]").
+    tail = re.search(r"^\s*ARGV\[(\d+)\.\.\]", head, re.M)
+    limit = int(tail.group(1)) if tail else max(argv, default=0)
+    assert all(n <= limit for n in used_argv), name
+
+
+def _lua_sources() -> list[Path]:
+    return sorted(LUA.glob("*.lua")) + sorted((LUA / "include").glob("*.lua"))
+
+
+def test_every_state_literal_is_a_job_state() -> None:
+    found: set[str] = set()
+    writes = 0
+    for path in _lua_sources():
+        for line in path.read_text().splitlines():
+            if "'HSET'" in line and "'state'" in line:
+                writes += 1
+                found |= set(re.findall(r"""'state',\s*'(\w+)'""", line))
+            # admit.lua computes the state it writes in a local first.
+            found |= set(re.findall(r"""\bstate\s*=\s*'(\w+)'""", line))
+    assert writes >= 5, "the scan found no state write"
+    assert found, "the scan found no state literal at all"
+    assert found <= JOB_STATES, found - JOB_STATES
+    assert {"pending", "active", "scheduled", "dead"} <= found
+
+
+def test_job_state_answers_are_documented() -> None:
+    text = (LUA / "job_state.lua").read_text()
+    answers = set(re.findall(r"return '(\w+)'", text))
+    assert answers == JOB_STATES | {"unknown", "absent"}
+
+
+# --------------------------------------------------------------------------- raw EVAL
+
+
+def _k(q: str, suffix: str) -> str:
+    return keyspace.queue_key(q, suffix)
+
+
+def _eval(r: redis.Redis, name: str, keys: list[str], args: list[Any]) -> Any:
+    return r.eval(SCRIPTS[name].source, len(keys), *keys, *args)
+
+
+def _row(r: redis.Redis, key: str) -> dict[str, bytes]:
+    return {f.decode(): v for f, v in r.hgetall(key).items()}
+
+
+def test_eval_enqueue_then_claim_then_complete(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    reply = _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"p\r\n\x00", "", "now", 0])
+    assert reply == b"enqueued"
+    assert _row(r, jk) == {"state": b"pending", "attempts": b"0", "payload": b"p\r\n\x00"}
+    assert r.zscore(_k(qname, "pending"), jid) == 0
+    assert r.lrange(_k(qname, "ring"), 0, -1) == [b"*"]
+    assert r.lrange(_k(qname, "wake"), 0, -1) == [b"1"]
+
+    t0 = server_ms(r)
+    keys = [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")]
+    reply = _eval(r, "claim", keys, [base, 5000])
+    t1 = server_ms(r)
+    assert reply == [jid.encode(), b"p\r\n\x00", 1, None]
+    assert _row(r, jk)["state"] == b"active"
+    assert _row(r, jk)["attempts"] == b"1"
+    score = r.zscore(_k(qname, "active"), jid)
+    assert score is not None and t0 + 5000 <= score <= t1 + 5000
+    assert r.zcard(_k(qname, "pending")) == 0
+    assert r.llen(_k(qname, "ring")) == 0
+
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE complete token mismatch"):
+        _eval(r, "complete", [_k(qname, "active"), jk], [base, jid, "2", ""])
+    assert r.exists(jk) == 1
+    r.rpush(jk + ":logs", "a line")
+    assert _eval(r, "complete", [_k(qname, "active"), jk], [base, jid, "1", ""]) == 1
+    assert r.exists(jk, jk + ":logs") == 0
+    assert r.zcard(_k(qname, "active")) == 0
+    assert r.hget(_k(qname, "metrics:completed"), "count") == b"1"
+    # A second complete answers gone (0), never stale.
+    assert _eval(r, "complete", [_k(qname, "active"), jk], [base, jid, "1", ""]) == 0
+
+
+def test_eval_enqueue_refuses_kind_and_writes_nothing(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    oid = ids.mint("ORD")
+    jk = _k(qname, "job:" + oid)
+    with pytest.raises(redis.ResponseError, match=r"^EMQKIND job id must be JOB-namespaced"):
+        _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, oid, b"x", "", "now", 0])
+    assert list(r.scan_iter(match=f"emq:{{{qname}}}:*")) == []
+
+
+def test_eval_enqueue_in_uses_the_server_clock(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    t0 = server_ms(r)
+    reply = _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "in", 60_000])
+    t1 = server_ms(r)
+    assert reply == b"scheduled"
+    score = r.zscore(_k(qname, "schedule"), jid)
+    assert score is not None and t0 + 60_000 <= score <= t1 + 60_000
+    assert _row(r, jk)["state"] == b"scheduled"
+    assert r.exists(_k(qname, "pending"), _k(qname, "ring")) == 0
+
+
+def test_eval_lane_enqueue_and_claim(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    lane = _k(qname, f"g:{LANE}:pending")
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", LANE, "now", 0]) == (
+        b"enqueued"
+    )
+    assert _row(r, jk)["group"] == LANE.encode()
+    assert r.zscore(lane, jid) == 0
+    assert r.smembers(_k(qname, "lanes")) == {LANE.encode()}
+    assert r.lrange(_k(qname, "ring"), 0, -1) == [LANE.encode()]
+    assert r.exists(_k(qname, "pending")) == 0
+
+    keys = [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")]
+    reply = _eval(r, "claim", keys, [base, 1000])
+    assert reply == [jid.encode(), b"x", 1, LANE.encode()]
+    assert r.hget(_k(qname, "gactive"), LANE) == b"1"
+    assert r.exists(lane, _k(qname, "lanes"), _k(qname, "ring")) == 0
+
+
+def test_eval_claim_reads_pause_inside(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0])
+    r.hset(_k(qname, "meta"), "paused", "1")
+    keys = [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")]
+    assert _eval(r, "claim", keys, [base, 1000]) == []
+    assert _eval(r, "claim_batch", keys, [base, 1000, 5]) == []
+    assert r.zscore(_k(qname, "pending"), jid) == 0
+    assert _row(r, jk)["attempts"] == b"0"
+    r.hdel(_k(qname, "meta"), "paused")
+    assert _eval(r, "claim", keys, [base, 1000])[0] == jid.encode()
+
+
+def test_eval_retry_at_ceiling_is_dead(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0])
+    _eval(r, "claim", [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")], [base, 1000])
+    keys = [_k(qname, "active"), _k(qname, "schedule"), _k(qname, "dead"), jk]
+    assert _eval(r, "retry", keys, [base, jid, "1", 0, 1, "boom"]) == b"dead"
+    assert _row(r, jk) == {
+        "state": b"dead",
+        "attempts": b"1",
+        "payload": b"x",
+        "last_error": b"boom",
+    }
+    assert r.zscore(_k(qname, "dead"), jid) == 0
+    assert r.zcard(_k(qname, "active")) == 0
+    assert r.hget(_k(qname, "metrics:failed"), "count") == b"1"
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE retry lease settled"):
+        _eval(r, "retry", keys, [base, jid, "1", 0, 1, "again"])
+
+
+def test_eval_retry_schedules_on_the_server_clock(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0])
+    _eval(r, "claim", [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")], [base, 1000])
+    keys = [_k(qname, "active"), _k(qname, "schedule"), _k(qname, "dead"), jk]
+    t0 = server_ms(r)
+    assert _eval(r, "retry", keys, [base, jid, "1", 7000, 3, "boom"]) == b"scheduled"
+    t1 = server_ms(r)
+    score = r.zscore(_k(qname, "schedule"), jid)
+    assert score is not None and t0 + 7000 <= score <= t1 + 7000
+    assert _row(r, jk)["state"] == b"scheduled"
+    assert _row(r, jk)["last_error"] == b"boom"
+
+
+def test_eval_reap_returns_lapsed_lease(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0])
+    _eval(r, "claim", [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")], [base, 60_000])
+    assert _eval(r, "reap", [_k(qname, "active")], [base, 100]) == 0
+    r.zadd(_k(qname, "active"), {jid: server_ms(r) - 1})  # the lease lapsed
+    assert _eval(r, "reap", [_k(qname, "active")], [base, 100]) == 1
+    assert _row(r, jk)["state"] == b"pending"
+    assert _row(r, jk)["attempts"] == b"1"  # the next claim mints token 2
+    assert r.zscore(_k(qname, "pending"), jid) == 0
+    assert r.zcard(_k(qname, "active")) == 0
+    assert r.lrange(_k(qname, "ring"), 0, -1) == [b"*"]
+
+
+def test_eval_extend_sets_server_clock_lease(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    jid = ids.mint()
+    jk = _k(qname, "job:" + jid)
+    _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0])
+    _eval(r, "claim", [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")], [base, 100])
+    t0 = server_ms(r)
+    assert _eval(r, "extend", [_k(qname, "active"), jk], [base, jid, "1", 90_000]) == 1
+    t1 = server_ms(r)
+    score = r.zscore(_k(qname, "active"), jid)
+    assert score is not None and t0 + 90_000 <= score <= t1 + 90_000
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE extend token mismatch"):
+        _eval(r, "extend", [_k(qname, "active"), jk], [base, jid, "0", 90_000])
+    gone = _k(qname, "job:" + ids.mint())
+    assert _eval(r, "extend", [_k(qname, "active"), gone], [base, "x", "1", 1000]) == 0
+
+
+def test_eval_check_reports_planted_violations(r: redis.Redis, qname: str) -> None:
+    base = _k(qname, "")
+    assert _eval(r, "check", [_k(qname, "meta")], [base]) == []
+    ghost = ids.mint()
+    r.zadd(_k(qname, "pending"), {ghost: 0})
+    orphan = ids.mint()
+    r.hset(_k(qname, "job:" + orphan), mapping={"state": "pending", "attempts": "0"})
+    out = [v.decode() for v in _eval(r, "check", [_k(qname, "meta")], [base])]
+    assert any(ghost in v and "ghost" in v for v in out)
+    assert any(orphan in v and "no set" in v for v in out)
+    assert any("ring misses the flat set" in v for v in out)
