@@ -464,3 +464,27 @@ def test_decoding_clients_are_refused(url: str) -> None:
     finally:
         client.close()
         asyncio.run(aclient.aclose())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"completed": [("not-an-id", 1)]},
+        {"completed": [(ids.mint(), 0)]},
+        {"completed": [(ids.mint(),)]},
+        {"retried": [(ids.mint(), 1, -1, 3, "e")]},
+        {"retried": [(ids.mint(), 1, 0, 0, "e")]},
+        {"retried": [(ids.mint(), 1, 0, 3)]},
+        {"retried": [(ids.mint(), 1, 0, 3, 7)]},
+        {"n": -1},
+        {"lease_ms": 0},
+    ],
+)
+def test_settle_rejects_bad_input_before_any_write(
+    anyq: Any, r: redis.Redis, qname: str, kwargs: dict[str, Any]
+) -> None:
+    anyq.enqueue(b"x")
+    before = snapshot(r, qname)
+    with pytest.raises((InvalidId, InvalidArgument)):
+        anyq.settle(**kwargs)
+    assert snapshot(r, qname) == before

@@ -1551,3 +1551,68 @@ def test_fence_server_runs_apart(fence_url: str, url: str) -> None:
         assert client.get(VERSION) in (None, echomq.WIRE_VERSION.encode())
     finally:
         client.close()
+
+
+# --------------------------------------------------------------------------- settle
+
+
+def test_settle_completes_retries_and_claims_in_one_call(
+    anyq: Any, r: redis.Redis, qname: str
+) -> None:
+    ids_ = [e.id for e in anyq.enqueue_many([b"a", b"b", b"c", b"d", b"e"])]
+    a, b, c = anyq.claim_batch(3, lease_ms=60_000)
+    out = anyq.settle(
+        completed=[(a.id, a.token), (b.id, b.token + 1)],
+        retried=[(c.id, c.token, 60_000, 5, "boom"), (ids_[4], 1, 0, 5, "never claimed")],
+        n=5,
+        lease_ms=60_000,
+    )
+    assert out.completed[0] is None
+    assert isinstance(out.completed[1], StaleToken)
+    assert out.retried[0] == "scheduled"
+    assert isinstance(out.retried[1], StaleToken)  # a pending, never-claimed job
+    assert [j.id for j in out.jobs] == ids_[3:]  # claimed after the settles, oldest first
+    assert all(j.token == 1 for j in out.jobs)
+    assert places(r, qname, a.id) == []
+    assert places(r, qname, b.id) == ["active"]
+    assert places(r, qname, c.id) == ["schedule"]
+    assert row(r, qname, c.id)["last_error"] == b"boom"
+    counts = anyq.counts()
+    assert counts["completed"] == 1 and counts["active"] == 3 and counts["schedule"] == 1
+    assert anyq.check() == []
+
+
+def test_settle_dead_letters_at_the_ceiling_and_reports_gone(anyq: Any, qname: str) -> None:
+    anyq.enqueue(b"x")
+    job = anyq.claim()
+    gone = ids.mint()
+    out = anyq.settle(retried=[(job.id, job.token, 0, 1, "fatal"), (gone, 1, 0, 1, "x")])
+    assert out.retried[0] == "dead"
+    assert isinstance(out.retried[1], JobGone)
+    assert out.jobs == []
+    assert anyq.counts()["failed"] == 1
+    assert anyq.check() == []
+
+
+def test_settle_claim_respects_pause_and_lanes(anyq: Any, qname: str) -> None:
+    anyq.enqueue_many([b"1", b"2"], group="A")
+    anyq.enqueue_many([b"3", b"4"], group="B")
+    anyq.pause()
+    assert anyq.settle(n=4).jobs == []
+    anyq.resume()
+    groups = [j.group for j in anyq.settle(n=4).jobs]
+    assert groups == ["A", "B", "A", "B"]
+    assert anyq.check() == []
+
+
+def test_complete_many_returns_the_refused_ids(anyq: Any, qname: str) -> None:
+    anyq.enqueue_many([b"1", b"2", b"3"])
+    a, b, c = anyq.claim_batch(3)
+    gone = ids.mint()
+    assert anyq.complete_many([(a.id, a.token), (b.id, 99), (gone, 1), (c.id, c.token)]) == [
+        b.id,
+        gone,
+    ]
+    assert anyq.complete_many([]) == []
+    assert anyq.counts()["completed"] == 2
+    assert anyq.check() == []

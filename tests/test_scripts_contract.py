@@ -36,6 +36,8 @@ VERBS: dict[str, Callable[[], Any]] = {
     "delay": lambda: _p.delay(K, JID, 1, 10),
     "extend": lambda: _p.extend(K, JID, 1, 1000),
     "extend_many": lambda: _p.extend_many(K, [(JID, 1)], 1000),
+    "settle": lambda: _p.settle(K, [(JID, 1)], [(JID, 2, 0, 3, "e")], 5, 1000),
+    "complete_many": lambda: _p.complete_many(K, [(JID, 1)]),
     "promote": lambda: _p.promote(K),
     "reap": lambda: _p.reap(K),
     "sweep_stalled": lambda: _p.sweep_stalled(K),

@@ -21,6 +21,7 @@ from echomq.errors import (
     JobGone,
     KindError,
     PayloadTooLarge,
+    from_reply,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Job",
     "Keys",
     "Plan",
+    "Settled",
 ]
 
 T = TypeVar("T")
@@ -82,6 +84,17 @@ class Enqueued:
 
     id: str
     status: Literal["enqueued", "scheduled", "duplicate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What one ``settle`` call did: per completed pair ``None`` (accepted) or the refusal
+    (``JobGone``/``StaleToken``); per retried item ``"scheduled"``/``"dead"`` or the refusal;
+    and the jobs it claimed."""
+
+    completed: list[EchoMQError | None]
+    retried: list[str | EchoMQError]
+    jobs: list[Job]
 
 
 class Keys:
@@ -405,6 +418,76 @@ def extend_many(k: Keys, pairs: Iterable[tuple[str, int]], lease_ms: int) -> Pla
     return result
 
 
+def _verdict(job_id: str, reply: Any) -> Any:
+    """A per-item verdict of a batch: refusals become the exception they would raise."""
+    if reply == 0:
+        return JobGone(job_id)
+    if isinstance(reply, bytes):
+        text = reply.decode("utf-8", "replace")
+        if text.startswith("EMQ"):
+            return from_reply(text)
+        return text
+    return None if reply == 1 else reply
+
+
+def settle(
+    k: Keys,
+    completed: Iterable[tuple[str, int]] = (),
+    retried: Iterable[tuple[str, int, int, int, str]] = (),
+    n: int = 0,
+    lease_ms: int = 30_000,
+) -> Call[Settled]:
+    """Complete and retry finished jobs and claim up to ``n`` more, in one script call.
+
+    ``retried`` items are ``(id, token, delay_ms, max_attempts, error)``; every settle is
+    fenced on its own token exactly as ``complete``/``retry`` are.
+    """
+    done: list[str] = []
+    args: list[Arg] = [k.base, _lease(lease_ms), _int("n", n, 0, 1_000_000), 0]
+    for pair in completed:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidArgument(f"completed takes (id, token) pairs, got {pair!r}")
+        done.append(keyspace.check_id(pair[0]))
+        args += (pair[0], _token(pair[1]))
+    args[3] = len(done)
+    again: list[str] = []
+    for item in retried:
+        if not isinstance(item, tuple) or len(item) != 5:
+            raise InvalidArgument(
+                f"retried takes (id, token, delay_ms, max_attempts, error), got {item!r}"
+            )
+        job_id, token, delay_ms, max_attempts, error = item
+        again.append(keyspace.check_id(job_id))
+        args += (
+            job_id,
+            _token(token),
+            _int("delay_ms", delay_ms, 0, MAX_MS),
+            _int("max_attempts", max_attempts, 1),
+            _text("error", error),
+        )
+
+    def decode(reply: Any) -> Settled:
+        c, r, jobs = reply
+        return Settled(
+            [_verdict(i, v) for i, v in zip(done, c, strict=True)],
+            [_verdict(i, v) for i, v in zip(again, r, strict=True)],
+            [_job(j) for j in jobs],
+        )
+
+    keys = (k.meta, k.ring, k.active, k.schedule, k.dead)
+    return _call("settle", keys, tuple(args), decode)
+
+
+def complete_many(k: Keys, pairs: Iterable[tuple[str, int]]) -> Plan[list[str]]:
+    """Complete many held jobs in one call; returns the ids that were refused (gone/stale)."""
+    call = settle(k, pairs)
+    if not call.args[3]:
+        return []
+    result: Settled = yield call
+    ids_sent = call.args[4::2][: int(call.args[3])]
+    return [str(i) for i, e in zip(ids_sent, result.completed, strict=True) if e is not None]
+
+
 # --------------------------------------------------------------------------- sweeps
 
 
@@ -647,6 +730,8 @@ __all__ += [
     "resume",
     "resume_lane",
     "retry",
+    "settle",
+    "complete_many",
     "sweep_stalled",
     "update_progress",
     "weight_lane",

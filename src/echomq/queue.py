@@ -19,7 +19,7 @@ from echomq._executor import (
     async_client,
     sync_client,
 )
-from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job
+from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq.errors import EchoMQError, InvalidArgument
 
 __all__ = ["AsyncQueue", "Queue"]
@@ -113,6 +113,21 @@ class Queue:
     def complete(self, id: str, token: int, *, result: bytes | str | None = None) -> None:
         """Settle a held job as done (deletes its row); refuses a stale token."""
         return self._x.run(_p.complete(self._k, id, token, result))
+
+    def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
+        """Complete many held jobs in one call; returns the ids refused (gone or stale)."""
+        return self._x.run(_p.complete_many(self._k, pairs))
+
+    def settle(
+        self,
+        *,
+        completed: Iterable[tuple[str, int]] = (),
+        retried: Iterable[tuple[str, int, int, int, str]] = (),
+        n: int = 0,
+        lease_ms: int = 30_000,
+    ) -> Settled:
+        """Complete and retry finished jobs and claim up to ``n`` more in one round trip."""
+        return self._x.run(_p.settle(self._k, completed, retried, n, lease_ms))
 
     def retry(self, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str) -> str:
         """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling."""
@@ -319,6 +334,21 @@ class AsyncQueue:
     async def complete(self, id: str, token: int, *, result: bytes | str | None = None) -> None:
         """Settle a held job as done (deletes its row); refuses a stale token."""
         return await self._x.run(_p.complete(self._k, id, token, result))
+
+    async def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
+        """Complete many held jobs in one call; returns the ids refused (gone or stale)."""
+        return await self._x.run(_p.complete_many(self._k, pairs))
+
+    async def settle(
+        self,
+        *,
+        completed: Iterable[tuple[str, int]] = (),
+        retried: Iterable[tuple[str, int, int, int, str]] = (),
+        n: int = 0,
+        lease_ms: int = 30_000,
+    ) -> Settled:
+        """Complete and retry finished jobs and claim up to ``n`` more in one round trip."""
+        return await self._x.run(_p.settle(self._k, completed, retried, n, lease_ms))
 
     async def retry(
         self, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str

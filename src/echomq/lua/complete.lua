@@ -9,13 +9,9 @@
 ]]
 --@include common
 --@include fence
-local base, id = ARGV[1], ARGV[2]
-local row, err = fence(KEYS[2], ARGV[3], 'complete')
-if err then return redis.error_reply(err) end
-if not row then return 0 end
-release(base, id, KEYS[2], row)
--- The logs go with the row: once the row is gone no verb can read them, so keeping them
--- would only leak memory.
-rcall('DEL', KEYS[2], KEYS[2] .. ':logs')
-rcall('HINCRBY', base .. 'metrics:completed', 'count', 1)
-return 1
+--@include settle
+local base = ARGV[1]
+local verdict = complete_one(base, ARGV[2], KEYS[2], ARGV[3])
+if type(verdict) == 'string' then return redis.error_reply(verdict) end
+if verdict == 1 then rcall('HINCRBY', base .. 'metrics:completed', 'count', 1) end
+return verdict

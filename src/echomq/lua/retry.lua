@@ -13,19 +13,10 @@
 ]]
 --@include common
 --@include fence
-local base, id = ARGV[1], ARGV[2]
-local jk = KEYS[4]
-local row, err = fence(jk, ARGV[3], 'retry')
-if err then return redis.error_reply(err) end
-if not row then return 0 end
-release(base, id, jk, row)
-rcall('HSET', jk, 'last_error', ARGV[6])
-if tonumber(row[1]) >= tonumber(ARGV[5]) then
-  rcall('HSET', jk, 'state', 'dead')
-  rcall('ZADD', KEYS[3], 0, id)
-  rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
-  return 'dead'
+--@include settle
+local verdict = retry_one(ARGV[1], ARGV[2], KEYS[4], ARGV[3], tonumber(ARGV[4]),
+  tonumber(ARGV[5]), ARGV[6], now_ms())
+if type(verdict) == 'string' and string.sub(verdict, 1, 3) == 'EMQ' then
+  return redis.error_reply(verdict)
 end
-rcall('HSET', jk, 'state', 'scheduled')
-rcall('ZADD', KEYS[2], now_ms() + tonumber(ARGV[4]), id)
-return 'scheduled'
+return verdict
