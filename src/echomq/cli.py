@@ -185,6 +185,25 @@ def worker(
             return
         with _errors(url):
             w.run()
+    _exit_past_stuck_handlers()
+
+
+def _exit_past_stuck_handlers() -> None:
+    """Sync handlers still running after the grace period were handed back to pending, but a
+    thread cannot be stopped and the interpreter waits for every pool thread at exit: the
+    worker would linger until they return. Exit now, as SIGTERM with a grace promises."""
+    import logging
+    import threading
+
+    busy = [t for t in threading.enumerate() if t.name.startswith("echomq-job")]
+    deadline = time.monotonic() + 0.5  # idle pool threads end at once after the shutdown
+    for t in busy:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in busy):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # --------------------------------------------------------------------------- producing

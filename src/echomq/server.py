@@ -43,15 +43,18 @@ INSTALL_HINT = (
 class NoServerBinary(RuntimeError):
     """Neither ``valkey-server`` nor ``redis-server`` is on PATH."""
 
-    def __init__(self) -> None:
-        super().__init__(INSTALL_HINT)
+    def __init__(self, message: str = INSTALL_HINT) -> None:
+        super().__init__(message)
 
 
 def find_binary() -> str:
     """The server binary to run: ``ECHOMQ_SERVER_BIN``, else valkey-server, else redis-server."""
     env = os.environ.get("ECHOMQ_SERVER_BIN")
     if env:
-        return env
+        found = shutil.which(env)
+        if found is None:
+            raise NoServerBinary(f"ECHOMQ_SERVER_BIN={env!r} is not an executable; " + INSTALL_HINT)
+        return found
     for name in ("valkey-server", "redis-server"):
         path = shutil.which(name)
         if path:

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import random
 import signal
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ from echomq import _protocol as _p
 from echomq._executor import AsyncExecutor, async_client
 from echomq._protocol import Call, Job, Keys
 from echomq.app import Discard, JobContext, Retry, _current
+from echomq.backoff import exponential
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StaleToken, VersionFenceError
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ log = logging.getLogger("echomq.worker")
 
 _NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _MAX_ERROR_TEXT = 8192
+_DEFAULT_BACKOFF = exponential(1_000, 60_000)  # the fallback when a task's own policy fails
 
 
 @dataclass
@@ -68,6 +69,7 @@ class _Running:
     ctx: JobContext | None = None
     fut: asyncio.Future[Any] | None = None
     lost: bool = False
+    thread: Future[Any] | None = None  # a sync handler's run in the pool
 
 
 @dataclass(eq=False)
@@ -75,6 +77,7 @@ class _Settle:
     call: Call[Any]
     kind: str  # completed | retried | dead
     job_id: str
+    promote_ms: int = 0  # a short retry: promote its queue this long after the settle lands
 
 
 @dataclass(eq=False)
@@ -218,6 +221,12 @@ class Worker:
         finally:
             for t in background:
                 t.cancel()
+            # Python 3.11's asyncio.wait_for (inside redis-py) can swallow a cancel that races
+            # a reply; a loop that lost its cancel would wait forever: cancel it again.
+            while pending := [t for t in background if not t.done()]:
+                await asyncio.wait(pending, timeout=0.1)
+                for t in pending:
+                    t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             self._threads.shutdown(wait=False, cancel_futures=True)
             await self._x.close()
@@ -273,7 +282,7 @@ class Worker:
                     continue
                 failures = 0
                 for s, result in zip(settles, results, strict=False):
-                    self._count_settle(s, result)
+                    self._count_settle(s, result, ql)
                 if want:
                     jobs = results[-1]
                     if isinstance(jobs, BaseException):
@@ -292,7 +301,7 @@ class Worker:
                             if other is not ql and not other.idle.is_set():
                                 other.kick.set()
 
-    def _count_settle(self, s: _Settle, result: Any) -> None:
+    def _count_settle(self, s: _Settle, result: Any, ql: _QueueLoop | None = None) -> None:
         if isinstance(result, (StaleToken, JobGone)):
             self.stats.lost += 1
             log.warning("job %s: settle refused (%s); another worker owns it now", s.job_id, result)
@@ -304,6 +313,9 @@ class Worker:
             self.stats.dead += 1
         else:
             self.stats.retried += 1
+            if ql is not None and s.promote_ms:
+                # Timed from the reply, so the job is due (server clock) when the promote runs.
+                asyncio.get_running_loop().call_later(s.promote_ms / 1000, self._promote_soon, ql)
 
     def _fatal_or_log(self, exc: BaseException) -> None:
         if isinstance(exc, VersionFenceError):
@@ -353,11 +365,11 @@ class Worker:
                 settle = self._dead(ql, job, f"unknown task {name!r}: no handler is registered")
                 return
             r.ctx = JobContext(ql.keys.name, job.id, job.token, job.group, task.name)
-            await self._invoke(task, r.ctx, args, kwargs)
+            await self._invoke(task, r.ctx, args, kwargs, r)
             settle = _Settle(_p.complete(ql.keys, job.id, job.token), "completed", job.id)
         except Retry as sig:
             assert task is not None
-            delay = sig.delay_ms if sig.delay_ms is not None else task.backoff.delay_ms(job.token)
+            delay = self._backoff(task, job.token, sig.delay_ms)
             settle = self._retry(ql, job, task, delay, f"Retry: {sig.reason}")
         except Discard as sig:
             settle = self._dead(ql, job, f"Discard: {sig.reason}")
@@ -365,18 +377,26 @@ class Worker:
             if not r.lost and not self._stopping:
                 raise
             # Cancelled because the lease was lost or at shutdown: never settle.
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as exc:
             assert task is not None
-            text = f"TimeoutError: the run took longer than {task.timeout}s"
-            settle = self._retry(ql, job, task, task.backoff.delay_ms(job.token), text)
+            if isinstance(exc.__cause__, asyncio.CancelledError):  # the per-task timeout fired
+                text = f"TimeoutError: the run took longer than {task.timeout}s"
+            else:  # the handler's own TimeoutError (a socket, a client): an ordinary failure
+                text = _error_text(exc)
+            settle = self._retry(ql, job, task, self._backoff(task, job.token), text)
         except Exception as exc:
             assert task is not None
-            settle = self._retry(ql, job, task, task.backoff.delay_ms(job.token), _error_text(exc))
+            settle = self._retry(ql, job, task, self._backoff(task, job.token), _error_text(exc))
         finally:
             self._finish(ql, r, settle)
 
     async def _invoke(
-        self, task: Task[Any, Any], ctx: JobContext, args: list[Any], kwargs: dict[str, Any]
+        self,
+        task: Task[Any, Any],
+        ctx: JobContext,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        r: _Running | None = None,
     ) -> None:
         token = _current.set(ctx)
         try:
@@ -384,12 +404,24 @@ class Worker:
                 coro = task.fn(*args, **kwargs)
                 await (asyncio.wait_for(coro, task.timeout) if task.timeout else coro)
             else:
-                loop = asyncio.get_running_loop()
-                call = functools.partial(_run_in_context, ctx, task.fn, args, kwargs)
-                fut = loop.run_in_executor(self._threads, call)
+                assert self._threads is not None
+                thread = self._threads.submit(_run_in_context, ctx, task.fn, args, kwargs)
+                if r is not None:
+                    r.thread = thread  # its slot stays taken while the thread runs (_finish)
+                fut = asyncio.wrap_future(thread)
                 await (asyncio.wait_for(fut, task.timeout) if task.timeout else fut)
         finally:
             _current.reset(token)
+
+    def _backoff(self, task: Task[Any, Any], attempt: int, requested: Any = None) -> int:
+        """The delay before the next attempt: ``requested`` (a Retry's), else the task's policy.
+        A broken policy must not strand the job unsettled in active: log it, use the default."""
+        try:
+            delay = requested if requested is not None else task.backoff.delay_ms(attempt)
+            return max(0, int(delay))
+        except Exception as exc:
+            log.error("task %s: bad backoff delay (%r); using the default policy", task.name, exc)
+            return _DEFAULT_BACKOFF.delay_ms(attempt)
 
     def _retry(
         self, ql: _QueueLoop, job: Job, task: Task[Any, Any], delay: int, error: str
@@ -398,10 +430,10 @@ class Worker:
             ql.keys, job.id, job.token, delay_ms=max(0, int(delay)),
             max_attempts=task.max_attempts, error=error[-_MAX_ERROR_TEXT:],
         )  # fmt: skip
-        if 0 < delay < self.beat_ms and job.token < task.max_attempts:
-            # Promote our own short retries on time instead of at the next beat.
-            asyncio.get_running_loop().call_later(delay / 1000, self._promote_soon, ql)
-        return _Settle(call, "retried", job.id)
+        # Promote our own short retries on time instead of at the next beat (once the settle
+        # has landed: timed from here, the promote would run before the job is due).
+        soon = 0 < delay < self.beat_ms and job.token < task.max_attempts
+        return _Settle(call, "retried", job.id, int(delay) if soon else 0)
 
     def _dead(self, ql: _QueueLoop, job: Job, reason: str) -> _Settle:
         # A retry with max_attempts=1 dead-letters at once (attempts >= 1 after any claim).
@@ -412,13 +444,25 @@ class Worker:
 
     def _finish(self, ql: _QueueLoop, r: _Running, settle: _Settle | None) -> None:
         ql.inflight.pop(r.job.id, None)
-        self._free += 1
+        if r.thread is not None and not r.thread.done():
+            # A sync handler past its timeout (or handed back) still runs: a thread cannot be
+            # stopped. Its slot stays taken until it returns, or the next claimed job would
+            # wait in the pool (its lease and timeout running) behind it, never started.
+            loop = asyncio.get_running_loop()
+            r.thread.add_done_callback(lambda _: _call_soon(loop, self._release_slot))
+        else:
+            self._free += 1
         if settle is not None and not r.lost:
             ql.settles.append(settle)
         for other in self._loops:
             other.kick.set()
         if self._drained is not None and not any(q.inflight for q in self._loops):
             self._drained.set()
+
+    def _release_slot(self) -> None:
+        self._free += 1
+        for ql in self._loops:
+            ql.kick.set()
 
     def _promote_soon(self, ql: _QueueLoop) -> None:
         if self._x is not None and not self._stopping:
@@ -555,6 +599,11 @@ class Worker:
                 self._count_settle(s, result)
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has stopped
+        loop.call_soon_threadsafe(fn)
+
+
 def _run_in_context(
     ctx: JobContext, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
 ) -> Any:
@@ -568,4 +617,6 @@ def _run_in_context(
 def _error_text(exc: BaseException) -> str:
     head = f"{type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return f"{head}\n{tb}" if len(head) < _MAX_ERROR_TEXT else head
+    # The caller keeps the tail of a long text: a head alone is cut at its end instead, so
+    # the exception's type and the start of its message survive.
+    return f"{head}\n{tb}" if len(head) < _MAX_ERROR_TEXT else head[:_MAX_ERROR_TEXT]

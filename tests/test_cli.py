@@ -1,0 +1,390 @@
+"""The ``echomq`` command line: producing (``enqueue``), operating (``stats``, ``browse``,
+``job``, ``reprocess``, ``pause``/``resume``, ``sweep``, ``check``) and its errors, through
+click's CliRunner and a few real ``python -m echomq`` processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+
+import echomq
+from echomq import ids
+from echomq.cli import main
+from echomq.server import free_port
+from procs import TESTS_DIR
+
+
+@pytest.fixture
+def cli(url: str) -> Any:
+    """Run ``echomq --url URL ARGS...`` in-process; a wide terminal so tables do not wrap."""
+    runner = CliRunner(env={"COLUMNS": "400", "ECHOMQ_URL": None})
+
+    def run(*args: str, input: bytes | str | None = None, use_env: bool = False) -> Result:
+        if use_env:
+            return runner.invoke(main, list(args), input=input, env={"ECHOMQ_URL": url})
+        return runner.invoke(main, ["--url", url, *args], input=input)
+
+    return run
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    return result.stdout
+
+
+def receipt(result: Result) -> tuple[str, str]:
+    job_id, status = ok(result).split()
+    return job_id, status
+
+
+def make_dead(q: echomq.Queue, payload: bytes = b"x") -> str:
+    """A dead job (call it before enqueueing anything else claimable)."""
+    e = q.enqueue(payload)
+    job = q.claim(lease_ms=10_000)
+    assert job is not None and job.id == e.id
+    assert q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
+    return e.id
+
+
+# --------------------------------------------------------------------------- enqueue
+
+
+def test_enqueue_raw_payload(cli, q: echomq.Queue, qname: str) -> None:
+    job_id, status = receipt(cli("enqueue", qname, "hello world"))
+    assert status == "enqueued" and ids.is_valid(job_id)
+    assert q.get_job(job_id)["payload"] == b"hello world"
+    assert q.job_state(job_id) == "pending"
+
+
+def test_enqueue_reads_stdin_and_uses_the_env_url(cli, q: echomq.Queue, qname: str) -> None:
+    job_id, _ = receipt(cli("enqueue", qname, "-", input=b"\x00from stdin", use_env=True))
+    assert q.get_job(job_id)["payload"] == b"\x00from stdin"
+    job_id, _ = receipt(cli("enqueue", qname, input=b"no payload argument", use_env=True))
+    assert q.get_job(job_id)["payload"] == b"no payload argument"
+
+
+def test_enqueue_task_call(cli, q: echomq.Queue, qname: str) -> None:
+    result = cli(
+        "enqueue", qname, "--task", "emails.send", "--args", '[1, "a"]', "--kwargs", '{"k": 2}'
+    )
+    job_id, _ = receipt(result)
+    payload = q.get_job(job_id)["payload"]
+    assert json.loads(payload) == {"task": "emails.send", "args": [1, "a"], "kwargs": {"k": 2}}
+    job_id, _ = receipt(cli("enqueue", qname, "--task", "ping"))
+    assert json.loads(q.get_job(job_id)["payload"]) == {"task": "ping", "args": [], "kwargs": {}}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--args", "[1,"], "must be JSON"),
+        (["--kwargs", "nope"], "must be JSON"),
+        (["--args", '{"a": 1}'], "JSON list"),
+        (["--kwargs", "[1]"], "JSON object"),
+    ],
+)
+def test_enqueue_task_bad_arguments(cli, qname: str, q: echomq.Queue, args, message) -> None:
+    result = cli("enqueue", qname, "--task", "t", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert q.counts()["pending"] == 0
+
+
+def test_enqueue_group_delay_and_id(cli, q: echomq.Queue, qname: str) -> None:
+    job_id, status = receipt(cli("enqueue", qname, "p", "--group", "acme"))
+    assert status == "enqueued"
+    assert q.lane_depth("acme") == 1 and q.get_job(job_id)["group"] == "acme"
+
+    job_id, status = receipt(cli("enqueue", qname, "later", "--delay-ms", "60000"))
+    assert status == "scheduled" and q.job_state(job_id) == "scheduled"
+
+    mine = ids.mint()
+    assert receipt(cli("enqueue", qname, "once", "--id", mine)) == (mine, "enqueued")
+    assert receipt(cli("enqueue", qname, "twice", "--id", mine)) == (mine, "duplicate")
+    assert q.get_job(mine)["payload"] == b"once"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bad queue name", "p"],
+        ["{qname}", "p", "--id", "not-an-id"],
+        ["{qname}", "p", "--group", "bad lane!"],
+    ],
+)
+def test_enqueue_invalid_input_is_one_line(cli, qname: str, q: echomq.Queue, args) -> None:
+    result = cli("enqueue", *(a.format(qname=qname) for a in args))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("echomq: "), result.stderr
+    assert q.counts()["pending"] == 0
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_stats_lists_the_queue(cli, q: echomq.Queue, qname: str) -> None:
+    make_dead(q)
+    for _ in range(3):
+        q.enqueue(b"x")
+    q.enqueue(b"later", delay_ms=60_000)
+    q.pause()
+    out = ok(cli("stats", qname))
+    line = next(ln for ln in out.splitlines() if qname in ln)
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    # queue, pending, active, schedule, dead, completed, failed, lanes, paused
+    assert cells == [qname, "3", "0", "1", "1", "0", "1", "0", "yes"]
+    assert "pending" in out and "dead" in out
+
+    everything = ok(cli("stats"))  # no names: every queue found on the server
+    assert qname in everything
+
+
+def test_browse(cli, q: echomq.Queue, qname: str) -> None:
+    dead = make_dead(q)
+    flat = [q.enqueue(b"x").id for _ in range(3)]
+    lane = q.enqueue(b"y", group="g1").id
+    assert ok(cli("browse", qname)).split() == flat[::-1]  # newest first
+    assert ok(cli("browse", qname, "-n", "2")).split() == flat[::-1][:2]
+    assert ok(cli("browse", qname, "--group", "g1")).split() == [lane]
+    assert ok(cli("browse", qname, "--state", "dead")).split() == [dead]
+    assert ok(cli("browse", qname, "--state", "active")).split() == []
+    bad = cli("browse", qname, "--state", "dead", "--group", "g1")
+    assert bad.exit_code == 2 and "pending" in bad.stderr
+    assert cli("browse", qname, "--state", "nope").exit_code == 2
+
+
+def test_job_shows_row_and_logs(cli, q: echomq.Queue, qname: str) -> None:
+    dead = make_dead(q, b"\xff\xfe")
+    e = q.enqueue(b'{"task": "t"}', group="g2")
+    q.add_log(e.id, "first line")
+    q.add_log(e.id, "second line")
+    out = ok(cli("job", qname, e.id))
+    lines = out.splitlines()
+    assert lines[:2] == [f"id: {e.id}", "place: pending"]
+    assert 'payload: {"task": "t"}' in lines
+    assert "group: g2" in lines and "attempts: 0" in lines
+    assert lines[-3:] == ["logs:", "  first line", "  second line"]
+    out = ok(cli("job", qname, dead))
+    assert "place: dead" in out and "last_error: boom" in out
+    assert "payload: b'\\xff\\xfe'" in out  # undecodable bytes are shown, not crashed on
+
+
+def test_job_unknown_id_exits_1(cli, qname: str) -> None:
+    missing = ids.mint()
+    result = cli("job", qname, missing)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [f"id: {missing}", "place: absent"]
+    bad = cli("job", qname, "nope")
+    assert bad.exit_code == 2 and bad.stderr.startswith("echomq: ")
+
+
+# --------------------------------------------------------------------------- operating
+
+
+def test_reprocess_ids_and_all(cli, q: echomq.Queue, qname: str) -> None:
+    one = make_dead(q)
+    assert ok(cli("reprocess", qname, one)).strip() == "reprocessed 1 job(s)"
+    assert q.job_state(one) == "pending"
+    again = cli("reprocess", qname, one)  # not dead any more
+    assert again.exit_code == 2 and again.stderr.startswith("echomq: "), again.output
+
+    q.drain()
+    dead = [make_dead(q) for _ in range(3)]
+    assert ok(cli("reprocess", qname, "--all")).strip() == "reprocessed 3 job(s)"
+    assert sorted(q.browse("pending")) == sorted(dead)
+    assert q.counts()["dead"] == 0
+    assert ok(cli("reprocess", qname, "--all")).strip() == "reprocessed 0 job(s)"
+    none = cli("reprocess", qname)
+    assert none.exit_code == 2 and "--all" in none.stderr
+    assert q.check() == []
+
+
+def test_reprocess_sends_a_grouped_job_back_to_its_lane(cli, q: echomq.Queue, qname: str) -> None:
+    e = q.enqueue(b"x", group="g3")
+    job = q.claim(lease_ms=10_000)
+    assert job is not None
+    q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="e")
+    ok(cli("reprocess", qname, e.id))
+    assert q.lane_depth("g3") == 1
+
+
+def test_pause_and_resume_queue(cli, q: echomq.Queue, qname: str) -> None:
+    q.enqueue(b"x")
+    assert ok(cli("pause", qname)).strip() == f"paused {qname}"
+    assert q.is_paused() and q.claim() is None
+    assert ok(cli("resume", qname)).strip() == f"resumed {qname}"
+    assert not q.is_paused() and q.claim() is not None
+
+
+def test_pause_and_resume_lane(cli, q: echomq.Queue, qname: str) -> None:
+    e = q.enqueue(b"x", group="slow")
+    assert ok(cli("pause", qname, "--lane", "slow")).strip() == f"paused {qname} lane slow"
+    assert q.claim() is None
+    assert not q.is_paused()
+    assert ok(cli("resume", qname, "--lane", "slow")).strip() == f"resumed {qname} lane slow"
+    job = q.claim()
+    assert job is not None and job.id == e.id and job.group == "slow"
+
+
+def test_sweep_promotes_and_recovers(cli, q: echomq.Queue, qname: str) -> None:
+    q.enqueue(b"due", delay_ms=20)
+    q.enqueue(b"held")
+    job = q.claim(lease_ms=20)
+    assert job is not None
+    time.sleep(0.1)
+    assert ok(cli("sweep", qname)).strip() == "promoted 1, recovered 1, dead 0"
+    assert q.counts()["pending"] == 2 and q.counts()["active"] == 0
+    assert ok(cli("sweep", qname)).strip() == "promoted 0, recovered 0, dead 0"
+    q.drain()
+
+    q.enqueue(b"stalls")
+    stalled = q.claim(lease_ms=20)
+    assert stalled is not None
+    time.sleep(0.1)
+    # its first stall: at --max-stalled 1 it is dead
+    assert (
+        ok(cli("sweep", qname, "--max-stalled", "1")).strip() == "promoted 0, recovered 0, dead 1"
+    )
+    assert q.job_state(stalled.id) == "dead"
+    assert q.get_job(stalled.id)["last_error"] == "stalled"
+
+    q.enqueue(b"reaped")
+    other = q.claim(lease_ms=20)
+    assert other is not None
+    time.sleep(0.1)
+    assert (
+        ok(cli("sweep", qname, "--max-stalled", "0")).strip() == "promoted 0, recovered 1, dead 0"
+    )
+    assert q.check() == []
+
+
+def test_check_clean_and_violated(cli, q: echomq.Queue, qname: str, r: redis.Redis) -> None:
+    q.enqueue(b"x")
+    result = cli("check", qname)
+    assert result.exit_code == 0 and result.stdout.strip() == f"{qname}: ok"
+    ghost = ids.mint()
+    r.zadd(f"emq:{{{qname}}}:pending", {ghost: 0})
+    result = cli("check", qname)
+    assert result.exit_code == 1
+    assert f"{qname}: {ghost} in pending has no row (ghost)" in result.stdout.splitlines()
+    r.zrem(f"emq:{{{qname}}}:pending", ghost)
+    assert cli("check", qname).exit_code == 0
+
+
+def test_check_several_queues(cli, q: echomq.Queue, qname: str, r: redis.Redis) -> None:
+    other = qname[:100] + "-b"
+    r.zadd(f"emq:{{{other}}}:dead", {ids.mint(): 0})
+    result = cli("check", qname, other)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{qname}: ok"
+    assert any(ln.startswith(f"{other}: ") and "ghost" in ln for ln in lines[1:])
+    assert cli("check").exit_code == 2  # a queue name is required
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats"],
+        ["stats", "q1"],
+        ["enqueue", "q1", "x"],
+        ["browse", "q1"],
+        ["job", "q1", "JOB0KHTOWnGLuC"],
+        ["check", "q1"],
+        ["pause", "q1"],
+        ["sweep", "q1"],
+        ["reprocess", "q1", "--all"],
+    ],
+)
+def test_unreachable_server_is_one_line(args: list[str]) -> None:
+    dead_url = f"redis://127.0.0.1:{free_port()}/0"
+    result = CliRunner().invoke(main, ["--url", dead_url, *args])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"echomq: cannot reach the server at {dead_url}"), lines[0]
+
+
+def test_worker_with_a_bad_app_spec(cli) -> None:
+    result = cli("worker", "no_such_module_here:app")
+    assert result.exit_code == 2 and "cannot import 'no_such_module_here'" in result.stderr
+    result = cli("worker", "apps.basic:nothing")
+    assert result.exit_code == 2 and "is not an echomq.App" in result.stderr
+    result = cli("worker", ":app")
+    assert result.exit_code == 2 and "MODULE:APP" in result.stderr
+
+
+def test_version_and_help(cli) -> None:
+    assert echomq.__version__ in ok(cli("--version"))
+    out = ok(cli("--help"))
+    for command in ("worker", "enqueue", "stats", "browse", "job", "reprocess", "pause"):
+        assert command in out
+
+
+# --------------------------------------------------------------------------- real processes
+
+
+def echomq_cli(*args: str, env: dict[str, str], input: bytes | None = None) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "echomq", *args],
+        input=input,
+        capture_output=True,
+        env=env,
+        cwd=TESTS_DIR,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def proc_env(url: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env["ECHOMQ_URL"] = url
+    env["COLUMNS"] = "400"
+    return env
+
+
+def test_subprocess_enqueue_stats_check(proc_env, q: echomq.Queue, qname: str) -> None:
+    done = echomq_cli("enqueue", qname, "--task", "t", "--args", "[3]", env=proc_env)
+    assert done.returncode == 0, done.stderr
+    job_id, status = done.stdout.decode().split()
+    assert status == "enqueued" and q.job_state(job_id) == "pending"
+    stats = echomq_cli("stats", qname, env=proc_env)
+    assert stats.returncode == 0 and qname in stats.stdout.decode()
+    check = echomq_cli("check", qname, env=proc_env)
+    assert (check.returncode, check.stdout.decode().strip()) == (0, f"{qname}: ok")
+    job = echomq_cli("job", qname, job_id, env=proc_env)
+    assert job.returncode == 0 and "place: pending" in job.stdout.decode()
+
+
+def test_subprocess_check_violation_exits_1(
+    proc_env, q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    r.zadd(f"emq:{{{qname}}}:pending", {ids.mint(): 0})
+    check = echomq_cli("check", qname, env=proc_env)
+    assert check.returncode == 1
+    assert "ghost" in check.stdout.decode()
+
+
+def test_subprocess_unreachable_server(proc_env) -> None:
+    proc_env["ECHOMQ_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    for args in (["stats"], ["enqueue", "q1", "x"], ["check", "q1"]):
+        done = echomq_cli(*args, env=proc_env)
+        assert done.returncode != 0
+        err = done.stderr.decode().strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("echomq: cannot reach the server"), err
+        assert "Traceback" not in err

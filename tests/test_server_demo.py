@@ -1,0 +1,173 @@
+"""The embedded server (``echomq server``, and a ``worker`` with no URL configured), the
+missing-binary error, and the demo in its shortened mode — all as real processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import echomq
+from conftest import wait_for
+from procs import TESTS_DIR, Spawner, pid_gone, pids_in, wait_log
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path, url)
+    yield spawner
+    spawner.stop_all()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """An ECHOMQ_HOME of the test's own (the state dir of embedded servers)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+def no_url_env(spawn: Spawner, home: Path, **extra: str) -> dict[str, str]:
+    return spawn.env(ECHOMQ_URL=None, ECHOMQ_HOME=str(home), **extra)
+
+
+def ping(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.ConnectionError:
+        return False
+    finally:
+        client.close()
+
+
+# --------------------------------------------------------------------------- echomq server
+
+
+def test_server_records_itself_and_stops_clean(spawn: Spawner, home: Path, tmp_path: Path) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    srv = spawn.start("server", env=no_url_env(spawn, home), cwd=cwd)
+    record = home / "server.json"
+    wait_for(record.exists, timeout=15)
+    info = json.loads(wait_for(record.read_text))
+    assert set(info) == {"pid", "port", "url", "socket"}
+    assert info["url"] == f"redis://127.0.0.1:{info['port']}/0"
+    wait_log(srv, f"export ECHOMQ_URL={info['url']}")
+    assert ping(info["url"])
+    assert Path(info["socket"]).parent == (home / "server").resolve()
+    assert not pid_gone(info["pid"])
+    assert info["pid"] in pids_in(home)  # the server runs in the state dir
+
+    # Other commands in the same state dir find the recorded server without a URL.
+    stats = subprocess.run(
+        [sys.executable, "-m", "echomq", "enqueue", "found-it", "x"],
+        env=no_url_env(spawn, home),
+        cwd=cwd,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert stats.returncode == 0, stats.stderr
+    with echomq.Queue("found-it", url=info["url"]) as q:
+        assert q.counts()["pending"] == 1
+
+    srv.signal(signal.SIGTERM)
+    assert srv.wait(15) == 0
+    assert "echomq server: stopped" in srv.text()
+    assert not record.exists()
+    wait_for(lambda: pid_gone(info["pid"]), timeout=5)
+    assert not ping(info["url"])
+    assert pids_in(home) == []
+    assert not (cwd / ".echomq").exists()  # ECHOMQ_HOME, not the cwd, holds the state
+
+
+def test_server_dies_with_its_owner(spawn: Spawner, home: Path) -> None:
+    srv = spawn.start("server", "--dir", str(home / "data"), env=no_url_env(spawn, home))
+    record = home / "server.json"
+    wait_for(record.exists, timeout=15)
+    info = json.loads(wait_for(record.read_text))
+    assert (home / "data").is_dir()
+    assert info["pid"] in pids_in(home)
+    srv.signal(signal.SIGKILL)  # the owner crashes: the server must not outlive it
+    srv.wait(10)
+    wait_for(lambda: pid_gone(info["pid"]), timeout=10)
+    assert pids_in(home) == []
+
+
+def test_worker_without_url_runs_its_own_server(
+    spawn: Spawner, home: Path, qname: str, tmp_path: Path
+) -> None:
+    env = no_url_env(spawn, home, EMQ_TEST_QUEUE=qname)
+    w = spawn.start("worker", "apps.basic:app", env=env, cwd=tmp_path)
+    text = wait_log(w, "serving")
+    m = re.search(r"started an embedded one at (redis://127\.0\.0\.1:\d+/0)", text)
+    assert m, text
+    embedded = m.group(1)
+    assert pids_in(home) != []  # the server runs, its data in ECHOMQ_HOME
+    with echomq.Queue(qname, url=embedded) as q:
+        e = q.enqueue(json.dumps({"task": "count", "args": [1], "kwargs": {}}))
+        wait_for(lambda: q.counts()["completed"] == 1)
+        assert q.job_state(e.id) == "absent"
+    w.signal(signal.SIGTERM)
+    assert w.wait(15) == 0, w.text()
+    assert pids_in(home) == []  # nothing left behind
+    assert not ping(embedded)
+
+
+@pytest.mark.parametrize("command", [["server"], ["worker", "apps.basic:app"], ["demo", "--quick"]])
+@pytest.mark.parametrize("how", ["env", "path"])
+def test_no_server_binary_is_one_line(
+    spawn: Spawner, home: Path, tmp_path: Path, command: list[str], how: str
+) -> None:
+    if how == "env":
+        env = no_url_env(spawn, home, ECHOMQ_SERVER_BIN="/nonexistent")
+    else:
+        empty = tmp_path / "empty-bin"
+        empty.mkdir()
+        env = no_url_env(spawn, home, PATH=str(empty))
+    done = subprocess.run(
+        [sys.executable, "-m", "echomq", *command],
+        env=env,
+        cwd=TESTS_DIR,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("echomq: ") and "install" in err and "ECHOMQ_URL" in err, err
+    assert pids_in(home) == []
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_quick_against_the_test_server(spawn: Spawner, home: Path, tmp_path: Path) -> None:
+    demo = spawn.start(
+        "demo", "--quick", env=spawn.env(ECHOMQ_HOME=str(home), COLUMNS="160"), cwd=tmp_path
+    )
+    rc = demo.wait(150)
+    out = demo.text()
+    assert rc == 0, out
+    assert "demo ok" in out
+    assert "SIGKILL worker" in out
+    assert "consistency check: clean" in out
+
+
+def test_demo_quick_with_an_embedded_server(spawn: Spawner, home: Path, tmp_path: Path) -> None:
+    env = spawn.env(ECHOMQ_URL=None, ECHOMQ_HOME=str(home), COLUMNS="160")
+    demo = spawn.start("demo", "--jobs", "1000", env=env, cwd=tmp_path)
+    rc = demo.wait(150)
+    out = demo.text()
+    assert rc == 0, out
+    assert "started an embedded one" in out and "demo ok" in out
+    assert pids_in(home) == []
