@@ -72,11 +72,16 @@ class _Running:
     thread: Future[Any] | None = None  # a sync handler's run in the pool
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Settle:
-    call: Call[Any]
-    kind: str  # completed | retried | dead
+    """A finished job waiting for the pump's next ``settle`` call."""
+
     job_id: str
+    token: int
+    kind: str  # completed | retried | dead
+    delay_ms: int = 0
+    max_attempts: int = 1
+    error: str = ""
     promote_ms: int = 0  # a short retry: promote its queue this long after the settle lands
 
 
@@ -265,11 +270,8 @@ class Worker:
                 if not settles and want == 0:
                     break
                 self._free -= want
-                calls: list[Call[Any]] = [s.call for s in settles]
-                if want:
-                    calls.append(_p.claim_batch(ql.keys, want, ql.lease_ms))
                 try:
-                    results = await self._x.pipeline(calls)
+                    result = await self._x.call(_settle_call(ql, settles, want))
                 except _NETWORK_ERRORS as exc:
                     # Settles are fenced, so sending them again is safe: one that already
                     # applied answers gone/stale and is counted as lost, never applied twice.
@@ -280,15 +282,16 @@ class Worker:
                     log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
                     await asyncio.sleep(delay)
                     continue
+                except EchoMQError as exc:
+                    self._free += want
+                    ql.settles[:0] = settles
+                    self._fatal_or_log(exc)
+                    await asyncio.sleep(0.5)
+                    continue
                 failures = 0
-                for s, result in zip(settles, results, strict=False):
-                    self._count_settle(s, result, ql)
+                self._count_settled(ql, settles, result)
+                jobs = result.jobs
                 if want:
-                    jobs = results[-1]
-                    if isinstance(jobs, BaseException):
-                        self._free += want
-                        self._fatal_or_log(jobs)
-                        break
                     self._free += want - len(jobs)
                     self.stats.claimed += len(jobs)
                     for job in jobs:
@@ -300,6 +303,14 @@ class Worker:
                         for other in self._loops:
                             if other is not ql and not other.idle.is_set():
                                 other.kick.set()
+
+    def _count_settled(self, ql: _QueueLoop, settles: list[_Settle], result: _p.Settled) -> None:
+        """Account for one settle call's verdicts, in the order _settle_call sent them."""
+        done = iter(result.completed)
+        again = iter(result.retried)
+        for s in settles:
+            verdict = next(done) if s.kind == "completed" else next(again)
+            self._count_settle(s, verdict, ql)
 
     def _count_settle(self, s: _Settle, result: Any, ql: _QueueLoop | None = None) -> None:
         if isinstance(result, (StaleToken, JobGone)):
@@ -366,7 +377,7 @@ class Worker:
                 return
             r.ctx = JobContext(ql.keys.name, job.id, job.token, job.group, task.name)
             await self._invoke(task, r.ctx, args, kwargs, r)
-            settle = _Settle(_p.complete(ql.keys, job.id, job.token), "completed", job.id)
+            settle = _Settle(job.id, job.token, "completed")
         except Retry as sig:
             assert task is not None
             delay = self._backoff(task, job.token, sig.delay_ms)
@@ -426,21 +437,17 @@ class Worker:
     def _retry(
         self, ql: _QueueLoop, job: Job, task: Task[Any, Any], delay: int, error: str
     ) -> _Settle:
-        call = _p.retry(
-            ql.keys, job.id, job.token, delay_ms=max(0, int(delay)),
-            max_attempts=task.max_attempts, error=error[-_MAX_ERROR_TEXT:],
-        )  # fmt: skip
         # Promote our own short retries on time instead of at the next beat (once the settle
         # has landed: timed from here, the promote would run before the job is due).
         soon = 0 < delay < self.beat_ms and job.token < task.max_attempts
-        return _Settle(call, "retried", job.id, int(delay) if soon else 0)
+        return _Settle(
+            job.id, job.token, "retried", max(0, int(delay)), task.max_attempts,
+            _clip(error), int(delay) if soon else 0,
+        )  # fmt: skip
 
     def _dead(self, ql: _QueueLoop, job: Job, reason: str) -> _Settle:
         # A retry with max_attempts=1 dead-letters at once (attempts >= 1 after any claim).
-        call = _p.retry(
-            ql.keys, job.id, job.token, delay_ms=0, max_attempts=1, error=reason[-_MAX_ERROR_TEXT:]
-        )
-        return _Settle(call, "dead", job.id)
+        return _Settle(job.id, job.token, "dead", 0, 1, _clip(reason))
 
     def _finish(self, ql: _QueueLoop, r: _Running, settle: _Settle | None) -> None:
         ql.inflight.pop(r.job.id, None)
@@ -582,21 +589,41 @@ class Worker:
     async def _flush_settles(self) -> None:
         assert self._x is not None
         for _ in range(20):
-            pending = [(ql, s) for ql in self._loops for s in ql.settles]
-            if not pending:
+            if not any(ql.settles for ql in self._loops):
                 return
             for ql in self._loops:
-                ql.settles = []
-            try:
-                results = await self._x.pipeline([s.call for _, s in pending])
-            except _NETWORK_ERRORS as exc:
-                for ql, s in pending:
-                    ql.settles.append(s)
-                log.warning("final settle failed (%s); retrying", exc)
-                await asyncio.sleep(0.2)
-                continue
-            for (_, s), result in zip(pending, results, strict=True):
-                self._count_settle(s, result)
+                settles, ql.settles = ql.settles, []
+                if not settles:
+                    continue
+                try:
+                    result = await self._x.call(_settle_call(ql, settles, 0))
+                except _NETWORK_ERRORS as exc:
+                    ql.settles[:0] = settles
+                    log.warning("final settle failed (%s); retrying", exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                self._count_settled(ql, settles, result)
+
+
+def _settle_call(ql: _QueueLoop, settles: list[_Settle], want: int) -> Call[_p.Settled]:
+    """One ``settle`` script call: the completions, the retries (and deaths), and a claim."""
+    completed = [(s.job_id, s.token) for s in settles if s.kind == "completed"]
+    retried = [
+        (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error)
+        for s in settles
+        if s.kind != "completed"
+    ]
+    return _p.settle(ql.keys, completed, retried, want, ql.lease_ms)
+
+
+def _clip(text: str) -> str:
+    """An error text fit for last_error: valid UTF-8 (an exception may carry lone
+    surrogates), at most _MAX_ERROR_TEXT characters, keeping its head (type and message)."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) <= _MAX_ERROR_TEXT:
+        return text
+    half = (_MAX_ERROR_TEXT - 5) // 2
+    return text[:half] + "\n...\n" + text[-half:]
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
@@ -617,6 +644,4 @@ def _run_in_context(
 def _error_text(exc: BaseException) -> str:
     head = f"{type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    # The caller keeps the tail of a long text: a head alone is cut at its end instead, so
-    # the exception's type and the start of its message survive.
-    return f"{head}\n{tb}" if len(head) < _MAX_ERROR_TEXT else head[:_MAX_ERROR_TEXT]
+    return f"{head}\n{tb}"
