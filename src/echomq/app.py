@@ -100,6 +100,7 @@ class Task(Generic[P, R]):
         backoff: Backoff,
         lease_ms: int,
         timeout: float | None,
+        inline: bool = False,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -116,6 +117,9 @@ class Task(Generic[P, R]):
         self.lease_ms = lease_ms
         self.timeout = timeout
         self.is_async = inspect.iscoroutinefunction(fn)
+        if inline and (self.is_async or timeout is not None):
+            raise InvalidArgument("inline=True is for sync handlers without a timeout")
+        self.inline = bool(inline)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -247,6 +251,7 @@ class App:
         backoff: BackoffLike | None = None,
         lease_ms: int = 30_000,
         timeout: float | None = None,
+        inline: bool = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -260,6 +265,7 @@ class App:
         backoff: BackoffLike | None = None,
         lease_ms: int = 30_000,
         timeout: float | None = None,
+        inline: bool = False,
     ) -> Any:
         """Register a handler (sync or ``async def``) as a task; usable bare or with options.
 
@@ -272,6 +278,9 @@ class App:
             lease_ms: how long a claim owns the job before it may be recovered; the worker
                 heartbeats every lease/3, so a long job is never re-delivered while it lives.
             timeout: seconds a run may take before it fails (and is retried).
+            inline: run a sync handler directly on the worker's event loop, with no thread
+                handoff and no task per job — for trivial, CPU-light handlers only: a handler
+                that blocks stalls the whole worker (and its heartbeats) while it runs.
         """
 
         def register(f: Callable[P, R]) -> Task[P, R]:
@@ -289,6 +298,7 @@ class App:
                 ),
                 lease_ms=lease_ms,
                 timeout=timeout,
+                inline=inline,
             )
             self.tasks[task_name] = t
             return t

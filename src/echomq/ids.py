@@ -64,15 +64,18 @@ def parse(s: str) -> tuple[str, int]:
     return ns, n
 
 
+_SHAPE = re.compile(r"[A-Z]{3}[0-9A-Za-z]{11}")
+_MAX_DIGITS = "AzL8n0Y58m7"  # 2**63-1 in base62: with a fixed width, text order is number order
+
+
 def is_valid(s: object) -> bool:
     """True when ``s`` is a well-formed branded id (any namespace)."""
-    if not isinstance(s, str):
-        return False
-    try:
-        parse(s)
-    except InvalidId:
-        return False
-    return True
+    return (
+        isinstance(s, str)
+        and len(s) == SIZE
+        and _SHAPE.fullmatch(s) is not None
+        and s[3:] <= _MAX_DIGITS
+    )
 
 
 def decode_time_ms(s: str) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -95,6 +96,14 @@ class _QueueLoop:
     settles: list[_Settle] = field(default_factory=list)
     kick: asyncio.Event = field(default_factory=asyncio.Event)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    turns: set[asyncio.Future[None]] = field(default_factory=set)  # settle calls in flight
+    full: bool = False  # the last claim got all it asked for: the queue has a backlog
+    failures: int = 0
+
+
+# Settle calls a queue keeps in flight: while the server runs one turn's settle-and-claim,
+# the worker runs the jobs the other turn brought, so neither side waits for the other.
+_TURNS_IN_FLIGHT = 2
 
 
 class Worker:
@@ -256,53 +265,62 @@ class Worker:
     # ------------------------------------------------------------------ the pump
 
     async def _pump(self, ql: _QueueLoop) -> None:
-        """Settle what finished and claim into free slots, one round trip per turn."""
-        assert self._x is not None
-        failures = 0
+        """Turn finished jobs into settles and free slots into claims: one ``settle`` script
+        call per turn, up to two turns in flight, each claiming at most half the slots."""
+        share = max(1, self.concurrency // _TURNS_IN_FLIGHT)
         while True:
             await ql.kick.wait()
             ql.kick.clear()
-            while True:
-                settles, ql.settles = ql.settles, []
+            while len(ql.turns) < _TURNS_IN_FLIGHT:
                 want = 0
-                if not self._stopping and not ql.idle.is_set():
-                    want = min(self._free, 1000)
-                if not settles and want == 0:
+                # A second claim goes out while one is in flight only when the last claim
+                # came back full: an emptying or idle queue gets one claim at a time.
+                if not self._stopping and not ql.idle.is_set() and (ql.full or not ql.turns):
+                    want = min(self._free, share)
+                if not ql.settles and want == 0:
                     break
+                settles, ql.settles = ql.settles, []
                 self._free -= want
-                try:
-                    result = await self._x.call(_settle_call(ql, settles, want))
-                except _NETWORK_ERRORS as exc:
-                    # Settles are fenced, so sending them again is safe: one that already
-                    # applied answers gone/stale and is counted as lost, never applied twice.
-                    self._free += want
-                    ql.settles[:0] = settles
-                    failures += 1
-                    delay = min(2.0, 0.1 * 2 ** min(failures, 5)) * (0.5 + random.random() / 2)
-                    log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
-                    await asyncio.sleep(delay)
-                    continue
-                except EchoMQError as exc:
-                    self._free += want
-                    ql.settles[:0] = settles
-                    self._fatal_or_log(exc)
-                    await asyncio.sleep(0.5)
-                    continue
-                failures = 0
-                self._count_settled(ql, settles, result)
-                jobs = result.jobs
-                if want:
-                    self._free += want - len(jobs)
-                    self.stats.claimed += len(jobs)
-                    for job in jobs:
-                        self._start(ql, job)
-                    if len(jobs) < want:
-                        ql.idle.set()  # nothing more to claim: park on the wake list
-                        # The slots this queue did not use go to the other queues' pumps,
-                        # which may have found none free while this claim was in flight.
-                        for other in self._loops:
-                            if other is not ql and not other.idle.is_set():
-                                other.kick.set()
+                turn = asyncio.ensure_future(self._turn(ql, settles, want))
+                ql.turns.add(turn)
+                turn.add_done_callback(functools.partial(_turn_done, ql))
+
+    async def _turn(self, ql: _QueueLoop, settles: list[_Settle], want: int) -> None:
+        assert self._x is not None
+        try:
+            result = await self._x.call(_settle_call(ql, settles, want))
+        except _NETWORK_ERRORS as exc:
+            # Settles are fenced, so sending them again is safe: one that already applied
+            # answers gone/stale and is counted as lost, never applied twice.
+            self._free += want
+            ql.settles[:0] = settles
+            ql.failures += 1
+            delay = min(2.0, 0.1 * 2 ** min(ql.failures, 5)) * (0.5 + random.random() / 2)
+            log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
+            await asyncio.sleep(delay)
+            return
+        except EchoMQError as exc:
+            self._free += want
+            ql.settles[:0] = settles
+            self._fatal_or_log(exc)
+            await asyncio.sleep(0.5)
+            return
+        ql.failures = 0
+        self._count_settled(ql, settles, result)
+        jobs = result.jobs
+        if want:
+            ql.full = len(jobs) == want
+            self._free += want - len(jobs)
+            self.stats.claimed += len(jobs)
+            for job in jobs:
+                self._start(ql, job)
+            if len(jobs) < want:
+                ql.idle.set()  # nothing more to claim: park on the wake list
+                # The slots this queue did not use go to the other queues' pumps, which may
+                # have found none free while this claim was in flight.
+                for other in self._loops:
+                    if other is not ql and not other.idle.is_set():
+                        other.kick.set()
 
     def _count_settled(self, ql: _QueueLoop, settles: list[_Settle], result: _p.Settled) -> None:
         """Account for one settle call's verdicts, in the order _settle_call sent them."""
@@ -355,51 +373,92 @@ class Worker:
     # ------------------------------------------------------------------ running jobs
 
     def _start(self, ql: _QueueLoop, job: Job) -> None:
-        running = _Running(job)
-        ql.inflight[job.id] = running
-        running.fut = asyncio.ensure_future(self._execute(ql, running))
+        r = _Running(job)
+        ql.inflight[job.id] = r
+        prepared = self._prepare(ql, job)
+        if isinstance(prepared, _Settle):  # undecodable or unknown: dead-lettered, never run
+            self._finish(ql, r, prepared)
+            return
+        task, args, kwargs = prepared
+        r.ctx = JobContext(ql.keys.name, job.id, job.token, job.group, task.name)
+        if task.inline:
+            # A trivial sync handler runs right here in the pump's turn: no thread handoff
+            # and no event-loop task per job.
+            self._finish(ql, r, self._run_inline(ql, r, task, args, kwargs))
+        else:
+            r.fut = asyncio.ensure_future(self._execute(ql, r, task, args, kwargs))
 
-    async def _execute(self, ql: _QueueLoop, r: _Running) -> None:
-        job = r.job
-        settle: _Settle | None = None
-        task: Task[Any, Any] | None = None
+    def _prepare(
+        self, ql: _QueueLoop, job: Job
+    ) -> tuple[Task[Any, Any], list[Any], dict[str, Any]] | _Settle:
+        """The task and arguments of a job, or the dead-letter settle of a job no handler can
+        run: an undecodable payload or an unknown task is never silently dropped."""
         try:
-            try:
-                envelope = self.app.serializer.loads(job.payload)
-                name = envelope["task"]
-                args, kwargs = list(envelope.get("args", ())), dict(envelope.get("kwargs", {}))
-            except Exception as exc:
-                settle = self._dead(ql, job, f"undecodable payload: {type(exc).__name__}: {exc}")
-                return
-            task = self.app.tasks.get(name) if isinstance(name, str) else None
-            if task is None:
-                settle = self._dead(ql, job, f"unknown task {name!r}: no handler is registered")
-                return
-            r.ctx = JobContext(ql.keys.name, job.id, job.token, job.group, task.name)
+            envelope = self.app.serializer.loads(job.payload)
+            name = envelope["task"]
+            args, kwargs = list(envelope.get("args", ())), dict(envelope.get("kwargs", {}))
+        except Exception as exc:
+            return self._dead(ql, job, f"undecodable payload: {type(exc).__name__}: {exc}")
+        task = self.app.tasks.get(name) if isinstance(name, str) else None
+        if task is None:
+            return self._dead(ql, job, f"unknown task {name!r}: no handler is registered")
+        return task, args, kwargs
+
+    def _run_inline(
+        self,
+        ql: _QueueLoop,
+        r: _Running,
+        task: Task[Any, Any],
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> _Settle:
+        assert r.ctx is not None
+        token = _current.set(r.ctx)
+        try:
+            task.fn(*args, **kwargs)
+        except Exception as exc:
+            return self._outcome(ql, r.job, task, exc)
+        finally:
+            _current.reset(token)
+        return _Settle(r.job.id, r.job.token, "completed")
+
+    async def _execute(
+        self,
+        ql: _QueueLoop,
+        r: _Running,
+        task: Task[Any, Any],
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> None:
+        settle: _Settle | None = None
+        try:
+            assert r.ctx is not None
             await self._invoke(task, r.ctx, args, kwargs, r)
-            settle = _Settle(job.id, job.token, "completed")
-        except Retry as sig:
-            assert task is not None
-            delay = self._backoff(task, job.token, sig.delay_ms)
-            settle = self._retry(ql, job, task, delay, f"Retry: {sig.reason}")
-        except Discard as sig:
-            settle = self._dead(ql, job, f"Discard: {sig.reason}")
+            settle = _Settle(r.job.id, r.job.token, "completed")
         except asyncio.CancelledError:
             if not r.lost and not self._stopping:
                 raise
             # Cancelled because the lease was lost or at shutdown: never settle.
-        except asyncio.TimeoutError as exc:
-            assert task is not None
-            if isinstance(exc.__cause__, asyncio.CancelledError):  # the per-task timeout fired
-                text = f"TimeoutError: the run took longer than {task.timeout}s"
-            else:  # the handler's own TimeoutError (a socket, a client): an ordinary failure
-                text = _error_text(exc)
-            settle = self._retry(ql, job, task, self._backoff(task, job.token), text)
         except Exception as exc:
-            assert task is not None
-            settle = self._retry(ql, job, task, self._backoff(task, job.token), _error_text(exc))
+            settle = self._outcome(ql, r.job, task, exc)
         finally:
             self._finish(ql, r, settle)
+
+    def _outcome(self, ql: _QueueLoop, job: Job, task: Task[Any, Any], exc: Exception) -> _Settle:
+        """The settle of a failed run: a Retry or Discard signal, a timeout, or an error."""
+        if isinstance(exc, Retry):
+            return self._retry(
+                ql, job, task, self._backoff(task, job.token, exc.delay_ms), f"Retry: {exc.reason}"
+            )
+        if isinstance(exc, Discard):
+            return self._dead(ql, job, f"Discard: {exc.reason}")
+        if isinstance(exc, asyncio.TimeoutError) and isinstance(
+            exc.__cause__, asyncio.CancelledError
+        ):
+            text = f"TimeoutError: the run took longer than {task.timeout}s"  # the task's timeout
+        else:  # any other error, the handler's own TimeoutError (a socket, a client) included
+            text = _error_text(exc)
+        return self._retry(ql, job, task, self._backoff(task, job.token), text)
 
     async def _invoke(
         self,
@@ -562,6 +621,9 @@ class Worker:
         for ql in self._loops:
             ql.kick.set()
             ql.idle.set()
+        # Claims already in flight may still bring jobs: they must be in inflight before we
+        # decide what to wait for and what to hand back.
+        await self._await_turns()
         if any(ql.inflight for ql in self._loops):
             self._drained.clear()
             if any(ql.inflight for ql in self._loops):
@@ -586,9 +648,15 @@ class Worker:
                     log.warning("could not hand jobs back (%s); their leases will lapse", exc)
         await self._flush_settles()
 
+    async def _await_turns(self) -> None:
+        turns = [t for ql in self._loops for t in ql.turns]
+        if turns:
+            await asyncio.gather(*turns, return_exceptions=True)
+
     async def _flush_settles(self) -> None:
         assert self._x is not None
         for _ in range(20):
+            await self._await_turns()
             if not any(ql.settles for ql in self._loops):
                 return
             for ql in self._loops:
@@ -624,6 +692,11 @@ def _clip(text: str) -> str:
         return text
     half = (_MAX_ERROR_TEXT - 5) // 2
     return text[:half] + "\n...\n" + text[-half:]
+
+
+def _turn_done(ql: _QueueLoop, turn: asyncio.Future[None]) -> None:
+    ql.turns.discard(turn)
+    ql.kick.set()  # a turn slot is free: settles may be waiting for it
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:

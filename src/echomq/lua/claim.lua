@@ -8,8 +8,7 @@
 ]]
 --@include common
 --@include lease
-local base = ARGV[1]
 if rcall('HEXISTS', KEYS[1], 'paused') == 1 then return {} end
-local job = claim_one(base, now_ms() + tonumber(ARGV[2]))
-if not job then return {} end
-return job
+local out = {}
+claim_n(ARGV[1], now_ms() + tonumber(ARGV[2]), 1, out)
+return out[1] or {}

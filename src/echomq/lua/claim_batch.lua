@@ -9,13 +9,7 @@
 ]]
 --@include common
 --@include lease
-local base = ARGV[1]
 if rcall('HEXISTS', KEYS[1], 'paused') == 1 then return {} end
-local deadline = now_ms() + tonumber(ARGV[2])
 local out = {}
-for _ = 1, tonumber(ARGV[3]) do
-  local job = claim_one(base, deadline)
-  if not job then break end
-  out[#out + 1] = job
-end
+claim_n(ARGV[1], now_ms() + tonumber(ARGV[2]), tonumber(ARGV[3]), out)
 return out

@@ -19,16 +19,7 @@
 --@include settle
 --@include lease
 local base = ARGV[1]
-local i = 5
-local completed, ok = {}, 0
-for _ = 1, tonumber(ARGV[4]) do
-  local id = ARGV[i]
-  local verdict = complete_one(base, id, base .. 'job:' .. id, ARGV[i + 1])
-  if verdict == 1 then ok = ok + 1 end
-  completed[#completed + 1] = verdict
-  i = i + 2
-end
-if ok > 0 then rcall('HINCRBY', base .. 'metrics:completed', 'count', ok) end
+local i, completed = complete_many(base, ARGV, 5, tonumber(ARGV[4]))
 local now = now_ms()
 local retried = {}
 while i <= #ARGV do
@@ -40,11 +31,6 @@ end
 local jobs = {}
 local n = tonumber(ARGV[3])
 if n > 0 and rcall('HEXISTS', KEYS[1], 'paused') == 0 then
-  local deadline = now + tonumber(ARGV[2])
-  for _ = 1, n do
-    local job = claim_one(base, deadline)
-    if not job then break end
-    jobs[#jobs + 1] = job
-  end
+  claim_n(base, now + tonumber(ARGV[2]), n, jobs)
 end
 return {completed, retried, jobs}

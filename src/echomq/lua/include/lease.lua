@@ -1,33 +1,80 @@
--- lease: the claim core (D4), shared by claim and claim_batch. Needs common.
+-- lease: the claim core (D4), shared by claim, claim_batch and settle. Needs common.
 
--- Pop the oldest live job of waiting set g, skipping ghosts (ids whose row is gone), mint the
--- token with HINCRBY attempts, set state active and lease it at `deadline` (server clock).
-local function lease_one(base, g, deadline)
-  local wk = waiting_key(base, g)
-  while true do
-    local popped = rcall('ZPOPMIN', wk)
-    if #popped == 0 then return nil end
-    local id = popped[1]
-    local jk = base .. 'job:' .. id
-    if rcall('EXISTS', jk) == 1 then
-      local att = rcall('HINCRBY', jk, 'attempts', 1)
-      -- lease_epoch names the open lease generation: the token that may still settle.
-      rcall('HSET', jk, 'state', 'active', 'lease_epoch', att)
-      rcall('ZADD', base .. 'active', deadline, id)
-      local lane = false
-      if g ~= FLAT then
-        lane = g
-        rcall('HINCRBY', base .. 'gactive', g, 1)
-      end
-      return {id, rcall('HGET', jk, 'payload'), att, lane}
-    end
+-- Lua's unpack has a C-stack limit: commands with many arguments go in chunks.
+local function call_chunked(cmd, key, args, step)
+  for i = 1, #args, step do
+    rcall(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
   end
 end
 
--- Weighted round robin: the ring head is served `gweight` times in a row, then rotated to
--- the back. The turn is kept in meta (rr_lane, rr_n) so a single claim and a batch claim
--- follow the same schedule and weights hold on both paths.
-local function charge(base, g)
+-- Lease up to k of the oldest jobs of waiting set g (a lane or FLAT) at `deadline` (server
+-- clock), appending {id, payload, attempts, group|false} to out. Claim mints the token: the
+-- row's attempts + 1, stamped as lease_epoch too, the open lease generation. A ghost (an id
+-- whose row is gone) is discarded and the pop continues. A row that cannot be leased — a
+-- hash without an integer attempts — is dead-lettered with the reason; a key that is not a
+-- hash at all is dropped from the set and logged. Neither is ever run.
+-- Returns how many were leased.
+local function lease_many(base, g, deadline, k, out)
+  local wk = waiting_key(base, g)
+  local lane = false
+  if g ~= FLAT then lane = g end
+  local got, scored = 0, {}
+  while got < k do
+    local popped = rcall('ZPOPMIN', wk, k - got)
+    if #popped == 0 then break end
+    for i = 1, #popped, 2 do
+      local id = popped[i]
+      local jk = base .. 'job:' .. id
+      local row = redis.pcall('HMGET', jk, 'payload', 'attempts')
+      local att = type(row) == 'table' and not row.err and tonumber(row[2])
+      if att then
+        att = att + 1
+        rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att)
+        scored[#scored + 1] = deadline
+        scored[#scored + 1] = id
+        out[#out + 1] = {id, row[1] or '', att, lane}
+        got = got + 1
+      elseif type(row) == 'table' and not row.err and rcall('EXISTS', jk) == 1 then
+        rcall('HSET', jk, 'state', 'dead', 'last_error', 'malformed row: attempts is not an integer')
+        rcall('HDEL', jk, 'lease_epoch')
+        rcall('ZADD', base .. 'dead', 0, id)
+        rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
+      elseif rcall('EXISTS', jk) == 1 then
+        redis.log(redis.LOG_WARNING, 'echomq: dropped ' .. id .. ' from ' .. wk .. ': not a hash')
+      end
+    end
+  end
+  if got > 0 then
+    call_chunked('ZADD', base .. 'active', scored, 2000)
+    if lane then rcall('HINCRBY', base .. 'gactive', lane, got) end
+  end
+  return got
+end
+
+-- How many jobs the ring head g may take in this turn: the rest of its weighted turn (the
+-- head lane is served gweight times in a row, then rotated; the turn lives in meta
+-- rr_lane/rr_n, so single and batch claims follow one schedule) and its limit headroom.
+local function turn_room(base, g, want, alone)
+  local k = want
+  if not alone then
+    local w = tonumber(rcall('HGET', base .. 'gweight', g) or '1')
+    local turn = rcall('HMGET', base .. 'meta', 'rr_lane', 'rr_n')
+    local served = 0
+    if turn[1] == g then served = tonumber(turn[2]) end
+    k = math.min(k, math.max(w - served, 1))
+  end
+  if g ~= FLAT then
+    local lim = rcall('HGET', base .. 'glimit', g)
+    if lim then
+      local room = tonumber(lim) - tonumber(rcall('HGET', base .. 'gactive', g) or '0')
+      k = math.min(k, room)
+    end
+  end
+  return k
+end
+
+-- Count `n` serves against the head g's turn; rotate it to the back when the turn is spent.
+local function charge(base, g, n)
   local ring = base .. 'ring'
   local meta = base .. 'meta'
   if rcall('LINDEX', ring, 0) ~= g then
@@ -38,30 +85,39 @@ local function charge(base, g)
   if rcall('LLEN', ring) == 1 then return end
   local w = tonumber(rcall('HGET', base .. 'gweight', g) or '1')
   local turn = rcall('HMGET', meta, 'rr_lane', 'rr_n')
-  local n = 1
-  if turn[1] == g then n = tonumber(turn[2]) + 1 end
-  if n >= w then
+  local served = n
+  if turn[1] == g then served = tonumber(turn[2]) + n end
+  if served >= w then
     rcall('LMOVE', ring, ring, 'LEFT', 'RIGHT')
     rcall('HDEL', meta, 'rr_lane', 'rr_n')
   else
-    rcall('HSET', meta, 'rr_lane', g, 'rr_n', n)
+    rcall('HSET', meta, 'rr_lane', g, 'rr_n', served)
   end
 end
 
--- Claim one job from the ring's head lane (the flat set is the ring entry FLAT). A head that
--- is not serviceable, or turns out empty after its ghosts, leaves the ring and the claim
--- moves on to the next entry, so one call never answers empty while work is claimable.
-local function claim_one(base, deadline)
+-- Claim up to n jobs, serving the ring head (the flat set is the ring entry FLAT) for the rest
+-- of its turn, then the next head. A head that is not serviceable, or turns out empty after
+-- its ghosts, leaves the ring and the claim moves on, so a call never answers short while
+-- work is claimable. Appends to out; returns how many were claimed.
+local function claim_n(base, deadline, n, out)
   local ring = base .. 'ring'
-  while true do
+  local got = 0
+  while got < n do
     local g = rcall('LINDEX', ring, 0)
-    if not g then return nil end
-    local job = nil
-    if serviceable(base, g) then job = lease_one(base, g, deadline) end
+    if not g then break end
+    local leased = 0
+    if serviceable(base, g) then
+      local k = turn_room(base, g, n - got, rcall('LLEN', ring) == 1)
+      if k > 0 then leased = lease_many(base, g, deadline, k, out) end
+    end
     if g == FLAT then sync(base, false) else sync(base, g) end
-    if job then
-      charge(base, g)
-      return job
+    if leased > 0 then
+      charge(base, g, leased)
+      got = got + leased
+    elseif rcall('LINDEX', ring, 0) == g then
+      -- Defensive: a head that gave nothing must not be asked again in this call.
+      rcall('LMOVE', ring, ring, 'LEFT', 'RIGHT')
     end
   end
+  return got
 end
