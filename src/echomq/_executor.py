@@ -13,7 +13,10 @@ before the next call.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -23,10 +26,17 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
-from echomq._protocol import WIRE_VERSION, Call, Plan
+from echomq._protocol import WIRE_VERSION, Call, Plan, Replay
 from echomq.errors import EchoMQError, InvalidArgument, VersionFenceError, from_reply
 from echomq.keyspace import VERSION_KEY
 
@@ -40,6 +50,44 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# Errors after which the server is worth asking again: the connection dropped or timed out,
+# the server is loading its data, or a cluster is failing over. Only calls marked
+# ``replay`` (or plans that catch ``Replay``) are sent again.
+TRANSIENT = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+)
+DEFAULT_RETRY_FOR = 10.0
+
+
+def _backoff(attempt: int) -> float:
+    """Capped, jittered exponential backoff: 50 ms, 100 ms ... 1 s."""
+    return float(min(1.0, 0.05 * 2 ** min(attempt - 1, 6)) * (0.5 + random.random() / 2))
+
+
+class _Budget:
+    """How long a call may keep retrying transient errors."""
+
+    __slots__ = ("attempt", "retry_for", "start")
+
+    def __init__(self, retry_for: float) -> None:
+        self.retry_for = retry_for
+        self.attempt = 0
+        self.start = 0.0
+
+    def next_delay(self) -> float | None:
+        """The sleep before the next try, or None when the budget is spent."""
+        now = time.monotonic()
+        if self.attempt == 0:
+            self.start = now
+        self.attempt += 1
+        if now - self.start >= self.retry_for:
+            return None
+        return _backoff(self.attempt)
 
 
 class SyncClient(Protocol):
@@ -64,9 +112,16 @@ def default_url() -> str:
 
 def _client_options() -> dict[str, Any]:
     # No blind replays: redis-py would resend a command whose reply was lost, which can
-    # double-apply a non-idempotent verb (a log line) or misreport a settle. Reconnecting
-    # happens on the next call, and the worker retries with backoff where it is safe.
-    return {"retry": Retry(NoBackoff(), 0), "socket_keepalive": True, "health_check_interval": 30}
+    # double-apply a non-idempotent verb (a log line) or misreport a settle. The executor
+    # replays only calls that are safe to send twice. A socket timeout well above any blocking
+    # wait (the worker's BLPOP is one beat) turns a silently dead peer into an error.
+    return {
+        "retry": Retry(NoBackoff(), 0),
+        "socket_keepalive": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": 30,
+        "health_check_interval": 30,
+    }
 
 
 def cluster_url(url: str) -> str | None:
@@ -120,6 +175,8 @@ def _check_bytes_client(client: Any) -> None:
 
 
 def _mapped(exc: ResponseError) -> Exception:
+    if isinstance(exc, TRANSIENT):
+        return exc
     err = from_reply(str(exc))
     return err if err is not None else exc
 
@@ -184,10 +241,13 @@ class _Fence:
 class SyncExecutor:
     """Runs calls on a synchronous redis-py client."""
 
-    def __init__(self, client: SyncClient, *, owned: bool = False) -> None:
+    def __init__(
+        self, client: SyncClient, *, owned: bool = False, retry_for: float = DEFAULT_RETRY_FOR
+    ) -> None:
         _check_bytes_client(client)
         self.client = client
         self.owned = owned
+        self.retry_for = retry_for
         self._fence = _Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         self._install_hook()
@@ -230,6 +290,18 @@ class SyncExecutor:
 
     # -- running calls
     def call(self, call: Call[T]) -> T:
+        """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s."""
+        budget = _Budget(self.retry_for)
+        while True:
+            try:
+                return self._call_once(call)
+            except TRANSIENT:
+                delay = budget.next_delay() if call.replay else None
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    def _call_once(self, call: Call[T]) -> T:
         if self._fence.pending:
             self.fence()
         client = self.client
@@ -265,13 +337,26 @@ class SyncExecutor:
         return list(pipe.execute(raise_on_error=False))
 
     def run(self, work: Call[T] | Plan[T]) -> T:
-        """Run one call, or drive a plan to its result."""
+        """Run one call, or drive a plan to its result. A plan step whose reply was lost is
+        answered by throwing ``Replay`` into the plan, which resends it only if it is safe."""
         if isinstance(work, Call):
             return self.call(work)
+        budget = _Budget(self.retry_for)
         try:
             step = next(work)
             while True:
-                result = self.pipeline(step) if isinstance(step, list) else self.call(step)
+                try:
+                    result = self.pipeline(step) if isinstance(step, list) else self.call(step)
+                except TRANSIENT as exc:
+                    delay = budget.next_delay()
+                    if delay is None:
+                        raise
+                    time.sleep(delay)
+                    try:
+                        step = work.throw(Replay(exc))
+                    except Replay:
+                        raise exc from None
+                    continue
                 step = work.send(result)
         except StopIteration as stop:
             return cast(T, stop.value)
@@ -284,10 +369,13 @@ class SyncExecutor:
 class AsyncExecutor:
     """Runs calls on an asyncio redis-py client; the twin of :class:`SyncExecutor`."""
 
-    def __init__(self, client: AsyncClient, *, owned: bool = False) -> None:
+    def __init__(
+        self, client: AsyncClient, *, owned: bool = False, retry_for: float = DEFAULT_RETRY_FOR
+    ) -> None:
         _check_bytes_client(client)
         self.client = client
         self.owned = owned
+        self.retry_for = retry_for
         self._fence = _Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         self._install_hook()
@@ -319,6 +407,18 @@ class AsyncExecutor:
         self._fence.pending = False
 
     async def call(self, call: Call[T]) -> T:
+        """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s."""
+        budget = _Budget(self.retry_for)
+        while True:
+            try:
+                return await self._call_once(call)
+            except TRANSIENT:
+                delay = budget.next_delay() if call.replay else None
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def _call_once(self, call: Call[T]) -> T:
         if self._fence.pending:
             await self.fence()
         client = self.client
@@ -355,10 +455,24 @@ class AsyncExecutor:
     async def run(self, work: Call[T] | Plan[T]) -> T:
         if isinstance(work, Call):
             return await self.call(work)
+        budget = _Budget(self.retry_for)
         try:
             step = next(work)
             while True:
-                result = await (self.pipeline(step) if isinstance(step, list) else self.call(step))
+                try:
+                    result = await (
+                        self.pipeline(step) if isinstance(step, list) else self.call(step)
+                    )
+                except TRANSIENT as exc:
+                    delay = budget.next_delay()
+                    if delay is None:
+                        raise
+                    await asyncio.sleep(delay)
+                    try:
+                        step = work.throw(Replay(exc))
+                    except Replay:
+                        raise exc from None
+                    continue
                 step = work.send(result)
         except StopIteration as stop:
             return cast(T, stop.value)

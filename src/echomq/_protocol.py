@@ -33,6 +33,7 @@ __all__ = [
     "Job",
     "Keys",
     "Plan",
+    "Replay",
     "Settled",
 ]
 
@@ -55,12 +56,36 @@ Arg = Union[str, bytes, int]  # noqa: UP007 - a runtime alias on 3.10
 class Call(Generic[T]):
     """One round trip: ``script`` with ``keys`` and ``args``, or the command ``args`` when
     ``script`` is None; ``decode`` turns the reply into the verb's result (and raises the
-    typed error a sentinel reply means)."""
+    typed error a sentinel reply means). ``replay`` says the call may be sent again when its
+    reply was lost: applying it twice is the same as once, or only delays work."""
 
     script: Script | None
     keys: tuple[str, ...]
     args: tuple[Arg, ...]
     decode: Callable[[Any], T]
+    replay: bool = False
+
+
+class Replay(Exception):
+    """Thrown into a plan by the executor when a call's reply was lost: the plan may catch it
+    and yield the call again (it knows whether that is safe), or let it propagate."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+# Scripts whose lost reply may be answered by sending them again. A claim sent twice leases a
+# job nobody sees until its lease lapses (at-least-once holds); extends, sweeps, pauses and
+# reads are idempotent. Settles (complete, retry, delay, settle), remove, reprocess,
+# reassign and add_log are not here: a replay could misreport or double-apply them.
+_REPLAY_SAFE = frozenset(
+    {
+        "claim", "claim_batch", "extend", "extend_many", "promote", "reap", "sweep_stalled",
+        "update_progress", "logs", "job_state", "counts", "check", "pause", "resume",
+        "pause_lane", "resume_lane", "limit_lane", "weight_lane",
+    }
+)  # fmt: skip
 
 
 # A multi-call verb: yields a Call (receives its decoded result) or a list of Calls to
@@ -239,11 +264,12 @@ def _str_list(reply: Iterable[bytes | str]) -> list[str]:
 def _call(
     name: str, keys: tuple[str, ...], args: tuple[Arg, ...], decode: Callable[[Any], T]
 ) -> Call[T]:
-    return Call(SCRIPTS[name], keys, args, decode)
+    return Call(SCRIPTS[name], keys, args, decode, name in _REPLAY_SAFE)
 
 
 def _cmd(args: tuple[Arg, ...], decode: Callable[[Any], T]) -> Call[T]:
-    return Call(None, (), args, decode)
+    # Every plain command here is a read: always safe to send again.
+    return Call(None, (), args, decode, True)
 
 
 # --------------------------------------------------------------------------- producer verbs
@@ -265,14 +291,25 @@ def enqueue(
     jid = ids.mint() if id is None else keyspace.check_id(id)
 
     for _ in range(_REMINT_TRIES):
-        status = yield _call(
-            "enqueue", (k.job(jid), k.meta), (k.base, jid, data, g, mode, value), _s
-        )
-        # A minted id that already exists is a collision with another process's minter, not
-        # a retried producer: mint again rather than report a duplicate of someone else's job.
-        if not (minted and status == "duplicate"):
-            return Enqueued(jid, status)
-        jid = ids.mint()
+        call = _call("enqueue", (k.job(jid), k.meta), (k.base, jid, data, g, mode, value), _s)
+        replayed = False
+        while True:
+            try:
+                status = yield call
+                break
+            except Replay:
+                # The reply was lost: the enqueue may or may not have landed. Sending the same
+                # id again is idempotent, so replay it.
+                replayed = True
+        if minted and status == "duplicate":
+            if replayed:
+                # Our own first attempt landed before its reply was lost.
+                return Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
+            # A minted id that already exists is a collision with another process's minter,
+            # not a retried producer: mint again rather than report someone else's job.
+            jid = ids.mint()
+            continue
+        return Enqueued(jid, status)
     raise EchoMQError("could not mint a fresh job id")  # pragma: no cover - 8 collisions in a row
 
 
@@ -320,6 +357,7 @@ def enqueue_many(
             jobs.append((ids.mint(), _payload(item, k.max_payload), True))
     results: list[Enqueued | EchoMQError | None] = [None] * len(jobs)
     todo = list(range(len(jobs)))
+    replayed = False
     for _ in range(_REMINT_TRIES):
         if not todo:
             break
@@ -330,7 +368,14 @@ def enqueue_many(
             )
             for span in spans
         ]
-        replies = yield calls
+        while True:
+            try:
+                replies = yield calls
+                break
+            except Replay:
+                # Lost replies: resend the same ids (idempotent); a minted id answered
+                # "duplicate" on a replay is one of ours that landed the first time.
+                replayed = True
         retry: list[int] = []
         for span, reply in zip(spans, replies, strict=True):
             if isinstance(reply, BaseException):
@@ -339,6 +384,8 @@ def enqueue_many(
                 jid, data, minted = jobs[i]
                 if verdict == "kind":
                     results[i] = KindError("EMQKIND job id must be JOB-namespaced")
+                elif verdict == "duplicate" and minted and replayed:
+                    results[i] = Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
                 elif verdict == "duplicate" and minted:
                     # A minted id collided with another process's: mint again (see enqueue).
                     jobs[i] = (ids.mint(), data, True)

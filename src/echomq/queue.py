@@ -12,6 +12,7 @@ from types import TracebackType
 
 from echomq import _protocol as _p
 from echomq._executor import (
+    DEFAULT_RETRY_FOR,
     AsyncClient,
     AsyncExecutor,
     SyncClient,
@@ -34,6 +35,9 @@ class Queue:
         client: a ``redis.Redis`` or ``RedisCluster`` (bytes replies); not closed by ``close``.
         max_payload: the largest payload in bytes (default 16 MiB); larger raises
             ``PayloadTooLarge`` before any write.
+        retry_for: seconds a call may ride out a lost connection (a restart, a failover):
+            calls that are safe to send twice are resent with backoff, an enqueue resends its
+            own id; settles, remove, reprocess and add_log are never resent.
     """
 
     def __init__(
@@ -43,12 +47,15 @@ class Queue:
         url: str | None = None,
         client: SyncClient | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
             raise InvalidArgument("pass url or client, not both")
         owned = client is None
-        self._x = SyncExecutor(client if client is not None else sync_client(url), owned=owned)
+        self._x = SyncExecutor(
+            client if client is not None else sync_client(url), owned=owned, retry_for=retry_for
+        )
 
     @property
     def name(self) -> str:
@@ -264,12 +271,15 @@ class AsyncQueue:
         url: str | None = None,
         client: AsyncClient | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
             raise InvalidArgument("pass url or client, not both")
         owned = client is None
-        self._x = AsyncExecutor(client if client is not None else async_client(url), owned=owned)
+        self._x = AsyncExecutor(
+            client if client is not None else async_client(url), owned=owned, retry_for=retry_for
+        )
 
     @property
     def name(self) -> str:

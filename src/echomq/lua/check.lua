@@ -32,9 +32,11 @@ local function members(key, place, expect, lane, zero_scores)
     else
       where[id] = place
     end
-    local row = rcall('HMGET', base .. 'job:' .. id, 'state', 'group', 'attempts')
+    local row = hmget(base .. 'job:' .. id, 'state', 'group', 'attempts')
     if rcall('EXISTS', base .. 'job:' .. id) == 0 then
       bad(id .. ' in ' .. place .. ' has no row (ghost)')
+    elseif not row then
+      bad(id .. ' in ' .. place .. ' has a row that is not a hash')
     else
       if row[1] ~= expect then
         bad(id .. ' in ' .. place .. ' has state ' .. tostring(row[1]) .. ', not ' .. expect)
@@ -105,7 +107,11 @@ end
 local job_prefix = base .. 'job:'
 scan_keys(job_prefix .. '*', function(key)
   local id = string.sub(key, #job_prefix + 1)
-  if #id ~= 14 or rcall('TYPE', key)['ok'] ~= 'hash' then return end
+  if #id ~= 14 then return end
+  if rcall('TYPE', key)['ok'] ~= 'hash' then
+    bad(id .. ' has a row key that is not a hash')
+    return
+  end
   local row = rcall('HMGET', key, 'state', 'attempts', 'lease_epoch')
   if not STATES[row[1] or ''] then bad(id .. ' has unknown state ' .. tostring(row[1])) end
   if not row[2] or not string.match(row[2], '^%d+$') then

@@ -6,7 +6,8 @@
 ]]
 local rcall = redis.call
 local base, id = ARGV[1], ARGV[2]
-local row = rcall('HMGET', KEYS[1], 'state', 'group')
+local row = redis.pcall('HMGET', KEYS[1], 'state', 'group')
+if type(row) ~= 'table' or row.err then row = {} end
 if rcall('ZSCORE', base .. 'pending', id) then return 'pending' end
 if row[2] and rcall('ZSCORE', base .. 'g:' .. row[2] .. ':pending', id) then return 'pending' end
 if rcall('ZSCORE', base .. 'active', id) then return 'active' end

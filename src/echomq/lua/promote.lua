@@ -12,7 +12,7 @@ local moved = 0
 for _, id in ipairs(due) do
   rcall('ZREM', KEYS[1], id)
   local jk = base .. 'job:' .. id
-  local row = rcall('HMGET', jk, 'state', 'group')
+  local row = hmget(jk, 'state', 'group') or {}
   -- A ghost (no row) is dropped from the set and never resurrected.
   if row[1] then
     park(base, id, jk, row[2])

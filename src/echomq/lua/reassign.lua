@@ -8,8 +8,8 @@
 --@include common
 local base, id, dst = ARGV[1], ARGV[2], ARGV[3]
 local jk = KEYS[1]
-local row = rcall('HMGET', jk, 'state', 'group')
-if not row[1] then return 0 end
+local row = hmget(jk, 'state', 'group')
+if not row or not row[1] then return 0 end
 local src = row[2]
 if src == dst then return 'noop' end
 if row[1] == 'scheduled' then

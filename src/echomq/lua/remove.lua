@@ -8,7 +8,7 @@
 --@include common
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
-local row = rcall('HMGET', jk, 'state', 'group')
+local row = hmget(jk, 'state', 'group') or {}
 if rcall('EXISTS', jk) == 0 then return 0 end
 if rcall('EXISTS', jk .. ':lock') == 1 then return redis.error_reply('EMQLOCK job is locked') end
 local g = row[2]

@@ -9,8 +9,10 @@
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
 if rcall('EXISTS', jk) == 0 then return 0 end
+local row = hmget(jk, 'group')
+if not row then return redis.error_reply('EMQSTATE not a job row') end
 if rcall('ZREM', KEYS[2], id) == 0 then return redis.error_reply('EMQSTATE not dead') end
-local g = rcall('HGET', jk, 'group')
+local g = row[1]
 rcall('HDEL', jk, 'last_error')
 park(base, id, jk, g)
 touch(base, g, 1)

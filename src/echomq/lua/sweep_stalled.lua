@@ -17,7 +17,7 @@ local recovered, died = {}, {}
 for _, id in ipairs(lapsed) do
   rcall('ZREM', KEYS[1], id)
   local jk = base .. 'job:' .. id
-  local row = rcall('HMGET', jk, 'state', 'group')
+  local row = hmget(jk, 'state', 'group') or {}
   local g = row[2]
   if g then
     if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end

@@ -11,6 +11,14 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- HMGET that answers nil for a key that is not a hash (planted or corrupted), so one bad key
+-- never fails a script, nor the whole worker batch that script call carries.
+local function hmget(key, ...)
+  local row = redis.pcall('HMGET', key, ...)
+  if type(row) ~= 'table' or row.err then return nil end
+  return row
+end
+
 -- Push n wake tokens (at most 64 kept) for consumers parked on BLPOP emq:{q}:wake.
 local function wake(base, n)
   if n <= 0 then return end

@@ -9,8 +9,8 @@
 -- promote, delay(0) or reprocess, and each lease generation settles at most once (D13).
 -- Returns row {attempts, state, group}, or nil with an error text (nil, nil = gone).
 local function fence(jk, token, verb)
-  local row = rcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch')
-  if not row[1] then return nil, nil end
+  local row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch')
+  if not row or not row[1] then return nil, nil end
   -- A never-claimed job holds attempts "0": no caller can own it, so "0" is never a token.
   if row[1] ~= token or token == '0' then
     return nil, 'EMQSTALE ' .. verb .. ' token mismatch'

@@ -41,9 +41,10 @@ local function complete_many(base, args, i, count)
     local id = args[i]
     local jk = base .. 'job:' .. id
     local row, err = nil, nil
-    -- The DELs come at the end: an id named twice is gone by its second mention.
+    -- The DELs come at the end: an id named twice is gone by its second mention once the
+    -- first completed it; a refused mention changed nothing, so the next one is fenced anew.
     if not seen[id] then row, err = fence(jk, args[i + 1], 'complete') end
-    seen[id] = true
+    if row then seen[id] = true end
     if err then
       verdicts[#verdicts + 1] = err
     elseif not row then
