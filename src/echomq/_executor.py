@@ -14,6 +14,7 @@ before the next call.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger("echomq")
 
 # Errors after which the server is worth asking again: the connection dropped or timed out,
 # the server is loading its data, or a cluster is failing over. Only calls marked
@@ -199,6 +201,25 @@ def _script_args(call: Call[Any], use_eval: bool) -> tuple[Any, ...]:
     return (*head, len(call.keys), *call.keys, *call.args)
 
 
+def _warn_eviction(reply: Any) -> None:
+    """Warn (once per executor) when the server may evict keys: a queue whose rows or sets
+    are evicted loses jobs silently. echomq requires maxmemory-policy noeviction."""
+    if isinstance(reply, dict):
+        values = list(reply.values())
+    elif isinstance(reply, (list, tuple)):
+        values = list(reply[1::2])
+    else:
+        return
+    texts = [_version_text(v) for v in values]
+    bad = [t for t in texts if t and t != "noeviction"]
+    if bad:
+        log.warning(
+            "the server's maxmemory-policy is %s: under memory pressure it may evict queue "
+            "keys and lose jobs; echomq requires maxmemory-policy noeviction",
+            ", ".join(sorted(set(bad))),
+        )
+
+
 def _fence_value(found: str | None) -> None:
     if found != WIRE_VERSION:
         raise VersionFenceError(str(found), WIRE_VERSION)
@@ -233,6 +254,7 @@ class _Fence:
 
     def __init__(self) -> None:
         self.pending = True
+        self.checked = False  # the server's eviction policy was looked at
 
     def mark(self) -> None:
         self.pending = True
@@ -286,6 +308,13 @@ class SyncExecutor:
             self.client.execute_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
             found = self.client.execute_command("GET", VERSION_KEY)
         _fence_value(_version_text(found))
+        if not self._fence.checked:
+            self._fence.checked = True
+            try:
+                policy = self.client.execute_command("CONFIG", "GET", "maxmemory-policy")
+            except redis.exceptions.RedisError:  # CONFIG may be denied (ACL) or renamed
+                policy = None
+            _warn_eviction(policy)
         self._fence.pending = False
 
     # -- running calls
@@ -404,6 +433,13 @@ class AsyncExecutor:
             await self.client.execute_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
             found = await self.client.execute_command("GET", VERSION_KEY)
         _fence_value(_version_text(found))
+        if not self._fence.checked:
+            self._fence.checked = True
+            try:
+                policy = await self.client.execute_command("CONFIG", "GET", "maxmemory-policy")
+            except redis.exceptions.RedisError:
+                policy = None
+            _warn_eviction(policy)
         self._fence.pending = False
 
     async def call(self, call: Call[T]) -> T:
