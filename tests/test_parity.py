@@ -111,7 +111,15 @@ def test_lifecycle() -> None:
     inits = [inspect.signature(cls.__init__) for cls in (echomq.Queue, echomq.AsyncQueue)]
     sync, asyn = ([(n, p.kind, p.default) for n, p in s.parameters.items()] for s in inits)
     assert sync == asyn
-    assert [n for n, _, _ in sync] == ["self", "name", "url", "client", "max_payload", "retry_for"]
+    assert [n for n, _, _ in sync] == [
+        "self",
+        "name",
+        "url",
+        "client",
+        "max_payload",
+        "retry_for",
+        "durable",
+    ]
 
 
 POS = inspect.Parameter.POSITIONAL_OR_KEYWORD

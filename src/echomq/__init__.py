@@ -12,6 +12,7 @@ from echomq._protocol import WIRE_VERSION, Enqueued, Job
 from echomq.app import App, Discard, JobContext, Retry, Task, current_job
 from echomq.backoff import exponential, fixed, jitter
 from echomq.errors import (
+    DurabilityError,
     EchoMQError,
     InvalidArgument,
     InvalidId,
@@ -35,6 +36,7 @@ __all__ = [
     "App",
     "AsyncQueue",
     "Discard",
+    "DurabilityError",
     "EchoMQError",
     "Enqueued",
     "InvalidArgument",

@@ -38,7 +38,13 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from echomq._protocol import WIRE_VERSION, Call, Plan, Replay
-from echomq.errors import EchoMQError, InvalidArgument, VersionFenceError, from_reply
+from echomq.errors import (
+    DurabilityError,
+    EchoMQError,
+    InvalidArgument,
+    VersionFenceError,
+    from_reply,
+)
 from echomq.keyspace import VERSION_KEY
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "async_client",
     "cluster_url",
     "default_url",
+    "parse_url",
     "sync_client",
 ]
 
@@ -62,6 +69,7 @@ TRANSIENT = (
     ClusterDownError,
     TryAgainError,
     ReadOnlyError,
+    redis.exceptions.RedisClusterException,  # "cannot be connected": every known node is down
 )
 DEFAULT_RETRY_FOR = 10.0
 
@@ -126,41 +134,75 @@ def _client_options() -> dict[str, Any]:
     }
 
 
-def cluster_url(url: str) -> str | None:
-    """The plain URL when ``url`` selects cluster mode, else None.
+_TRUE = ("1", "true", "yes", "on")
 
-    Cluster mode is selected by the scheme ``redis+cluster://`` (``rediss+cluster://`` for
-    TLS) or by the query option ``cluster=true``; the host is any node of the cluster.
+
+def parse_url(url: str) -> tuple[str, bool, int]:
+    """Split echomq's own options off a server URL: ``(plain_url, cluster, durable)``.
+
+    - cluster mode: the scheme ``redis+cluster://`` (``rediss+cluster://`` for TLS) or the
+      query option ``cluster=true``; the host is any node of the cluster;
+    - durable mode: ``durable=true`` (one replica) or ``durable=N`` (N replicas) — every write
+      waits for N replica acknowledgements (see :class:`SyncExecutor`).
     """
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    flag = [v for k, v in query if k == "cluster"]
+    options = {k: v.lower() for k, v in query if k in ("cluster", "durable")}
     scheme = parts.scheme
+    cluster = options.get("cluster", "") in _TRUE
     if scheme.endswith("+cluster"):
-        scheme = scheme[: -len("+cluster")]
-    elif not (flag and flag[-1].lower() in ("1", "true", "yes")):
-        return None
-    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
-    return urlunsplit((scheme, parts.netloc, parts.path, rest, parts.fragment))
+        scheme, cluster = scheme[: -len("+cluster")], True
+    flag = options.get("durable", "0")
+    durable = 1 if flag in _TRUE else int(flag) if flag.isdigit() else 0
+    rest = urlencode([(k, v) for k, v in query if k not in ("cluster", "durable")])
+    return urlunsplit((scheme, parts.netloc, parts.path, rest, parts.fragment)), cluster, durable
+
+
+def cluster_url(url: str) -> str | None:
+    """The plain URL when ``url`` selects cluster mode, else None (see :func:`parse_url`)."""
+    plain, cluster, _ = parse_url(url)
+    return plain if cluster else None
 
 
 def sync_client(url: str | None = None) -> redis.Redis | RedisCluster:
     """A client for ``url`` (default :func:`default_url`), bytes in and out: ``redis.Redis``,
-    or ``RedisCluster`` when the URL selects cluster mode (see :func:`cluster_url`)."""
-    url = url or default_url()
-    plain = cluster_url(url)
-    if plain is not None:
+    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`)."""
+    plain, cluster, _ = parse_url(url or default_url())
+    if cluster:
         return RedisCluster.from_url(plain, **_client_options())
-    return redis.Redis.from_url(url, **_client_options())
+    return redis.Redis.from_url(plain, **_client_options())
 
 
 def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisCluster:
     """The asyncio twin of :func:`sync_client`."""
-    url = url or default_url()
-    plain = cluster_url(url)
-    if plain is not None:
+    plain, cluster, _ = parse_url(url or default_url())
+    if cluster:
         return AsyncRedisCluster.from_url(plain, **_client_options())
-    return redis.asyncio.Redis.from_url(url, **_client_options())
+    return redis.asyncio.Redis.from_url(plain, **_client_options())
+
+
+# Scripts that only read: never waited on in durable mode.
+_READ_ONLY = frozenset({"counts", "check", "job_state", "logs"})
+
+
+def _is_write(call: Call[Any]) -> bool:
+    return call.script is not None and call.script.name not in _READ_ONLY
+
+
+def _durable_waits(pipe: Any, durable: int, timeout_ms: int, aof: bool) -> None:
+    pipe.execute_command("WAIT", durable, timeout_ms)
+    if aof:
+        pipe.execute_command("WAITAOF", 0, durable, timeout_ms)
+
+
+def _check_acks(replies: Sequence[Any], durable: int) -> None:
+    """WAIT answers the replicas that acknowledged; WAITAOF [local, replicas] that fsynced."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+        acked = int(reply[1]) if isinstance(reply, (list, tuple)) else int(reply)
+        if acked < durable:
+            raise DurabilityError(acked, durable)
 
 
 def _check_bytes_client(client: Any) -> None:
@@ -264,12 +306,25 @@ class SyncExecutor:
     """Runs calls on a synchronous redis-py client."""
 
     def __init__(
-        self, client: SyncClient, *, owned: bool = False, retry_for: float = DEFAULT_RETRY_FOR
+        self,
+        client: SyncClient,
+        *,
+        owned: bool = False,
+        retry_for: float = DEFAULT_RETRY_FOR,
+        durable: int = 0,
+        durable_timeout_ms: int = 2000,
+        durable_aof: bool = False,
     ) -> None:
         _check_bytes_client(client)
         self.client = client
         self.owned = owned
         self.retry_for = retry_for
+        # Durable mode: every write waits for `durable` replica acknowledgements (WAIT, and
+        # WAITAOF with durable_aof) on the connection that made it, so an acknowledged
+        # enqueue or settle survives the loss of the primary.
+        self.durable = durable
+        self.durable_timeout_ms = durable_timeout_ms
+        self.durable_aof = durable_aof
         self._fence = _Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         self._install_hook()
@@ -312,8 +367,8 @@ class SyncExecutor:
             self._fence.checked = True
             try:
                 policy = self.client.execute_command("CONFIG", "GET", "maxmemory-policy")
-            except redis.exceptions.RedisError:  # CONFIG may be denied (ACL) or renamed
-                policy = None
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                policy = None  # CONFIG may be denied (ACL), renamed, or not routable
             _warn_eviction(policy)
         self._fence.pending = False
 
@@ -336,6 +391,8 @@ class SyncExecutor:
         client = self.client
         if call.script is None:
             return call.decode(client.execute_command(*call.args))
+        if self.durable and _is_write(call):
+            return call.decode(self._durable_once(call))
         try:
             reply = client.execute_command(*_script_args(call, False))
         except NoScriptError:
@@ -347,10 +404,39 @@ class SyncExecutor:
             raise _mapped(exc) from None
         return call.decode(reply)
 
+    def _durable_once(self, call: Call[Any]) -> Any:
+        """The script and its WAIT in one pipeline on one connection (WAIT counts only the
+        writes of its own connection); on a cluster, on the node that owns the slot."""
+        for _ in range(5):
+            target = self.client
+            if self._cluster:
+                node = self.client.get_node_from_key(call.keys[0])  # type: ignore[attr-defined]
+                target = self.client.get_redis_connection(node)  # type: ignore[attr-defined]
+            replies: list[Any] = []
+            for use_eval in (False, True):
+                pipe = target.pipeline(transaction=False)
+                pipe.execute_command(*_script_args(call, use_eval))
+                _durable_waits(pipe, self.durable, self.durable_timeout_ms, self.durable_aof)
+                replies = list(pipe.execute(raise_on_error=False))
+                if not isinstance(replies[0], NoScriptError):
+                    break
+            if isinstance(replies[0], AskError):
+                # The slot moved (a failover): the script did not run; learn the new map.
+                self.client.nodes_manager.initialize()  # type: ignore[attr-defined]
+                continue
+            if isinstance(replies[0], ResponseError):
+                raise _mapped(replies[0])
+            _check_acks(replies[1:], self.durable)
+            return replies[0]
+        raise TryAgainError("the queue's slot kept moving")
+
     def pipeline(self, calls: Sequence[Call[Any]]) -> list[Any]:
         """Run calls in one round trip; each result is decoded or is the exception it raised."""
         if self._fence.pending:
             self.fence()
+        if self.durable and any(_is_write(c) for c in calls):
+            # Durable: one call at a time, each with its acknowledgement.
+            return [self._durable_decode(c) for c in calls]
         replies = self._send(calls, use_eval=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
@@ -358,6 +444,12 @@ class SyncExecutor:
             for i, r in zip(missing, again, strict=True):
                 replies[i] = r
         return [_decode_one(c, r) for c, r in zip(calls, replies, strict=True)]
+
+    def _durable_decode(self, call: Call[Any]) -> Any:
+        try:
+            return self._call_once(call)
+        except EchoMQError as exc:
+            return exc
 
     def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -399,12 +491,23 @@ class AsyncExecutor:
     """Runs calls on an asyncio redis-py client; the twin of :class:`SyncExecutor`."""
 
     def __init__(
-        self, client: AsyncClient, *, owned: bool = False, retry_for: float = DEFAULT_RETRY_FOR
+        self,
+        client: AsyncClient,
+        *,
+        owned: bool = False,
+        retry_for: float = DEFAULT_RETRY_FOR,
+        durable: int = 0,
+        durable_timeout_ms: int = 2000,
+        durable_aof: bool = False,
     ) -> None:
         _check_bytes_client(client)
         self.client = client
         self.owned = owned
         self.retry_for = retry_for
+        self.durable = durable
+        self.durable_timeout_ms = durable_timeout_ms
+        self.durable_aof = durable_aof
+        self._node_clients: dict[str, Any] = {}
         self._fence = _Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         self._install_hook()
@@ -437,8 +540,8 @@ class AsyncExecutor:
             self._fence.checked = True
             try:
                 policy = await self.client.execute_command("CONFIG", "GET", "maxmemory-policy")
-            except redis.exceptions.RedisError:
-                policy = None
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                policy = None  # CONFIG may be denied (ACL), renamed, or not routable
             _warn_eviction(policy)
         self._fence.pending = False
 
@@ -460,6 +563,8 @@ class AsyncExecutor:
         client = self.client
         if call.script is None:
             return call.decode(await client.execute_command(*call.args))
+        if self.durable and _is_write(call):
+            return call.decode(await self._durable_once(call))
         try:
             reply = await client.execute_command(*_script_args(call, False))
         except NoScriptError:
@@ -471,9 +576,49 @@ class AsyncExecutor:
             raise _mapped(exc) from None
         return call.decode(reply)
 
+    def _node_client(self, key: str) -> Any:
+        """A plain client of the cluster node that owns ``key`` (asyncio cluster nodes have no
+        client of their own, and WAIT needs the connection that made the write)."""
+        node = self.client.get_node_from_key(key)  # type: ignore[attr-defined]
+        found = self._node_clients.get(node.name)
+        if found is None:
+            kwargs = dict(node.connection_kwargs)
+            kwargs.pop("redis_connect_func", None)
+            pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, **kwargs)
+            found = self._node_clients[node.name] = redis.asyncio.Redis(connection_pool=pool)
+        return found
+
+    async def _durable_once(self, call: Call[Any]) -> Any:
+        for _ in range(5):
+            target = self._node_client(call.keys[0]) if self._cluster else self.client
+            replies: list[Any] = []
+            for use_eval in (False, True):
+                pipe = target.pipeline(transaction=False)
+                pipe.execute_command(*_script_args(call, use_eval))
+                _durable_waits(pipe, self.durable, self.durable_timeout_ms, self.durable_aof)
+                replies = list(await pipe.execute(raise_on_error=False))
+                if not isinstance(replies[0], NoScriptError):
+                    break
+            if isinstance(replies[0], AskError):
+                await self.client.nodes_manager.initialize()  # type: ignore[attr-defined]
+                continue
+            if isinstance(replies[0], ResponseError):
+                raise _mapped(replies[0])
+            _check_acks(replies[1:], self.durable)
+            return replies[0]
+        raise TryAgainError("the queue's slot kept moving")
+
+    async def _durable_decode(self, call: Call[Any]) -> Any:
+        try:
+            return await self._call_once(call)
+        except EchoMQError as exc:
+            return exc
+
     async def pipeline(self, calls: Sequence[Call[Any]]) -> list[Any]:
         if self._fence.pending:
             await self.fence()
+        if self.durable and any(_is_write(c) for c in calls):
+            return [await self._durable_decode(c) for c in calls]
         replies = await self._send(calls, use_eval=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
@@ -514,6 +659,9 @@ class AsyncExecutor:
             return cast(T, stop.value)
 
     async def close(self) -> None:
+        for node_client in self._node_clients.values():
+            await node_client.aclose()
+        self._node_clients.clear()
         if self.owned:
             await cast(Any, self.client).aclose()
 

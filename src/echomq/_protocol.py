@@ -231,6 +231,13 @@ def _s(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def _iterable(name: str, value: object) -> Iterable[Any]:
+    """An iterable argument; anything else is InvalidArgument (not a bare TypeError)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{name} must be an iterable, got {type(value).__name__}")
+    return value
+
+
 # --------------------------------------------------------------------------- decoders
 
 
@@ -348,7 +355,7 @@ def enqueue_many(
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
-    for item in items:
+    for item in _iterable("items", items):
         if isinstance(item, tuple):
             if len(item) != 2:
                 raise InvalidArgument(f"an (id, payload) item has 2 parts, got {len(item)}")
@@ -455,7 +462,7 @@ def extend(k: Keys, id: str, token: int, lease_ms: int) -> Call[None]:
 
 def extend_many(k: Keys, pairs: Iterable[tuple[str, int]], lease_ms: int) -> Plan[list[str]]:
     args: list[Arg] = [k.base, _lease(lease_ms)]
-    for pair in pairs:
+    for pair in _iterable("pairs", pairs):
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise InvalidArgument(f"extend_many takes (id, token) pairs, got {pair!r}")
         args += (keyspace.check_id(pair[0]), _token(pair[1]))
@@ -491,14 +498,14 @@ def settle(
     """
     done: list[str] = []
     args: list[Arg] = [k.base, _lease(lease_ms), _int("n", n, 0, 1_000_000), 0]
-    for pair in completed:
+    for pair in _iterable("completed", completed):
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise InvalidArgument(f"completed takes (id, token) pairs, got {pair!r}")
         done.append(keyspace.check_id(pair[0]))
         args += (pair[0], _token(pair[1]))
     args[3] = len(done)
     again: list[str] = []
-    for item in retried:
+    for item in _iterable("retried", retried):
         if not isinstance(item, tuple) or len(item) != 5:
             raise InvalidArgument(
                 f"retried takes (id, token, delay_ms, max_attempts, error), got {item!r}"

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from echomq import keyspace
-from echomq._executor import AsyncClient, SyncClient, async_client, sync_client
-from echomq._protocol import Enqueued
+from echomq._executor import AsyncClient, SyncClient, async_client, parse_url, sync_client
+from echomq._protocol import MAX_INT, MAX_MS, Enqueued
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
 from echomq.errors import EchoMQError, InvalidArgument
 from echomq.queue import AsyncQueue, Queue
@@ -106,10 +106,16 @@ class Task(Generic[P, R]):
         self.fn = fn
         self.name = name
         self.queue = keyspace.check_queue(queue)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        # Upper bounds too: the worker sends both in every settle call, and a value the
+        # protocol refuses there would fail the whole batch, every turn.
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 100:
+        if not 1 <= max_attempts <= MAX_INT:
+            raise InvalidArgument(f"max_attempts must be in [1, {MAX_INT}], got {max_attempts}")
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int):
             raise InvalidArgument(f"lease_ms must be an int >= 100, got {lease_ms!r}")
+        if not 100 <= lease_ms <= MAX_MS:
+            raise InvalidArgument(f"lease_ms must be in [100, {MAX_MS}], got {lease_ms}")
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise InvalidArgument(f"timeout must be positive seconds, got {timeout!r}")
         self.max_attempts = max_attempts
@@ -198,6 +204,8 @@ class App:
         client: a ready sync client instead of a URL (not closed by the app).
         serializer: "json" (default), "msgpack", or an object with dumps/loads.
         max_payload: the largest payload in bytes (default 16 MiB).
+        durable: replicas that must acknowledge every write (default: the URL's
+            ``durable=`` option, else 0); see :class:`~echomq.Queue`.
     """
 
     def __init__(
@@ -207,12 +215,14 @@ class App:
         client: SyncClient | None = None,
         serializer: str | Serializer = "json",
         max_payload: int | None = None,
+        durable: int | None = None,
     ) -> None:
         self._url = url
         self._client = client
         self._owns_client = False
         self.serializer = resolve_serializer(serializer)
         self.max_payload = max_payload
+        self.durable = durable
         self.tasks: dict[str, Task[Any, Any]] = {}
         self._queues: dict[str, Queue] = {}
         # An asyncio client belongs to the loop that opened its connections: one per loop.
@@ -310,7 +320,12 @@ class App:
         return sorted({t.queue for t in self.tasks.values()})
 
     def _queue_kwargs(self) -> dict[str, Any]:
-        return {} if self.max_payload is None else {"max_payload": self.max_payload}
+        kwargs: dict[str, Any] = {"durable": self.durable}
+        if self.durable is None:
+            kwargs["durable"] = parse_url(self.url)[2] if self._url or not self._client else 0
+        if self.max_payload is not None:
+            kwargs["max_payload"] = self.max_payload
+        return kwargs
 
     def client(self) -> SyncClient:
         """The app's sync client (one connection pool shared by every queue)."""

@@ -13,6 +13,7 @@
     ├── Locked              EMQLOCK
     ├── RateLimited         EMQRATE
     ├── ProtocolError       an unknown EMQ* class word; carries the text
+    ├── DurabilityError     durable mode: fewer replicas acknowledged the write than asked
     └── VersionFenceError   ``{emq}:version`` holds another wire version
 
 Connection errors of the driver (``redis.ConnectionError`` ...) propagate unchanged.
@@ -21,6 +22,7 @@ Connection errors of the driver (``redis.ConnectionError`` ...) propagate unchan
 from __future__ import annotations
 
 __all__ = [
+    "DurabilityError",
     "EchoMQError",
     "InvalidArgument",
     "InvalidId",
@@ -110,6 +112,17 @@ class JobGone(EchoMQError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id} is gone")
         self.job_id = job_id
+
+
+class DurabilityError(EchoMQError):
+    """Durable mode: the write applied on the primary, but fewer replicas than required
+    acknowledged it in time. Retrying is safe for an enqueue (same id) and refused for a
+    settle whose first attempt landed (the fence answers gone or stale)."""
+
+    def __init__(self, acked: int, wanted: int) -> None:
+        super().__init__(f"{acked} of {wanted} replicas acknowledged the write")
+        self.acked = acked
+        self.wanted = wanted
 
 
 class VersionFenceError(EchoMQError):

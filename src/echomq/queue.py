@@ -18,12 +18,24 @@ from echomq._executor import (
     SyncClient,
     SyncExecutor,
     async_client,
+    default_url,
+    parse_url,
     sync_client,
 )
 from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq.errors import EchoMQError, InvalidArgument
 
 __all__ = ["AsyncQueue", "Queue"]
+
+
+def _durable(url: str | None, durable: int | bool | None) -> int:
+    if durable is None:
+        return parse_url(url or default_url())[2]
+    if isinstance(durable, bool):
+        return int(durable)
+    if not isinstance(durable, int) or durable < 0:
+        raise InvalidArgument(f"durable must be a replica count >= 0, got {durable!r}")
+    return durable
 
 
 class Queue:
@@ -38,6 +50,9 @@ class Queue:
         retry_for: seconds a call may ride out a lost connection (a restart, a failover):
             calls that are safe to send twice are resent with backoff, an enqueue resends its
             own id; settles, remove, reprocess and add_log are never resent.
+        durable: replicas that must acknowledge every write (enqueue, settle, ...) before it
+            returns (WAIT on the connection that wrote); ``DurabilityError`` when fewer do in
+            time. Default: the URL's ``durable=`` option, else 0 (off).
     """
 
     def __init__(
@@ -48,13 +63,17 @@ class Queue:
         client: SyncClient | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         retry_for: float = DEFAULT_RETRY_FOR,
+        durable: int | None = None,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
             raise InvalidArgument("pass url or client, not both")
         owned = client is None
         self._x = SyncExecutor(
-            client if client is not None else sync_client(url), owned=owned, retry_for=retry_for
+            client if client is not None else sync_client(url),
+            owned=owned,
+            retry_for=retry_for,
+            durable=_durable(url, durable),
         )
 
     @property
@@ -272,13 +291,17 @@ class AsyncQueue:
         client: AsyncClient | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         retry_for: float = DEFAULT_RETRY_FOR,
+        durable: int | None = None,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
             raise InvalidArgument("pass url or client, not both")
         owned = client is None
         self._x = AsyncExecutor(
-            client if client is not None else async_client(url), owned=owned, retry_for=retry_for
+            client if client is not None else async_client(url),
+            owned=owned,
+            retry_for=retry_for,
+            durable=_durable(url, durable),
         )
 
     @property

@@ -177,6 +177,8 @@ class EmbeddedServer:
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
         """Start the process and wait until it answers PING."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.proc is not None and self.proc.stderr:
+            self.proc.stderr.close()  # a restart: the previous process's pipe
         self.proc = subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL,
@@ -205,6 +207,8 @@ class EmbeddedServer:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM our own process and wait; SIGKILL it if it does not go."""
@@ -312,6 +316,9 @@ class EmbeddedCluster:
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", str(self.node_timeout_ms),
+                    # Replicas sync at once (the default waits 5 s for more replicas): a
+                    # replica that never synced cannot be promoted.
+                    "--repl-diskless-sync-delay", "0",
                     *self.args,
                 ],
             )  # fmt: skip
@@ -331,6 +338,8 @@ class EmbeddedCluster:
                 master = (i - self.masters) % self.masters
                 clients[i].execute_command("CLUSTER", "REPLICATE", ids[master])
             self._wait(lambda: all(_state_ok(c) for c in clients), deadline)
+            # Ready means failover-ready: every replica has synced with its primary.
+            self._wait(lambda: all(_synced(c) for c in clients[self.masters :]), deadline)
         except BaseException:
             self.stop()
             raise
@@ -376,6 +385,11 @@ def _known(client: Any) -> list[str]:
     raw = client.execute_command("CLUSTER", "NODES")
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return [line for line in text.splitlines() if line.strip() and "handshake" not in line]
+
+
+def _synced(client: Any) -> bool:
+    info = client.info("replication")
+    return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
 
 
 def _state_ok(client: Any) -> bool:

@@ -29,10 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
-
 from echomq import _protocol as _p
-from echomq._executor import AsyncExecutor, async_client
+from echomq._executor import TRANSIENT, AsyncExecutor, async_client, parse_url
 from echomq._protocol import Call, Job, Keys
 from echomq.app import Discard, JobContext, Retry, _current
 from echomq.backoff import exponential
@@ -45,7 +43,8 @@ __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("echomq.worker")
 
-_NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# Errors after which the worker backs off and tries again (the executor's transient set).
+_NETWORK_ERRORS = (*TRANSIENT, OSError)
 _MAX_ERROR_TEXT = 8192
 _DEFAULT_BACKOFF = exponential(1_000, 60_000)  # the fallback when a task's own policy fails
 
@@ -207,7 +206,8 @@ class Worker:
             self._stop_event.set()
         url = self.url or self.app.url
         self._client = async_client(url)
-        self._x = AsyncExecutor(self._client, owned=True)
+        durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
+        self._x = AsyncExecutor(self._client, owned=True, durable=durable)
         await self._x.fence()  # refuse a foreign deployment before taking any job
         self._threads = ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="echomq-job"
@@ -485,10 +485,12 @@ class Worker:
 
     def _backoff(self, task: Task[Any, Any], attempt: int, requested: Any = None) -> int:
         """The delay before the next attempt: ``requested`` (a Retry's), else the task's policy.
-        A broken policy must not strand the job unsettled in active: log it, use the default."""
+        A broken policy must not strand the job unsettled in active: log it, use the default.
+        A delay past the protocol's longest (MAX_MS, ~69 years) is that longest: refused by
+        the settle call, it would fail the whole batch, every turn."""
         try:
             delay = requested if requested is not None else task.backoff.delay_ms(attempt)
-            return max(0, int(delay))
+            return min(max(0, int(delay)), _p.MAX_MS)
         except Exception as exc:
             log.error("task %s: bad backoff delay (%r); using the default policy", task.name, exc)
             return _DEFAULT_BACKOFF.delay_ms(attempt)

@@ -24,7 +24,14 @@ for _, id in ipairs(lapsed) do
     added[g] = added[g] or 0
   end
   if row[1] then
-    if rcall('HINCRBY', jk, 'stalled', 1) >= max_stalled then
+    -- A stall count that is not an integer (planted, corrupted) restarts at this stall: an
+    -- error here would abort the sweep after the ZREM above and leave the job in no set.
+    local stalled = redis.pcall('HINCRBY', jk, 'stalled', 1)
+    if type(stalled) ~= 'number' then
+      stalled = 1
+      rcall('HSET', jk, 'stalled', stalled)
+    end
+    if stalled >= max_stalled then
       rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
       rcall('HDEL', jk, 'lease_epoch')
       rcall('ZADD', KEYS[2], 0, id)

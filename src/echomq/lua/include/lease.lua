@@ -7,12 +7,26 @@ local function call_chunked(cmd, key, args, step)
   end
 end
 
+-- Only what a client can hold and settle is ever handed out: a token is a decimal integer
+-- below 2^53 (at most 15 digits; tonumber would also take '1.5', 'nan', '-1', '0x10', and
+-- hand out a fractional, zero or negative token that no settle can present), and a job id is
+-- a branded id (D2: 3 uppercase letters and 11 base62 digits, at most 2^63-1).
+local function integer_text(s)
+  return s and #s <= 15 and string.match(s, '^[0-9]+$') ~= nil
+end
+
+local function branded(id)
+  return #id == 14 and string.match(id, '^[A-Z][A-Z][A-Z][0-9A-Za-z]+$') ~= nil
+    and string.sub(id, 4) <= 'AzL8n0Y58m7'
+end
+
 -- Lease up to k of the oldest jobs of waiting set g (a lane or FLAT) at `deadline` (server
 -- clock), appending {id, payload, attempts, group|false} to out. Claim mints the token: the
 -- row's attempts + 1, stamped as lease_epoch too, the open lease generation. A ghost (an id
 -- whose row is gone) is discarded and the pop continues. A row that cannot be leased — a
--- hash without an integer attempts — is dead-lettered with the reason; a key that is not a
--- hash at all is dropped from the set and logged. Neither is ever run.
+-- hash without an integer attempts, or under an id that is not a branded id — is
+-- dead-lettered with the reason; a key that is not a hash at all is dropped from the set and
+-- logged. Neither is ever run.
 -- Returns how many were leased.
 local function lease_many(base, g, deadline, k, out)
   local wk = waiting_key(base, g)
@@ -26,7 +40,8 @@ local function lease_many(base, g, deadline, k, out)
       local id = popped[i]
       local jk = base .. 'job:' .. id
       local row = redis.pcall('HMGET', jk, 'payload', 'attempts')
-      local att = type(row) == 'table' and not row.err and tonumber(row[2])
+      local hash = type(row) == 'table' and not row.err
+      local att = hash and integer_text(row[2]) and branded(id) and tonumber(row[2])
       if att then
         att = att + 1
         rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att)
@@ -34,8 +49,10 @@ local function lease_many(base, g, deadline, k, out)
         scored[#scored + 1] = id
         out[#out + 1] = {id, row[1] or '', att, lane}
         got = got + 1
-      elseif type(row) == 'table' and not row.err and rcall('EXISTS', jk) == 1 then
-        rcall('HSET', jk, 'state', 'dead', 'last_error', 'malformed row: attempts is not an integer')
+      elseif hash and rcall('EXISTS', jk) == 1 then
+        local why = 'malformed row: attempts is not an integer'
+        if not branded(id) then why = 'malformed row: the id is not a branded job id' end
+        rcall('HSET', jk, 'state', 'dead', 'last_error', why)
         rcall('HDEL', jk, 'lease_epoch')
         rcall('ZADD', base .. 'dead', 0, id)
         rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
