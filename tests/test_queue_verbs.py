@@ -97,12 +97,16 @@ def spy_commands(monkeypatch: pytest.MonkeyPatch, queue: Any) -> list[str]:
 
         monkeypatch.setattr(client, "execute_command", aspy)
     else:
+        # The sync executor sends single commands through its own _command (a direct
+        # connection per thread on a standalone server), not the client's execute_command.
+        executor = queue._x
+        direct = executor._command
 
         def spy(*args: Any, **kw: Any) -> Any:
             seen.append(str(args[0]))
-            return orig(*args, **kw)
+            return direct(*args, **kw)
 
-        monkeypatch.setattr(client, "execute_command", spy)
+        monkeypatch.setattr(executor, "_command", spy)
     return seen
 
 

@@ -17,7 +17,9 @@ import asyncio
 import logging
 import os
 import random
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -267,6 +269,39 @@ def _fence_value(found: str | None) -> None:
         raise VersionFenceError(str(found), WIRE_VERSION)
 
 
+class _Direct:
+    """The direct connections of one pool: one per thread, shared by every executor on it."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.conns: list[Any] = []
+
+
+_DIRECT: weakref.WeakKeyDictionary[Any, _Direct] = weakref.WeakKeyDictionary()
+
+
+def _thread_connection(pool: Any) -> Any:
+    """This thread's connection made by ``pool`` (so it carries the pool's connect hook)."""
+    direct = _DIRECT.get(pool)
+    if direct is None:
+        direct = _DIRECT.setdefault(pool, _Direct())
+    held = getattr(direct.local, "conn", None)
+    if held is None or held[0] != os.getpid():  # a forked child never shares a socket
+        conn = pool.make_connection()
+        with direct.lock:
+            direct.conns.append(conn)
+        held = direct.local.conn = (os.getpid(), conn)
+    return held[1]
+
+
+def _close_thread_connections(pool: Any) -> None:
+    direct = _DIRECT.pop(pool, None)
+    if direct is not None:
+        for conn in direct.conns:
+            conn.disconnect()
+
+
 def _get_hook(target: Any) -> Any:
     if isinstance(target, dict):
         return target.get("redis_connect_func")
@@ -327,7 +362,26 @@ class SyncExecutor:
         self.durable_aof = durable_aof
         self._fence = _Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
+        # On a standalone server each thread talks over a connection of its own, straight
+        # through send/read: redis-py's execute_command wrapper (pool lock, retry, metrics)
+        # costs more than the loopback round trip. The connection comes from the pool's
+        # factory, so the version-fence hook runs on every (re)connect all the same.
+        self._direct = not self._cluster and hasattr(client, "connection_pool")
         self._install_hook()
+
+    def _command(self, *args: Any) -> Any:
+        """One command and its reply: on the thread's own connection when direct."""
+        if not self._direct:
+            return self.client.execute_command(*args)
+        conn = _thread_connection(self.client.connection_pool)  # type: ignore[attr-defined]
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except ResponseError:
+            raise
+        except BaseException:
+            conn.disconnect()  # the next command reconnects (and fences) from scratch
+            raise
 
     # -- the version fence
     def _install_hook(self) -> None:
@@ -358,10 +412,10 @@ class SyncExecutor:
 
     def fence(self) -> None:
         """Read ``{emq}:version``; claim it when absent; refuse a foreign value (D1)."""
-        found = self.client.execute_command("GET", VERSION_KEY)
+        found = self._command("GET", VERSION_KEY)
         if found is None:
-            self.client.execute_command("SET", VERSION_KEY, WIRE_VERSION, "NX")
-            found = self.client.execute_command("GET", VERSION_KEY)
+            self._command("SET", VERSION_KEY, WIRE_VERSION, "NX")
+            found = self._command("GET", VERSION_KEY)
         _fence_value(_version_text(found))
         if not self._fence.checked:
             self._fence.checked = True
@@ -388,16 +442,15 @@ class SyncExecutor:
     def _call_once(self, call: Call[T]) -> T:
         if self._fence.pending:
             self.fence()
-        client = self.client
         if call.script is None:
-            return call.decode(client.execute_command(*call.args))
+            return call.decode(self._command(*call.args))
         if self.durable and _is_write(call):
             return call.decode(self._durable_once(call))
         try:
-            reply = client.execute_command(*_script_args(call, False))
+            reply = self._command(*_script_args(call, False))
         except NoScriptError:
             try:
-                reply = client.execute_command(*_script_args(call, True))
+                reply = self._command(*_script_args(call, True))
             except ResponseError as exc:
                 raise _mapped(exc) from None
         except ResponseError as exc:
@@ -484,6 +537,8 @@ class SyncExecutor:
 
     def close(self) -> None:
         if self.owned:
+            if self._direct:
+                _close_thread_connections(self.client.connection_pool)  # type: ignore[attr-defined]
             self.client.close()
 
 

@@ -9,6 +9,7 @@ validation happens before the first call is yielded, so bad input never writes.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, Union
@@ -290,24 +291,37 @@ def enqueue(
     group: str | None = None,
     delay_ms: int | None = None,
     at_ms: int | None = None,
+    replay_ms: int = 0,
 ) -> Plan[Enqueued]:
+    """``replay_ms``: how long the server remembers this call for its resends (a resend
+    after a lost reply then finds its first copy even once that job has completed: it is
+    never admitted twice); 0 when the caller never resends."""
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
     minted = id is None
     jid = ids.mint() if id is None else keyspace.check_id(id)
+    nonce = secrets.token_hex(6) if replay_ms else ""
 
     for _ in range(_REMINT_TRIES):
-        call = _call("enqueue", (k.job(jid), k.meta), (k.base, jid, data, g, mode, value), _s)
+        call = _call(
+            "enqueue",
+            (k.job(jid), k.meta),
+            (k.base, jid, data, g, mode, value, replay_ms, nonce),
+            _s,
+        )
         replayed = False
         while True:
             try:
                 status = yield call
                 break
             except Replay:
-                # The reply was lost: the enqueue may or may not have landed. Sending the same
-                # id again is idempotent, so replay it.
+                # The reply was lost: the enqueue may or may not have landed. Resend it: the
+                # same id and nonce find the first copy if it landed (even if that job has
+                # completed since), so it is never admitted twice.
                 replayed = True
+        if status == "replayed":
+            return Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
         if minted and status == "duplicate":
             if replayed:
                 # Our own first attempt landed before its reply was lost.
@@ -349,6 +363,7 @@ def enqueue_many(
     group: str | None = None,
     delay_ms: int | None = None,
     at_ms: int | None = None,
+    replay_ms: int = 0,
 ) -> Plan[list[Enqueued | EchoMQError]]:
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
@@ -365,13 +380,17 @@ def enqueue_many(
     results: list[Enqueued | EchoMQError | None] = [None] * len(jobs)
     todo = list(range(len(jobs)))
     replayed = False
+    nonce = secrets.token_hex(6) if replay_ms else ""
     for _ in range(_REMINT_TRIES):
         if not todo:
             break
         spans = _chunks(todo, [len(jobs[i][1]) for i in todo])
         calls = [
             _call(
-                "enqueue_many", (k.meta,), (k.base, g, mode, value, *_flat(jobs, span)), _str_list
+                "enqueue_many",
+                (k.meta,),
+                (k.base, g, mode, value, replay_ms, nonce, *_flat(jobs, span)),
+                _str_list,
             )
             for span in spans
         ]
@@ -380,8 +399,8 @@ def enqueue_many(
                 replies = yield calls
                 break
             except Replay:
-                # Lost replies: resend the same ids (idempotent); a minted id answered
-                # "duplicate" on a replay is one of ours that landed the first time.
+                # Lost replies: resend the same ids and nonce: a job whose first copy landed
+                # answers "replayed" (even once it has completed), never a second admission.
                 replayed = True
         retry: list[int] = []
         for span, reply in zip(spans, replies, strict=True):
@@ -391,7 +410,7 @@ def enqueue_many(
                 jid, data, minted = jobs[i]
                 if verdict == "kind":
                     results[i] = KindError("EMQKIND job id must be JOB-namespaced")
-                elif verdict == "duplicate" and minted and replayed:
+                elif verdict == "replayed" or (verdict == "duplicate" and minted and replayed):
                     results[i] = Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
                 elif verdict == "duplicate" and minted:
                     # A minted id collided with another process's: mint again (see enqueue).

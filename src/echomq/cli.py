@@ -83,7 +83,8 @@ def _server_for(ctx: click.Context, *, purpose: str) -> Iterator[str]:
 def _queue(ctx: click.Context, name: str) -> Queue:
     url = _url(ctx)
     try:
-        return Queue(name, url=url)
+        # An operator command fails fast with a clear line; it does not ride out outages.
+        return Queue(name, url=url, retry_for=0)
     except EchoMQError as exc:
         _fail(str(exc))
         raise

@@ -27,6 +27,18 @@ from echomq.errors import EchoMQError, InvalidArgument
 
 __all__ = ["AsyncQueue", "Queue"]
 
+# A resend of an enqueue whose reply was lost comes at most retry_for after the failure that
+# revealed the loss, which comes at most a socket timeout (30 s on echomq's clients) after
+# the send: the server keeps the call's replay marker that long, plus slack.
+_REPLAY_SLACK_S = 60
+
+
+def _replay_ms(retry_for: float) -> int:
+    """How long the server remembers an enqueue for its resends (0: it is never resent)."""
+    if not retry_for > 0:
+        return 0
+    return int(min((retry_for + _REPLAY_SLACK_S) * 1000, _p.MAX_MS))
+
 
 def _durable(url: str | None, durable: int | bool | None) -> int:
     if durable is None:
@@ -112,7 +124,15 @@ class Queue:
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule."""
         return self._x.run(
-            _p.enqueue(self._k, payload, id=id, group=group, delay_ms=delay_ms, at_ms=at_ms)
+            _p.enqueue(
+                self._k,
+                payload,
+                id=id,
+                group=group,
+                delay_ms=delay_ms,
+                at_ms=at_ms,
+                replay_ms=_replay_ms(self._x.retry_for),
+            )
         )
 
     def enqueue_many(
@@ -125,7 +145,14 @@ class Queue:
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many jobs in few round trips; one verdict per item, in input order."""
         return self._x.run(
-            _p.enqueue_many(self._k, items, group=group, delay_ms=delay_ms, at_ms=at_ms)
+            _p.enqueue_many(
+                self._k,
+                items,
+                group=group,
+                delay_ms=delay_ms,
+                at_ms=at_ms,
+                replay_ms=_replay_ms(self._x.retry_for),
+            )
         )
 
     def claim(self, *, lease_ms: int = 30_000) -> Job | None:
@@ -340,7 +367,15 @@ class AsyncQueue:
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule."""
         return await self._x.run(
-            _p.enqueue(self._k, payload, id=id, group=group, delay_ms=delay_ms, at_ms=at_ms)
+            _p.enqueue(
+                self._k,
+                payload,
+                id=id,
+                group=group,
+                delay_ms=delay_ms,
+                at_ms=at_ms,
+                replay_ms=_replay_ms(self._x.retry_for),
+            )
         )
 
     async def enqueue_many(
@@ -353,7 +388,14 @@ class AsyncQueue:
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many jobs in few round trips; one verdict per item, in input order."""
         return await self._x.run(
-            _p.enqueue_many(self._k, items, group=group, delay_ms=delay_ms, at_ms=at_ms)
+            _p.enqueue_many(
+                self._k,
+                items,
+                group=group,
+                delay_ms=delay_ms,
+                at_ms=at_ms,
+                replay_ms=_replay_ms(self._x.retry_for),
+            )
         )
 
     async def claim(self, *, lease_ms: int = 30_000) -> Job | None:

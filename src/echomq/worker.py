@@ -130,12 +130,18 @@ class Worker:
         max_stalled: int = 5,
         url: str | None = None,
     ) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        # Upper bounds: a claim takes at most 1,000,000 jobs and the sweep a max_stalled the
+        # protocol can carry; beyond them every settle (or sweep) call would be refused.
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
             raise InvalidArgument(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if not 1 <= concurrency <= 1_000_000:
+            raise InvalidArgument(f"concurrency must be in [1, 1000000], got {concurrency}")
         if isinstance(beat_ms, bool) or not isinstance(beat_ms, int) or beat_ms < 10:
             raise InvalidArgument(f"beat_ms must be an int >= 10, got {beat_ms!r}")
-        if isinstance(max_stalled, bool) or not isinstance(max_stalled, int) or max_stalled < 0:
+        if isinstance(max_stalled, bool) or not isinstance(max_stalled, int):
             raise InvalidArgument(f"max_stalled must be an int >= 0, got {max_stalled!r}")
+        if not 0 <= max_stalled <= _p.MAX_INT:
+            raise InvalidArgument(f"max_stalled must be in [0, {_p.MAX_INT}], got {max_stalled}")
         self.app = app
         self.queue_names = list(queues) if queues else app.queues()
         if not self.queue_names:

@@ -7,15 +7,27 @@
   ARGV[4] group           lane name, or '' for the flat set
   ARGV[5] mode            now | in | at
   ARGV[6] value           ms: a delay for 'in', an absolute unix ms for 'at'
-  Returns 'enqueued' | 'scheduled' | 'duplicate' | error EMQKIND
+  ARGV[7] replay_ms       optional: how long a resend of this call may still come (0: none)
+  ARGV[8] nonce           optional: the call's nonce, the same on every resend ('' : none)
+  Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' (a resend whose first copy
+    landed) | error EMQKIND
 ]]
 --@include common
 --@include admit
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end
-local now = now_ms()
+local replay_ms, nonce = tonumber(ARGV[7] or '0'), ARGV[8] or ''
+-- The clock is read only when the job has a run time (D10: server clock for 'in') or a
+-- replay marker (admit.lua).
+local now = 0
+if ARGV[5] ~= 'now' or nonce ~= '' then now = now_ms() end
+forget_expired(base, nonce, now)
+if replayed(base, id, nonce) then return 'replayed' end
 local verdict = admit(base, id, ARGV[3], g, run_time(ARGV[5], ARGV[6], now), now)
 if verdict == 'kind' then return redis.error_reply('EMQKIND job id must be JOB-namespaced') end
 if verdict == 'enqueued' then touch(base, g, 1) end
+if replay_ms > 0 and nonce ~= '' and verdict ~= 'duplicate' then
+  remember(base, {id .. ':' .. nonce}, now + replay_ms)
+end
 return verdict

@@ -4,8 +4,11 @@
   ARGV[2] group           lane name, or '' for the flat set
   ARGV[3] mode            now | in | at
   ARGV[4] value           ms for 'in' / 'at'
-  ARGV[5..] id, payload, id, payload, ...
-  Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'kind' per job
+  ARGV[5] replay_ms       how long a resend of this call may still come (0: none)
+  ARGV[6] nonce           the call's nonce, the same on every resend ('' : none)
+  ARGV[7..] id, payload, id, payload, ...
+  Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' | 'kind' per
+    job ('replayed': a resend whose first copy landed, see admit.lua)
 ]]
 --@include common
 --@include admit
@@ -14,13 +17,21 @@ local g = ARGV[2]
 if g == '' then g = false end
 local now = now_ms()
 local run_at = run_time(ARGV[3], ARGV[4], now)
-local out = {}
+local replay_ms, nonce = tonumber(ARGV[5]), ARGV[6]
+local out, marks = {}, {}
 local added = 0
-for i = 5, #ARGV, 2 do
-  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now)
+forget_expired(base, nonce, now)
+for i = 7, #ARGV, 2 do
+  local id = ARGV[i]
+  local verdict = 'replayed'
+  if not replayed(base, id, nonce) then verdict = admit(base, id, ARGV[i + 1], g, run_at, now) end
   if verdict == 'enqueued' then added = added + 1 end
+  if replay_ms > 0 and nonce ~= '' and (verdict == 'enqueued' or verdict == 'scheduled') then
+    marks[#marks + 1] = id .. ':' .. nonce
+  end
   out[#out + 1] = verdict
 end
 -- One ring/registry sync for the whole batch: every job went to the same waiting set.
 if added > 0 then touch(base, g, added) end
+if #marks > 0 then remember(base, marks, now + replay_ms) end
 return out

@@ -29,3 +29,29 @@ local function run_time(mode, value, now)
   if mode == 'at' then return tonumber(value) end
   return nil
 end
+
+-- Lost replies (no blind double admission): a client that may resend an enqueue whose reply
+-- it lost sends every copy of one call with the same nonce. Each job the call admits leaves
+-- the marker '<id>:<nonce>' in p..recent (a ZSET, score = the server ms until which a resend
+-- may still come), and a resend that finds its marker answers 'replayed': the first copy
+-- landed. That stays true after the job has completed and its row is gone, so a resend
+-- never admits the job a second time; a new enqueue of a retired id (another nonce) is still
+-- a new job. Expired markers are dropped by the next enqueue.
+local function forget_expired(base, nonce, now)
+  if nonce ~= '' then rcall('ZREMRANGEBYSCORE', base .. 'recent', '-inf', now) end
+end
+
+local function replayed(base, id, nonce)
+  return nonce ~= '' and rcall('ZSCORE', base .. 'recent', id .. ':' .. nonce) ~= false
+end
+
+local function remember(base, marks, until_ms)
+  for i = 1, #marks, 1000 do
+    local args = {}
+    for j = i, math.min(i + 999, #marks) do
+      args[#args + 1] = until_ms
+      args[#args + 1] = marks[j]
+    end
+    rcall('ZADD', base .. 'recent', unpack(args))
+  end
+end

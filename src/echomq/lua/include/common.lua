@@ -25,8 +25,9 @@ local function wake(base, n)
   if n > 64 then n = 64 end
   local tokens = {}
   for i = 1, n do tokens[i] = '1' end
-  rcall('LPUSH', base .. 'wake', unpack(tokens))
-  rcall('LTRIM', base .. 'wake', 0, 63)
+  if rcall('LPUSH', base .. 'wake', unpack(tokens)) > 64 then
+    rcall('LTRIM', base .. 'wake', 0, 63)
+  end
 end
 
 -- The waiting set of a lane, or the flat pending set when g is false/nil/FLAT.
@@ -76,6 +77,12 @@ end
 -- Sync lane g after `added` jobs joined it and wake that many consumers; a lane that just
 -- entered the ring wakes one consumer per waiting job (a resume or a freed slot).
 local function touch(base, g, added)
+  if not g and added > 0 and rcall('ZCARD', base .. 'pending') > added then
+    -- The flat set was non-empty before these jobs, so FLAT is in the ring already (every
+    -- script that empties or fills it syncs): skip the ring scan on the enqueue hot path.
+    wake(base, added)
+    return
+  end
   local inring, inserted = sync(base, g)
   if inserted then
     wake(base, rcall('ZCARD', waiting_key(base, g)))
