@@ -1,0 +1,851 @@
+"""The side-by-side benchmark: echomq and its peers on a redis-server this script starts.
+
+    bench/.venv/bin/python bench/run.py [--rounds 3] [--n 20000] [--only echomq,arq,...]
+    python bench/run.py --smoke          # ~5 s, echomq only, needs only echomq + redis-server
+
+Rounds are interleaved (round 1 runs every system, then round 2 ...; the order rotates per
+round), every measurement starts on an empty server (FLUSHALL of the bench's own server),
+and the report gives medians over rounds plus the ratio echomq/peer computed per round.
+Peer adapters live in ``bench/peers/`` and are imported lazily, so ``--smoke`` runs without
+any of them installed. ``bash bench/setup.sh`` installs the peers into ``bench/.venv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+SYSTEMS = [
+    "echomq",
+    "rq",
+    "arq",
+    "saq",
+    "dramatiq",
+    "huey",
+    "celery",
+    "taskiq",
+    "bullmq_py",
+    "bullmq_node",
+]
+# (key, column title, higher is better)
+METRICS = [
+    ("single", "single enqueue/s", True),
+    ("bulk", "bulk enqueue/s", True),
+    ("c1", "processed/s c=1", True),
+    ("c10", "processed/s c=10", True),
+    ("p50", "latency p50 ms", False),
+    ("p99", "latency p99 ms", False),
+]
+BEST = (50, 200)  # echomq's extra concurrency settings
+LAT_KEY = "bench:lat"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class WorkerProc:
+    """One worker, in its own session/process group so its children stop with it."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], logfile: Path) -> None:
+        self.cmd = cmd
+        self.logfile = logfile
+        self._out = logfile.open("wb")
+        self._out.write(f"$ {shlex.join(cmd)}\n".encode())
+        self._out.flush()
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=BENCH,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)  # the group this object created (pgid == its pid)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.alive():
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        self._signal_group(signal.SIGKILL)  # leftovers of the group (forked children)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._out.close()
+
+    def tail(self, n: int = 1500) -> str:
+        with contextlib.suppress(OSError):
+            return self.logfile.read_text(errors="replace")[-n:]
+        return ""
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="echomq-bench-"))
+        self.logs = self.tmp / "logs" if args.smoke else BENCH / ".run" / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.server: Any = None
+        self.url = ""
+        self.r: Any = None
+        self.env: dict[str, str] = {}
+        self.mods: dict[str, ModuleType] = {}
+        self.unavailable: dict[str, str] = {}
+        self.data: dict[str, dict[str, list[float | None]]] = {}
+        self.notes: dict[str, list[str]] = {}
+        self.verifications: list[str] = []
+        self.verify_failures = 0
+        self.errors = 0
+        self.workers: list[WorkerProc] = []
+        self.pinned = ""
+        self.echomq_source = "?"
+
+    # ------------------------------------------------------------------ setup
+
+    def pin_echomq(self) -> None:
+        """Copy echomq's source as of ``--echomq-rev`` (default HEAD) into the run's temp dir
+        and put it first on every path, so all rounds measure the same code even when the
+        work tree changes during the run; ``--echomq-rev installed`` uses the install as is."""
+        rev = self.args.echomq_rev
+        self.echomq_source = "the installed package"
+        if rev == "installed":
+            return
+        dest = self.tmp / "echomq-src"
+        dest.mkdir()
+        try:
+            if rev == "worktree":
+                shutil.copytree(ROOT / "src" / "echomq", dest / "echomq")
+                sha = git("rev-parse", "--short", "HEAD")
+                dirty = git("status", "--porcelain", "--", "src")
+                edits = " + uncommitted edits" if dirty else ""
+                self.echomq_source = f"work tree at {sha}{edits}"
+            else:
+                sha = git("rev-parse", "--short", f"{rev}^{{commit}}")
+                archive = subprocess.run(
+                    ["git", "-C", str(ROOT), "archive", sha, "src/echomq"],
+                    capture_output=True,
+                    check=True,
+                )
+                subprocess.run(
+                    ["tar", "-x", "-C", str(dest), "--strip-components=1"],
+                    input=archive.stdout,
+                    check=True,
+                )
+                self.echomq_source = f"commit {sha} (`git archive`, uncommitted edits excluded)"
+        except (OSError, subprocess.CalledProcessError) as exc:
+            if self.args.smoke:  # e.g. a source tarball without git: measure what is installed
+                self.echomq_source = f"the installed package (no git snapshot: {exc})"
+                return
+            raise
+        self.pinned = str(dest)
+        sys.path.insert(0, self.pinned)
+        for mod in [m for m in sys.modules if m == "echomq" or m.startswith("echomq.")]:
+            del sys.modules[mod]
+        log(f"echomq source: {self.echomq_source}")
+
+    def start_server(self) -> None:
+        import redis
+
+        from echomq.server import EmbeddedServer
+
+        self.server = EmbeddedServer(self.tmp / "redis", appendonly=False).start()
+        self.url = self.server.url
+        self.r = redis.Redis.from_url(self.url)
+        self.env = dict(os.environ)
+        self.env.update(
+            BENCH_URL=self.url,
+            ECHOMQ_URL=self.url,
+            PYTHONPATH=os.pathsep.join(
+                p for p in (str(BENCH), self.pinned, os.environ.get("PYTHONPATH", "")) if p
+            ),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        os.environ["BENCH_URL"] = self.url  # read by the adapters at import
+        log(f"bench server: {self.server.command()[0]} on {self.url} (dir {self.tmp})")
+
+    def load(self, names: list[str]) -> list[str]:
+        ok = []
+        for name in names:
+            try:
+                mod = importlib.import_module(f"peers.{name}")
+                if hasattr(mod, "available"):
+                    mod.available()
+                self.mods[name] = mod
+                ok.append(name)
+            except Exception as exc:
+                self.unavailable[name] = f"{type(exc).__name__}: {exc}"
+                log(f"{name}: not available ({self.unavailable[name]})")
+        return ok
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop(timeout=5)
+        if self.r is not None:
+            self.r.close()
+        if self.server is not None:
+            self.server.stop()
+        shutil.rmtree(self.tmp / "redis", ignore_errors=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    def put(self, name: str, key: str, rnd: int, value: float | None) -> None:
+        series = self.data.setdefault(name, {})
+        row = series.setdefault(key, [None] * self.args.rounds)
+        row[rnd] = value
+
+    def note(self, name: str, text: str) -> None:
+        notes = self.notes.setdefault(name, [])
+        if text not in notes:
+            notes.append(text)
+
+    def fresh(self) -> None:
+        self.r.flushall()
+
+    def spawn(self, name: str, c: int, tag: str) -> WorkerProc:
+        cmd = self.mods[name].worker_cmd(self.url, c)
+        w = WorkerProc(cmd, self.env, self.logs / f"{name}-{tag}.log")
+        self.workers.append(w)
+        return w
+
+    def stop(self, w: WorkerProc, name: str) -> None:
+        w.stop(timeout=getattr(self.mods[name], "STOP_TIMEOUT", 15.0))
+        if w in self.workers:
+            self.workers.remove(w)
+
+    # ------------------------------------------------------------------ measurements
+
+    def processed(self, name: str, n: int, c: int, tag: str) -> float:
+        """N jobs wait in the queue; start one worker; jobs/s from the broker's own view of
+        completion: the jobs completed between the first observed progress and the last."""
+        mod = self.mods[name]
+        w = self.spawn(name, c, tag)
+        spawned = time.monotonic()
+        first: tuple[float, int] | None = None
+        last_rem, last_change = n, spawned
+        try:
+            while True:
+                rem = mod.remaining(self.url, self.r, n)
+                now = time.monotonic()
+                if rem < 0:
+                    raise RuntimeError(f"remaining={rem}: more completions than jobs")
+                if first is None and rem < n:
+                    first = (now, rem)
+                if rem == 0:
+                    # re-read once: a pop not yet recorded as in-flight must not end the run
+                    time.sleep(0.02)
+                    if mod.remaining(self.url, self.r, n) == 0:
+                        done = now
+                        break
+                if rem != last_rem:
+                    last_rem, last_change = rem, now
+                if not w.alive():
+                    raise RuntimeError(f"worker exited ({w.proc.returncode}): {w.tail()}")
+                if now - last_change > self.args.stall_timeout:
+                    raise RuntimeError(
+                        f"no progress for {self.args.stall_timeout:.0f}s ({rem} of {n} left): "
+                        f"{w.tail()}"
+                    )
+                time.sleep(0.005)
+            assert first is not None
+            if first[1] > 0 and done > first[0]:
+                return first[1] / (done - first[0])
+            self.note(name, f"{tag}: all jobs done before the first poll; rate includes start-up")
+            return n / (done - spawned)
+        finally:
+            if name == "echomq":
+                self.verify_echomq(n, tag)
+            self.stop(w, name)
+
+    def verify_echomq(self, n: int, tag: str) -> None:
+        ok, text = self.mods["echomq"].verify(self.url, n)
+        self.verifications.append(f"{'ok' if ok else 'FAILED'} {tag}: {text}")
+        if not ok:
+            self.verify_failures += 1
+            log(f"echomq verification FAILED ({tag}): {text}")
+
+    def latency(self, name: str, c: int, tag: str) -> tuple[float, float]:
+        mod = self.mods[name]
+        self.fresh()
+        w = self.spawn(name, c, tag)
+        try:
+            sent = mod.latency_send(self.url, self.r, self.args.rate, self.args.lat_seconds)
+            deadline = time.monotonic() + 60
+            while self.r.llen(LAT_KEY) < sent:
+                if not w.alive():
+                    raise RuntimeError(f"worker exited ({w.proc.returncode}): {w.tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {self.r.llen(LAT_KEY)} of {sent} latency samples")
+                time.sleep(0.02)
+            samples = []
+            for item in self.r.lrange(LAT_KEY, 0, -1):
+                enq, start = (float(x) for x in item.split())
+                if enq > 0:
+                    samples.append((start - enq) * 1000.0)
+            samples.sort()
+            if len(samples) < sent:
+                raise RuntimeError(f"{len(samples)} samples for {sent} jobs")
+            return statistics.median(samples), percentile(samples, 99)
+        finally:
+            self.stop(w, name)
+
+    def run_system(self, name: str, rnd: int) -> None:
+        a = self.args
+        mod = self.mods[name]
+        n = a.n
+        tag = f"r{rnd + 1}"
+
+        def attempt(key: str, fn: Any) -> Any:
+            try:
+                value = fn()
+            except NotImplementedError:
+                value = None
+            except Exception as exc:
+                self.errors += 1
+                text = f"{key} ({tag}): {type(exc).__name__}: {str(exc).strip()[-600:]}"
+                self.note(name, text)
+                log(f"{name}: {text}")
+                if a.verbose:
+                    traceback.print_exc()
+                value = None
+            return value
+
+        # 1. single enqueue (timed) -> those N jobs are processed at c=1
+        self.fresh()
+        secs = attempt("single", lambda: mod.enqueue_single(self.url, n))
+        self.put(name, "single", rnd, n / secs if secs else None)
+        if secs and mod.CONCURRENCY.get(1) is None:
+            value = attempt("c1", lambda: self.processed(name, n, 1, f"c1-{tag}"))
+            self.put(name, "c1", rnd, value)
+        # 2. bulk enqueue (timed, when the system has a bulk API) -> processed at c=10
+        self.fresh()
+        if mod.BULK:
+            secs = attempt("bulk", lambda: mod.enqueue_bulk(self.url, n))
+            self.put(name, "bulk", rnd, n / secs if secs else None)
+        else:
+            secs = attempt("fill", lambda: mod.enqueue_single(self.url, n))
+        if secs and mod.CONCURRENCY.get(10) is None:
+            self.put(
+                name, "c10", rnd, attempt("c10", lambda: self.processed(name, n, 10, f"c10-{tag}"))
+            )
+        # 3. echomq at its larger settings
+        if name == "echomq":
+            bn = a.best_n
+            for c in a.best:
+                self.fresh()
+                secs = attempt("fill", lambda: mod.enqueue_bulk(self.url, bn))
+                if secs:
+                    value = attempt(f"c{c}", lambda c=c: self.processed(name, bn, c, f"c{c}-{tag}"))
+                    self.put(name, f"c{c}", rnd, value)
+        # 4. enqueue -> start latency at a steady rate, idle worker
+        lat_c = 10 if mod.CONCURRENCY.get(10) is None else 1
+        res = attempt("latency", lambda: self.latency(name, lat_c, f"lat-{tag}"))
+        self.put(name, "p50", rnd, res[0] if res else None)
+        self.put(name, "p99", rnd, res[1] if res else None)
+        # 5. echomq's limit rows
+        if name == "echomq":
+            self.put(name, "evalsha", rnd, attempt("evalsha", self.evalsha))
+            self.put(name, "lifecycle", rnd, attempt("lifecycle", self.lifecycle))
+
+    def evalsha(self) -> float | None:
+        from echomq import _protocol
+        from echomq._scripts import SCRIPTS
+
+        tool = shutil.which("redis-benchmark")
+        if tool is None:
+            self.note("echomq", "redis-benchmark not on PATH: no server claim scripts/s row")
+            return None
+        self.fresh()
+        script = SCRIPTS["claim"]
+        sha = self.r.script_load(script.source)
+        if sha != script.sha:
+            raise RuntimeError(f"SCRIPT LOAD gave {sha}, echomq computes {script.sha}")
+        k = _protocol.Keys("bench")
+        cmd = [
+            tool, "-h", "127.0.0.1", "-p", str(self.server.port), "-n", str(self.args.evalsha_n),
+            "-P", "16", "-q", "EVALSHA", sha, str(script.nkeys), k.meta, k.ring, k.active,
+            k.base, "30000",
+        ]  # fmt: skip
+        self.evalsha_cmd = shlex.join([*cmd[:1], "-p", "PORT", *cmd[5:]])
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+        found = re.findall(r"([\d.]+) requests per second", out.stdout.replace("\r", "\n"))
+        if not found:
+            raise RuntimeError(f"unexpected redis-benchmark output: {out.stdout[-500:]}")
+        if self.r.zcard(k.active) != 0:
+            raise RuntimeError("the claim script claimed something on an empty queue")
+        return float(found[-1])
+
+    def lifecycle(self) -> float:
+        self.fresh()
+        rate, text = self.mods["echomq"].lifecycle_loop(self.url, self.args.lifecycle_n)
+        ok = text.startswith("ok")
+        self.verifications.append(f"{'ok' if ok else 'FAILED'} lifecycle: {text}")
+        if not ok:
+            self.verify_failures += 1
+        return float(rate)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self, names: list[str]) -> None:
+        if not names:
+            return
+        for rnd in range(self.args.rounds):
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
+            log(f"round {rnd + 1}/{self.args.rounds}: {', '.join(order)}")
+            for name in order:
+                t0 = time.monotonic()
+                self.run_system(name, rnd)
+                got = self.data.get(name, {})
+                vals = [(k, got[k][rnd] if k in got else None) for k, *_ in METRICS]
+                shown = ", ".join(f"{k}={fmt(v)}" for k, v in vals)
+                log(f"  {name:<12} {time.monotonic() - t0:5.1f}s  {shown}")
+
+
+def git(*args: str) -> str:
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Linear-interpolated percentile of an already sorted list."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    pos = (len(sorted_values) - 1) * p / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def med(values: list[float | None] | None) -> float | None:
+    vals = [v for v in values or [] if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def ratios(ours: list[float | None], theirs: list[float | None]) -> list[float | None]:
+    return [
+        (a / b) if (a is not None and b is not None and b > 0) else None
+        for a, b in zip(ours, theirs, strict=False)
+    ]
+
+
+def fmt(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    if digits == 0:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+    return f"{v:,.{digits}f}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+# --------------------------------------------------------------------------- report
+
+
+def machine_note() -> list[str]:
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        f"{os.cpu_count()} cores ({cpu}), shared and noisy; load average at start {load}",
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
+    ]
+
+
+def versions(b: Bench, names: list[str]) -> dict[str, str]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = b.mods[name].version()
+        except Exception as exc:
+            out[name] = f"? ({exc})"
+    return out
+
+
+def tool_version(cmd: list[str]) -> str:
+    with contextlib.suppress(Exception):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        return out.stdout.strip()
+    return "?"
+
+
+def label(b: Bench, name: str) -> str:
+    mod = b.mods.get(name)
+    return getattr(mod, "LABEL", name) if mod else name
+
+
+def cell(b: Bench, name: str, key: str) -> str:
+    mod = b.mods[name]
+    if key == "bulk" and not mod.BULK:
+        return "n/a (no bulk API)"
+    if key in ("c1", "c10") and mod.CONCURRENCY.get(int(key[1:])):
+        return "n/a¹"
+    return fmt(med(b.data.get(name, {}).get(key)))
+
+
+def chart(b: Bench, names: list[str], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"no chart: {exc}"
+    labels = [label(b, n) for n in names]
+    c1 = [med(b.data.get(n, {}).get("c1")) or 0.0 for n in names]
+    c10 = [med(b.data.get(n, {}).get("c10")) or 0.0 for n in names]
+    best: tuple[int, float] | None = None
+    if "echomq" in names:
+        tried = [(c, med(b.data["echomq"].get(f"c{c}"))) for c in b.args.best]
+        good = [(c, v) for c, v in tried if v]
+        if good:
+            best = max(good, key=lambda cv: cv[1])
+            labels.insert(1, f"echomq c={best[0]}")
+            c1.insert(1, 0.0)
+            c10.insert(1, 0.0)
+    x = list(range(len(labels)))
+    fig, ax = plt.subplots(figsize=(12, 5.5), dpi=110)
+    w = 0.38
+    bars = [
+        ax.bar([i - w / 2 for i in x], c1, w, label="concurrency 1", color="#8fb3d9"),
+        ax.bar([i + w / 2 for i in x], c10, w, label="concurrency 10", color="#1f5fa8"),
+    ]
+    if best is not None:
+        bars.append(ax.bar([1], [best[1]], w * 1.6, label="echomq's best setting", color="#c0392b"))
+    for group in bars:
+        for rect in group:
+            h = rect.get_height()
+            if h:
+                ax.annotate(
+                    f"{h:,.0f}",
+                    (rect.get_x() + rect.get_width() / 2, h),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    rotation=90,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                )
+    top = max([*c1, *c10, best[1] if best else 0.0, 1.0])
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=20, ha="right")
+    ax.set_ylabel("no-op jobs processed per second (one worker process)")
+    ax.set_title(
+        f"Processed/s, median of {b.args.rounds} interleaved rounds, N={b.args.n} "
+        f"({dt.date.today().isoformat()})"
+    )
+    ax.legend(loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_ylim(0, top * 1.2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def report(b: Bench, names: list[str], command: str, started: float, out: Path) -> str:
+    a = b.args
+    vers = versions(b, names)
+    lines = [
+        "# echomq side-by-side benchmark",
+        "",
+        f"- date: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}, "
+        f"wall time {(time.monotonic() - started) / 60:.1f} min",
+        *[f"- machine: {m}" for m in machine_note()],
+        f"- server: {tool_version([b.server.command()[0], '--version'])}, started by the bench "
+        "(no persistence, loopback TCP), FLUSHALL before every measurement",
+        f"- command: `{command}`",
+        f"- echomq measured: {b.echomq_source}, copied at the start so every round ran the "
+        "same code",
+        f"- N = {a.n} no-op jobs per measurement, {a.rounds} interleaved rounds (the order "
+        "rotates each round), medians over rounds; latency at a steady "
+        f"{a.rate:g} jobs/s for {a.lat_seconds:g} s with an idle worker",
+        "",
+        "## Results (medians)",
+        "",
+        "| system | version | " + " | ".join(t for _, t, _ in METRICS) + " |",
+        "|---|---|" + "---:|" * len(METRICS),
+    ]
+    for name in names:
+        row = [label(b, name), vers.get(name, "?")] + [cell(b, name, k) for k, *_ in METRICS]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "Throughput is jobs per second (higher is better); latency is enqueue → handler start in "
+        "milliseconds (lower is better), measured with the worker at concurrency 10 (rq: 1).",
+        "¹ rq's SimpleWorker runs one job at a time in one process; rq has no in-process "
+        "concurrency, so it has no c=10 figure.",
+        "",
+    ]
+    if "echomq" in names:
+        e = b.data.get("echomq", {})
+        best = {c: med(e.get(f"c{c}")) for c in a.best}
+        lines += [
+            "### echomq at larger concurrency",
+            "",
+            f"The `-c {'/'.join(map(str, a.best))}` runs use N={a.best_n} so that they last long "
+            "enough to time (c=1 and c=10 use N as above).",
+            "",
+            "| setting | processed/s (median) | per round |",
+            "|---|---:|---|",
+        ]
+        for c, v in [(1, med(e.get("c1"))), (10, med(e.get("c10"))), *best.items()]:
+            rounds = ", ".join(fmt(x) for x in e.get(f"c{c}", []))
+            lines.append(f"| `-c {c}` | {fmt(v)} | {rounds} |")
+        good = {c: v for c, v in best.items() if v}
+        if good:
+            c = max(good, key=lambda k: good[k])
+            lines.append("")
+            lines.append(f"Best setting: `-c {c}` at {fmt(good[c])} jobs/s.")
+        lines += [
+            "",
+            "## Limit rows (echomq)",
+            "",
+            "| limit | median | per round |",
+            "|---|---:|---|",
+            f"| server claim scripts/s (redis-benchmark EVALSHA of `claim`, empty queue, "
+            f"-n {a.evalsha_n} -P 16) | {fmt(med(e.get('evalsha')))} | "
+            f"{', '.join(fmt(x) for x in e.get('evalsha', []))} |",
+            f"| one-process lifecycle limit, lifecycles/s (enqueue → claim → complete from "
+            f"`_protocol` Calls, pipelined 100 at a time, N={a.lifecycle_n}) | "
+            f"{fmt(med(e.get('lifecycle')))} | "
+            f"{', '.join(fmt(x) for x in e.get('lifecycle', []))} |",
+            "",
+            f"redis-benchmark command: `{getattr(b, 'evalsha_cmd', 'n/a')}` (after SCRIPT LOAD "
+            "of `echomq._scripts.SCRIPTS['claim'].source`).",
+            "",
+            "### echomq verification",
+            "",
+            "After every echomq processed run the bench ran `Queue('bench').check()` and read "
+            "`counts()`: "
+            + (
+                f"**all {len(b.verifications)} checks passed** (`check() == []`, "
+                f"`completed == N`, nothing pending)."
+                if b.verify_failures == 0 and b.verifications
+                else f"**{b.verify_failures} of {len(b.verifications)} checks FAILED**."
+            ),
+            "",
+            "<details><summary>each check</summary>",
+            "",
+            *[f"- {v}" for v in b.verifications],
+            "",
+            "</details>",
+            "",
+        ]
+        peers = [n for n in names if n != "echomq"]
+        if peers:
+            lines += [
+                "## Ratios echomq / peer (computed per round, then the median)",
+                "",
+                "Above 1x echomq is faster for throughput; for latency below 1x means echomq's "
+                "latency is lower.",
+                "",
+                "| peer | " + " | ".join(t for _, t, _ in METRICS) + " |",
+                "|---|" + "---:|" * len(METRICS),
+            ]
+            for p in peers:
+                row = [label(b, p)]
+                for k, *_ in METRICS:
+                    rs = ratios(e.get(k, []), b.data.get(p, {}).get(k, []))
+                    row.append(fmt_ratio(med(rs)))
+                lines.append("| " + " | ".join(row) + " |")
+            lines += ["", "<details><summary>per-round ratios</summary>", ""]
+            for p in peers:
+                for k, title, _ in METRICS:
+                    rs = ratios(e.get(k, []), b.data.get(p, {}).get(k, []))
+                    if any(x is not None for x in rs):
+                        lines.append(
+                            f"- {label(b, p)}, {title}: " + ", ".join(fmt_ratio(x) for x in rs)
+                        )
+            lines += ["", "</details>", ""]
+    if out.suffix == ".md" and not a.smoke:
+        lines += ["## Processed/s", "", "![processed/s per system](processed.png)", ""]
+    lines += ["## Settings per system", ""]
+    for name in names:
+        lines.append(f"- **{label(b, name)}** — {b.mods[name].SETTINGS}")
+    lines += [
+        "",
+        "Common to all: one worker process (plus the launcher process some CLIs keep: "
+        "dramatiq's and taskiq's supervisors), no-op handler, logging at WARNING, started after "
+        "the N jobs are queued; processed/s = jobs completed between the first and the last "
+        "observation of the broker's own completion state (polled every 5 ms), so worker "
+        "start-up is not counted. The latency handler records `time.time()` at entry and "
+        "RPUSHes it with the job's enqueue timestamp to `bench:lat` on the bench server.",
+        "",
+        "## Problems and omissions",
+        "",
+    ]
+    problems = [f"- {label(b, n)}: not run — {why}" for n, why in b.unavailable.items()]
+    for name in names:
+        problems += [f"- {label(b, name)}: {t}" for t in b.notes.get(name, [])]
+    lines += problems or ["- none: every system ran every measurement in every round."]
+    lines += [
+        "",
+        "## How to reproduce",
+        "",
+        "```sh",
+        "bash bench/setup.sh  # peers into bench/.venv (+ .venv-arq), BullMQ into bench/node",
+        "# the full run: writes bench/RESULTS.md, bench/results.json and bench/processed.png",
+        f"bench/.venv/bin/python bench/run.py --rounds {a.rounds} --n {a.n}",
+        "# a subset, quicker",
+        "bench/.venv/bin/python bench/run.py --only echomq,bullmq_node --rounds 1 --n 5000",
+        "# the CI smoke: ~5 s, echomq only, the project's own environment",
+        "python bench/run.py --smoke",
+        "```",
+        "",
+        "Raw per-round numbers: `bench/results.json`. Worker logs: `bench/.run/logs/`. The "
+        "bench never touches a server it did not start.",
+        "",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--n", type=int, default=20_000, help="jobs per measurement")
+    p.add_argument("--only", default="", help="comma-separated systems: " + ",".join(SYSTEMS))
+    p.add_argument("--smoke", action="store_true", help="~5 s echomq-only run (CI)")
+    p.add_argument("--rate", type=float, default=100.0, help="latency run: jobs/s")
+    p.add_argument("--lat-seconds", type=float, default=5.0, help="latency run: seconds")
+    p.add_argument("--best", default=",".join(map(str, BEST)), help="echomq's extra -c values")
+    p.add_argument(
+        "--best-n", type=int, default=None, help="jobs for echomq's larger -c runs (max(N, 50000))"
+    )
+    p.add_argument("--evalsha-n", type=int, default=200_000)
+    p.add_argument("--lifecycle-n", type=int, default=50_000)
+    p.add_argument("--stall-timeout", type=float, default=90.0)
+    p.add_argument("--out", default=None, help="report path (default bench/RESULTS.md)")
+    p.add_argument(
+        "--echomq-rev",
+        default="HEAD",
+        help="echomq source to measure: a git revision (default HEAD), 'worktree', or 'installed'",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.only, a.rounds, a.n = a.only or "echomq", 1, min(a.n, 300)
+        a.lat_seconds, a.evalsha_n, a.lifecycle_n = 0.5, 5_000, 1_000
+        a.best = "50"
+        a.stall_timeout = 20.0
+    a.best = [int(x) for x in str(a.best).split(",") if x.strip()]
+    if a.best_n is None:
+        a.best_n = a.n if a.smoke else max(a.n, 50_000)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    started = time.monotonic()
+    names = [s.strip() for s in a.only.split(",") if s.strip()] if a.only else list(SYSTEMS)
+    unknown = [s for s in names if s not in SYSTEMS]
+    if unknown:
+        print(f"unknown systems: {', '.join(unknown)} (known: {', '.join(SYSTEMS)})")
+        return 2
+    if "echomq" in names:
+        names = ["echomq"] + [s for s in names if s != "echomq"]
+    exe = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        exe = exe.relative_to(ROOT) if exe.is_absolute() else exe
+    if exe.name.startswith("python") and not str(exe).startswith("bench/"):
+        exe = Path("python")
+    command = shlex.join([str(exe), "bench/run.py", *(argv if argv is not None else sys.argv[1:])])
+    b = Bench(a)
+    ok: list[str] = []
+    try:
+        b.pin_echomq()
+        b.start_server()
+        ok = b.load(names)
+        if "echomq" in b.mods:
+            where = Path(b.mods["echomq"].echomq.__file__).resolve()
+            log(f"echomq imported from {where}")
+        log(f"systems: {', '.join(ok)}; N={a.n}, rounds={a.rounds}")
+        b.run(ok)
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        b.close()
+    text = report(b, ok, command, started, Path(a.out or "RESULTS.md"))
+    if a.smoke:
+        print(text)
+        shutil.rmtree(b.tmp, ignore_errors=True)
+    else:
+        out = Path(a.out) if a.out else BENCH / "RESULTS.md"
+        out.write_text(text)
+        (BENCH / "results.json").write_text(
+            json.dumps(
+                {
+                    "command": command,
+                    "echomq": b.echomq_source,
+                    "n": a.n,
+                    "rounds": a.rounds,
+                    "data": b.data,
+                    "notes": b.notes,
+                    "unavailable": b.unavailable,
+                    "verifications": b.verifications,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+        problem = chart(b, ok, BENCH / "processed.png")
+        if problem:
+            log(problem)
+        log(f"wrote {out} and bench/processed.png in {(time.monotonic() - started) / 60:.1f} min")
+    if b.verify_failures:
+        log(f"{b.verify_failures} echomq verification(s) failed")
+        return 1
+    if a.smoke and b.errors:
+        log(f"{b.errors} measurement(s) failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
