@@ -33,17 +33,37 @@ _NODE_BITS = 10
 _SEQ_MAX = (1 << _SEQ_BITS) - 1
 
 
-def encode(ns: str, n: int) -> str:
-    """Brand the integer ``n`` (0 <= n < 2**63) with the 3-letter namespace ``ns``."""
+_PAIRS = [a + b for a in ALPHABET for b in ALPHABET]  # 62**2 two-digit strings
+
+
+def _base62(n: int) -> str:
+    """The 11 base62 digits of 0 <= n < 2**63 (< 62**11): one digit and five pairs."""
+    n, e = divmod(n, 3844)
+    n, d = divmod(n, 3844)
+    n, c = divmod(n, 3844)
+    n, b = divmod(n, 3844)
+    n, a = divmod(n, 3844)
+    return ALPHABET[n] + _PAIRS[a] + _PAIRS[b] + _PAIRS[c] + _PAIRS[d] + _PAIRS[e]
+
+
+def _check_ns(ns: object) -> str:
+    if ns in _CHECKED_NS:
+        return ns
     if not isinstance(ns, str) or not _NS.fullmatch(ns):
         raise InvalidId(f"namespace must be 3 ASCII uppercase letters, got {ns!r}")
+    _CHECKED_NS.add(ns)
+    return ns
+
+
+_CHECKED_NS: set[str] = set()
+
+
+def encode(ns: str, n: int) -> str:
+    """Brand the integer ``n`` (0 <= n < 2**63) with the 3-letter namespace ``ns``."""
+    _check_ns(ns)
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_INT:
         raise InvalidId(f"branded id integer must be in [0, 2**63), got {n!r}")
-    digits = []
-    for _ in range(WIDTH):
-        n, r = divmod(n, 62)
-        digits.append(ALPHABET[r])
-    return ns + "".join(reversed(digits))
+    return ns + _base62(n)
 
 
 def parse(s: str) -> tuple[str, int]:
@@ -123,6 +143,4 @@ if hasattr(os, "register_at_fork"):
 
 def mint(ns: str = "JOB") -> str:
     """Mint a new branded id; monotonic within this process."""
-    if not isinstance(ns, str) or not _NS.fullmatch(ns):
-        raise InvalidId(f"namespace must be 3 ASCII uppercase letters, got {ns!r}")
-    return encode(ns, _minter.next())
+    return _check_ns(ns) + _base62(_minter.next())
