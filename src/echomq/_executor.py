@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+from hiredis import pack_command
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -375,7 +376,9 @@ class SyncExecutor:
             return self.client.execute_command(*args)
         conn = _thread_connection(self.client.connection_pool)  # type: ignore[attr-defined]
         try:
-            conn.send_command(*args)
+            # hiredis packs the command in C; no health-check PING in front of it (the
+            # socket keepalive and the timeout cover a dead peer).
+            conn.send_packed_command([pack_command(args)], check_health=False)
             return conn.read_response()
         except ResponseError:
             raise
