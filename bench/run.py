@@ -779,6 +779,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+# Sections other benchmarks own in RESULTS.md (bench/verbs.py, bench/cluster.py): a rerun of
+# this bench rewrites its own part and keeps theirs.
+KEPT_SECTIONS = ("## Protocol verbs", "## Cluster")
+
+
+def _kept_sections(path: Path) -> str:
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    starts = [old.find(h) for h in KEPT_SECTIONS if old.find(h) >= 0]
+    return "\n" + old[min(starts) :] if starts else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     started = time.monotonic()
@@ -817,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(b.tmp, ignore_errors=True)
     else:
         out = Path(a.out) if a.out else BENCH / "RESULTS.md"
-        out.write_text(text)
+        out.write_text(text + _kept_sections(out))
         (BENCH / "results.json").write_text(
             json.dumps(
                 {
