@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -74,10 +75,24 @@ def _server_for(ctx: click.Context, *, purpose: str) -> Iterator[str]:
         f"(data in {directory})",
         err=True,
     )
+    # Recorded like `echomq server`'s, so producers (App()) and other commands run from this
+    # directory find it while it lives; the record goes with it.
+    record = _record_server(server) if purpose == "worker" else None
     try:
         yield server.url
     finally:
         server.stop()
+        if record is not None:
+            with contextlib.suppress(FileNotFoundError):
+                record.unlink()
+
+
+def _record_server(srv: EmbeddedServer) -> Path:
+    record = state_dir() / "server.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    info = {"pid": srv.pid, "port": srv.port, "url": srv.url, "socket": str(srv.socket_path)}
+    record.write_text(json.dumps(info))
+    return record
 
 
 def _queue(ctx: click.Context, name: str) -> Queue:
@@ -487,21 +502,13 @@ def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
 def server(port: int | None, directory: str | None) -> None:
     """Run a private valkey-server/redis-server in the foreground (AOF on) for other
     processes to share; its URL is printed and recorded in ./.echomq/server.json."""
-    from pathlib import Path
-
     data = Path(directory) if directory else state_dir() / "server"
     try:
         srv = EmbeddedServer(data, port=port, die_with_parent=True).start()
     except NoServerBinary as exc:
         _fail(str(exc))
         return
-    record = state_dir() / "server.json"
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(
-        json.dumps(
-            {"pid": srv.pid, "port": srv.port, "url": srv.url, "socket": str(srv.socket_path)}
-        )
-    )
+    record = _record_server(srv)
     click.echo(
         f"echomq server: {srv.url} (unix socket {srv.socket_path}, data in {data}); Ctrl-C stops it"
     )
