@@ -165,3 +165,25 @@ def test_worker_serves_queues_on_different_shards(
 
 def _owner_slot(name: str) -> int:
     return keyspace.slot(keyspace.queue_key(name, "pending"))
+
+
+def test_cli_on_a_cluster_url(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    runner = CliRunner(env={"COLUMNS": "250"})  # rich wraps long names at 80 columns
+    url = cluster.url
+    names = [f"{qname}-{i}" for i in range(4)]
+    for name in names:
+        result = runner.invoke(main, ["--url", url, "enqueue", name, "payload", "--group", "acme"])
+        assert result.exit_code == 0, result.output
+    stats = runner.invoke(main, ["--url", url, "stats"])
+    assert stats.exit_code == 0, stats.output
+    for name in names:
+        assert name in stats.output  # queues found on every primary
+    checked = runner.invoke(main, ["--url", url, "check", *names])
+    assert checked.exit_code == 0 and checked.output.count(": ok") == 4, checked.output
+    paused = runner.invoke(main, ["--url", url, "pause", names[0], "--lane", "acme"])
+    assert paused.exit_code == 0, paused.output
+    assert echomq.Queue(names[0], client=rc).claim() is None
