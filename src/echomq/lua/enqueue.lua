@@ -22,10 +22,13 @@ local replay_ms, nonce = tonumber(ARGV[7] or '0'), ARGV[8] or ''
 -- replay marker (admit.lua).
 local now = 0
 if ARGV[5] ~= 'now' or nonce ~= '' then now = now_ms() end
+-- Policy first (admit checks it too): a refused call writes nothing, not even an expiry.
+local KIND = 'EMQKIND job id must be JOB-namespaced'
+if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply(KIND) end
 forget_expired(base, nonce, now)
 if replayed(base, id, nonce) then return 'replayed' end
 local verdict = admit(base, id, ARGV[3], g, run_time(ARGV[5], ARGV[6], now), now)
-if verdict == 'kind' then return redis.error_reply('EMQKIND job id must be JOB-namespaced') end
+if verdict == 'kind' then return redis.error_reply(KIND) end
 if verdict == 'enqueued' then touch(base, g, 1) end
 if replay_ms > 0 and nonce ~= '' and verdict ~= 'duplicate' then
   remember(base, {id .. ':' .. nonce}, now + replay_ms)

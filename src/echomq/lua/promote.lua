@@ -24,4 +24,12 @@ end
 for key, n in pairs(added) do
   if key == FLAT then touch(base, false, n) else touch(base, key, n) end
 end
+-- Self-heal, once a beat: enqueue's fast path (touch) trusts that a non-empty flat set is in
+-- the ring. Should the ring lose it anyway (a member planted from outside, a lost key), the
+-- flat set would never be served again; the next promote puts it back.
+local depth = rcall('ZCARD', base .. 'pending')
+if depth > 0 and not rcall('LPOS', base .. 'ring', FLAT) then
+  rcall('RPUSH', base .. 'ring', FLAT)
+  wake(base, depth)
+end
 return moved

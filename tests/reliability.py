@@ -1,0 +1,141 @@
+"""Bookkeeping of the reliability tests: read what ``apps.chaos`` recorded (runs and settle
+verdicts) and check the delivery invariants against it.
+
+The invariants (docs/RELIABILITY.md):
+
+- every job ran at least once (at-least-once delivery);
+- no lease generation ran twice: each (id, token) starts at most one run;
+- at most one settle is accepted per lease generation, and exactly one completion per job;
+- an accepted completion carries the job's newest token (a stale token never settles), and
+  an accepted retry an older one;
+- a completion the worker did not get to record belongs to a run on a process the test
+  SIGKILLed (the verdict and the process died together; the server's metric still counts it),
+  or was refused as gone when resent after a lost reply (its first send had landed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+
+def payload(n: int) -> bytes:
+    """The wire payload of ``chaos.run(n)``."""
+    return json.dumps({"task": "chaos.run", "args": [n], "kwargs": {}}).encode()
+
+
+@dataclass
+class Books:
+    """What the workers of one queue recorded."""
+
+    history: list[tuple[str, int, int, int]]  # run starts: id, token, pid, n
+    settled: list[tuple[str, int, str, int]]  # accepted settles: id, token, kind, pid
+    refused: list[tuple[str, int, str, int, str]]  # refused settles: ..., "stale" | "gone"
+
+
+def _split(raw: bytes, kinds: tuple[type, ...]) -> tuple[Any, ...]:
+    parts = raw.decode().split(":")
+    return tuple(k(p) for k, p in zip(kinds, parts, strict=True))
+
+
+def read_books(r: redis.Redis, queue: str) -> Books:
+    prefix = f"emqtest:{queue}:"
+    return Books(
+        [_split(x, (str, int, int, int)) for x in r.lrange(prefix + "history", 0, -1)],
+        [_split(x, (str, int, str, int)) for x in r.lrange(prefix + "settled", 0, -1)],
+        [_split(x, (str, int, str, int, str)) for x in r.lrange(prefix + "refused", 0, -1)],
+    )
+
+
+@dataclass
+class Verdict:
+    """The figures of one run (printed by the tests, copied into docs/RELIABILITY.md)."""
+
+    jobs: int
+    runs: int
+    redelivered_jobs: int
+    settles_accepted: int
+    settles_refused: int
+    retries_accepted: int
+    unrecorded_completions: int  # accepted, but the worker was SIGKILLed before recording
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def redeliveries(self) -> int:
+        return self.runs - self.jobs
+
+
+def verify(books: Books, enqueued: dict[str, int], killed: set[int]) -> Verdict:
+    """Check the invariants; ``enqueued`` maps each job id to its ``n``. Every violation is
+    listed in ``.errors`` (empty when sound)."""
+    errors: list[str] = []
+    runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for job_id, token, pid, n in books.history:
+        runs[job_id].append((token, pid))
+        if job_id not in enqueued:
+            errors.append(f"run of a job nobody enqueued: {job_id}")
+        elif enqueued[job_id] != n:
+            errors.append(f"{job_id} ran with n={n}, enqueued with n={enqueued[job_id]}")
+    never = [j for j in enqueued if j not in runs]
+    if never:
+        errors.append(f"{len(never)} jobs never ran, e.g. {never[:3]}")
+    twice = [k for k, c in Counter((j, t) for j, t, _, _ in books.history).items() if c > 1]
+    if twice:
+        errors.append(f"{len(twice)} lease generations ran twice, e.g. {twice[:3]}")
+
+    per_generation = Counter((j, t) for j, t, _, _ in books.settled)
+    doubled = [k for k, c in per_generation.items() if c > 1]
+    if doubled:
+        errors.append(f"{len(doubled)} lease generations settled twice, e.g. {doubled[:3]}")
+    completed: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for job_id, token, kind, pid in books.settled:
+        if kind == "completed":
+            completed[job_id].append((token, pid))
+    for job_id, done in completed.items():
+        if len(done) > 1:
+            errors.append(f"{job_id} completed {len(done)} times: {done}")
+        newest = max((t for t, _ in runs.get(job_id, [])), default=0)
+        token, pid = done[-1]
+        if token != newest:
+            errors.append(f"{job_id} completed with token {token}, its newest run has {newest}")
+        if (token, pid) not in runs.get(job_id, []):
+            errors.append(f"{job_id} completed by pid {pid} token {token} without such a run")
+    retries = 0
+    for job_id, token, kind, _ in books.settled:
+        if kind != "completed":
+            retries += 1
+            done = completed.get(job_id)
+            if done and token >= done[-1][0]:
+                errors.append(f"{job_id} retried with token {token} at/after its completion")
+    unrecorded = [j for j in enqueued if j not in completed]
+    resent = {(j, t) for j, t, k, _, why in books.refused if (k, why) == ("completed", "gone")}
+    for job_id in unrecorded:
+        newest = max(runs.get(job_id, [(0, 0)]))
+        if newest[1] not in killed and (job_id, newest[0]) not in resent:
+            errors.append(
+                f"{job_id}: no accepted completion recorded, and its newest run "
+                f"(token {newest[0]}, pid {newest[1]}) was not on a killed process, nor "
+                "refused as gone on a resend"
+            )
+    return Verdict(
+        jobs=len(enqueued),
+        runs=len(books.history),
+        redelivered_jobs=sum(1 for j in enqueued if len(runs.get(j, [])) > 1),
+        settles_accepted=len(books.settled),
+        settles_refused=len(books.refused),
+        retries_accepted=retries,
+        unrecorded_completions=len(unrecorded),
+        errors=errors,
+    )
+
+
+def leftover_keys(r: redis.Redis, queue: str) -> list[bytes]:
+    """Keys of the queue other than its metrics, meta, wake list and enqueue replay markers
+    (which expire): after a complete run, none (no row, no set member, no lane)."""
+    names = ("metrics:completed", "metrics:failed", "meta", "wake", "recent")
+    keep = {f"emq:{{{queue}}}:{s}".encode() for s in names}
+    return sorted(k for k in r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000) if k not in keep)

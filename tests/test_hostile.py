@@ -1,0 +1,608 @@
+"""Hostile input: hypothesis throws arbitrary arguments at every public verb (ids, names,
+payloads of any bytes and size, leases, counts, tokens, states, lanes, delays). Each call
+either does what the protocol says or raises a typed ``EchoMQError``/``ValueError`` — and a
+refused call leaves the queue's keyspace byte-identical. The queue stays sound throughout.
+
+Then the data itself turns hostile: malformed rows planted straight into Redis (missing or
+non-integer fields, keys of the wrong type, ghost ids in every set, ids that are not branded
+ids) never crash a worker process: they are skipped or dead-lettered with a reason, and the
+other jobs still complete. And a handler or task that asks for values beyond the protocol's
+range (a 300-year retry delay, 2**60 attempts) cannot wedge a worker's settle batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import echomq
+from conftest import SyncOverAsync, server_ms, snapshot, wait_for
+from echomq import EchoMQError, Enqueued, Job, ids
+from echomq._protocol import MAX_INT, MAX_MS
+from procs import Spawner, wait_log
+from reliability import payload, read_books
+
+MAX_PAYLOAD = 4096
+LANES = ["tenant-a", "PRT0KHTOWnGLuC"]
+
+# --------------------------------------------------------------------------- strategies
+
+NUMBERS = st.one_of(
+    st.integers(-3, 5),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, 1, 2**41, 2**41 + 1, MAX_INT, MAX_INT + 1, 10**6, 10**6 + 1]),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=4),
+    st.binary(max_size=4),
+)
+NAMES = st.one_of(
+    st.sampled_from(LANES),
+    st.from_regex(r"\A[A-Za-z0-9._-]{1,128}\Z"),
+    st.text(max_size=140),
+    st.sampled_from(["", "*", "emq", "a" * 128, "a" * 129, "a:b", "{x}", "é", "a b", "\x00"]),
+    st.binary(max_size=8),
+    st.integers(),
+    st.none(),
+)
+WILD_IDS = st.one_of(
+    st.builds(ids.encode, st.sampled_from(["JOB", "ORD", "PRT"]), st.integers(0, 2**63 - 1)),
+    st.sampled_from(
+        [
+            "JOB" + "z" * 11,  # over 2**63 - 1
+            "JOBAzL8n0Y58m8",  # 2**63
+            "job0KHTOWnGLuC",
+            "JOB0KHTOWnGLu!",
+            "JOB0KHTOWnGLué",
+            "JOB0KHTOWnGLuC\x00",
+            "",
+        ]
+    ),
+    st.text(max_size=20),
+    st.binary(max_size=16),
+    st.integers(),
+    st.none(),
+)
+PAYLOADS = st.one_of(
+    st.binary(max_size=512),
+    st.text(max_size=200),
+    st.binary(min_size=MAX_PAYLOAD - 1, max_size=MAX_PAYLOAD + 1),
+    st.binary(max_size=64).map(bytearray),
+    st.binary(max_size=64).map(memoryview),
+    st.sampled_from(["\ud800", b"\r\n\x00", ""]),
+    st.integers(),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+)
+STATES = st.one_of(
+    st.sampled_from(["pending", "active", "schedule", "scheduled", "dead", "completed", "wait"]),
+    st.text(max_size=10),
+    st.integers(),
+    st.none(),
+)
+
+
+def mostly(valid: st.SearchStrategy[Any], wild: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Three times in four a value the verb accepts (so calls get through to the server and
+    change the queue), else a wild one. (st.one_of would flatten the wild alternatives and
+    pick among all of them alike.)"""
+    return st.integers(0, 3).flatmap(lambda i: valid if i else wild)
+
+
+def num(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return mostly(valid, NUMBERS)
+
+
+LEASE = num(st.integers(1, 120_000))
+DELAY = num(st.integers(0, 5_000))
+COUNT = num(st.integers(1, 10))
+LANE = mostly(st.sampled_from(LANES), NAMES)
+PAYLOAD = mostly(st.binary(max_size=64), PAYLOADS)
+TEXT = mostly(st.text(max_size=40), st.one_of(st.just("\ud800"), NUMBERS))
+
+
+class World:
+    """The queue under test and what the test knows of it: ids that exist, leases it holds."""
+
+    def __init__(self, q: Any, r: redis.Redis, name: str) -> None:
+        self.q, self.r, self.name = q, r, name
+        self.known: list[str] = []
+        self.held: list[tuple[str, int]] = []
+
+    def job_id(self, draw: Any) -> Any:
+        pool = self.known + [i for i, _ in self.held]
+        if pool and draw(st.integers(0, 3)):
+            return draw(st.sampled_from(pool))
+        return draw(WILD_IDS)
+
+    def token_for(self, draw: Any, job_id: Any) -> Any:
+        tokens = [t for i, t in self.held if i == job_id]
+        if tokens and draw(st.integers(0, 3)):
+            return draw(st.sampled_from(tokens)) + draw(st.sampled_from([0, 0, 0, -1, 1]))
+        return draw(mostly(st.integers(-1, 4), NUMBERS))
+
+    def lease(self, draw: Any) -> tuple[Any, Any]:
+        """(id, token) for a settle verb: often a lease the test holds (maybe stale by now)."""
+        if self.held and draw(st.booleans()):
+            job_id, token = draw(st.sampled_from(self.held))
+            return job_id, token + draw(st.sampled_from([0, 0, 0, -1, 1]))
+        job_id = self.job_id(draw)
+        return job_id, self.token_for(draw, job_id)
+
+    def pair(self, draw: Any) -> Any:
+        job_id = self.job_id(draw)
+        return draw(
+            st.one_of(
+                st.just((job_id, self.token_for(draw, job_id))),
+                st.tuples(WILD_IDS, NUMBERS),
+                st.just(job_id),
+                st.tuples(WILD_IDS),
+            )
+        )
+
+
+def _kw(draw: Any, **options: st.SearchStrategy[Any]) -> dict[str, Any]:
+    """A random subset of keyword arguments (a missing one keeps its default)."""
+    return {k: draw(v) for k, v in options.items() if draw(st.booleans())}
+
+
+def _item(w: World, draw: Any) -> Any:
+    return draw(
+        st.one_of(
+            PAYLOAD,
+            st.tuples(st.just(w.job_id(draw)), PAYLOAD),
+            st.tuples(st.just(ids.mint()), PAYLOAD),
+            st.tuples(WILD_IDS, PAYLOADS, PAYLOADS),
+        )
+    )
+
+
+def _items(w: World, draw: Any) -> Any:
+    """enqueue_many's items: mostly a list of payloads and (id, payload) pairs."""
+    if draw(st.integers(0, 5)) == 0:
+        return draw(st.one_of(st.just(b"one"), NUMBERS))
+    return [_item(w, draw) for _ in range(draw(st.integers(0, 4)))]
+
+
+# Each verb: how to draw its (args, kwargs) from the world.
+Builder = Callable[[World, Any], tuple[tuple[Any, ...], dict[str, Any]]]
+VERBS: dict[str, Builder] = {
+    "enqueue": lambda w, d: (
+        (d(PAYLOAD),),
+        _kw(
+            d,
+            id=st.one_of(st.none(), st.just(w.job_id(d)), st.just(ids.mint())),
+            group=st.one_of(st.none(), LANE),
+            delay_ms=st.one_of(st.none(), DELAY),
+            at_ms=st.one_of(st.none(), NUMBERS),
+        ),
+    ),
+    "enqueue_many": lambda w, d: (
+        (_items(w, d),),
+        _kw(d, group=st.one_of(st.none(), LANE), delay_ms=st.one_of(st.none(), DELAY)),
+    ),
+    "claim": lambda w, d: ((), _kw(d, lease_ms=LEASE)),
+    "claim_batch": lambda w, d: ((d(COUNT),), _kw(d, lease_ms=LEASE)),
+    "complete": lambda w, d: (
+        w.lease(d),
+        _kw(d, result=st.one_of(st.none(), PAYLOAD)),
+    ),
+    "complete_many": lambda w, d: (([w.pair(d) for _ in range(d(st.integers(0, 3)))],), {}),
+    "retry": lambda w, d: (
+        w.lease(d),
+        {
+            "delay_ms": d(DELAY),
+            "max_attempts": d(num(st.integers(1, 3))),
+            "error": d(TEXT),
+        },
+    ),
+    "delay": lambda w, d: ((*w.lease(d), d(DELAY)), {}),
+    "extend": lambda w, d: (w.lease(d), {"lease_ms": d(LEASE)}),
+    "extend_many": lambda w, d: (
+        ([w.pair(d) for _ in range(d(st.integers(0, 3)))],),
+        {"lease_ms": d(LEASE)},
+    ),
+    "promote": lambda w, d: ((d(COUNT),) if d(st.booleans()) else (), {}),
+    "reap": lambda w, d: ((d(COUNT),) if d(st.booleans()) else (), {}),
+    "sweep_stalled": lambda w, d: ((), _kw(d, max_stalled=COUNT, limit=COUNT)),
+    "reprocess": lambda w, d: ((w.job_id(d),), {}),
+    "remove": lambda w, d: ((w.job_id(d),), {}),
+    "browse": lambda w, d: (
+        (d(mostly(st.sampled_from(["pending", "dead", "active", "schedule"]), STATES)), d(COUNT)),
+        _kw(d, group=st.one_of(st.none(), LANE)),
+    ),
+    "pending_size": lambda w, d: ((), {}),
+    "counts": lambda w, d: ((), {}),
+    "check": lambda w, d: ((), {}),
+    "get_job": lambda w, d: ((w.job_id(d),), {}),
+    "job_state": lambda w, d: ((w.job_id(d),), {}),
+    "pause": lambda w, d: ((), {}),
+    "resume": lambda w, d: ((), {}),
+    "is_paused": lambda w, d: ((), {}),
+    "pause_lane": lambda w, d: ((d(LANE),), {}),
+    "resume_lane": lambda w, d: ((d(LANE),), {}),
+    "limit_lane": lambda w, d: ((d(LANE), d(st.one_of(st.none(), COUNT))), {}),
+    "weight_lane": lambda w, d: ((d(LANE), d(COUNT)), {}),
+    "reassign": lambda w, d: ((w.job_id(d), d(LANE)), {}),
+    "lane_depth": lambda w, d: ((d(LANE),), {}),
+    "lanes": lambda w, d: ((), {}),
+    "drain": lambda w, d: ((), _kw(d, include_schedule=st.one_of(st.booleans(), NUMBERS))),
+    "obliterate": lambda w, d: (
+        (w.q.pause() if d(st.booleans()) else ()) or (),  # obliterate needs a paused queue
+        _kw(d, force=st.one_of(st.booleans(), NUMBERS)),
+    ),
+    "update_progress": lambda w, d: ((w.job_id(d), d(TEXT)), {}),
+    "add_log": lambda w, d: (
+        (w.job_id(d), d(TEXT)),
+        _kw(d, keep=num(st.integers(0, 3))),
+    ),
+    "logs": lambda w, d: ((w.job_id(d),), {}),
+}
+
+
+def _bytes(p: Any) -> bytes:
+    return p.encode() if isinstance(p, str) else bytes(p)
+
+
+def _observe(w: World, verb: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    """What a call that succeeded must have done (the protocol's promise), and what the world
+    learns from it."""
+    q = w.q
+    if verb == "enqueue":
+        assert isinstance(out, Enqueued) and out.status in ("enqueued", "scheduled", "duplicate")
+        row = q.get_job(out.id)
+        assert row is not None
+        if out.status != "duplicate":
+            assert row["payload"] == _bytes(args[0])  # verbatim, any bytes
+        w.known.append(out.id)
+    elif verb == "enqueue_many":
+        assert isinstance(out, list) and len(out) == len(list(args[0]))
+        for item, verdict in zip(args[0], out, strict=True):
+            if isinstance(verdict, Enqueued):
+                w.known.append(verdict.id)
+                if verdict.status != "duplicate":
+                    data = item[1] if isinstance(item, tuple) else item
+                    assert q.get_job(verdict.id)["payload"] == _bytes(data)
+            else:
+                assert isinstance(verdict, echomq.KindError)
+    elif verb in ("claim", "claim_batch"):
+        jobs = [out] if isinstance(out, Job) else ([] if out is None else out)
+        if verb == "claim_batch":
+            assert len(jobs) <= args[0]
+        for job in jobs:
+            assert q.get_job(job.id)["attempts"] == str(job.token)
+            assert q.job_state(job.id) == "active"
+            w.held.append((job.id, job.token))
+    elif verb in ("complete", "remove"):
+        assert out is None and q.job_state(args[0]) == "absent"
+    elif verb == "retry":
+        assert out in ("scheduled", "dead")
+        assert q.job_state(args[0]) == out
+    elif verb == "delay":
+        assert q.job_state(args[0]) in ("pending", "scheduled")
+    elif verb == "extend":
+        assert q.job_state(args[0]) == "active"
+    elif verb == "reprocess":
+        assert q.job_state(args[0]) == "pending"
+    elif verb in ("complete_many", "extend_many", "browse", "lanes"):
+        assert isinstance(out, list) and all(isinstance(x, str) for x in out)
+    elif verb == "counts":
+        assert sorted(out) == sorted(
+            ["pending", "active", "schedule", "dead", "completed", "failed"]
+        )
+        assert all(isinstance(v, int) and v >= 0 for v in out.values())
+    elif verb == "job_state":
+        assert out in ("pending", "active", "scheduled", "dead", "awaiting_children", "absent")
+    elif verb == "add_log":
+        assert isinstance(out, int) and out >= 1
+        assert q.logs(args[0])[-1] == args[1].encode()
+    elif verb == "obliterate":
+        assert q.counts()["pending"] == q.counts()["active"] == 0
+    elif verb in ("promote", "reap", "drain", "pending_size", "lane_depth"):
+        assert isinstance(out, int) and out >= 0
+
+
+def run_hostile_calls(w: World, data: Any, calls: int) -> None:
+    for _ in range(calls):
+        verb = data.draw(st.sampled_from(sorted(VERBS)), label="verb")
+        args, kwargs = VERBS[verb](w, data.draw)
+        before = snapshot(w.r, w.name)
+        try:
+            out = getattr(w.q, verb)(*args, **kwargs)
+        except (EchoMQError, ValueError) as exc:
+            after = snapshot(w.r, w.name)
+            assert after == before, f"{verb}{args!r} {kwargs!r} raised {exc!r} but wrote"
+            continue
+        except Exception as exc:  # an untyped error is a finding
+            raise AssertionError(f"{verb}{args!r} {kwargs!r} raised untyped {exc!r}") from exc
+        _observe(w, verb, args, kwargs, out)
+        assert w.q.check() == [], f"after {verb}{args!r} {kwargs!r}"
+
+
+def populate(w: World) -> None:
+    q = w.q
+    for group in (None, *LANES):
+        for _ in range(2):
+            w.known.append(q.enqueue(b"seed", group=group).id)
+    for job in q.claim_batch(3, lease_ms=60_000):
+        w.held.append((job.id, job.token))
+    held = q.claim(lease_ms=60_000)
+    q.retry(held.id, held.token, delay_ms=0, max_attempts=1, error="seed")  # dead
+    w.known += [held.id, q.enqueue(b"later", delay_ms=600_000).id]
+    q.add_log(w.known[0], "seed")
+
+
+_examples = itertools.count()
+
+
+@contextlib.contextmanager
+def fresh_world(kind: str, url: str, r: redis.Redis, qname: str) -> Iterator[World]:
+    """A new queue per example: what hypothesis draws may depend on the world, so every
+    example (and every replay while shrinking) must start from the same one."""
+    name = f"{qname[:60]}-{next(_examples)}"
+    if kind == "sync":
+        q: Any = echomq.Queue(name, url=url, max_payload=MAX_PAYLOAD)
+    else:
+        q = SyncOverAsync(echomq.AsyncQueue(name, url=url, max_payload=MAX_PAYLOAD))
+    w = World(q, r, name)
+    try:
+        populate(w)
+        yield w
+    finally:
+        q.close()
+        keys = list(r.scan_iter(match=f"emq:{{{name}}}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_every_verb_under_hostile_arguments(
+    kind: str, url: str, r: redis.Redis, qname: str, data: Any
+) -> None:
+    with fresh_world(kind, url, r, qname) as w:
+        run_hostile_calls(w, data, calls=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=NAMES,
+    max_payload=st.one_of(st.integers(-2, 2**70), NUMBERS),
+)
+def test_queue_construction_under_hostile_arguments(url: str, name: Any, max_payload: Any) -> None:
+    try:
+        q = echomq.Queue(name, url=url, max_payload=max_payload)
+    except (EchoMQError, ValueError):
+        return
+    assert re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name) and name != "emq"
+    assert isinstance(max_payload, int) and max_payload >= 1
+    q.close()
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+class InProcWorker:
+    """A Worker running ``arun()`` on a private loop in a thread."""
+
+    def __init__(self, worker: echomq.Worker) -> None:
+        self.worker = worker
+        self.loop = asyncio.new_event_loop()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            self.loop.run_until_complete(self.worker.arun())
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.worker.stop)
+            self.thread.join(30)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        self.loop.close()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.mark.parametrize("source", ["retry_signal", "backoff_policy"])
+def test_a_delay_beyond_the_protocol_cannot_wedge_the_worker(
+    url: str, qname: str, r: redis.Redis, source: str
+) -> None:
+    """A 300-year delay (a Retry signal's, or a policy's) once failed every settle batch of
+    the worker, every turn: nothing completed again. Now it is the longest delay, MAX_MS."""
+    app = echomq.App(url=url)
+    policy = 10**13 if source == "backoff_policy" else 10
+    seen: list[int] = []
+
+    @app.task(queue=qname, name="absurd", backoff=policy, max_attempts=5)
+    def absurd(n: int) -> None:
+        seen.append(n)
+        if n == 0:
+            if source == "retry_signal":
+                raise echomq.Retry(delay_ms=10**13)
+            raise RuntimeError("fails")
+
+    q = app.queue(qname)
+    first = absurd.enqueue(0).id
+    absurd.enqueue_many([((n,), {}) for n in range(1, 21)])
+    w = InProcWorker(echomq.Worker(app, concurrency=4, beat_ms=100))
+    try:
+        wait_for(lambda: q.counts()["completed"] == 20, timeout=30)
+        wait_for(lambda: q.job_state(first) == "scheduled", timeout=30)
+    finally:
+        w.stop()
+        app.close()
+    due = r.zscore(f"emq:{{{qname}}}:schedule", first)
+    assert due is not None and abs(due - (server_ms(r) + MAX_MS)) < 60_000
+    assert q.check() == []
+
+
+def test_task_and_worker_refuse_values_beyond_the_protocol(url: str, qname: str) -> None:
+    app = echomq.App(url=url)
+    for kwargs in ({"max_attempts": MAX_INT + 1}, {"lease_ms": MAX_MS + 1}):
+        with pytest.raises(echomq.InvalidArgument):
+            app.task(queue=qname, name=f"t{len(app.tasks)}", **kwargs)(lambda: None)
+    app.task(queue=qname, name="edge", max_attempts=MAX_INT, lease_ms=MAX_MS)(lambda: None)
+    with pytest.raises(echomq.InvalidArgument):
+        echomq.Worker(app, concurrency=1_000_001)
+    with pytest.raises(echomq.InvalidArgument):
+        echomq.Worker(app, max_stalled=MAX_INT + 1)
+    echomq.Worker(app, concurrency=1_000_000, max_stalled=MAX_INT)
+    app.close()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path, url)
+    yield spawner
+    spawner.stop_all()
+
+
+def test_malformed_rows_never_crash_a_worker(
+    spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    b = f"emq:{{{qname}}}:"
+    lane = "tenant-a"
+    past = server_ms(r) - 60_000
+    dead: dict[str, str] = {}  # id -> the reason it must be dead-lettered with
+    runs: dict[str, int] = {}  # id -> the n it must run (and complete) with
+    gone: dict[str, str] = {}  # id -> the set it must have left
+
+    def row(fields: dict[str, Any], where: str = "pending", score: float = 0) -> str:
+        job_id = ids.mint()
+        if fields:
+            r.hset(b + "job:" + job_id, mapping=fields)
+        r.zadd(b + where, {job_id: score})
+        return job_id
+
+    for att in ("abc", "-1", "1.5", "nan", "1e400", "99999999999999999999", "", " 7", "0x10"):
+        dead[row({"state": "pending", "attempts": att, "payload": payload(1)})] = (
+            "attempts is not an integer"
+        )
+    dead[row({"state": "pending", "payload": payload(2)})] = "attempts is not an integer"
+    dead[row({"state": "pending", "attempts": "0"})] = "undecodable payload"
+    dead[row({"attempts": "0", "payload": b"\xff\x00{"})] = "undecodable payload"
+    envelope = json.dumps({"task": "chaos.run", "args": 5}).encode()
+    dead[row({"attempts": "0", "payload": envelope})] = "undecodable payload"
+    dead[row({"attempts": "0", "payload": json.dumps({"task": "nope"}).encode()})] = "unknown task"
+    # A lapsed lease whose row cannot be leased again: recovered by the sweep, then dead.
+    dead[row({"state": "active", "attempts": "x", "payload": payload(3)}, "active", past)] = (
+        "attempts is not an integer"
+    )
+    # Not a branded id: a row the client could never settle (nor name).
+    r.hset(b + "job:not-a-job-id", mapping={"state": "pending", "attempts": "0"})
+    r.zadd(b + "pending", {"not-a-job-id": 0})
+    r.zadd(b + "pending", {"zz-ghost": 0})
+
+    runs[row({"attempts": "0", "payload": payload(1001)})] = 1001  # no state: runs anyway
+    # A lapsed lease with a stall count that is not an integer: recovered, runs, completes.
+    stalled = {"state": "active", "attempts": "1", "lease_epoch": "1", "stalled": "abc"}
+    runs[row({**stalled, "payload": payload(1002)}, "active", past)] = 1002
+
+    wrong = {}  # a key of the wrong type where the row hash should be
+    for kind in ("string", "list", "set", "zset"):
+        job_id = row({})
+        key = b + "job:" + job_id
+        if kind == "string":
+            r.set(key, "x")
+        elif kind == "list":
+            r.rpush(key, "x")
+        elif kind == "set":
+            r.sadd(key, "x")
+        else:
+            r.zadd(key, {"x": 1})
+        wrong[job_id] = kind
+        gone[job_id] = "pending"
+    for where, score in (("pending", 0), ("active", past), ("schedule", past)):
+        gone[row({}, where, score)] = where  # ghosts: ids without a row
+    key = b + "job:" + (sched := row({}, "schedule", past))
+    r.set(key, "not a row")
+    wrong[sched], gone[sched] = "string", "schedule"
+    lane_ghost = row({}, f"g:{lane}:pending")
+    gone[lane_ghost] = f"g:{lane}:pending"
+    dead_ghost = row({}, "dead")
+
+    # The good jobs (enqueued after the planted ids, which sort first and are popped first).
+    for n, e in enumerate(q.enqueue_many([payload(n) for n in range(30)])):
+        runs[e.id] = n
+    for n in range(30, 40):
+        runs[q.enqueue(payload(n), group=lane).id] = n
+
+    w = spawn.start(
+        "worker", "apps.chaos:app", "-c", "8", "--beat-ms", "100",
+        env=spawn.env(EMQ_TEST_QUEUE=qname, EMQ_TEST_LEASE_MS="10000"),
+    )  # fmt: skip
+    wait_for(lambda: q.counts()["completed"] == len(runs), timeout=60)
+    wait_for(lambda: q.counts()["active"] == q.counts()["pending"] == 0, timeout=30)
+
+    ran = {job_id: n for job_id, _, _, n in read_books(r, qname).history}
+    assert ran == runs  # every good job ran (once: no lease lapsed), no planted one did
+    for job_id, reason in dead.items():
+        assert q.job_state(job_id) == "dead", job_id
+        assert reason in q.get_job(job_id)["last_error"], (job_id, q.get_job(job_id))
+    assert r.zscore(b + "dead", "not-a-job-id") == 0
+    assert "not a branded job id" in r.hget(b + "job:not-a-job-id", "last_error").decode()
+    assert r.zscore(b + "pending", "zz-ghost") is None
+    for job_id, where in gone.items():
+        assert r.zscore(b + where, job_id) is None, (job_id, where)
+        assert q.job_state(job_id) in ("absent", "unknown")
+    for job_id, kind in wrong.items():
+        assert r.type(b + "job:" + job_id).decode() == kind  # left alone, never rewritten
+    assert r.zscore(b + "dead", dead_ghost) == 0  # a dead ghost waits for an operator
+    counts = q.counts()
+    assert counts["schedule"] == 0 and counts["dead"] == len(dead) + 2  # + not-a-job-id, ghost
+    # The checker still reports the planted garbage, and nothing else.
+    planted = [*dead, *wrong, dead_ghost]
+    for line in q.check():
+        assert any(p in line for p in planted), line
+
+    # The worker kept running, and stops cleanly.
+    assert w.popen.poll() is None, w.text()
+    wait_log(w, "serving")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.text()
+    text = w.text()
+    for needle in ("Traceback", "crashed", "claim failed", "settle failed", "ERROR"):
+        assert needle not in text, text
+
+
+def test_a_flat_set_missing_from_the_ring_is_healed_by_the_next_beat(
+    q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    """Enqueue's fast path trusts that a non-empty flat set is in the ring. A ring changed
+    from outside (here: the entry removed) left the flat set unserved for good — a worker
+    sat idle next to pending jobs. The beat's promote now puts the entry back."""
+    ring = f"emq:{{{qname}}}:ring"
+    first = q.enqueue(b"one").id
+    r.lrem(ring, 0, "*")
+    q.enqueue(b"two")  # the fast path: the flat set was non-empty, the ring is not looked at
+    assert q.claim(lease_ms=60_000) is None  # stranded
+    assert any("misses the flat set" in line for line in q.check())
+    q.promote()
+    assert r.lrange(ring, 0, -1) == [b"*"]
+    assert q.check() == []
+    job = q.claim(lease_ms=60_000)
+    assert job is not None and job.id == first
