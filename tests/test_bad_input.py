@@ -488,3 +488,11 @@ def test_settle_rejects_bad_input_before_any_write(
     with pytest.raises((InvalidId, InvalidArgument)):
         anyq.settle(**kwargs)
     assert snapshot(r, qname) == before
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, "10", True])
+def test_retry_for_is_validated(url: str, value: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        echomq.Queue("q", url=url, retry_for=value)
+    with pytest.raises(InvalidArgument):
+        echomq.AsyncQueue("q", url=url, retry_for=value)

@@ -573,7 +573,7 @@ def test_options_delay_group_and_id(make_app, run_worker, qname, r: redis.Redis)
     def opt(x: int) -> None:
         seen.append((current_job(), time.time()))
 
-    job_id = echomq.ids.mint()
+    job_id = echomq.echomq.ids.mint()
     t0 = time.time()
     e = opt.options(delay_ms=400, group="acme", id=job_id).enqueue(7)
     assert (e.id, e.status) == (job_id, "scheduled")
@@ -697,3 +697,22 @@ def test_url_cannot_change_after_first_use(make_app, qname) -> None:
     app.queue(qname)
     with pytest.raises(echomq.EchoMQError):
         app.url = "redis://127.0.0.1:1/0"
+
+
+def test_an_unsettleable_settle_does_not_block_the_batch(make_app, qname) -> None:
+    """A settle the protocol refuses before any I/O (a token or id no claim can produce, e.g.
+    from a planted row) is dropped on its own; the rest of its batch still goes out."""
+    from echomq._protocol import Keys
+    from echomq.worker import _QueueLoop, _Settle
+
+    app = make_app()
+    app.task(queue=qname, name="t")(lambda: None)
+    worker = Worker(app, [qname])
+    ql = _QueueLoop(Keys(qname), 30_000)
+    good = [
+        _Settle(echomq.ids.mint(), 1, "completed"),
+        _Settle(echomq.ids.mint(), 2, "retried", 10, 3, "e"),
+    ]
+    bad = [_Settle(echomq.ids.mint(), 0, "completed"), _Settle("not-an-id", 1, "dead", 0, 1, "x")]
+    assert worker._valid(ql, good) == good
+    assert worker._valid(ql, [bad[0], good[0], bad[1], good[1]]) == good

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import threading
@@ -75,6 +76,17 @@ TRANSIENT = (
     redis.exceptions.RedisClusterException,  # "cannot be connected": every known node is down
 )
 DEFAULT_RETRY_FOR = 10.0
+
+
+def _retry_for(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidArgument(f"retry_for must be finite seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def _backoff(attempt: int) -> float:
@@ -354,7 +366,7 @@ class SyncExecutor:
         _check_bytes_client(client)
         self.client = client
         self.owned = owned
-        self.retry_for = retry_for
+        self.retry_for = _retry_for(retry_for)
         # Durable mode: every write waits for `durable` replica acknowledgements (WAIT, and
         # WAITAOF with durable_aof) on the connection that made it, so an acknowledged
         # enqueue or settle survives the loss of the primary.
@@ -561,7 +573,7 @@ class AsyncExecutor:
         _check_bytes_client(client)
         self.client = client
         self.owned = owned
-        self.retry_for = retry_for
+        self.retry_for = _retry_for(retry_for)
         self.durable = durable
         self.durable_timeout_ms = durable_timeout_ms
         self.durable_aof = durable_aof

@@ -40,7 +40,14 @@ from echomq._executor import (
 from echomq._protocol import Call, Job, Keys
 from echomq.app import Discard, JobContext, Retry, _current
 from echomq.backoff import exponential
-from echomq.errors import EchoMQError, InvalidArgument, JobGone, StaleToken, VersionFenceError
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    InvalidId,
+    JobGone,
+    StaleToken,
+    VersionFenceError,
+)
 
 if TYPE_CHECKING:
     from echomq.app import App, Task
@@ -322,6 +329,7 @@ class Worker:
 
     async def _turn(self, ql: _QueueLoop, settles: list[_Settle], want: int) -> None:
         assert self._x is not None
+        settles = self._valid(ql, settles)
         try:
             result = await self._x.call(_settle_call(ql, settles, want))
         except _NETWORK_ERRORS as exc:
@@ -356,6 +364,24 @@ class Worker:
                 for other in self._loops:
                     if other is not ql and not other.idle.is_set():
                         other.kick.set()
+
+    def _valid(self, ql: _QueueLoop, settles: list[_Settle]) -> list[_Settle]:
+        """The settles the protocol accepts. One it refuses before any I/O (an id or token a
+        malformed row produced) is dropped with an error — its job's lease lapses and the
+        stall sweep takes it — instead of failing, and so blocking, every batch it rides in."""
+        try:
+            _settle_call(ql, settles, 0)
+            return settles
+        except (InvalidArgument, InvalidId):
+            pass
+        good = []
+        for s in settles:
+            try:
+                _settle_call(ql, [s], 0)
+                good.append(s)
+            except (InvalidArgument, InvalidId) as exc:
+                log.error("job %r: cannot settle it (%s); its lease will lapse", s.job_id, exc)
+        return good
 
     def _count_settled(self, ql: _QueueLoop, settles: list[_Settle], result: _p.Settled) -> None:
         """Account for one settle call's verdicts, in the order _settle_call sent them."""
