@@ -573,7 +573,7 @@ def test_options_delay_group_and_id(make_app, run_worker, qname, r: redis.Redis)
     def opt(x: int) -> None:
         seen.append((current_job(), time.time()))
 
-    job_id = echomq.echomq.ids.mint()
+    job_id = echomq.ids.mint()
     t0 = time.time()
     e = opt.options(delay_ms=400, group="acme", id=job_id).enqueue(7)
     assert (e.id, e.status) == (job_id, "scheduled")
