@@ -781,7 +781,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 # Sections other benchmarks own in RESULTS.md (bench/verbs.py, bench/cluster.py): a rerun of
 # this bench rewrites its own part and keeps theirs.
-KEPT_SECTIONS = ("## Protocol verbs", "## Cluster")
+KEPT_SECTIONS = ("## Targets and where the time goes", "## Protocol verbs", "## Cluster")
 
 
 def _kept_sections(path: Path) -> str:
