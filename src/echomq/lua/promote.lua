@@ -21,9 +21,7 @@ for _, id in ipairs(due) do
     moved = moved + 1
   end
 end
-for key, n in pairs(added) do
-  if key == FLAT then touch(base, false, n) else touch(base, key, n) end
-end
+touch_all(base, added)
 -- Self-heal, once a beat: enqueue's fast path (touch) trusts that a non-empty flat set is in
 -- the ring. Should the ring lose it anyway (a member planted from outside, a lost key), the
 -- flat set would never be served again; the next promote puts it back.

@@ -16,7 +16,7 @@ for _, id in ipairs(lapsed) do
   local row = hmget(jk, 'state', 'group') or {}
   local g = row[2]
   if g then
-    if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end
+    free_slot(base, g)
   end
   if row[1] then
     park(base, id, jk, g)
@@ -25,7 +25,5 @@ for _, id in ipairs(lapsed) do
     moved = moved + 1
   end
 end
-for key, n in pairs(added) do
-  if key == FLAT then touch(base, false, n) else touch(base, key, n) end
-end
+touch_all(base, added)
 return moved

@@ -20,7 +20,7 @@ for _, id in ipairs(lapsed) do
   local row = hmget(jk, 'state', 'group') or {}
   local g = row[2]
   if g then
-    if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end
+    free_slot(base, g)
     added[g] = added[g] or 0
   end
   if row[1] then
@@ -46,7 +46,5 @@ for _, id in ipairs(lapsed) do
   end
 end
 -- Every lane that lost an active job is synced: a freed slot may make it serviceable again.
-for key, n in pairs(added) do
-  if key == FLAT then touch(base, false, n) else touch(base, key, n) end
-end
+touch_all(base, added)
 return {recovered, died}

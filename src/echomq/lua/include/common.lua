@@ -91,17 +91,29 @@ local function touch(base, g, added)
   end
 end
 
+-- Touch every waiting set a sweep added jobs to ({[lane or FLAT] = count}).
+local function touch_all(base, added)
+  for key, n in pairs(added) do
+    if key == FLAT then touch(base, false, n) else touch(base, key, n) end
+  end
+end
+
 -- Put a live job into its waiting set (its lane when grouped), state pending. No sync.
 local function park(base, id, jk, g)
   rcall('ZADD', waiting_key(base, g), 0, id)
   rcall('HSET', jk, 'state', 'pending')
 end
 
+-- A grouped job left active: its lane gets the slot back (the field goes at zero).
+local function free_slot(base, g)
+  if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end
+end
+
 -- Take a job out of active; a grouped job gives its lane slot back. Returns 1 if it was there.
 local function leave_active(base, id, g)
   local n = rcall('ZREM', base .. 'active', id)
   if n == 1 and g then
-    if rcall('HINCRBY', base .. 'gactive', g, -1) <= 0 then rcall('HDEL', base .. 'gactive', g) end
+    free_slot(base, g)
     touch(base, g, 0)
   end
   return n
