@@ -350,12 +350,12 @@ class _Fence:
         self.pending = True
 
 
-class SyncExecutor:
-    """Runs calls on a synchronous redis-py client."""
+class _Executor:
+    """What both executors hold: the client, the replay budget, durable mode, the fence."""
 
     def __init__(
         self,
-        client: SyncClient,
+        client: Any,
         *,
         owned: bool = False,
         retry_for: float = DEFAULT_RETRY_FOR,
@@ -375,6 +375,15 @@ class SyncExecutor:
         self.durable_aof = durable_aof
         self._fence = _Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
+
+
+class SyncExecutor(_Executor):
+    """Runs calls on a synchronous redis-py client."""
+
+    client: SyncClient
+
+    def __init__(self, client: SyncClient, **options: Any) -> None:
+        super().__init__(client, **options)
         # On a standalone server each thread talks over a connection of its own, straight
         # through send/read: redis-py's execute_command wrapper (pool lock, retry, metrics)
         # costs more than the loopback round trip. The connection comes from the pool's
@@ -557,29 +566,14 @@ class SyncExecutor:
             self.client.close()
 
 
-class AsyncExecutor:
+class AsyncExecutor(_Executor):
     """Runs calls on an asyncio redis-py client; the twin of :class:`SyncExecutor`."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        *,
-        owned: bool = False,
-        retry_for: float = DEFAULT_RETRY_FOR,
-        durable: int = 0,
-        durable_timeout_ms: int = 2000,
-        durable_aof: bool = False,
-    ) -> None:
-        _check_bytes_client(client)
-        self.client = client
-        self.owned = owned
-        self.retry_for = _retry_for(retry_for)
-        self.durable = durable
-        self.durable_timeout_ms = durable_timeout_ms
-        self.durable_aof = durable_aof
+    client: AsyncClient
+
+    def __init__(self, client: AsyncClient, **options: Any) -> None:
+        super().__init__(client, **options)
         self._node_clients: dict[str, Any] = {}
-        self._fence = _Fence()
-        self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         self._install_hook()
 
     def _install_hook(self) -> None:
