@@ -21,6 +21,9 @@ import redis.asyncio
 import echomq
 from echomq.server import EmbeddedServer
 
+# procs.py holds the subprocess helpers and the `spawn` fixture every process test uses.
+pytest_plugins = ["procs"]
+
 _counter = itertools.count()
 
 

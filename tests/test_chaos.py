@@ -13,8 +13,6 @@ import random
 import re
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -31,13 +29,6 @@ PRODUCE_PER_TURN = 400
 FREEZE_EVERY = 8  # every 8th action freezes a worker instead of killing one
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
 
 
 def start_worker(spawn: Spawner, queue: str) -> Proc:

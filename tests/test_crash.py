@@ -36,13 +36,6 @@ pytestmark = [pytest.mark.chaos]
 
 
 @pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
-
-
-@pytest.fixture
 def crashing_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
     srv = EmbeddedServer(tmp_path / "aof", appendonly=True, fsync=request.param)
     srv.start()

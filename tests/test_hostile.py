@@ -20,7 +20,6 @@ import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -472,13 +471,6 @@ def test_task_and_worker_refuse_values_beyond_the_protocol(url: str, qname: str)
         echomq.Worker(app, max_stalled=MAX_INT + 1)
     echomq.Worker(app, concurrency=1_000_000, max_stalled=MAX_INT)
     app.close()
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
 
 
 def test_malformed_rows_never_crash_a_worker(

@@ -193,13 +193,6 @@ def proxies() -> Iterator[list[Proxy]]:
 
 
 @pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
-
-
-@pytest.fixture
 def children() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Producer processes this test started; killed (by pid) if still running at the end."""
     procs: list[subprocess.Popen[bytes]] = []

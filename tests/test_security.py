@@ -188,13 +188,6 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, int, Path, Path
     srv.stop()
 
 
-@pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
-
-
 def test_tls_end_to_end(
     tls_server: tuple[EmbeddedServer, int, Path, Path], spawn: Spawner, qname: str
 ) -> None:

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,6 @@ import redis
 import echomq
 from conftest import wait_for
 from procs import TESTS_DIR, Spawner, pid_gone, pids_in, wait_log
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
 
 
 @pytest.fixture

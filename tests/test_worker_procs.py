@@ -9,8 +9,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,13 +17,6 @@ import echomq
 from conftest import wait_for
 from echomq import JobGone, StaleToken
 from procs import Proc, Spawner, wait_log
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path, url)
-    yield spawner
-    spawner.stop_all()
 
 
 def call(task: str, *args: object) -> bytes:
