@@ -16,7 +16,7 @@ import redis
 from conftest import server_ms
 from echomq import _protocol as _p
 from echomq import ids, keyspace
-from echomq._scripts import SCRIPTS
+from echomq._scripts import SCRIPTS, parse_flags
 
 LUA = Path(_p.__file__).parent / "lua"
 JOB_STATES = {"pending", "active", "scheduled", "dead", "awaiting_children"}
@@ -148,6 +148,44 @@ def test_header_contract(name: str) -> None:
     tail = re.search(r"^\s*ARGV\[(\d+)\.\.\]", head, re.M)
     limit = int(tail.group(1)) if tail else max(argv, default=0)
     assert all(n <= limit for n in used_argv), name
+
+
+_WRITE_COMMANDS = re.compile(
+    r"rcall\('(?:ZADD|ZREM|ZPOPMIN|ZREMRANGEBY\w+|HSET|HSETNX|HDEL|HINCRBY|DEL|LPUSH|RPUSH|LREM|"
+    r"LSET|LTRIM|RPOPLPUSH|LMOVE|SET|INCR\w*|EXPIRE|PEXPIRE|SADD|SREM|XADD|UNLINK)'"
+)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_header_declares_flags(name: str) -> None:
+    """Every script's traits live in its header: a script added without a ``Flags:`` line
+    fails to load, and a script that declares ``reads`` writes nothing."""
+    text = (LUA / f"{name}.lua").read_text()
+    head = _HEADER.match(text)
+    assert head is not None
+    assert len(re.findall(r"^\s*Flags:", head.group(1), re.M)) == 1, name
+    script = SCRIPTS[name]
+    if not script.writes:
+        # The script's own lines (shared includes define write helpers it may not call).
+        body = text[head.end() :]
+        assert not _WRITE_COMMANDS.search(body), f"{name} declares reads but writes"
+        assert script.replay, f"{name}: a read is always safe to resend"
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ("", "exactly one 'Flags:'"),
+        ("  Flags: writes\n", "one of ('replay', 'once')"),
+        ("  Flags: reads writes once\n", "one of ('reads', 'writes')"),
+        ("  Flags: writes replay fast\n", "unknown flags"),
+        ("  Flags: writes once\n  Flags: writes once\n", "exactly one 'Flags:'"),
+    ],
+)
+def test_unclassified_scripts_are_refused(flags: str, error: str) -> None:
+    header = f" demo: a script.\n  KEYS[1] meta\n  Returns 1\n{flags}"
+    with pytest.raises(RuntimeError, match=re.escape(error)):
+        parse_flags("demo", header)
 
 
 def _lua_sources() -> list[Path]:

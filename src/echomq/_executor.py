@@ -196,12 +196,9 @@ def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisClus
     return redis.asyncio.Redis.from_url(plain, **_client_options())
 
 
-# Scripts that only read: never waited on in durable mode.
-_READ_ONLY = frozenset({"counts", "check", "job_state", "logs"})
-
-
 def _is_write(call: Call[Any]) -> bool:
-    return call.script is not None and call.script.name not in _READ_ONLY
+    # Scripts that only read (``Flags: reads`` in their header) are never waited on.
+    return call.script is not None and call.script.writes
 
 
 def _durable_waits(pipe: Any, durable: int, timeout_ms: int, aof: bool) -> None:

@@ -76,19 +76,6 @@ class Replay(Exception):
         self.cause = cause
 
 
-# Scripts whose lost reply may be answered by sending them again. A claim sent twice leases a
-# job nobody sees until its lease lapses (at-least-once holds); extends, sweeps, pauses and
-# reads are idempotent. Settles (complete, retry, delay, settle), remove, reprocess,
-# reassign and add_log are not here: a replay could misreport or double-apply them.
-_REPLAY_SAFE = frozenset(
-    {
-        "claim", "claim_batch", "extend", "extend_many", "promote", "reap", "sweep_stalled",
-        "update_progress", "logs", "job_state", "counts", "check", "pause", "resume",
-        "pause_lane", "resume_lane", "limit_lane", "weight_lane",
-    }
-)  # fmt: skip
-
-
 # A multi-call verb: yields a Call (receives its decoded result) or a list of Calls to
 # pipeline (receives a list of decoded results or exceptions), returns the verb's result.
 Plan = Generator[Call[Any] | list[Call[Any]], Any, T]
@@ -272,7 +259,10 @@ def _str_list(reply: Iterable[bytes | str]) -> list[str]:
 def _call(
     name: str, keys: tuple[str, ...], args: tuple[Arg, ...], decode: Callable[[Any], T]
 ) -> Call[T]:
-    return Call(SCRIPTS[name], keys, args, decode, name in _REPLAY_SAFE)
+    script = SCRIPTS[name]
+    # Whether a lost reply may be answered by resending is the script's own declared trait
+    # (``Flags: replay`` in its header, see _scripts.py).
+    return Call(script, keys, args, decode, script.replay)
 
 
 def _cmd(args: tuple[Arg, ...], decode: Callable[[Any], T]) -> Call[T]:

@@ -4,6 +4,7 @@
   ARGV[1] line
   ARGV[2] keep            >= 0
   Returns the number of lines kept | -1 when gone
+  Flags: writes once
 ]]
 local rcall = redis.call
 if rcall('EXISTS', KEYS[1]) == 0 then return -1 end

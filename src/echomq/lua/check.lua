@@ -3,6 +3,7 @@
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base and the SCANs)
   ARGV[1] base            emq:{q}:   (a glob-safe prefix)
   Returns {violation, ...}; empty when the queue is sound
+  Flags: reads replay
 ]]
 --@include common
 local base = ARGV[1]

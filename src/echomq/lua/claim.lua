@@ -5,6 +5,7 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] lease_ms        > 0
   Returns {id, payload, attempts, group|nil} | {} when paused or nothing is claimable
+  Flags: writes replay
 ]]
 --@include common
 --@include lease

@@ -6,6 +6,7 @@
   ARGV[2] lease_ms        > 0
   ARGV[3] n               > 0
   Returns {{id, payload, attempts, group|nil}, ...} (possibly empty), in claim order
+  Flags: writes replay
 ]]
 --@include common
 --@include lease

@@ -6,6 +6,7 @@
   ARGV[3] token           the attempts value claim returned
   ARGV[4] result          accepted for the API's sake; the row is retired, nothing keeps it
   Returns 1 | 0 when gone | error EMQSTALE
+  Flags: writes once
 ]]
 --@include common
 --@include fence

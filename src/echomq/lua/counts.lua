@@ -2,6 +2,7 @@
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base)
   ARGV[1] base            emq:{q}:
   Returns {pending (flat + every lane), active, schedule, dead, completed, failed}
+  Flags: reads replay
 ]]
 local rcall = redis.call
 local base = ARGV[1]

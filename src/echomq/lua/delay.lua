@@ -9,6 +9,7 @@
   ARGV[3] token
   ARGV[4] delay_ms        >= 0, on the server clock
   Returns 1 | 0 when gone | error EMQSTALE
+  Flags: writes once
 ]]
 --@include common
 --@include fence

@@ -6,6 +6,7 @@
   ARGV[2] include_schedule  '1' | '0'
   ARGV[3] budget          > 0, jobs deleted per call at most
   Returns {deleted, more}
+  Flags: writes once
 ]]
 --@include common
 local base = ARGV[1]

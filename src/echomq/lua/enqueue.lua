@@ -11,6 +11,7 @@
   ARGV[8] nonce           optional: the call's nonce, the same on every resend ('' : none)
   Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' (a resend whose first copy
     landed) | error EMQKIND
+  Flags: writes once
 ]]
 --@include common
 --@include admit

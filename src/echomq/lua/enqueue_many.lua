@@ -9,6 +9,7 @@
   ARGV[7..] id, payload, id, payload, ...
   Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' | 'kind' per
     job ('replayed': a resend whose first copy landed, see admit.lua)
+  Flags: writes once
 ]]
 --@include common
 --@include admit

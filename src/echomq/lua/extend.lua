@@ -6,6 +6,7 @@
   ARGV[3] token
   ARGV[4] lease_ms        > 0
   Returns 1 | 0 when gone | error EMQSTALE
+  Flags: writes replay
 ]]
 --@include common
 --@include fence

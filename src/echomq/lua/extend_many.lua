@@ -4,6 +4,7 @@
   ARGV[2] lease_ms        > 0
   ARGV[3..] id, token, id, token, ...
   Returns {id, ...}: the ids whose extend failed (gone, stale or settled)
+  Flags: writes replay
 ]]
 --@include common
 --@include fence

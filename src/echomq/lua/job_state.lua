@@ -3,6 +3,7 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] id
   Returns pending | active | scheduled | dead | awaiting_children | unknown | absent
+  Flags: reads replay
 ]]
 local rcall = redis.call
 local base, id = ARGV[1], ARGV[2]

@@ -4,6 +4,7 @@
   ARGV[2] g
   ARGV[3] n               > 0, or '' for no limit
   Returns 1
+  Flags: writes replay
 ]]
 --@include common
 if ARGV[3] == '' then

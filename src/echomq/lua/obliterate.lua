@@ -8,6 +8,7 @@
   ARGV[3] cursor          '0' to start
   ARGV[4] budget          > 0, keys examined per call
   Returns {cursor, deleted} | error EMQSTATE not paused | error EMQSTATE active jobs present
+  Flags: writes once
 ]]
 local rcall = redis.call
 if rcall('HEXISTS', KEYS[1], 'paused') == 0 then return redis.error_reply('EMQSTATE not paused') end

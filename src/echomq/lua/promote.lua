@@ -3,6 +3,7 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] limit           > 0, jobs per call
   Returns the number promoted
+  Flags: writes replay
 ]]
 --@include common
 local base = ARGV[1]

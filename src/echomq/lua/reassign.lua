@@ -4,6 +4,7 @@
   ARGV[2] id
   ARGV[3] dst             the destination lane
   Returns 'reassigned' | 'noop' (already there) | 0 when gone | error EMQSTATE not pending
+  Flags: writes once
 ]]
 --@include common
 local base, id, dst = ARGV[1], ARGV[2], ARGV[3]

@@ -4,6 +4,7 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] id
   Returns 1 | 0 when gone | error EMQSTATE not dead
+  Flags: writes once
 ]]
 --@include common
 local base, id = ARGV[1], ARGV[2]

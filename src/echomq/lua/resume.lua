@@ -3,6 +3,7 @@
   KEYS[2] ring      LIST  emq:{q}:ring
   ARGV[1] base            emq:{q}:
   Returns 1
+  Flags: writes replay
 ]]
 --@include common
 if rcall('HDEL', KEYS[1], 'paused') == 1 then wake(ARGV[1], rcall('LLEN', KEYS[2]) * 8) end

@@ -3,6 +3,7 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] g
   Returns 1
+  Flags: writes replay
 ]]
 --@include common
 rcall('SREM', KEYS[1], ARGV[2])

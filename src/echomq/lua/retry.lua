@@ -10,6 +10,7 @@
   ARGV[5] max_attempts    the ceiling, compared with the row's cumulative attempts
   ARGV[6] error           kept as last_error
   Returns 'scheduled' | 'dead' | 0 when gone | error EMQSTALE
+  Flags: writes once
 ]]
 --@include common
 --@include fence

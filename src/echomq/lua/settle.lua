@@ -13,6 +13,7 @@
   Returns {{complete verdict...}, {retry verdict...}, {{id, payload, attempts, group|nil}...}}
     complete verdict: 1 | 0 (gone) | 'EMQSTALE ...'; retry verdict: 'scheduled' | 'dead' |
     0 (gone) | 'EMQSTALE ...'
+  Flags: writes once
 ]]
 --@include common
 --@include fence

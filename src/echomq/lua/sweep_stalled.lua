@@ -7,6 +7,7 @@
   ARGV[2] max_stalled     > 0
   ARGV[3] limit           > 0, jobs per call
   Returns {{recovered id, ...}, {dead id, ...}}
+  Flags: writes replay
 ]]
 --@include common
 local base = ARGV[1]

@@ -4,6 +4,7 @@
   ARGV[2] id
   ARGV[3] value
   Returns 1 | 0 when gone
+  Flags: writes replay
 ]]
 local rcall = redis.call
 if rcall('EXISTS', KEYS[1]) == 0 then return 0 end

@@ -3,6 +3,7 @@
   ARGV[1] g
   ARGV[2] w               >= 1 (1 is the default and clears the field)
   Returns 1
+  Flags: writes replay
 ]]
 if ARGV[2] == '1' then
   redis.call('HDEL', KEYS[1], ARGV[1])
