@@ -27,7 +27,8 @@ from pathlib import Path
 
 import echomq
 from echomq import keyspace
-from echomq.server import EmbeddedCluster, EmbeddedServer
+from echomq.server import EmbeddedServer
+from echomq.testing import EmbeddedCluster
 
 HERE = Path(__file__).resolve().parent
 APP = """

@@ -21,8 +21,9 @@ import redis.asyncio
 import echomq
 from echomq.server import EmbeddedServer
 
-# procs.py holds the subprocess helpers and the `spawn` fixture every process test uses.
-pytest_plugins = ["procs"]
+# procs.py holds the subprocess helpers and the `spawn` fixture every process test uses;
+# pytester runs a user's test file against echomq's own pytest plugin (test_testing_helpers).
+pytest_plugins = ["procs", "pytester"]
 
 _counter = itertools.count()
 

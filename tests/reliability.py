@@ -134,8 +134,114 @@ def verify(books: Books, enqueued: dict[str, int], killed: set[int]) -> Verdict:
 
 
 def leftover_keys(r: redis.Redis, queue: str) -> list[bytes]:
-    """Keys of the queue other than its metrics, meta, wake list and enqueue replay markers
-    (which expire): after a complete run, none (no row, no set member, no lane)."""
+    """Keys of the queue other than its metrics, meta, wake list, enqueue replay markers
+    and the retired-id record (which expire): after a complete run, none (no row, no set
+    member, no lane)."""
     names = ("metrics:completed", "metrics:failed", "meta", "wake", "recent")
+    # The retired ids' last tokens stay too (bounded, see lua/README.md).
+    names += ("retired", "retired:at")
     keep = {f"emq:{{{queue}}}:{s}".encode() for s in names}
     return sorted(k for k in r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000) if k not in keep)
+
+
+def _text(x: bytes | str | None) -> str | None:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def raw_violations(r: redis.Redis, queue: str) -> list[str]:
+    """An invariant checker independent of ``check()`` (which is Lua the tests also test):
+    it reads the raw keys of ``queue`` and answers the violations it finds (empty when sound).
+
+    Every row is in exactly one set, the one its state names (its lane's when pending in a
+    lane), and every set member has a row; the lane registry lists exactly the non-empty
+    lanes; the ring's live entries (``inring``) are exactly the serviceable waiting sets and
+    each ring entry is live or stale, once; ``gactive`` counts the active lane jobs; an active
+    row's lease_epoch is its attempts; the retired record is a HASH and a ZSET that agree,
+    and names no id that has a row. Run it on a quiet queue (it is not atomic)."""
+    p = f"emq:{{{queue}}}:"
+    out: list[str] = []
+    rows: dict[str, dict[str, str]] = {}
+    lanes: dict[str, set[str]] = {}
+    for raw in r.scan_iter(match=p + "*", count=1000):
+        key = raw.decode()
+        rest = key[len(p) :]
+        if rest.startswith("job:") and not rest.endswith(":logs"):
+            if r.type(key) != b"hash":
+                out.append(f"{key} is not a hash")
+                continue
+            rows[rest[4:]] = {k.decode(): v.decode("latin-1") for k, v in r.hgetall(key).items()}
+        elif rest.startswith("g:") and rest.endswith(":pending"):
+            lanes[rest[2:-8]] = {m.decode() for m in r.zrange(key, 0, -1)}
+    places: dict[str, list[str]] = {}
+
+    def place(name: str, members: set[str]) -> None:
+        for m in members:
+            places.setdefault(m, []).append(name)
+
+    flat = {m.decode() for m in r.zrange(p + "pending", 0, -1)}
+    active = {m.decode() for m in r.zrange(p + "active", 0, -1)}
+    place("pending", flat)
+    place("active", active)
+    place("schedule", {m.decode() for m in r.zrange(p + "schedule", 0, -1)})
+    place("dead", {m.decode() for m in r.zrange(p + "dead", 0, -1)})
+    for g, members in lanes.items():
+        place("lane " + g, members)
+    want = {"pending": "pending", "active": "active", "schedule": "scheduled", "dead": "dead"}
+    for jid, where in places.items():
+        if len(where) > 1:
+            out.append(f"{jid} is in {len(where)} places: {where}")
+        row = rows.get(jid)
+        if row is None:
+            out.append(f"{jid} in {where[0]} has no row")
+            continue
+        name = where[0]
+        expect = "pending" if name.startswith("lane ") else want[name]
+        if row.get("state") != expect:
+            out.append(f"{jid} in {name} has state {row.get('state')}")
+        if name.startswith("lane ") and row.get("group") != name[5:]:
+            out.append(f"{jid} in {name} has group {row.get('group')}")
+        if name == "pending" and "group" in row:
+            out.append(f"{jid} in the flat set has group {row['group']}")
+    for jid, row in rows.items():
+        if jid not in places and row.get("state") != "awaiting_children":
+            out.append(f"{jid} (state {row.get('state')}) is in no set")
+        if row.get("state") == "active" and row.get("lease_epoch") != row.get("attempts"):
+            out.append(f"{jid} is active with lease_epoch {row.get('lease_epoch')}")
+        if int(row.get("floor", "0")) > int(row.get("attempts", "0")):
+            out.append(f"{jid} has floor {row.get('floor')} above attempts {row.get('attempts')}")
+    registry = {m.decode() for m in r.smembers(p + "lanes")}
+    nonempty = {g for g, m in lanes.items() if m}
+    if registry != nonempty:
+        out.append(
+            f"the lane registry is {sorted(registry)}, the non-empty lanes {sorted(nonempty)}"
+        )
+    paused = {m.decode() for m in r.smembers(p + "paused")}
+    limits = {k.decode(): int(v) for k, v in r.hgetall(p + "glimit").items()}
+    gactive = {k.decode(): int(v) for k, v in r.hgetall(p + "gactive").items()}
+    counted: dict[str, int] = {}
+    for jid in active:
+        g = rows.get(jid, {}).get("group")
+        if g is not None:
+            counted[g] = counted.get(g, 0) + 1
+    if gactive != counted:
+        out.append(f"gactive is {gactive}, the active lane jobs {counted}")
+    serviceable = {"*"} if flat else set()
+    for g, members in lanes.items():
+        if members and g not in paused and counted.get(g, 0) < limits.get(g, 1 << 62):
+            serviceable.add(g)
+    entries = [m.decode() for m in r.lrange(p + "ring", 0, -1)]
+    live = {m.decode() for m in r.smembers(p + "inring")}
+    stale = {m.decode() for m in r.smembers(p + "ringstale")}
+    if len(entries) != len(set(entries)):
+        out.append(f"the ring holds an entry twice: {entries}")
+    if live & stale or live | stale != set(entries):
+        out.append(f"ring {entries} vs inring {sorted(live)} and ringstale {sorted(stale)}")
+    if live != serviceable:
+        out.append(f"the live ring is {sorted(live)}, the serviceable sets {sorted(serviceable)}")
+    retired = {k.decode() for k in r.hkeys(p + "retired")}
+    stamped = {m.decode() for m in r.zrange(p + "retired:at", 0, -1)}
+    if retired != stamped:
+        out.append(f"retired {sorted(retired)} vs retired:at {sorted(stamped)}")
+    if retired & set(rows):
+        out.append(f"retired ids with a live row: {sorted(retired & set(rows))}")
+    return out

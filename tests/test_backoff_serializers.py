@@ -202,3 +202,59 @@ def test_no_pickle_anywhere_in_the_public_surface() -> None:
 
     assert not any("pickle" in name.lower() for name in mod.__all__)
     assert not any("pickle" in name.lower() for name in dir(echomq))
+
+
+# --------------------------------------------------------------------------- the task envelope
+
+
+def test_envelope_round_trips_through_every_serializer() -> None:
+    from echomq import _envelope
+
+    for serializer in (JSON(), MsgPack()):
+        data = _envelope.build(serializer, "t", (1, b"x" if serializer.name == "msgpack" else "x"))
+        name, args, kwargs = _envelope.parse(serializer, data)
+        assert (name, kwargs) == ("t", {}) and args[0] == 1
+        data = _envelope.build(serializer, "t", [], {"k": [1, 2]})
+        assert _envelope.parse(serializer, data) == ("t", [], {"k": [1, 2]})
+
+
+def test_a_non_json_worker_reads_a_json_envelope() -> None:
+    """The CLI always sends JSON: a msgpack (or custom) app reads it; a msgpack map never
+    starts with ``{``, so its own envelopes are never mistaken for JSON."""
+    from echomq import _envelope
+
+    cli = _envelope.build(JSON(), "t", [1], {"a": "b"})
+    assert _envelope.parse(MsgPack(), cli) == ("t", [1], {"a": "b"})
+    assert msgpack.packb({"task": "t"})[:1] != b"{"
+
+    class Custom:  # no ``name``: any serializer that cannot read the payload itself
+        def dumps(self, obj: Any) -> bytes:
+            return b"C" + orjson.dumps(obj)
+
+        def loads(self, data: bytes) -> Any:
+            if data[:1] != b"C":
+                raise ValueError("not mine")
+            return orjson.loads(data[1:])
+
+    assert _envelope.parse(Custom(), cli) == ("t", [1], {"a": "b"})
+    assert _envelope.parse(Custom(), _envelope.build(Custom(), "u")) == ("u", [], {})
+
+
+@pytest.mark.parametrize(
+    ("serializer", "payload", "message"),
+    [
+        (JSON(), b"\xff not json", "JSONDecodeError"),
+        (JSON(), b"[1, 2]", "a list"),
+        (JSON(), b'{"args": []}', "no 'task'"),
+        (JSON(), b'{"task": "t", "args": 5}', "bad args"),
+        (JSON(), b'{"task": "t", "kwargs": [1]}', "bad args"),
+        (MsgPack(), b"{not json either", "ExtraData"),
+        (MsgPack(), b"[1]", "ExtraData"),  # a msgpack int 91, then junk; and not a JSON map
+        (MsgPack(), msgpack.packb([1, 2]), "a list"),
+    ],
+)
+def test_what_is_not_an_envelope(serializer: Any, payload: bytes, message: str) -> None:
+    from echomq import _envelope
+
+    with pytest.raises(_envelope.EnvelopeError, match=message):
+        _envelope.parse(serializer, payload)

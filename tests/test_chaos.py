@@ -3,8 +3,9 @@ worker every ~0.5 s (and starts a replacement), and now and then freezes one (SI
 its lease so that it wakes up holding leases that others took over.
 
 At the end the server's completed metric equals the number enqueued, no job is left in any
-set, ``check()`` is clean, and the workers' own records (``apps.chaos``) show every job ran,
-no lease generation ran or settled twice, and no stale token settled (``reliability.verify``).
+set, ``check()`` and the independent raw-key checker (``reliability.raw_violations``) are
+clean, and the workers' own records (``apps.chaos``) show every job ran, no lease generation
+ran or settled twice, and no stale token settled (``reliability.verify``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import redis
 
 import echomq
 from procs import Proc, Spawner, wait_log
-from reliability import leftover_keys, payload, read_books, verify
+from reliability import leftover_keys, payload, raw_violations, read_books, verify
 
 JOBS = 20_000
 WORKERS = 4
@@ -110,6 +111,7 @@ def test_sigkill_chaos(spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Red
     assert counts["completed"] == JOBS == len(enqueued)
     assert counts["failed"] == 0
     assert q.check() == []
+    assert raw_violations(r, qname) == []  # the raw keys, read independently of check()
     assert leftover_keys(r, qname) == []
     assert kills >= 20, f"only {kills} kills: the chaos did not happen"
 

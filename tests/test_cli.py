@@ -15,6 +15,7 @@ import redis
 from click.testing import CliRunner, Result
 
 import echomq
+from conftest import wait_for
 from echomq import ids
 from echomq.cli import main
 from echomq.server import free_port
@@ -127,6 +128,40 @@ def test_enqueue_invalid_input_is_one_line(cli, qname: str, q: echomq.Queue, arg
     assert q.counts()["pending"] == 0
 
 
+def test_enqueue_task_runs_on_a_msgpack_app(cli, url: str, q: echomq.Queue, qname: str) -> None:
+    """The CLI sends a JSON envelope; a worker whose app uses msgpack runs it (it used to
+    dead-letter it as an undecodable payload)."""
+    from test_worker import InProcWorker
+
+    pytest.importorskip("msgpack")
+    app = echomq.App(url=url, serializer="msgpack")
+    seen: list[tuple[Any, ...]] = []
+
+    @app.task(queue=qname, name="add", max_attempts=1)
+    def add(a: int, b: int, *, c: int) -> None:
+        seen.append((a, b, c))
+
+    job_id, _ = receipt(
+        cli("enqueue", qname, "--task", "add", "--args", "[1, 2]", "--kwargs", '{"c": 3}')
+    )
+    native = add.enqueue(4, 5, c=6)  # the app's own msgpack envelope beside it
+    w = InProcWorker(echomq.Worker(app, beat_ms=100))
+    try:
+        wait_for(lambda: q.counts()["completed"] == 2)
+    finally:
+        stats = w.stop()
+        app.close()
+    assert sorted(seen) == [(1, 2, 3), (4, 5, 6)]
+    assert (stats.completed, stats.dead) == (2, 0)
+    assert q.job_state(job_id) == q.job_state(native.id) == "absent"
+
+
+def test_enqueue_task_arguments_json_cannot_carry(cli, qname: str, q: echomq.Queue) -> None:
+    result = cli("enqueue", qname, "--task", "t", "--args", "[123456789012345678901234567890]")
+    assert result.exit_code == 2 and "cannot be encoded" in result.stderr, result.output
+    assert q.counts()["pending"] == 0
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -145,6 +180,22 @@ def test_stats_lists_the_queue(cli, q: echomq.Queue, qname: str) -> None:
 
     everything = ok(cli("stats"))  # no names: every queue found on the server
     assert qname in everything
+
+
+def test_stats_discovers_queues_through_keyspace(
+    cli, q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    """Only keys of a legal queue's keyspace name a queue: a stray key that merely starts
+    like one (a name no queue may have) is not listed, and does not fail the command."""
+    q.enqueue(b"x")
+    strays = ["emq:{bad name}:junk", "emq:{emq}:junk", "emq:{unclosed", f"emq:{{{qname}"]
+    for key in strays:
+        r.set(key, b"1")
+    try:
+        out = ok(cli("stats"))
+    finally:
+        r.delete(*strays)
+    assert qname in out and "bad name" not in out and "unclosed" not in out
 
 
 def test_browse(cli, q: echomq.Queue, qname: str) -> None:

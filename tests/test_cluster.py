@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 import echomq
 from conftest import wait_for
 from echomq import keyspace
-from echomq.server import EmbeddedCluster
+from echomq.testing import EmbeddedCluster
 
 pytestmark = pytest.mark.cluster
 TESTS = Path(__file__).parent

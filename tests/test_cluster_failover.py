@@ -19,7 +19,8 @@ import redis
 
 import echomq
 from echomq import keyspace
-from echomq.server import EmbeddedCluster, EmbeddedServer
+from echomq.server import EmbeddedServer
+from echomq.testing import EmbeddedCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -64,6 +64,7 @@ VERBS: dict[str, Callable[[], Any]] = {
     "reassign": lambda: _p.reassign(K, JID, LANE),
     "lane_depth": lambda: _p.lane_depth(K, LANE),
     "lanes": lambda: _p.lanes(K),
+    "wake_wait": lambda: _p.wake_wait(K, 100),
 }
 
 
@@ -395,12 +396,34 @@ def test_eval_extend_sets_server_clock_lease(r: redis.Redis, qname: str) -> None
 
 def test_eval_check_reports_planted_violations(r: redis.Redis, qname: str) -> None:
     base = _k(qname, "")
-    assert _eval(r, "check", [_k(qname, "meta")], [base]) == []
+
+    def section(name: str, where: str = "", pos: int = 0) -> list[str]:
+        lines, _, _ = _eval(r, "check", [_k(qname, "meta")], [base, name, where, pos, 1000])
+        return [v.decode() for v in lines]
+
+    def rows() -> list[str]:
+        # A SCAN section covers the database page by page: follow the cursor to its end.
+        out, cursor = [], "0"
+        while True:
+            lines, cursor, _ = _eval(
+                r, "check", [_k(qname, "meta")], [base, "rows", cursor, 0, 1000]
+            )
+            out += [v.decode() for v in lines]
+            cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+            if cursor == "0":
+                return out
+
+    def everything() -> list[str]:
+        return [*section("core"), *section("members", "pending"), *rows(), *section("ring")]
+
+    assert everything() == []
     ghost = ids.mint()
     r.zadd(_k(qname, "pending"), {ghost: 0})
     orphan = ids.mint()
     r.hset(_k(qname, "job:" + orphan), mapping={"state": "pending", "attempts": "0"})
-    out = [v.decode() for v in _eval(r, "check", [_k(qname, "meta")], [base])]
+    out = everything()
     assert any(ghost in v and "ghost" in v for v in out)
     assert any(orphan in v and "no set" in v for v in out)
     assert any("ring misses the flat set" in v for v in out)
+    with pytest.raises(redis.ResponseError, match="unknown section"):
+        section("everything")

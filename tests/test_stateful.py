@@ -57,6 +57,7 @@ from hypothesis.stateful import (
 
 import echomq
 from echomq import Enqueued, JobGone, KindError, StaleToken, StateError, _protocol, keyspace
+from reliability import raw_violations
 
 LANES = ("la", "lb", "lc")
 GROUPS = st.sampled_from((None, *LANES))
@@ -90,6 +91,7 @@ class MJob:
     last_error: str | None = None
     score: int = 0
     epoch: int | None = None
+    floor: int = 0  # the attempts a re-admitted id came back with (its retired last token)
 
 
 class Model:
@@ -102,6 +104,9 @@ class Model:
         self.limits: dict[str, int] = {}
         self.completed = 0
         self.failed = 0
+        # Retired ids' last tokens: a re-admitted id continues from its count, so no (id,
+        # token) pair is handed out twice across incarnations (no ABA on the token).
+        self.retired: dict[str, int] = {}
 
     def waiting(self, g: str | None) -> list[str]:
         """The waiting set of lane ``g`` (the flat set when None), oldest first."""
@@ -212,11 +217,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     def add(self, jid: str, j: MJob) -> None:
         assert jid not in self.m.jobs
+        j.attempts = j.floor = self.m.retired.pop(jid, 0)
         self.m.jobs[jid] = j
         self.gone.discard(jid)
 
     def drop(self, jid: str) -> None:
-        del self.m.jobs[jid]
+        j = self.m.jobs.pop(jid)
+        if j.attempts:
+            self.m.retired[jid] = j.attempts
         self.gone.add(jid)
 
     def fence(self, verb: str, jid: str, token: int) -> type[Exception] | None:
@@ -386,6 +394,25 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.q.get_job(bad) is None
         return multiple(*new)
 
+    @rule(jid=ids, payload=PAYLOADS, group=GROUPS, claim=st.booleans())
+    def reincarnate(self, jid: str, payload: bytes, group: str | None, claim: bool) -> None:
+        """A caller-chosen id used again: remove it (when it exists) and enqueue it anew,
+        often claiming the new incarnation at once. The old incarnation's tickets stay in
+        play: none of them may settle the new one (its count continues, no ABA)."""
+        if jid in self.m.jobs:
+            self.q.remove(jid)
+            self.drop(jid)
+        e = self.q.enqueue(payload, id=jid, group=group)
+        assert e == Enqueued(jid, "enqueued")
+        self.add(jid, MJob(payload, group))
+        note("reincarnate: continued" if self.m.jobs[jid].floor else "reincarnate: fresh")
+        if claim and not self.m.paused and self.m.capacity(group) > 0:
+            # Make this incarnation the oldest of its set, so the claim below takes it.
+            for other in self.m.waiting(group):
+                if other != jid and other < jid:
+                    return
+            self.claim(lease=60_000)
+
     # ------------------------------------------------------------------ consumers
 
     @rule(lease=LEASES)
@@ -440,7 +467,7 @@ class QueueMachine(RuleBasedStateMachine):
         """Move the model along an accepted retry; its verdict."""
         j = self.m.jobs[jid]
         j.last_error, j.epoch = "boom", None
-        if j.attempts >= max_attempts:
+        if j.attempts - j.floor >= max_attempts:
             j.state = "dead"
             self.m.failed += 1
             return "dead"
@@ -639,7 +666,8 @@ class QueueMachine(RuleBasedStateMachine):
         err = JobGone if j is None else StateError if j.state != "dead" else None
         self.expect(err, self.q.reprocess, jid)
         if j is not None and err is None:
-            j.state, j.last_error = "pending", None  # back to its lane when grouped (D6)
+            # Back to its lane when grouped (D6), with a fresh stall count.
+            j.state, j.last_error, j.stalled = "pending", None, 0
 
     @rule(jid=ids)
     def remove(self, jid: str) -> None:
@@ -708,10 +736,22 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def server_agrees_with_model(self) -> None:
         assert self.q.check() == []
+        assert raw_violations(self.r, self.name) == []
+        retired = self.r.hgetall(self.key("retired"))
+        assert {k.decode(): int(v) for k, v in retired.items()} == self.m.retired
         assert self.q.counts() == self.m.counts()
         assert self.q.lanes() == self.m.lanes()
         assert self.q.is_paused() == self.m.paused
-        fields = ("state", "attempts", "group", "stalled", "last_error", "payload", "lease_epoch")
+        fields = (
+            "state",
+            "attempts",
+            "group",
+            "stalled",
+            "last_error",
+            "payload",
+            "lease_epoch",
+            "floor",
+        )
         pipe = self.r.pipeline(transaction=False)
         jobs = sorted(self.m.jobs.items())
         for jid, j in jobs:
@@ -731,6 +771,7 @@ class QueueMachine(RuleBasedStateMachine):
                 j.last_error.encode() if j.last_error is not None else None,
                 j.payload,
                 str(j.epoch).encode() if j.epoch is not None else None,
+                str(j.floor).encode() if j.floor else None,
             ]
             assert row == want, f"{jid}: row {row} != model {want}"
             want_score = j.score if j.state in ("active", "scheduled") else 0
@@ -937,3 +978,18 @@ def test_stalls_are_counted_to_the_ceiling(sm: QueueMachine) -> None:
     s.sweep_stalled(max_stalled=2, limit=100, wait=True)
     assert sm.m.counts()["dead"] == 4 and sm.m.failed == 4
     assert all(j.last_error == "stalled" and j.stalled == 2 for j in sm.m.jobs.values())
+
+
+def test_a_stale_token_never_settles_a_reincarnated_id(sm: QueueMachine) -> None:
+    """Issue 10 #1 through the model: the first incarnation's token 1 must not settle the
+    second, whose first claim now mints 2."""
+    s = Steps(sm)
+    jid = s.enqueue(payload=b"v1", group=None, delay=None)
+    s.claim(lease=60_000)
+    s.reincarnate(jid=jid, payload=b"v2", group=None, claim=True)
+    assert sm.tickets == [(jid, 1), (jid, 2)]
+    for verb in ("complete", "retry", "delay", "extend"):
+        s.settle(pick=1, verb=verb, ms=0, max_attempts=1)  # the old holder: refused
+    assert sm.m.jobs[jid].state == "active" and sm.m.counts()["dead"] == 0
+    s.settle(pick=0, verb="complete", ms=0, max_attempts=3)
+    assert sm.m.completed == 1 and sm.m.retired == {jid: 2}

@@ -703,16 +703,16 @@ def test_an_unsettleable_settle_does_not_block_the_batch(make_app, qname) -> Non
     """A settle the protocol refuses before any I/O (a token or id no claim can produce, e.g.
     from a planted row) is dropped on its own; the rest of its batch still goes out."""
     from echomq._protocol import Keys
-    from echomq.worker import _QueueLoop, _Settle
+    from echomq._queueloop import QueueLoop
+    from echomq._runner import Settle as _Settle
 
     app = make_app()
     app.task(queue=qname, name="t")(lambda: None)
-    worker = Worker(app, [qname])
-    ql = _QueueLoop(Keys(qname), 30_000)
+    ql = QueueLoop(Keys(qname), 30_000)
     good = [
         _Settle(echomq.ids.mint(), 1, "completed"),
         _Settle(echomq.ids.mint(), 2, "retried", 10, 3, "e"),
     ]
     bad = [_Settle(echomq.ids.mint(), 0, "completed"), _Settle("not-an-id", 1, "dead", 0, 1, "x")]
-    assert worker._valid(ql, good) == good
-    assert worker._valid(ql, [bad[0], good[0], bad[1], good[1]]) == good
+    assert ql.valid(good) == good
+    assert ql.valid([bad[0], good[0], bad[1], good[1]]) == good

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from echomq import ids, keyspace
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
-from echomq.app import App, Discard, JobContext, Retry, Task, current_job
+from echomq.app import App, Discard, Retry, Task
 from echomq.backoff import exponential, fixed, jitter
+from echomq.context import JobContext, current_job
 from echomq.errors import (
     DurabilityError,
     EchoMQError,
@@ -26,6 +27,7 @@ from echomq.errors import (
     StateError,
     VersionFenceError,
 )
+from echomq.hooks import Hooks
 from echomq.queue import AsyncQueue, Queue
 from echomq.worker import Worker
 
@@ -39,6 +41,7 @@ __all__ = [
     "DurabilityError",
     "EchoMQError",
     "Enqueued",
+    "Hooks",
     "InvalidArgument",
     "InvalidId",
     "Job",

@@ -45,7 +45,9 @@ DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 MAX_INT = 2**53 - 1
 # The longest lease or delay we accept: ~69 years keeps now + ms far from 2**53.
 MAX_MS = 2**41
-STATES = ("pending", "active", "schedule", "dead")
+# The user-facing state names (a row's `state` value); "schedule" (the set's key suffix) is
+# accepted as an alias wherever a state is named.
+STATES = ("pending", "active", "scheduled", "dead")
 _ENQUEUE_CHUNK_ITEMS = 1000
 _ENQUEUE_CHUNK_BYTES = 1 << 20
 _REMINT_TRIES = 8
@@ -311,7 +313,9 @@ def enqueue(
                 # completed since), so it is never admitted twice.
                 replayed = True
         if status == "replayed":
-            return Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
+            return Enqueued(jid, "enqueued")
+        if status == "replayed:scheduled":
+            return Enqueued(jid, "scheduled")
         if minted and status == "duplicate":
             if replayed:
                 # Our own first attempt landed before its reply was lost.
@@ -368,7 +372,20 @@ def enqueue_many(
         else:
             jobs.append((ids.mint(), _payload(item, k.max_payload), True))
     results: list[Enqueued | EchoMQError | None] = [None] * len(jobs)
-    todo = list(range(len(jobs)))
+    # An id named twice in one call is sent once: its later mentions are duplicates of the
+    # first by definition. (Sent twice, in two chunks of 1000, the second mention would find
+    # the first one's replay marker and answer "replayed", i.e. enqueued, for a payload that
+    # was dropped.)
+    first: dict[str, int] = {}
+    todo = []
+    for i, (jid, _, minted) in enumerate(jobs):
+        if minted or jid not in first:
+            first.setdefault(jid, i)
+            todo.append(i)
+        elif jid.startswith("JOB"):
+            results[i] = Enqueued(jid, "duplicate")
+        else:
+            results[i] = KindError("EMQKIND job id must be JOB-namespaced")
     replayed = False
     nonce = secrets.token_hex(6) if replay_ms else ""
     for _ in range(_REMINT_TRIES):
@@ -400,7 +417,11 @@ def enqueue_many(
                 jid, data, minted = jobs[i]
                 if verdict == "kind":
                     results[i] = KindError("EMQKIND job id must be JOB-namespaced")
-                elif verdict == "replayed" or (verdict == "duplicate" and minted and replayed):
+                elif verdict == "replayed":
+                    results[i] = Enqueued(jid, "enqueued")
+                elif verdict == "replayed:scheduled":
+                    results[i] = Enqueued(jid, "scheduled")
+                elif verdict == "duplicate" and minted and replayed:
                     results[i] = Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
                 elif verdict == "duplicate" and minted:
                     # A minted id collided with another process's: mint again (see enqueue).
@@ -635,7 +656,8 @@ def job_state(k: Keys, id: str) -> Call[str]:
 
 
 def _state_key(k: Keys, state: object) -> tuple[str, bool]:
-    """The set of a state name and whether it is lexically ordered (score 0)."""
+    """The set of a state name and whether it is lexically ordered (score 0); "schedule" is
+    an alias of "scheduled"."""
     table = {
         "pending": (k.pending, True),
         "dead": (k.dead, True),
@@ -644,7 +666,9 @@ def _state_key(k: Keys, state: object) -> tuple[str, bool]:
         "scheduled": (k.schedule, False),
     }
     if not isinstance(state, str) or state not in table:
-        raise InvalidArgument(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        raise InvalidArgument(
+            f"state must be one of {', '.join(STATES)} (or the alias schedule), got {state!r}"
+        )
     return table[state]
 
 
@@ -679,8 +703,46 @@ def counts(k: Keys) -> Call[dict[str, int]]:
     return _call("counts", (k.meta,), (k.base,), decode)
 
 
-def check(k: Keys) -> Call[list[str]]:
-    return _call("check", (k.meta,), (k.base,), _str_list)
+def _check_step(reply: Any) -> tuple[list[str], str, list[str]]:
+    lines, nxt, found = reply
+    return _str_list(lines), _s(nxt) if isinstance(nxt, bytes) else str(nxt), _str_list(found)
+
+
+def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
+    """The consistency checker, in bounded slices (see check.lua): the aggregates in one
+    call, then every set, lane and the ring in windows of ``window`` members and the queue's
+    keys by SCAN, each stream one call per round (pipelined). Returns the violations, each
+    once, in the order found; empty when the queue is sound."""
+    size = _int("window", window, 1, 100_000)
+
+    def step(section: str, where: str, pos: int = 0) -> Call[tuple[list[str], str, list[str]]]:
+        return _call("check", (k.meta,), (k.base, section, where, pos, size), _check_step)
+
+    # stream: (section, where, position); a section is done at -1 (windows) or "0" (SCAN).
+    streams: list[tuple[str, str, int]] = [("core", "", 0), ("ring", "", 0)]
+    streams += [("members", place, 0) for place in ("pending", "active", "schedule", "dead")]
+    streams += [("lanes", "0", 0), ("rows", "0", 0)]
+    found: dict[str, None] = {}
+    lanes: dict[str, None] = {}
+    while streams:
+        replies = yield [step(*s) for s in streams]
+        follow: list[tuple[str, str, int]] = []
+        for (section, where, _), reply in zip(streams, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            lines, nxt, seen = reply
+            found.update(dict.fromkeys(lines))
+            for g in seen:
+                if g not in lanes:
+                    lanes[g] = None
+                    follow.append(("members", "lane:" + g, 0))
+            if section in ("lanes", "rows"):
+                if nxt != "0":
+                    follow.append((section, nxt, 0))
+            elif nxt != "-1":
+                follow.append((section, where, int(nxt)))
+        streams = follow
+    return list(found)
 
 
 # --------------------------------------------------------------------------- queue admin
@@ -699,14 +761,21 @@ def is_paused(k: Keys) -> Call[bool]:
 
 
 def drain(k: Keys, include_schedule: bool = False, budget: int = 1000) -> Plan[int]:
+    """Delete the waiting jobs in slices: each script call deletes at most ``budget`` jobs and
+    visits one SSCAN page of lanes, so none holds the server long however many lanes exist."""
     flag = "1" if include_schedule else "0"
+    _int("budget", budget, 1, 100_000)
     total = 0
+    cursor = ""
     while True:
-        deleted, more = yield _call(
-            "drain", (k.pending, k.lanes), (k.base, flag, budget), lambda r: (int(r[0]), int(r[1]))
+        deleted, cursor = yield _call(
+            "drain",
+            (k.pending, k.lanes),
+            (k.base, flag, budget, cursor),
+            lambda r: (int(r[0]), _s(r[1])),
         )
         total += int(deleted)
-        if not more:
+        if not cursor:
             return total
 
 
@@ -799,3 +868,14 @@ __all__ += [
     "update_progress",
     "weight_lane",
 ]
+
+
+def wake_wait(k: Keys, timeout_ms: int) -> Call[bool]:
+    """Block up to ``timeout_ms`` for a wake token on the queue's ``wake`` list (a ``BLPOP``,
+    the worker's idle wait); True when a token came. Sending it again after a lost reply at
+    most consumes one more token: a wake only makes a worker claim sooner."""
+    seconds = f"{_int('timeout_ms', timeout_ms, 1) / 1000:.3f}"
+    return _cmd(("BLPOP", k.wake, seconds), lambda reply: reply is not None)
+
+
+__all__ += ["wake_wait"]

@@ -1,29 +1,37 @@
 """The application layer: ``App``, ``@app.task``, enqueueing handler calls, and the signals a
 handler raises (``Retry``, ``Discard``).
 
-A task call travels as one payload, ``{"task": name, "args": [...], "kwargs": {...}}``,
-encoded by the app's serializer (JSON by default, never pickle). The queue below sees only
-opaque bytes.
+A task call travels as one payload, the task envelope (``echomq._envelope``: built and
+parsed there only), encoded by the app's serializer (JSON by default, never pickle). The
+queue below sees only opaque bytes. ``current_job`` and ``JobContext`` live in
+``echomq.context`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from echomq import keyspace
-from echomq._executor import AsyncClient, SyncClient, async_client, parse_url, sync_client
+from echomq import _envelope, keyspace
+from echomq._connect import (
+    AsyncClient,
+    Resolved,
+    SyncClient,
+    async_client,
+    parse_url,
+    resolve_url,
+    sync_client,
+)
 from echomq._protocol import MAX_INT, MAX_MS, Enqueued
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
+from echomq.context import JobContext, current_job
 from echomq.errors import EchoMQError, InvalidArgument
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer, resolve_serializer
-from echomq.server import configured_url
 
 __all__ = ["App", "Discard", "JobContext", "Retry", "Task", "current_job"]
 
@@ -47,33 +55,6 @@ class Discard(Exception):
     def __init__(self, reason: str = "discarded") -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(slots=True)
-class JobContext:
-    """What a running handler may know about its job (``echomq.current_job()``)."""
-
-    queue: str
-    id: str
-    token: int
-    group: str | None
-    task: str
-    lost: bool = False  # set when the lease was lost: the result will not be settled
-
-    @property
-    def attempt(self) -> int:
-        """The attempt number (1 for the first run): the token is the attempt count."""
-        return self.token
-
-
-_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
-    "echomq_job", default=None
-)
-
-
-def current_job() -> JobContext | None:
-    """The job the calling handler runs, or None outside a handler."""
-    return _current.get()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +119,7 @@ class Task(Generic[P, R]):
 
     def payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         """The wire payload of one call of this task."""
-        return self.app.serializer.dumps({"task": self.name, "args": list(args), "kwargs": kwargs})
+        return _envelope.build(self.app.serializer, self.name, args, kwargs)
 
     def options(
         self,
@@ -217,7 +198,8 @@ class App:
         max_payload: int | None = None,
         durable: int | None = None,
     ) -> None:
-        self._url = url
+        self._url = url  # App(url=...): step 2 of echomq._connect.resolve_url
+        self._resolved: Resolved | None = None
         self._client = client
         self._owns_client = False
         self.serializer = resolve_serializer(serializer)
@@ -235,16 +217,19 @@ class App:
 
     @property
     def url(self) -> str:
-        """The resolved server URL."""
-        if self._url is None:
-            self._url = configured_url(None) or "redis://127.0.0.1:6379/0"
-        return self._url
+        """The server URL, resolved once on first use as :func:`echomq._connect.resolve_url`
+        does for every entry point: ``App(url=...)``, ``ECHOMQ_URL``, a live recorded
+        ``echomq server``, the local default. No network I/O."""
+        if self._resolved is None:
+            self._resolved = resolve_url(None, self._url)
+        return self._resolved.url
 
     @url.setter
     def url(self, value: str) -> None:
         if self._queues or self._owns_client:
             raise EchoMQError("the app already has open queues; set url before first use")
         self._url = value
+        self._resolved = None
 
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...

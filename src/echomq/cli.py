@@ -22,11 +22,12 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import _executor
+from echomq import _connect, _envelope, _executor, keyspace
 from echomq.app import App
-from echomq.errors import EchoMQError
+from echomq.errors import EchoMQError, JobGone, StateError
 from echomq.queue import Queue
-from echomq.server import EmbeddedServer, NoServerBinary, configured_url, state_dir
+from echomq.serializers import JSON
+from echomq.server import EmbeddedServer, NoServerBinary, state_dir
 
 __all__ = ["main"]
 
@@ -39,7 +40,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _url(ctx: click.Context) -> str:
-    return configured_url(ctx.obj.get("url")) or _executor.default_url()
+    """The server of an operator command (``echomq._connect.resolve_url``: ``--url``,
+    ``ECHOMQ_URL``, a recorded ``echomq server``, the local default)."""
+    return _connect.resolve_url(ctx.obj.get("url")).url
 
 
 @contextlib.contextmanager
@@ -58,11 +61,13 @@ def _errors(url: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _server_for(ctx: click.Context, *, purpose: str) -> Iterator[str]:
-    """The configured server, or a private embedded one for the duration of the command."""
-    url = configured_url(ctx.obj.get("url"))
-    if url:
-        yield url
+def _server_for(ctx: click.Context, *, purpose: str, app_url: str | None = None) -> Iterator[str]:
+    """The configured server (``--url``, then ``app_url`` — the loaded ``App(url=...)`` —,
+    ``ECHOMQ_URL``, a recorded ``echomq server``), or when none is, a private embedded one
+    for the duration of the command."""
+    found = _connect.configured(ctx.obj.get("url"), app_url)
+    if found is not None:
+        yield _connect.resolve_url(ctx.obj.get("url"), app_url).url  # logs the choice
         return
     directory = state_dir() / purpose
     try:
@@ -120,7 +125,10 @@ def _run(ctx: click.Context, fn: Callable[[], Any]) -> Any:
 def main(ctx: click.Context, url: str | None) -> None:
     """echomq: a reliable job queue on Valkey/Redis."""
     ctx.ensure_object(dict)
-    ctx.obj["url"] = url
+    # Only a --url typed on the command line is "explicit": ECHOMQ_URL is found (and its
+    # place in the order kept, after App(url=...)) by echomq._connect.resolve_url.
+    source = ctx.get_parameter_source("url")
+    ctx.obj["url"] = url if source is click.core.ParameterSource.COMMANDLINE else None
 
 
 # --------------------------------------------------------------------------- worker
@@ -185,7 +193,8 @@ def worker(
         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
     )
     app = _load_app(app_spec)
-    with _server_for(ctx, purpose="worker") as url:
+    # The app's own App(url=...) counts before ECHOMQ_URL and before starting a server.
+    with _server_for(ctx, purpose="worker", app_url=app._url) as url:
         app.url = url
         try:
             w = Worker(
@@ -229,7 +238,10 @@ def _exit_past_stuck_handlers() -> None:
 @click.argument("queue")
 @click.argument("payload", required=False)
 @click.option(
-    "--task", "task_name", help="Enqueue a task call: the payload is built from --args/--kwargs."
+    "--task",
+    "task_name",
+    help="Enqueue a task call: a JSON task envelope built from --args/--kwargs "
+    "(a worker reads it whatever its app's serializer).",
 )
 @click.option(
     "--args", "args_json", default="[]", help="JSON list of positional arguments (with --task)."
@@ -260,7 +272,12 @@ def enqueue(
             _fail(f"--args/--kwargs must be JSON: {exc}")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             _fail("--args is a JSON list and --kwargs a JSON object")
-        data: bytes = json.dumps({"task": task_name, "args": args, "kwargs": kwargs}).encode()
+        # Always JSON: a worker whose app uses another serializer reads a JSON envelope too
+        # (see echomq._envelope), so the CLI need not know the app.
+        try:
+            data: bytes = _envelope.build(JSON(), task_name, args, kwargs)
+        except (TypeError, ValueError) as exc:  # e.g. an integer past 64 bits
+            _fail(f"--args/--kwargs cannot be encoded: {exc}")
     elif payload is None or payload == "-":
         data = sys.stdin.buffer.read()
     else:
@@ -274,13 +291,8 @@ def enqueue(
 
 
 def _discover_queues(client: Any) -> list[str]:
-    names = set()
-    for key in client.scan_iter(match="emq:{*", count=1000):
-        text = key.decode(errors="replace")
-        end = text.find("}")
-        if end > 5:
-            names.add(text[5:end])
-    return sorted(names)
+    found = (keyspace.queue_of(key) for key in client.scan_iter(match="emq:{*", count=1000))
+    return sorted({name for name in found if name is not None})
 
 
 def _stats_table(url: str, names: list[str]) -> Any:
@@ -352,13 +364,14 @@ def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: fl
     "--state",
     default="pending",
     show_default=True,
-    type=click.Choice(["pending", "active", "schedule", "dead"]),
+    # "scheduled" is the state's name; "schedule" (its set's key) stays as an alias.
+    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead"]),
 )
 @click.option("-n", "count", default=20, show_default=True)
 @click.option("--group", help="Browse one lane (pending only).")
 @click.pass_context
 def browse(ctx: click.Context, queue: str, state: str, count: int, group: str | None) -> None:
-    """List job ids in a state, newest first."""
+    """List job ids in a state (pending, active, scheduled, dead), newest first."""
     q = _queue(ctx, queue)
     for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
         click.echo(job_id)
@@ -409,16 +422,25 @@ def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everythi
     q = _queue(ctx, queue)
 
     def go() -> int:
-        ids = list(job_ids)
-        if everything:
-            while batch := q.browse("dead", 1000):
-                for job_id in batch:
-                    q.reprocess(job_id)
-                ids += batch
-        else:
-            for job_id in ids:
+        if not everything:
+            for job_id in job_ids:
                 q.reprocess(job_id)
-        return len(ids)
+            return len(job_ids)
+        # Count each job once, and only when this command moved it: while workers run, a
+        # reprocessed job may die again and reappear in the dead set (it is not taken a
+        # second time, so the loop ends), and one may be removed or reprocessed by someone
+        # else between the browse and the reprocess (not counted).
+        seen: set[str] = set()
+        moved = 0
+        while batch := [j for j in q.browse("dead", 1000) if j not in seen]:
+            for job_id in batch:
+                seen.add(job_id)
+                try:
+                    q.reprocess(job_id)
+                except (JobGone, StateError):
+                    continue
+                moved += 1
+        return moved
 
     if not job_ids and not everything:
         _fail("name job ids or pass --all")
@@ -550,3 +572,104 @@ def demo(
         sys.exit(
             run_demo(url, jobs=jobs, workers=workers, concurrency=concurrency, kill=not no_kill)
         )
+
+
+# --------------------------------------------------------------------------- seeing inside
+
+
+def _needs_web(what: str) -> None:
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+    except ImportError:
+        _fail(f"{what} needs the web extra: pip install 'echomq[web]'")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8808, show_default=True, help="TCP port.")
+@click.option("--read-only", is_flag=True, help="Hide and refuse every action.")
+@click.option("--app", "app_spec", metavar="MODULE:APP", help="Decode payloads with this app.")
+@click.option("-q", "--queue", "queues", multiple=True, help="Show only these queues (repeat).")
+@click.pass_context
+def dashboard(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    read_only: bool,
+    app_spec: str | None,
+    queues: tuple[str, ...],
+) -> None:
+    """Serve the web dashboard (actions need ECHOMQ_DASHBOARD_TOKEN)."""
+    _needs_web("the dashboard")
+    import uvicorn
+
+    from echomq.web import create_app
+
+    url = _url(ctx)
+    app = _load_app(app_spec) if app_spec else None
+    with _errors(url):
+        web = create_app(url, read_only=read_only, app=app, queues=list(queues) or None)
+    mode = (
+        "read-only" if read_only or not os.environ.get("ECHOMQ_DASHBOARD_TOKEN") else "actions on"
+    )
+    click.echo(f"echomq dashboard: http://{host}:{port}/ ({mode}) on {url}", err=True)
+    uvicorn.run(web, host=host, port=port, log_level="warning")
+
+
+@main.command("metrics")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
+@click.option("--port", default=9808, show_default=True, help="TCP port.")
+@click.option("-q", "--queue", "queues", multiple=True, help="Report only these queues (repeat).")
+@click.pass_context
+def metrics_command(ctx: click.Context, host: str, port: int, queues: tuple[str, ...]) -> None:
+    """Serve Prometheus metrics on /metrics (PROMETHEUS_MULTIPROC_DIR: every worker's too)."""
+    _needs_web("echomq metrics")
+    from echomq import prometheus
+
+    url = _url(ctx)
+    click.echo(f"echomq metrics: http://{host}:{port}/metrics on {url}", err=True)
+    with _errors(url), contextlib.suppress(KeyboardInterrupt):
+        prometheus.serve(url, port=port, addr=host, queues=list(queues) or None)
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new events.")
+@click.option(
+    "--after", default="0", show_default=True, help="Start after this stream id ($: new only)."
+)
+@click.option("-n", "count", default=100, show_default=True, help="Events per read.")
+@click.pass_context
+def events(ctx: click.Context, queue: str, follow: bool, after: str, count: int) -> None:
+    """Print QUEUE's lifecycle events (enable them with Queue.enable_events)."""
+    q = _queue(ctx, queue)
+
+    def show() -> None:
+        last = after
+        while True:
+            batch = q.events(after=last, count=count, block_ms=5_000 if follow else None)
+            for e in batch:
+                extras = " ".join(f"{k}={v}" for k, v in sorted(e.fields.items()))
+                click.echo(
+                    f"{e.stream_id} {e.event} {e.id or '-'}" + (f" {extras}" if extras else "")
+                )
+                last = e.stream_id
+            if not follow and len(batch) < count:
+                return
+
+    with contextlib.suppress(KeyboardInterrupt):
+        _run(ctx, show)
+
+
+@main.command()
+@click.argument("queues", nargs=-1)
+@click.option("--interval", default=1.0, show_default=True, help="Refresh interval in seconds.")
+@click.pass_context
+def top(ctx: click.Context, queues: tuple[str, ...], interval: float) -> None:
+    """A live view of QUEUES (default: all): sets, rates, lanes, lease health."""
+    from echomq.top import run_top
+
+    url = _url(ctx)
+    with _errors(url):
+        run_top(url, queues, interval)

@@ -13,7 +13,7 @@
     ├── Locked              EMQLOCK
     ├── RateLimited         EMQRATE
     ├── ProtocolError       an unknown EMQ* class word; carries the text
-    ├── DurabilityError     durable mode: fewer replicas acknowledged the write than asked
+    ├── DurabilityError     durable mode: the write applied, too few replicas acknowledged it
     └── VersionFenceError   ``{emq}:version`` holds another wire version
 
 Connection errors of the driver (``redis.ConnectionError`` ...) propagate unchanged.
@@ -115,14 +115,31 @@ class JobGone(EchoMQError):
 
 
 class DurabilityError(EchoMQError):
-    """Durable mode: the write applied on the primary, but fewer replicas than required
-    acknowledged it in time. Retrying is safe for an enqueue (same id) and refused for a
-    settle whose first attempt landed (the fence answers gone or stale)."""
+    """Durable mode: the write APPLIED on the primary, but fewer replicas than required
+    acknowledged it in time (it may be lost if the primary fails before they catch up).
 
-    def __init__(self, acked: int, wanted: int) -> None:
-        super().__init__(f"{acked} of {wanted} replicas acknowledged the write")
+    - ``.reply``: what the call answered, decoded as the verb returns it (an enqueue's
+      status, a settle's ``Settled`` with the jobs it claimed, ...). The write happened:
+      act on it (a worker runs or hands back the jobs a settle claimed).
+    - ``.job_id``: the job the call named (an enqueue's id, minted or given), else None.
+    - ``.acked`` / ``.wanted``: the acknowledgements received and required.
+
+    Retrying an enqueue is safe with the SAME id: ``queue.enqueue(payload, id=err.job_id)``
+    answers ``duplicate`` while the job exists, never a second job (retrying without the id
+    would mint a new one). A settle whose first attempt landed is refused on retry (the
+    token fence answers gone or stale)."""
+
+    def __init__(
+        self, acked: int, wanted: int, *, reply: object = None, job_id: str | None = None
+    ) -> None:
+        text = f"{acked} of {wanted} replicas acknowledged the write (it applied)"
+        if job_id is not None:
+            text += f"; job {job_id}"
+        super().__init__(text)
         self.acked = acked
         self.wanted = wanted
+        self.reply = reply
+        self.job_id = job_id
 
 
 class VersionFenceError(EchoMQError):

@@ -23,6 +23,7 @@ __all__ = [
     "job_key",
     "lane_key",
     "queue_key",
+    "queue_of",
     "slot",
 ]
 
@@ -38,6 +39,8 @@ QUEUE_TYPES = frozenset(
         "dead",
         "meta",
         "ring",
+        "inring",
+        "ringstale",
         "wake",
         "lanes",
         "paused",
@@ -47,6 +50,9 @@ QUEUE_TYPES = frozenset(
         "events",
         "metrics:completed",
         "metrics:failed",
+        "recent",
+        "retired",
+        "retired:at",
     }
 )
 
@@ -124,3 +130,17 @@ def slot(key: str) -> int:
     for byte in hashtag(key).encode():
         crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
     return crc % 16384
+
+
+def queue_of(key: str | bytes) -> str | None:
+    """The queue a key belongs to — ``orders`` for ``emq:{orders}:pending`` — or None for a
+    key outside any queue's keyspace (the ``{emq}:`` reserve, another application's key, a
+    name no queue may have)."""
+    text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+    if not text.startswith("emq:{"):
+        return None
+    end = text.find("}:", 5)
+    if end < 0:
+        return None
+    name = text[5:end]
+    return name if _NAME.fullmatch(name) and name != "emq" else None

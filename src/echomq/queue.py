@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import TracebackType
 
+from echomq import _observe as _o
 from echomq import _protocol as _p
-from echomq._executor import (
+from echomq._connect import (
     DEFAULT_RETRY_FOR,
     AsyncClient,
-    AsyncExecutor,
     SyncClient,
-    SyncExecutor,
     async_client,
-    default_url,
     parse_url,
+    resolve_url,
     sync_client,
 )
+from echomq._executor import AsyncExecutor, SyncExecutor
 from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq.errors import EchoMQError, InvalidArgument
 
@@ -41,8 +41,10 @@ def _replay_ms(retry_for: float) -> int:
 
 
 def _durable(url: str | None, durable: int | bool | None) -> int:
+    """The replicas every write waits for: ``durable`` when given, else the URL's
+    ``durable=`` option; a queue on a caller's client has no URL, so 0."""
     if durable is None:
-        return parse_url(url or default_url())[2]
+        return parse_url(url)[2] if url else 0
     if isinstance(durable, bool):
         return int(durable)
     if not isinstance(durable, int) or durable < 0:
@@ -55,7 +57,9 @@ class Queue:
 
     Args:
         name: the queue name (``[A-Za-z0-9._-]{1,128}``, not ``emq``).
-        url: a ``redis://``/``rediss://``/``unix://`` URL; default ``ECHOMQ_URL`` or localhost.
+        url: a ``redis://``/``rediss://``/``unix://`` URL; default: ``ECHOMQ_URL``, else a
+            live ``echomq server`` recorded in ``./.echomq/``, else ``redis://127.0.0.1:6379/0``
+            (the same resolution as ``App``).
         client: a ``redis.Redis`` or ``RedisCluster`` (bytes replies); not closed by ``close``.
         max_payload: the largest payload in bytes (default 16 MiB); larger raises
             ``PayloadTooLarge`` before any write.
@@ -81,11 +85,15 @@ class Queue:
         if client is not None and url is not None:
             raise InvalidArgument("pass url or client, not both")
         owned = client is None
+        if client is None:
+            # The one resolution every entry point shares (see echomq._connect.resolve_url).
+            url = resolve_url(url).url
+        replicas = _durable(url, durable)
         self._x = SyncExecutor(
             client if client is not None else sync_client(url),
             owned=owned,
             retry_for=retry_for,
-            durable=_durable(url, durable),
+            durable=replicas,
         )
 
     @property
@@ -306,6 +314,27 @@ class Queue:
         """The job's log lines, oldest first."""
         return self._x.run(_p.logs(self._k, id))
 
+    # -- events and metrics (D15, D16): see echomq._observe for the keys' layout
+
+    def enable_events(self, maxlen: int = 10_000) -> None:
+        """Record every transition of this queue in its event stream (about ``maxlen`` kept)."""
+        return self._x.run(_o.enable_events(self._k, maxlen))
+
+    def disable_events(self) -> None:
+        """Stop recording events (the stream already written is kept)."""
+        return self._x.run(_o.disable_events(self._k))
+
+    def events(
+        self, *, after: str = "0", count: int = 100, block_ms: int | None = None
+    ) -> list[_o.Event]:
+        """Up to ``count`` events after the stream id ``after``, oldest first; ``block_ms``
+        waits that long for one; ``after="$"`` sees only new ones."""
+        return self._x.run(_o.events(self._k, after, count, block_ms))
+
+    def metrics(self, kind: str = "completed", *, minutes: int = 60) -> list[int]:
+        """Settles of ``kind`` (completed, failed) per minute, the current minute first."""
+        return self._x.run(_o.metrics(self._k, kind, minutes))
+
 
 class AsyncQueue:
     """A queue on an asyncio client; every verb of :class:`Queue` as a coroutine."""
@@ -324,11 +353,15 @@ class AsyncQueue:
         if client is not None and url is not None:
             raise InvalidArgument("pass url or client, not both")
         owned = client is None
+        if client is None:
+            # The one resolution every entry point shares (see echomq._connect.resolve_url).
+            url = resolve_url(url).url
+        replicas = _durable(url, durable)
         self._x = AsyncExecutor(
             client if client is not None else async_client(url),
             owned=owned,
             retry_for=retry_for,
-            durable=_durable(url, durable),
+            durable=replicas,
         )
 
     @property
@@ -552,3 +585,24 @@ class AsyncQueue:
     async def logs(self, id: str) -> list[bytes]:
         """The job's log lines, oldest first."""
         return await self._x.run(_p.logs(self._k, id))
+
+    # -- events and metrics (D15, D16): see echomq._observe for the keys' layout
+
+    async def enable_events(self, maxlen: int = 10_000) -> None:
+        """Record every transition of this queue in its event stream (about ``maxlen`` kept)."""
+        return await self._x.run(_o.enable_events(self._k, maxlen))
+
+    async def disable_events(self) -> None:
+        """Stop recording events (the stream already written is kept)."""
+        return await self._x.run(_o.disable_events(self._k))
+
+    async def events(
+        self, *, after: str = "0", count: int = 100, block_ms: int | None = None
+    ) -> list[_o.Event]:
+        """Up to ``count`` events after the stream id ``after``, oldest first; ``block_ms``
+        waits that long for one; ``after="$"`` sees only new ones."""
+        return await self._x.run(_o.events(self._k, after, count, block_ms))
+
+    async def metrics(self, kind: str = "completed", *, minutes: int = 60) -> list[int]:
+        """Settles of ``kind`` (completed, failed) per minute, the current minute first."""
+        return await self._x.run(_o.metrics(self._k, kind, minutes))

@@ -2,14 +2,14 @@
 
 With no URL configured, ``echomq server``, ``demo`` and ``worker`` start one of these (unix
 socket + loopback port, AOF on, data in ``./.echomq/``) and stop it when done. The test
-suite starts its servers with the same class, so there is one way to run a server here.
+suite starts its servers with the same class, so there is one way to run a server here (a
+cluster of them for tests: :class:`echomq.testing.EmbeddedCluster`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import random
 import shutil
@@ -20,10 +20,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+
+from echomq import _connect
 
 __all__ = [
-    "EmbeddedCluster",
     "EmbeddedServer",
     "NoServerBinary",
     "configured_url",
@@ -238,161 +238,22 @@ class EmbeddedServer:
 
 def state_dir() -> Path:
     """Where the embedded server keeps its data: ``ECHOMQ_HOME`` or ``./.echomq``."""
-    return Path(os.environ.get("ECHOMQ_HOME") or ".echomq")
+    return _connect.state_dir()
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _connect.pid_alive(pid)
 
 
 def recorded_url(directory: Path | None = None) -> str | None:
-    """The URL of a live ``echomq server`` recorded in the state dir, if one is running."""
-    record = (directory or state_dir()) / "server.json"
-    try:
-        info = json.loads(record.read_text())
-        pid, port = int(info["pid"]), int(info["port"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if _pid_alive(pid) and _ping("127.0.0.1", port):
-        return str(info["url"])
-    return None
+    """The URL of a live ``echomq server`` recorded in the state dir, if one is running
+    (:func:`echomq._connect.recorded_url`: the record read, its pid checked, no network)."""
+    return _connect.recorded_url(directory)
 
 
 def configured_url(explicit: str | None) -> str | None:
     """The server the user configured: an explicit URL, ``ECHOMQ_URL``, or a running
-    ``echomq server`` recorded in the state dir; None when nothing is configured."""
-    return explicit or os.environ.get("ECHOMQ_URL") or recorded_url()
-
-
-class EmbeddedCluster:
-    """A Redis Cluster of private servers on loopback: ``masters`` primaries with
-    ``replicas`` replicas each, built with CLUSTER ADDSLOTSRANGE / MEET / REPLICATE (no
-    redis-cli needed). For tests, benchmarks and trying cluster mode locally.
-    """
-
-    def __init__(
-        self,
-        dir: str | os.PathLike[str],
-        *,
-        masters: int = 3,
-        replicas: int = 1,
-        node_timeout_ms: int = 2000,
-        appendonly: bool = False,
-        args: Sequence[str] = (),
-    ) -> None:
-        self.dir = Path(dir).resolve()
-        self.masters = masters
-        self.replicas = replicas
-        self.node_timeout_ms = node_timeout_ms
-        self.appendonly = appendonly
-        self.args = list(args)
-        self.nodes: list[EmbeddedServer] = []
-
-    @property
-    def url(self) -> str:
-        """A cluster-mode URL naming the first live node."""
-        for node in self.nodes:
-            if node.proc is not None and node.proc.poll() is None:
-                return f"redis+cluster://127.0.0.1:{node.port}/0"
-        raise RuntimeError("no live cluster node")
-
-    def start(self, timeout: float = 30.0) -> EmbeddedCluster:
-        import redis
-
-        total = self.masters * (1 + self.replicas)
-        for i in range(total):
-            node = EmbeddedServer(
-                self.dir / f"node{i}",
-                port=free_port(cluster=True),
-                appendonly=self.appendonly,
-                unix_socket=False,
-                args=[
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", str(self.node_timeout_ms),
-                    # Replicas sync at once (the default waits 5 s for more replicas): a
-                    # replica that never synced cannot be promoted.
-                    "--repl-diskless-sync-delay", "0",
-                    *self.args,
-                ],
-            )  # fmt: skip
-            self.nodes.append(node.start())
-        clients: list[Any] = [redis.Redis(port=n.port) for n in self.nodes]
-        try:
-            span = 16384 // self.masters
-            for i in range(self.masters):
-                lo, hi = i * span, 16383 if i == self.masters - 1 else (i + 1) * span - 1
-                clients[i].execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-            for c in clients[1:]:
-                c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
-            ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients]
-            deadline = time.monotonic() + timeout
-            self._wait(lambda: all(len(_known(c)) == total for c in clients), deadline)
-            for i in range(self.masters, total):
-                master = (i - self.masters) % self.masters
-                clients[i].execute_command("CLUSTER", "REPLICATE", ids[master])
-            self._wait(lambda: all(_state_ok(c) for c in clients), deadline)
-            # Ready means failover-ready: every replica has synced with its primary.
-            self._wait(lambda: all(_synced(c) for c in clients[self.masters :]), deadline)
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            for c in clients:
-                c.close()
-        return self
-
-    @staticmethod
-    def _wait(pred: Any, deadline: float) -> None:
-        while not pred():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the cluster did not converge in time")
-            time.sleep(0.05)
-
-    def primaries(self) -> list[EmbeddedServer]:
-        """The nodes that currently serve slots as primaries."""
-        import redis
-
-        out = []
-        for node in self.nodes:
-            if node.proc is None or node.proc.poll() is not None:
-                continue
-            with redis.Redis(port=node.port) as c:
-                if c.info("replication").get("role") == "master":
-                    out.append(node)
-        return out
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-    def __enter__(self) -> EmbeddedCluster:
-        return self.start()
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-def _known(client: Any) -> list[str]:
-    raw = client.execute_command("CLUSTER", "NODES")
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return [line for line in text.splitlines() if line.strip() and "handshake" not in line]
-
-
-def _synced(client: Any) -> bool:
-    info = client.info("replication")
-    return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
-
-
-def _state_ok(client: Any) -> bool:
-    info = client.execute_command("CLUSTER", "INFO")
-    text = info.decode() if isinstance(info, bytes) else str(info)
-    return "cluster_state:ok" in text and "cluster_slots_ok:16384" in text
+    ``echomq server`` recorded in the state dir; None when nothing is configured (the
+    order of :func:`echomq._connect.resolve_url`)."""
+    found = _connect.configured(explicit)
+    return found.url if found is not None else None

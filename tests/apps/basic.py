@@ -3,6 +3,9 @@ test runs it on its own queue:
 
 - ``EMQ_TEST_QUEUE``: the queue of every task (required).
 - ``EMQ_TEST_LEASE_MS``: the tasks' lease (default 30000).
+- ``EMQ_TEST_DURABLE``: replicas that must acknowledge the worker's writes (default 0).
+- ``EMQ_TEST_BOOKS_URL``: where the bookkeeping goes (default: the app's server), so a test
+  can make the app's server refuse commands without failing the handlers.
 
 The handlers keep their bookkeeping in keys named ``emqtest:<queue>:*``, outside the queue's
 keyspace: ``tokens`` (a list of ``id:token`` per run start), ``done`` (HINCRBY per job id when
@@ -24,7 +27,7 @@ QUEUE = os.environ.get("EMQ_TEST_QUEUE", "unset")
 LEASE_MS = int(os.environ.get("EMQ_TEST_LEASE_MS", "30000"))
 PREFIX = f"emqtest:{QUEUE}:"
 
-app = App()
+app = App(durable=int(os.environ.get("EMQ_TEST_DURABLE", "0")))
 
 _sync: redis.Redis | None = None
 _async: redis.asyncio.Redis | None = None
@@ -33,14 +36,14 @@ _async: redis.asyncio.Redis | None = None
 def sync_redis() -> redis.Redis:
     global _sync
     if _sync is None:
-        _sync = redis.Redis.from_url(app.url)
+        _sync = redis.Redis.from_url(os.environ.get("EMQ_TEST_BOOKS_URL") or app.url)
     return _sync
 
 
 def async_redis() -> redis.asyncio.Redis:
     global _async
     if _async is None:
-        _async = redis.asyncio.Redis.from_url(app.url)
+        _async = redis.asyncio.Redis.from_url(os.environ.get("EMQ_TEST_BOOKS_URL") or app.url)
     return _async
 
 

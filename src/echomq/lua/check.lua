@@ -1,119 +1,98 @@
---[[ check: the read-only consistency checker (D6). Scans the whole queue in one atomic
-  snapshot, so a live queue never shows a torn transition as a violation.
+--[[ check: the read-only consistency checker (D6), in bounded slices. Each call checks one
+  section and returns where to continue, so no call holds the server long however large the
+  database (a full-keyspace SCAN in one script held a 1M-key server 1.1 s). _protocol.check
+  drives the sections to the end and merges their lines.
+  A live queue may change between calls, so every violation is decided inside one call from
+  that call's own reads: per id (its row and every set it is in), per lane, per ring entry,
+  and the aggregates (ring size, gactive, registry) in the one 'core' call. A transition
+  between slices can hide a violation from this pass; it cannot invent one.
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base and the SCANs)
   ARGV[1] base            emq:{q}:   (a glob-safe prefix)
-  Returns {violation, ...}; empty when the queue is sound
+  ARGV[2] section         core | members | lanes | ring | rows
+  ARGV[3] where           members: pending | active | schedule | dead | lane:<g>; lanes and
+                          rows: the SCAN cursor ('0' to start); core, ring: ''
+  ARGV[4] offset          members, ring: the window's start (0 to start)
+  ARGV[5] count           > 0, the window / SCAN COUNT
+  Returns {{violation, ...}, next, {lane, ...}}: next is the offset or cursor to continue
+    from, -1 / '0' when the section is done; the lanes section lists the lanes it found
   Flags: reads replay
 ]]
 --@include common
-local base = ARGV[1]
+local base, section, where = ARGV[1], ARGV[2], ARGV[3]
+local offset, count = tonumber(ARGV[4] or '0'), tonumber(ARGV[5] or '1000')
 local out = {}
 local function bad(s) out[#out + 1] = s end
 local STATES = {pending = true, active = true, scheduled = true, dead = true,
   awaiting_children = true}
-local where = {}
-local by_group = {}
-
-local function scan_keys(pattern, fn)
-  local cursor = '0'
-  repeat
-    local r = rcall('SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000)
-    cursor = r[1]
-    for _, key in ipairs(r[2]) do fn(key) end
-  until cursor == '0'
-end
-
--- Every member of a set: a live row, the state the set means, the lane the row names.
-local function members(key, place, expect, lane, zero_scores)
-  local m = rcall('ZRANGE', key, 0, -1, 'WITHSCORES')
-  for i = 1, #m, 2 do
-    local id, score = m[i], m[i + 1]
-    if where[id] then
-      bad(id .. ' is in two places: ' .. where[id] .. ' and ' .. place)
-    else
-      where[id] = place
-    end
-    local row = hmget(base .. 'job:' .. id, 'state', 'group', 'attempts')
-    if rcall('EXISTS', base .. 'job:' .. id) == 0 then
-      bad(id .. ' in ' .. place .. ' has no row (ghost)')
-    elseif not row then
-      bad(id .. ' in ' .. place .. ' has a row that is not a hash')
-    else
-      if row[1] ~= expect then
-        bad(id .. ' in ' .. place .. ' has state ' .. tostring(row[1]) .. ', not ' .. expect)
-      end
-      if lane and row[2] ~= lane then
-        bad(id .. ' in ' .. place .. ' has group ' .. tostring(row[2]))
-      end
-      if place == 'pending' and row[2] then
-        bad(id .. ' in the flat pending set has group ' .. row[2])
-      end
-      if place == 'active' and row[2] then
-        by_group[row[2]] = (by_group[row[2]] or 0) + 1
-      end
-    end
-    if zero_scores and tonumber(score) ~= 0 then
-      bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not 0')
-    end
-  end
-end
-
-members(base .. 'pending', 'pending', 'pending', nil, true)
-members(base .. 'active', 'active', 'active', nil, false)
-members(base .. 'schedule', 'schedule', 'scheduled', nil, false)
-members(base .. 'dead', 'dead', 'dead', nil, true)
-
--- Lanes, found by key (not only by the registry, which is itself under test).
-local lanes = {}
+local SETS = {pending = 'pending', active = 'active', schedule = 'scheduled', dead = 'dead'}
+local SET_ORDER = {'pending', 'active', 'schedule', 'dead'}
 local lane_prefix = base .. 'g:'
-scan_keys(lane_prefix .. '*:pending', function(key)
-  local g = string.sub(key, #lane_prefix + 1, -9)
-  lanes[g] = true
-  members(key, 'lane ' .. g, 'pending', g, true)
-end)
-for g in pairs(lanes) do
-  if rcall('SISMEMBER', base .. 'lanes', g) == 0 then bad('lane ' .. g .. ' is missing from the registry') end
-end
-for _, g in ipairs(rcall('SMEMBERS', base .. 'lanes')) do
-  if not lanes[g] then bad('the registry lists lane ' .. g .. ', which holds no job') end
+
+-- Every place an id is in, read now: the four sets and its row's lane (and `also`, a lane
+-- it was found in).
+local function places_of(id, group, also)
+  local found = {}
+  for _, p in ipairs(SET_ORDER) do
+    if rcall('ZSCORE', base .. p, id) then found[#found + 1] = p end
+  end
+  local seen = {}
+  for _, g in ipairs({group or false, also or false}) do
+    if g and not seen[g] and rcall('ZSCORE', waiting_key(base, g), id) then
+      found[#found + 1] = 'lane ' .. g
+      seen[g] = true
+    end
+  end
+  return found
 end
 
--- The ring holds exactly the serviceable lanes (and FLAT while the flat set is non-empty).
-local ring = {}
-for _, g in ipairs(rcall('LRANGE', base .. 'ring', 0, -1)) do
-  if ring[g] then bad('the ring holds ' .. g .. ' twice') end
-  ring[g] = true
-  if not serviceable(base, g) then bad('the ring holds ' .. g .. ', which is not serviceable') end
-end
-if serviceable(base, FLAT) and not ring[FLAT] then bad('the ring misses the flat set') end
-for g in pairs(lanes) do
-  if serviceable(base, g) and not ring[g] then bad('the ring misses serviceable lane ' .. g) end
-end
-
--- gactive == the lane jobs in active.
-local gactive = rcall('HGETALL', base .. 'gactive')
-local seen = {}
-for i = 1, #gactive, 2 do
-  local g, n = gactive[i], tonumber(gactive[i + 1])
-  seen[g] = true
-  if n ~= (by_group[g] or 0) then
-    bad('gactive ' .. g .. ' is ' .. gactive[i + 1] .. ' but ' .. (by_group[g] or 0) .. ' are active')
+local function two_places(id, found)
+  for i = 1, #found - 1 do
+    -- The names in a fixed order, so two slices reporting the same pair write one line.
+    local a, b = found[i], found[i + 1]
+    if b < a then a, b = b, a end
+    bad(id .. ' is in two places: ' .. a .. ' and ' .. b)
   end
 end
-for g, n in pairs(by_group) do
-  if not seen[g] then bad('gactive misses lane ' .. g .. ' with ' .. n .. ' active') end
+
+-- One member of a set: a live row, the state the set means, the lane the row names, the
+-- score of a lexical set, and no other place.
+local function member(place, id, score, lane)
+  local jk = base .. 'job:' .. id
+  if rcall('EXISTS', jk) == 0 then
+    bad(id .. ' in ' .. place .. ' has no row (ghost)')
+    return
+  end
+  local row = hmget(jk, 'state', 'group')
+  if not row then
+    bad(id .. ' in ' .. place .. ' has a row that is not a hash')
+    return
+  end
+  local expect = SETS[place] or 'pending'
+  if row[1] ~= expect then
+    bad(id .. ' in ' .. place .. ' has state ' .. tostring(row[1]) .. ', not ' .. expect)
+  end
+  if lane and row[2] ~= lane then
+    bad(id .. ' in ' .. place .. ' has group ' .. tostring(row[2]))
+  end
+  if place == 'pending' and row[2] then
+    bad(id .. ' in the flat pending set has group ' .. row[2])
+  end
+  if (lane or place == 'pending' or place == 'dead') and tonumber(score) ~= 0 then
+    bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not 0')
+  end
+  two_places(id, places_of(id, row[2], lane))
 end
 
--- Every row: a known state, an integer attempts, and a place (unless awaiting children).
-local job_prefix = base .. 'job:'
-scan_keys(job_prefix .. '*', function(key)
-  local id = string.sub(key, #job_prefix + 1)
+-- One row: a known state, an integer attempts, a lease_epoch only while its lease is open,
+-- and a place (unless awaiting children).
+local function row_of(key)
+  local id = string.sub(key, #base + 5)
   if #id ~= 14 then return end
   if rcall('TYPE', key)['ok'] ~= 'hash' then
     bad(id .. ' has a row key that is not a hash')
     return
   end
-  local row = rcall('HMGET', key, 'state', 'attempts', 'lease_epoch')
+  local row = rcall('HMGET', key, 'state', 'attempts', 'lease_epoch', 'group')
   if not STATES[row[1] or ''] then bad(id .. ' has unknown state ' .. tostring(row[1])) end
   if not row[2] or not string.match(row[2], '^%d+$') then
     bad(id .. ' has attempts ' .. tostring(row[2]) .. ', not an integer')
@@ -124,8 +103,115 @@ scan_keys(job_prefix .. '*', function(key)
   if row[3] and row[1] ~= 'active' and row[1] ~= 'pending' then
     bad(id .. ' (state ' .. tostring(row[1]) .. ') holds an open lease_epoch')
   end
-  if not where[id] and row[1] ~= 'awaiting_children' then
+  if row[1] ~= 'awaiting_children' and #places_of(id, row[4], nil) == 0 then
     bad(id .. ' (state ' .. tostring(row[1]) .. ') is in no set')
   end
-end)
-return out
+end
+
+-- One lane found by key (not only by the registry, which is itself under test).
+local function lane_of(g)
+  if rcall('ZCARD', waiting_key(base, g)) == 0 then return end
+  if rcall('SISMEMBER', base .. 'lanes', g) == 0 then bad('lane ' .. g .. ' is missing from the registry') end
+  if serviceable(base, g) and rcall('SISMEMBER', base .. 'inring', g) == 0 then
+    bad('the ring misses serviceable lane ' .. g)
+  end
+end
+
+-- One ring entry: live (inring) or stale (ringstale), not both; a live one is serviceable.
+local function entry(g)
+  local live = rcall('SISMEMBER', base .. 'inring', g) == 1
+  local stale = rcall('SISMEMBER', base .. 'ringstale', g) == 1
+  if live and stale then
+    bad('the ring entry ' .. g .. ' is both live and stale')
+  elseif live then
+    if not serviceable(base, g) then bad('the ring holds ' .. g .. ', which is not serviceable') end
+  elseif not stale then
+    bad('the ring entry ' .. g .. ' is in neither inring nor ringstale')
+  end
+end
+
+-- The aggregates, atomically: the ring's size against its two SETs (the whole ring is read
+-- only when they disagree), the flat set's ring entry, the registry, gactive.
+local function core()
+  local ring = base .. 'ring'
+  local live, stale = rcall('SMEMBERS', base .. 'inring'), rcall('SMEMBERS', base .. 'ringstale')
+  if rcall('LLEN', ring) ~= #live + #stale then
+    local listed = {}
+    for _, g in ipairs(rcall('LRANGE', ring, 0, -1)) do
+      if listed[g] then bad('the ring holds ' .. g .. ' twice') end
+      listed[g] = true
+    end
+    for _, g in ipairs(live) do
+      if not listed[g] then bad('inring holds ' .. g .. ', which the ring does not') end
+    end
+    for _, g in ipairs(stale) do
+      if not listed[g] then bad('ringstale holds ' .. g .. ', which the ring does not') end
+    end
+    if serviceable(base, FLAT) and not (listed[FLAT] and rcall('SISMEMBER', base .. 'inring', FLAT) == 1) then
+      bad('the ring misses the flat set')
+    end
+  elseif serviceable(base, FLAT) and rcall('SISMEMBER', base .. 'inring', FLAT) == 0 then
+    bad('the ring misses the flat set')
+  end
+  for _, g in ipairs(rcall('SMEMBERS', base .. 'lanes')) do
+    if rcall('ZCARD', waiting_key(base, g)) == 0 then
+      bad('the registry lists lane ' .. g .. ', which holds no job')
+    end
+  end
+  -- gactive == the lane jobs in active.
+  local by_group = {}
+  for _, id in ipairs(rcall('ZRANGE', base .. 'active', 0, -1)) do
+    local row = hmget(base .. 'job:' .. id, 'group')
+    if row and row[1] then by_group[row[1]] = (by_group[row[1]] or 0) + 1 end
+  end
+  local gactive = rcall('HGETALL', base .. 'gactive')
+  local seen = {}
+  for i = 1, #gactive, 2 do
+    local g, n = gactive[i], tonumber(gactive[i + 1])
+    seen[g] = true
+    if n ~= (by_group[g] or 0) then
+      bad('gactive ' .. g .. ' is ' .. gactive[i + 1] .. ' but ' .. (by_group[g] or 0) .. ' are active')
+    end
+  end
+  for g, n in pairs(by_group) do
+    if not seen[g] then bad('gactive misses lane ' .. g .. ' with ' .. n .. ' active') end
+  end
+end
+
+local nxt, found = -1, {}
+if section == 'core' then
+  core()
+elseif section == 'members' then
+  local lane = false
+  local key = base .. where
+  if string.sub(where, 1, 5) == 'lane:' then
+    lane = string.sub(where, 6)
+    key = waiting_key(base, lane)
+  elseif not SETS[where] then
+    return redis.error_reply('EMQARG check: unknown place ' .. where)
+  end
+  local place = where
+  if lane then place = 'lane ' .. lane end
+  local m = rcall('ZRANGE', key, offset, offset + count - 1, 'WITHSCORES')
+  for i = 1, #m, 2 do member(place, m[i], m[i + 1], lane) end
+  if #m / 2 == count then nxt = offset + count end
+elseif section == 'ring' then
+  local entries = rcall('LRANGE', base .. 'ring', offset, offset + count - 1)
+  for _, g in ipairs(entries) do entry(g) end
+  if #entries == count then nxt = offset + count end
+elseif section == 'lanes' then
+  local r = rcall('SCAN', where, 'MATCH', lane_prefix .. '*:pending', 'COUNT', count)
+  nxt = r[1]
+  for _, key in ipairs(r[2]) do
+    local g = string.sub(key, #lane_prefix + 1, -9)
+    found[#found + 1] = g
+    lane_of(g)
+  end
+elseif section == 'rows' then
+  local r = rcall('SCAN', where, 'MATCH', base .. 'job:*', 'COUNT', count)
+  nxt = r[1]
+  for _, key in ipairs(r[2]) do row_of(key) end
+else
+  return redis.error_reply('EMQARG check: unknown section ' .. tostring(section))
+end
+return {out, nxt, found}

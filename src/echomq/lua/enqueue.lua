@@ -9,8 +9,8 @@
   ARGV[6] value           ms: a delay for 'in', an absolute unix ms for 'at'
   ARGV[7] replay_ms       optional: how long a resend of this call may still come (0: none)
   ARGV[8] nonce           optional: the call's nonce, the same on every resend ('' : none)
-  Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' (a resend whose first copy
-    landed) | error EMQKIND
+  Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' / 'replayed:scheduled' (a
+    resend whose first copy landed, and what that copy answered) | error EMQKIND
   Flags: writes once
 ]]
 --@include common
@@ -26,12 +26,16 @@ if ARGV[5] ~= 'now' or nonce ~= '' then now = now_ms() end
 -- Policy first (admit checks it too): a refused call writes nothing, not even an expiry.
 local KIND = 'EMQKIND job id must be JOB-namespaced'
 if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply(KIND) end
-forget_expired(base, nonce, now)
-if replayed(base, id, nonce) then return 'replayed' end
+local again = replayed(base, id, nonce, now)
+if again then
+  forget_expired(base, nonce, now)
+  return again
+end
 local verdict = admit(base, id, ARGV[3], g, run_time(ARGV[5], ARGV[6], now), now)
 if verdict == 'kind' then return redis.error_reply(KIND) end
+forget_expired(base, nonce, now)
 if verdict == 'enqueued' then touch(base, g, 1) end
 if replay_ms > 0 and nonce ~= '' and verdict ~= 'duplicate' then
-  remember(base, {id .. ':' .. nonce}, now + replay_ms)
+  remember(base, {marker(id, nonce, verdict)}, now + replay_ms)
 end
 return verdict

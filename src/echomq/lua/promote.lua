@@ -25,10 +25,21 @@ end
 touch_all(base, added)
 -- Self-heal, once a beat: enqueue's fast path (touch) trusts that a non-empty flat set is in
 -- the ring. Should the ring lose it anyway (a member planted from outside, a lost key), the
--- flat set would never be served again; the next promote puts it back.
+-- flat set would never be served again; the next promote puts it back. The LIST is walked
+-- (LPOS) only when the ring and its SETs disagree in size, i.e. only after such damage.
 local depth = rcall('ZCARD', base .. 'pending')
-if depth > 0 and not rcall('LPOS', base .. 'ring', FLAT) then
-  rcall('RPUSH', base .. 'ring', FLAT)
-  wake(base, depth)
+if depth > 0 then
+  local ring = base .. 'ring'
+  local live = rcall('SISMEMBER', base .. 'inring', FLAT) == 1
+  local sized = rcall('LLEN', ring) == rcall('SCARD', base .. 'inring') + rcall('SCARD', base .. 'ringstale')
+  if not sized and not rcall('LPOS', ring, FLAT) then
+    rcall('SREM', base .. 'inring', FLAT)
+    rcall('SREM', base .. 'ringstale', FLAT)
+    ring_add(base, FLAT)
+    wake(base, depth)
+  elseif not live then
+    ring_add(base, FLAT)
+    wake(base, depth)
+  end
 end
 return moved

@@ -3,14 +3,24 @@
   KEYS[1] row       HASH  emq:{q}:job:<id>
   ARGV[1] base            emq:{q}:
   ARGV[2] id
-  Returns 1 | 0 when gone | error EMQLOCK
+  The id's last token is recorded (common.lua retire): a re-admission continues from it.
+  Returns 1 | 0 when gone (a ghost id is still taken out of the flat/active/schedule/dead
+    sets) | error EMQLOCK
   Flags: writes once
 ]]
 --@include common
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
-local row = hmget(jk, 'state', 'group') or {}
-if rcall('EXISTS', jk) == 0 then return 0 end
+local row = hmget(jk, 'state', 'group', 'attempts') or {}
+if rcall('EXISTS', jk) == 0 then
+  -- Gone, but a ghost (the id in a set, its row lost) is still taken out of the sets that can
+  -- be found without the row; a lane ghost is discarded by the next claim of its lane.
+  rcall('ZREM', base .. 'active', id)
+  leave_waiting(base, id, false)
+  rcall('ZREM', base .. 'schedule', id)
+  rcall('ZREM', base .. 'dead', id)
+  return 0
+end
 if rcall('EXISTS', jk .. ':lock') == 1 then return redis.error_reply('EMQLOCK job is locked') end
 local g = row[2]
 leave_active(base, id, g)
@@ -19,4 +29,5 @@ if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 rcall('ZREM', base .. 'dead', id)
 rcall('DEL', jk, jk .. ':logs')
+retire_one(base, id, row[3], now_ms())
 return 1

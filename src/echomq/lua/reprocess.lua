@@ -1,4 +1,6 @@
---[[ reprocess: dead -> pending (a grouped job back to its lane, D6). attempts is kept.
+--[[ reprocess: dead -> pending (a grouped job back to its lane, D6). attempts is kept (it
+  is the token: a lower one would be handed out again); the stall count restarts, so a job
+  that died stalled gets max_stalled fresh stalls, not one.
   KEYS[1] row       HASH  emq:{q}:job:<id>
   KEYS[2] dead      ZSET  emq:{q}:dead
   ARGV[1] base            emq:{q}:
@@ -14,7 +16,7 @@ local row = hmget(jk, 'group')
 if not row then return redis.error_reply('EMQSTATE not a job row') end
 if rcall('ZREM', KEYS[2], id) == 0 then return redis.error_reply('EMQSTATE not dead') end
 local g = row[1]
-rcall('HDEL', jk, 'last_error')
+rcall('HDEL', jk, 'last_error', 'stalled')
 park(base, id, jk, g)
 touch(base, g, 1)
 return 1

@@ -9,10 +9,26 @@ local function admit(base, id, payload, g, run_at, now)
   local due = (run_at == nil) or (run_at <= now)
   local state = 'scheduled'
   if due then state = 'pending' end
+  -- A retired id continues its old count (common.lua, retire): no (id, token) pair is ever
+  -- handed out twice. `floor` keeps the count it came back with, so max_attempts still
+  -- gives the new incarnation its full budget.
+  local attempts = rcall('HGET', base .. 'retired', id) or '0'
+  local fields = {'state', state, 'attempts', attempts, 'payload', payload}
   if g then
-    rcall('HSET', jk, 'state', state, 'attempts', '0', 'payload', payload, 'group', g)
-  else
-    rcall('HSET', jk, 'state', state, 'attempts', '0', 'payload', payload)
+    fields[#fields + 1] = 'group'
+    fields[#fields + 1] = g
+  end
+  if attempts ~= '0' then
+    fields[#fields + 1] = 'floor'
+    fields[#fields + 1] = attempts
+  end
+  -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so
+  -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any
+  -- other write first (a cleanup), Redis would let every later write of the script through.
+  rcall('HSET', jk, unpack(fields))
+  if attempts ~= '0' then
+    rcall('HDEL', base .. 'retired', id)
+    rcall('ZREM', base .. 'retired:at', id)
   end
   if due then
     rcall('ZADD', waiting_key(base, g), 0, id)
@@ -36,13 +52,28 @@ end
 -- may still come), and a resend that finds its marker answers 'replayed': the first copy
 -- landed. That stays true after the job has completed and its row is gone, so a resend
 -- never admits the job a second time; a new enqueue of a retired id (another nonce) is still
--- a new job. Expired markers are dropped by the next enqueue.
+-- a new job. Expired markers are dropped by the next enqueue, after its admission (the
+-- cleanup must not be the first write, see admit), and are ignored until then.
+-- A job admitted as 'scheduled' leaves '<id>:<nonce>:s', so a resend answers what the first
+-- copy answered ('replayed:scheduled'), even when its at_ms has passed since.
 local function forget_expired(base, nonce, now)
   if nonce ~= '' then rcall('ZREMRANGEBYSCORE', base .. 'recent', '-inf', now) end
 end
 
-local function replayed(base, id, nonce)
-  return nonce ~= '' and rcall('ZSCORE', base .. 'recent', id .. ':' .. nonce) ~= false
+local function replayed(base, id, nonce, now)
+  if nonce == '' then return false end
+  local mark = base .. 'recent'
+  local until_ms = rcall('ZSCORE', mark, id .. ':' .. nonce)
+  if until_ms and tonumber(until_ms) > now then return 'replayed' end
+  until_ms = rcall('ZSCORE', mark, id .. ':' .. nonce .. ':s')
+  if until_ms and tonumber(until_ms) > now then return 'replayed:scheduled' end
+  return false
+end
+
+-- The marker of one admitted job: its verdict is in the name (see replayed).
+local function marker(id, nonce, verdict)
+  if verdict == 'scheduled' then return id .. ':' .. nonce .. ':s' end
+  return id .. ':' .. nonce
 end
 
 local function remember(base, marks, until_ms)

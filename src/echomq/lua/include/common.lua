@@ -49,6 +49,84 @@ local function serviceable(base, g)
   return true
 end
 
+-- The ring is a LIST (its order is the service order) with two SETs beside it: p..inring,
+-- the lanes in the ring, and p..ringstale, lanes that left it while their LIST entry stays.
+-- Each LIST entry is in exactly one of the two SETs. Joining and leaving are O(1) whatever the
+-- ring's length (LPOS and LREM walk the LIST): a lane that leaves is only marked stale, and
+-- its entry is dropped when it reaches the head (ring_head); a stale lane that comes back is
+-- live again in its old place. Only these functions change the ring (check.lua verifies it).
+local function ring_add(base, key)
+  if rcall('SMOVE', base .. 'ringstale', base .. 'inring', key) == 1 then return end
+  rcall('RPUSH', base .. 'ring', key)
+  rcall('SADD', base .. 'inring', key)
+end
+
+local function ring_remove(base, key)
+  local ring = base .. 'ring'
+  rcall('SREM', base .. 'inring', key)
+  if rcall('SCARD', base .. 'inring') == 0 then
+    -- Nothing live is left: every entry is stale, the ring is empty.
+    rcall('DEL', ring, base .. 'ringstale')
+  elseif rcall('LINDEX', ring, 0) == key then
+    rcall('LPOP', ring)
+  elseif rcall('LINDEX', ring, -1) == key then
+    rcall('RPOP', ring)
+  else
+    rcall('SADD', base .. 'ringstale', key)
+  end
+end
+
+-- Retired ids (no ABA on the token): a caller-chosen id may be enqueued again after its row
+-- was deleted. Its token is its attempts, so a re-admitted id restarting at 0 would hand out
+-- (id, 1) a second time and a stale holder of the first incarnation could settle the new one.
+-- Every script that deletes a row with attempts > 0 records the id's last attempts in
+-- p..retired (HASH id -> attempts) with its retirement time in p..retired:at (ZSET), and
+-- admit continues from there. The record is bounded: at most RETIRED_MAX ids, none older
+-- than RETIRED_MS; an id trimmed out of it restarts at 0 (docs/RELIABILITY.md).
+local RETIRED_MAX = 50000
+local RETIRED_MS = 3600000
+local RETIRED_TRIM = 100
+
+-- pairs: {id, attempts, id, attempts, ...} of deleted rows. The caller has already written
+-- (a ZREM/DEL): under noeviction these writes are never the script's first, so retiring a
+-- job is never refused for memory (it frees more than it keeps).
+local function retire(base, pairs_, now)
+  if #pairs_ == 0 then return end
+  local rk, rt = base .. 'retired', base .. 'retired:at'
+  local stamps = {}
+  for i = 1, #pairs_, 2 do
+    stamps[#stamps + 1] = now
+    stamps[#stamps + 1] = pairs_[i]
+  end
+  for i = 1, #pairs_, 1000 do
+    rcall('HSET', rk, unpack(pairs_, i, math.min(i + 999, #pairs_)))
+    rcall('ZADD', rt, unpack(stamps, i, math.min(i + 999, #stamps)))
+  end
+  -- Trim: the expired ones (a bounded number per call), then the oldest beyond the cap.
+  local old = rcall('ZRANGEBYSCORE', rt, '-inf', now - RETIRED_MS, 'LIMIT', 0, RETIRED_TRIM)
+  if #old > 0 then
+    rcall('ZREM', rt, unpack(old))
+    rcall('HDEL', rk, unpack(old))
+  end
+  local over = rcall('ZCARD', rt) - RETIRED_MAX
+  while over > 0 do
+    local popped = rcall('ZPOPMIN', rt, math.min(over, 1000))
+    local gone = {}
+    for i = 1, #popped, 2 do gone[#gone + 1] = popped[i] end
+    if #gone == 0 then break end
+    rcall('HDEL', rk, unpack(gone))
+    over = over - #gone
+  end
+end
+
+-- Record one deleted row's id when a token was ever handed out for it (attempts > 0).
+-- (A planted non-integer attempts is not carried over: only what claim could mint.)
+local function retire_one(base, id, attempts, now)
+  if type(attempts) == 'string' and attempts ~= '0' and string.match(attempts, '^[0-9]+$') then
+    retire(base, {id, attempts}, now)
+  end
+end
+
 -- Make the ring and the lane registry (D14) agree with the truth for one lane (or the flat
 -- set, g false). Recomputing from the sets, instead of patching per script, is what keeps
 -- "ring == serviceable lanes" exact across every transition. Returns inring, inserted.
@@ -62,15 +140,24 @@ local function sync(base, g)
     end
   end
   local ring = base .. 'ring'
-  local inring = rcall('LPOS', ring, key)
+  -- Membership is read from the SET beside the LIST (O(1)), not LPOS on the LIST (O(ring
+  -- length)): with 100k lanes every lane transition would otherwise scan the ring.
+  local inring = rcall('SISMEMBER', base .. 'inring', key) == 1
+  if not inring and rcall('SCARD', base .. 'inring') == 0 and rcall('LLEN', ring) > 0 then
+    -- A ring with entries but no live SET was written before the SETs existed (or damaged):
+    -- adopt its entries once, so no lane gets a second entry.
+    for _, g in ipairs(rcall('LRANGE', ring, 0, -1)) do rcall('SADD', base .. 'inring', g) end
+    rcall('DEL', base .. 'ringstale')
+    inring = rcall('SISMEMBER', base .. 'inring', key) == 1
+  end
   if serviceable(base, key) then
     if not inring then
-      rcall('RPUSH', ring, key)
+      ring_add(base, key)
       return true, true
     end
     return true, false
   end
-  if inring then rcall('LREM', ring, 0, key) end
+  if inring then ring_remove(base, key) end
   return false, false
 end
 

@@ -7,9 +7,10 @@
 -- it with the new token, every release by the holder (complete, retry, delay) and a stall
 -- death delete it, reap keeps it. So an old token can never settle a job after retry ->
 -- promote, delay(0) or reprocess, and each lease generation settles at most once (D13).
--- Returns row {attempts, state, group}, or nil with an error text (nil, nil = gone).
+-- Returns row {attempts, state, group, lease_epoch, floor}, or nil with an error text (nil,
+-- nil = gone). floor: the attempts a re-admitted id came back with (admit.lua), or nil.
 local function fence(jk, token, verb)
-  local row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch')
+  local row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
   if not row or not row[1] then return nil, nil end
   -- A never-claimed job holds attempts "0": no caller can own it, so "0" is never a token.
   if row[1] ~= token or token == '0' then

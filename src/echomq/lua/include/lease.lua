@@ -15,9 +15,17 @@ local function integer_text(s)
   return s and #s <= 15 and string.match(s, '^[0-9]+$') ~= nil
 end
 
+-- The 11 base62 digits, compared byte by byte with the largest legal value: Lua's `<=` on
+-- strings follows the server's collation locale (strcoll), under which 'Z' may sort after
+-- 'z' and a valid id would read as too large. Digits < upper < lower in ASCII, as in base62.
+local BRAND_MAX = 'AzL8n0Y58m7'
 local function branded(id)
-  return #id == 14 and string.match(id, '^[A-Z][A-Z][A-Z][0-9A-Za-z]+$') ~= nil
-    and string.sub(id, 4) <= 'AzL8n0Y58m7'
+  if #id ~= 14 or string.match(id, '^[A-Z][A-Z][A-Z][0-9A-Za-z]+$') == nil then return false end
+  for i = 1, 11 do
+    local a, b = string.byte(id, i + 3), string.byte(BRAND_MAX, i)
+    if a ~= b then return a < b end
+  end
+  return true
 end
 
 -- Lease up to k of the oldest jobs of waiting set g (a lane or FLAT) at `deadline` (server
@@ -94,12 +102,12 @@ end
 local function charge(base, g, n)
   local ring = base .. 'ring'
   local meta = base .. 'meta'
-  if rcall('LINDEX', ring, 0) ~= g then
+  if rcall('LINDEX', ring, 0) ~= g or rcall('SISMEMBER', base .. 'inring', g) == 0 then
     -- g left the ring (emptied, paused, at its limit): its turn is over.
     rcall('HDEL', meta, 'rr_lane', 'rr_n')
     return
   end
-  if rcall('LLEN', ring) == 1 then return end
+  if rcall('SCARD', base .. 'inring') == 1 then return end
   local w = tonumber(rcall('HGET', base .. 'gweight', g) or '1')
   local turn = rcall('HMGET', meta, 'rr_lane', 'rr_n')
   local served = n
@@ -116,22 +124,38 @@ end
 -- of its turn, then the next head. A head that is not serviceable, or turns out empty after
 -- its ghosts, leaves the ring and the claim moves on, so a call never answers short while
 -- work is claimable. Appends to out; returns how many were claimed.
+-- The live head of the ring, dropping the stale entries before it (common.lua ring_add). An
+-- entry in neither SET (planted, or a ring written before the SETs existed) is adopted when
+-- its lane is serviceable, at the back, and dropped otherwise.
+local function ring_head(base)
+  local ring = base .. 'ring'
+  while true do
+    local g = rcall('LINDEX', ring, 0)
+    if not g then return nil end
+    if rcall('SISMEMBER', base .. 'inring', g) == 1 then return g end
+    rcall('LPOP', ring)
+    if rcall('SREM', base .. 'ringstale', g) == 0 and serviceable(base, g) then
+      ring_add(base, g)
+    end
+  end
+end
+
 local function claim_n(base, deadline, n, out)
   local ring = base .. 'ring'
   local got = 0
   while got < n do
-    local g = rcall('LINDEX', ring, 0)
+    local g = ring_head(base)
     if not g then break end
     local leased = 0
     if serviceable(base, g) then
-      local k = turn_room(base, g, n - got, rcall('LLEN', ring) == 1)
+      local k = turn_room(base, g, n - got, rcall('SCARD', base .. 'inring') == 1)
       if k > 0 then leased = lease_many(base, g, deadline, k, out) end
     end
     if g == FLAT then sync(base, false) else sync(base, g) end
     if leased > 0 then
       charge(base, g, leased)
       got = got + leased
-    elseif rcall('LINDEX', ring, 0) == g then
+    elseif rcall('LINDEX', ring, 0) == g and rcall('SISMEMBER', base .. 'inring', g) == 1 then
       -- Defensive: a head that gave nothing must not be asked again in this call.
       rcall('LMOVE', ring, ring, 'LEFT', 'RIGHT')
     end

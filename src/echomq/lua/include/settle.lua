@@ -3,7 +3,8 @@
 -- string (the single-job scripts turn it into an error reply; the batch returns it in place).
 
 -- complete: fence, leave active (or the waiting set after a reap), retire the row and its
--- logs. The caller bumps metrics:completed (once per batch). Returns 1 | 0 (gone) | text.
+-- logs (recording the id's last token, common.lua retire). The caller bumps
+-- metrics:completed (once per batch). Returns 1 | 0 (gone) | text.
 local function complete_one(base, id, jk, token)
   local row, err = fence(jk, token, 'complete')
   if err then return err end
@@ -11,6 +12,7 @@ local function complete_one(base, id, jk, token)
   -- No release(): the row is deleted just below, lease_epoch with it.
   if row[2] == 'active' then leave_active(base, id, row[3]) else leave_waiting(base, id, row[3]) end
   rcall('DEL', jk, jk .. ':logs')
+  retire_one(base, id, row[1], now_ms())
   return 1
 end
 
@@ -21,7 +23,8 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
   if err then return err end
   if not row then return 0 end
   release(base, id, jk, row)
-  if tonumber(row[1]) >= max_attempts then
+  -- The ceiling counts this incarnation's attempts: a re-admitted id came back with `floor`.
+  if tonumber(row[1]) - tonumber(row[5] or '0') >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
     rcall('ZADD', base .. 'dead', 0, id)
     rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
@@ -36,7 +39,7 @@ end
 -- jobs' ZREM active, the row DELs and the metric batched into one command each.
 -- Reads count (id, token) pairs from args at index i; returns the next index and verdicts.
 local function complete_many(base, args, i, count)
-  local verdicts, flat, rows, seen, ok = {}, {}, {}, {}, 0
+  local verdicts, flat, rows, seen, ok, retired = {}, {}, {}, {}, 0, {}
   for _ = 1, count do
     local id = args[i]
     local jk = base .. 'job:' .. id
@@ -59,6 +62,8 @@ local function complete_many(base, args, i, count)
       end
       rows[#rows + 1] = jk
       rows[#rows + 1] = jk .. ':logs'
+      retired[#retired + 1] = id
+      retired[#retired + 1] = row[1]
       ok = ok + 1
       verdicts[#verdicts + 1] = 1
     end
@@ -72,6 +77,7 @@ local function complete_many(base, args, i, count)
   if #rows > 0 then
     for j = 1, #rows, 2000 do rcall('DEL', unpack(rows, j, math.min(j + 1999, #rows))) end
     rcall('HINCRBY', base .. 'metrics:completed', 'count', ok)
+    retire(base, retired, now_ms())
   end
   return i, verdicts
 end

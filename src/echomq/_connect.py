@@ -1,0 +1,455 @@
+"""Where the server is, how echomq talks to it, and how long it keeps trying.
+
+One module owns these policies so that ``Queue``, ``AsyncQueue``, ``App``, ``Worker`` and
+the CLI cannot disagree:
+
+- :func:`resolve_url`: which server a process uses, and why;
+- :func:`sync_client` / :func:`async_client`: the redis-py clients echomq builds, with the
+  options it needs (no blind replays, keepalive, timeouts);
+- :data:`TRANSIENT`, :func:`check_retry_for`, :func:`backoff_delay` and :class:`Budget`:
+  which errors are worth asking again, for how long, and how fast;
+- :func:`thread_connection`: the sync executor's per-thread connection, given back to its
+  pool when its thread ends, and checked for a server-side close before it is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import re
+import threading
+import time
+import weakref
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
+from redis.retry import Retry
+
+try:
+    from redis.maint_notifications import MaintNotificationsConfig
+except ImportError:  # redis-py < 7: no maintenance notifications, the pool always checks
+    MaintNotificationsConfig = None  # type: ignore[assignment,misc]
+
+from echomq import _redispy
+from echomq._protocol import Call
+from echomq.errors import InvalidArgument, from_reply
+
+__all__ = [
+    "DEFAULT_RETRY_FOR",
+    "DEFAULT_URL",
+    "TRANSIENT",
+    "AsyncClient",
+    "Budget",
+    "Resolved",
+    "SyncClient",
+    "async_client",
+    "backoff_delay",
+    "check_bytes_client",
+    "check_retry_for",
+    "close_thread_connections",
+    "cluster_url",
+    "configured",
+    "default_url",
+    "map_error",
+    "parse_url",
+    "pid_alive",
+    "recorded_url",
+    "resolve_url",
+    "script_args",
+    "state_dir",
+    "sync_client",
+    "thread_connection",
+]
+
+log = logging.getLogger("echomq")
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+# --------------------------------------------------------------------------- where the server is
+
+
+class Resolved(NamedTuple):
+    """The server a process uses: ``url``, ``source`` (``explicit``, ``app``, ``env``,
+    ``recorded`` or ``default``) and a human ``reason``."""
+
+    url: str
+    source: str
+    reason: str
+
+
+def state_dir() -> Path:
+    """Where the embedded server keeps its data: ``ECHOMQ_HOME`` or ``./.echomq``."""
+    return Path(os.environ.get("ECHOMQ_HOME") or ".echomq")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0; another user's process counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_server_process(pid: int, port: int) -> bool:
+    """The pid still runs the recorded server, not a process that reused its pid: its
+    command line names the port (the server retitles itself ``redis-server host:port``; it
+    was started with ``--port N``). Linux only; elsewhere a live pid is taken at its word."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return re.search(rb"(?<![0-9])%d(?![0-9])" % port, cmdline) is not None
+
+
+def recorded_url(directory: Path | None = None) -> str | None:
+    """The URL of a live ``echomq server`` recorded in ``<state dir>/server.json``.
+
+    No network I/O: the record is read and its pid checked alive (and, on Linux, still
+    running the recorded port), so resolving a URL never waits on a server.
+    """
+    record = (directory or state_dir()) / "server.json"
+    try:
+        info = json.loads(record.read_text())
+        pid, port, url = int(info["pid"]), int(info["port"]), str(info["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid_alive(pid) and _is_server_process(pid, port):
+        return url
+    return None
+
+
+def configured(explicit: str | None = None, app_url: str | None = None) -> Resolved | None:
+    """The server the user configured, or None when nothing is (see :func:`resolve_url`)."""
+    for value in (explicit, app_url):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"url must be a str, got {type(value).__name__}")
+    if explicit:
+        return Resolved(explicit, "explicit", "passed explicitly")
+    if app_url:
+        return Resolved(app_url, "app", "App(url=...)")
+    env = os.environ.get("ECHOMQ_URL")
+    if env:
+        return Resolved(env, "env", "ECHOMQ_URL")
+    recorded = recorded_url()
+    if recorded:
+        where = state_dir() / "server.json"
+        return Resolved(recorded, "recorded", f"the live echomq server recorded in {where}")
+    return None
+
+
+_logged: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Resolved:
+    """Which server to use, and why. The one answer for ``Queue``, ``AsyncQueue``, ``App``,
+    ``Worker`` and the CLI; the first that applies wins:
+
+    1. ``explicit``: a URL passed to the call (``Queue(url=...)``, ``Worker(url=...)``,
+       ``echomq --url``);
+    2. ``app_url``: ``App(url=...)``;
+    3. the ``ECHOMQ_URL`` environment variable;
+    4. a live ``echomq server`` recorded in ``./.echomq/server.json`` (``ECHOMQ_HOME``
+       moves the directory);
+    5. ``redis://127.0.0.1:6379/0``.
+
+    No network I/O (step 4 reads a file and checks a pid). Each choice is logged once per
+    process at INFO on the ``echomq`` logger, with any password masked.
+    """
+    found = configured(explicit, app_url) or Resolved(
+        DEFAULT_URL, "default", "nothing configured: the default local server"
+    )
+    key = (found.url, found.source)
+    with _logged_lock:
+        first = key not in _logged
+        _logged.add(key)
+    if first:
+        log.info("echomq server %s (%s)", _redacted(found.url), found.reason)
+    return found
+
+
+def default_url() -> str:
+    """The server a call with no URL uses (:func:`resolve_url` with nothing passed)."""
+    return resolve_url().url
+
+
+# --------------------------------------------------------------------------- clients
+
+
+class SyncClient(Protocol):
+    """What echomq needs of a redis-py client (``redis.Redis`` or ``RedisCluster``)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any: ...
+    def pipeline(self, transaction: bool = ...) -> Any: ...
+    def close(self) -> None: ...
+
+
+class AsyncClient(Protocol):
+    """What echomq needs of an asyncio redis-py client."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Awaitable[Any]: ...
+    def pipeline(self, transaction: bool = ...) -> Any: ...
+
+
+def _client_options(url: str) -> dict[str, Any]:
+    # No blind replays: redis-py would resend a command whose reply was lost, which can
+    # double-apply a non-idempotent verb (a log line) or misreport a settle. The executor
+    # replays only calls that are safe to send twice. A socket timeout well above any blocking
+    # wait (the worker's BLPOP is one beat) turns a silently dead peer into an error.
+    options: dict[str, Any] = {
+        "retry": Retry(NoBackoff(), 0),
+        "socket_keepalive": True,
+        "socket_connect_timeout": 5,
+        "socket_timeout": 30,
+        "health_check_interval": 30,
+    }
+    if MaintNotificationsConfig is not None:
+        # redis-py 7+ skips its check of a pooled connection before lending it (a close the
+        # server already sent: its idle `timeout`, a CLIENT KILL) while maintenance
+        # notifications are on, and they are on ("auto") by default. echomq speaks RESP2,
+        # where those notifications never come: turn them off and keep the check, so a
+        # command is never written to a connection the server has closed.
+        options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    if url.startswith("unix:"):
+        del options["socket_keepalive"]  # a TCP option: a unix socket connection refuses it
+    return options
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def parse_url(url: str) -> tuple[str, bool, int]:
+    """Split echomq's own options off a server URL: ``(plain_url, cluster, durable)``.
+
+    - cluster mode: the scheme ``redis+cluster://`` (``rediss+cluster://`` for TLS) or the
+      query option ``cluster=true``; the host is any node of the cluster;
+    - durable mode: ``durable=true`` (one replica) or ``durable=N`` (N replicas): every write
+      waits for N replica acknowledgements (see :mod:`echomq._durable`).
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = {k: v.lower() for k, v in query if k in ("cluster", "durable")}
+    scheme = parts.scheme
+    cluster = options.get("cluster", "") in _TRUE
+    if scheme.endswith("+cluster"):
+        scheme, cluster = scheme[: -len("+cluster")], True
+    flag = options.get("durable", "0")
+    durable = 1 if flag in _TRUE else int(flag) if flag.isdigit() else 0
+    rest = urlencode([(k, v) for k, v in query if k not in ("cluster", "durable")])
+    # Built by hand: urlunsplit drops the "//" of a URL with no host, and redis-py then
+    # refuses "unix:/path" (it wants "unix:///path").
+    plain = f"{scheme}://{parts.netloc}{parts.path}"
+    if rest:
+        plain += "?" + rest
+    if parts.fragment:
+        plain += "#" + parts.fragment
+    return plain, cluster, durable
+
+
+def cluster_url(url: str) -> str | None:
+    """The plain URL when ``url`` selects cluster mode, else None (see :func:`parse_url`)."""
+    plain, cluster, _ = parse_url(url)
+    return plain if cluster else None
+
+
+def sync_client(url: str | None = None) -> redis.Redis | RedisCluster:
+    """A client for ``url`` (default: :func:`resolve_url`), bytes in and out: ``redis.Redis``,
+    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`)."""
+    plain, cluster, _ = parse_url(url or default_url())
+    if cluster:
+        return RedisCluster.from_url(plain, **_client_options(plain))
+    return redis.Redis.from_url(plain, **_client_options(plain))
+
+
+def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisCluster:
+    """The asyncio twin of :func:`sync_client`."""
+    plain, cluster, _ = parse_url(url or default_url())
+    if cluster:
+        return AsyncRedisCluster.from_url(plain, **_client_options(plain))
+    return redis.asyncio.Redis.from_url(plain, **_client_options(plain))
+
+
+def check_bytes_client(client: Any) -> None:
+    """Refuse a client that decodes replies: payloads are bytes."""
+    if _redispy.client_kwargs(client).get("decode_responses"):
+        raise InvalidArgument(
+            "echomq needs a client with decode_responses=False: payloads are bytes"
+        )
+
+
+# --------------------------------------------------------------------------- retrying
+
+# Errors after which the server is worth asking again: the connection dropped or timed out,
+# the server is loading its data, or a cluster is failing over. Only calls marked
+# ``replay`` (or plans that catch ``Replay``) are sent again.
+TRANSIENT = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    redis.exceptions.RedisClusterException,  # "cannot be connected": every known node is down
+)
+DEFAULT_RETRY_FOR = 10.0
+
+
+def map_error(exc: ResponseError) -> Exception:
+    """An error reply as echomq raises it: transient errors unchanged, an echomq refusal as
+    its typed error (:func:`echomq.errors.from_reply`), anything else unchanged."""
+    if isinstance(exc, TRANSIENT):
+        return exc
+    err = from_reply(str(exc))
+    return err if err is not None else exc
+
+
+def script_args(call: Call[Any], use_eval: bool) -> tuple[Any, ...]:
+    """A script call on the wire: EVALSHA, or EVAL with the source (which caches it)."""
+    script = call.script
+    assert script is not None
+    head = ("EVAL", script.source) if use_eval else ("EVALSHA", script.sha)
+    return (*head, len(call.keys), *call.keys, *call.args)
+
+
+def check_retry_for(value: object) -> float:
+    """``retry_for`` as float seconds; ``InvalidArgument`` unless finite and >= 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidArgument(f"retry_for must be finite seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def backoff_delay(attempt: int, *, base: float = 0.05, cap: float = 1.0) -> float:
+    """The transport backoff, in seconds, before try ``attempt + 1`` (``attempt`` >= 1):
+    exponential from ``base``, capped at ``cap``, with jitter in [50%, 100%] so that many
+    clients cut off together do not come back together."""
+    step = base * 2 ** min(max(attempt, 1) - 1, 30)
+    return float(min(cap, step) * (0.5 + random.random() / 2))
+
+
+class Budget:
+    """How long one call may keep retrying transient errors."""
+
+    __slots__ = ("attempt", "retry_for", "start")
+
+    def __init__(self, retry_for: float) -> None:
+        self.retry_for = retry_for
+        self.attempt = 0
+        self.start = 0.0
+
+    def next_delay(self) -> float | None:
+        """The sleep before the next try, or None when the budget is spent."""
+        now = time.monotonic()
+        if self.attempt == 0:
+            self.start = now
+        self.attempt += 1
+        if now - self.start >= self.retry_for:
+            return None
+        return backoff_delay(self.attempt)
+
+
+# --------------------------------------------------------------------------- direct connections
+
+# A connection unused this long is checked for a close the server already sent (its idle
+# ``timeout``, a CLIENT KILL) before a command goes out on it. The server's smallest idle
+# timeout is 1 s; the check is one non-blocking read, skipped on a busy connection.
+IDLE_CHECK_S = 0.25
+
+
+class _Held:
+    """One thread's connection. The thread's ``threading.local`` storage is the only strong
+    reference: when the thread ends the storage goes, this object with it, and its finalizer
+    gives the connection back to the pool for the next thread."""
+
+    __slots__ = ("__weakref__", "conn", "pid", "used")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+        self.used = time.monotonic()
+
+
+def _give_back(pool_ref: weakref.ref[Any], conn: Any) -> None:
+    pool = pool_ref()
+    if pool is None:
+        conn.disconnect()
+        return
+    try:
+        pool.release(conn)
+    except Exception:  # a finalizer must not raise: drop the socket instead
+        conn.disconnect()
+
+
+_DIRECT: weakref.WeakKeyDictionary[Any, threading.local] = weakref.WeakKeyDictionary()
+_DIRECT_LOCK = threading.Lock()
+
+
+def thread_connection(pool: Any) -> Any:
+    """This thread's connection from ``pool``, shared by every executor on the pool.
+
+    Drawn with the pool's own ``get_connection`` (so the pool's connect hook, the version
+    fence, runs on every connect, and the pool's limit counts it) and released back to the
+    pool when the thread ends: short-lived threads never exhaust the pool. A forked child
+    never uses its parent's socket.
+    """
+    local = _DIRECT.get(pool)
+    if local is None:
+        with _DIRECT_LOCK:
+            local = _DIRECT.setdefault(pool, threading.local())
+    held: _Held | None = getattr(local, "held", None)
+    if held is None or held.pid != os.getpid():
+        held = _Held(_redispy.pool_connection(pool))
+        finalizer = weakref.finalize(held, _give_back, weakref.ref(pool), held.conn)
+        finalizer.atexit = False  # at exit the pool is torn down anyway
+        local.held = held
+        return held.conn
+    now = time.monotonic()
+    if now - held.used > IDLE_CHECK_S:
+        _drop_if_closed(held.conn)
+    held.used = now
+    return held.conn
+
+
+def _drop_if_closed(conn: Any) -> None:
+    """Disconnect an idle connection the server has closed (or that holds stray bytes), so
+    the next command reconnects first instead of failing after it was written. Nothing was
+    sent on it, so nothing is lost or replayed."""
+    try:
+        stray = conn.can_read(timeout=0)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+        stray = True  # EOF already pending: the server closed it
+    if stray:
+        conn.disconnect()
+
+
+def close_thread_connections(pool: Any) -> None:
+    """Forget the pool's per-thread connections (closing the pool disconnects them)."""
+    with _DIRECT_LOCK:
+        _DIRECT.pop(pool, None)

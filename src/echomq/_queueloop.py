@@ -1,0 +1,178 @@
+"""One queue's state inside the worker — its runs in flight, its settles waiting for a turn,
+the two events that drive its pump, the calls it makes — and the worker's counters.
+
+Runs are keyed by ``(id, token)``, and the newest run of each id is known: when the worker
+claims a job again that it still runs (its lease lapsed and a sweep recovered it), the older
+run is displaced — lost, never settled — and its end cannot remove the newer run's entry (the
+entry that gives the newer run its heartbeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from echomq import _protocol as _p
+from echomq._executor import AsyncExecutor
+from echomq._protocol import Call, Keys
+from echomq._runner import Running, Settle
+from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
+
+__all__ = ["QueueLoop", "WorkerStats", "applied"]
+
+log = logging.getLogger("echomq.worker")
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker process (settles this worker made and saw accepted)."""
+
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0  # leases lost (extend or settle refused, or re-claimed): another run owns it
+    handed_back: int = 0  # returned to pending at shutdown
+    recovered: int = 0  # stalled jobs this worker's sweeps returned to pending
+    swept_dead: int = 0  # stalled jobs this worker's sweeps dead-lettered
+
+    def count(self, s: Settle, verdict: Any) -> bool:
+        """Count the server's verdict on one settle; True when it was an accepted retry."""
+        if isinstance(verdict, (StaleToken, JobGone)):
+            self.lost += 1
+            log.warning(
+                "job %s: settle refused (%s); another worker owns it now", s.job_id, verdict
+            )
+        elif isinstance(verdict, BaseException):
+            log.error("job %s: settle failed: %r", s.job_id, verdict)
+        elif s.kind == "completed":
+            self.completed += 1
+        elif verdict == "dead":
+            self.dead += 1
+        else:
+            self.retried += 1
+            return True
+        return False
+
+
+@dataclass(eq=False)
+class QueueLoop:
+    """One queue's state inside the worker."""
+
+    keys: Keys
+    lease_ms: int
+    inflight: dict[tuple[str, int], Running] = field(default_factory=dict)  # by (id, token)
+    newest: dict[str, Running] = field(default_factory=dict)  # the latest run of each id
+    settles: list[Settle] = field(default_factory=list)
+    kick: asyncio.Event = field(default_factory=asyncio.Event)  # the pump has work
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # parked: the waker waits
+    turns: set[asyncio.Future[None]] = field(default_factory=set)  # settle calls in flight
+    full: bool = False  # the last claim got all it asked for: the queue has a backlog
+    failures: int = 0
+
+    def track(self, r: Running) -> Running | None:
+        """Add a run; returns the older run of the same id it displaces (still running and
+        not yet lost), which the caller marks lost."""
+        older = self.newest.get(r.job.id)
+        self.inflight[r.key] = self.newest[r.job.id] = r
+        return older if older is not None and not older.lost else None
+
+    def untrack(self, r: Running) -> None:
+        """Remove a run that ended — only its own entries, never a newer run's."""
+        if self.inflight.get(r.key) is r:
+            del self.inflight[r.key]
+        if self.newest.get(r.job.id) is r:
+            del self.newest[r.job.id]
+
+    async def extend(self, x: AsyncExecutor) -> list[Running]:
+        """Extend every held lease in one call; returns the runs whose extend failed (their
+        job is someone else's now). One run per id is held: an older run of a re-claimed id
+        is already lost (see :meth:`track`), so a failed id names exactly one run."""
+        held = {r.job.id: r for r in self.inflight.values() if not r.lost}
+        if not held:
+            return []
+        pairs = [r.key for r in held.values()]
+        try:
+            failed = await x.run(_p.extend_many(self.keys, pairs, self.lease_ms))
+        except DurabilityError as exc:  # applied on the primary: its verdicts still hold
+            if not isinstance(exc.reply, list):
+                raise
+            failed = exc.reply
+        found = (held.get(job_id) for job_id in failed)
+        return [r for r in found if r is not None and not r.lost and self.inflight.get(r.key) is r]
+
+    def settle_call(self, settles: list[Settle], want: int) -> Call[_p.Settled]:
+        """One ``settle`` script call: the completions, the retries (and deaths), a claim."""
+        completed = [(s.job_id, s.token) for s in settles if s.kind == "completed"]
+        retried = [
+            (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error)
+            for s in settles
+            if s.kind != "completed"
+        ]
+        return _p.settle(self.keys, completed, retried, want, self.lease_ms)
+
+    def valid(self, settles: list[Settle]) -> list[Settle]:
+        """The settles the protocol accepts. One it refuses before any I/O (an id or token a
+        malformed row produced) is dropped with an error — its job's lease lapses and the
+        stall sweep takes it — instead of failing, and so blocking, every batch it rides in."""
+        try:
+            self.settle_call(settles, 0)
+            return settles
+        except (InvalidArgument, InvalidId):
+            pass
+        good = []
+        for s in settles:
+            try:
+                self.settle_call([s], 0)
+                good.append(s)
+            except (InvalidArgument, InvalidId) as exc:
+                log.error("job %r: cannot settle it (%s); its lease will lapse", s.job_id, exc)
+        return good
+
+    async def sweep(self, x: AsyncExecutor, max_stalled: int) -> tuple[int, int]:
+        """Promote due jobs and recover lapsed leases (the counted stall sweep, or reap when
+        ``max_stalled`` is 0), page by page; ``(recovered, dead)``."""
+        limit, recovered, dead = 1000, 0, 0
+        while True:
+            calls: list[Call[Any]] = [_p.promote(self.keys, limit)]
+            if max_stalled:
+                calls.append(_p.sweep_stalled(self.keys, max_stalled, limit))
+            else:
+                calls.append(_p.reap(self.keys, limit))
+            promoted, swept = await x.pipeline(calls)
+            for result in (promoted, swept):
+                if isinstance(result, BaseException):
+                    raise result
+            back, died = (len(swept[0]), len(swept[1])) if max_stalled else (swept, 0)
+            recovered, dead = recovered + back, dead + died
+            if promoted < limit and back + died < limit:
+                return recovered, dead
+
+    async def hand_back(self, x: AsyncExecutor) -> int:
+        """At shutdown: every run still held goes back to pending now (``delay`` 0, fenced on
+        its token), its handler's result dropped; returns how many went back."""
+        left = [r for r in self.inflight.values() if not r.lost]
+        for r in left:
+            r.lose()
+        if not left:
+            return 0
+        calls = [_p.delay(self.keys, r.job.id, r.job.token, 0) for r in left]
+        results = await x.pipeline(calls)
+        # Not acknowledged by enough replicas (durable mode) is still applied: handed back.
+        return sum(
+            1 for x in results if isinstance(x, DurabilityError) or not isinstance(x, Exception)
+        )
+
+
+def applied(exc: DurabilityError, call: Call[_p.Settled]) -> _p.Settled | None:
+    """The reply of a settle that applied but was not acknowledged by enough replicas, when
+    the error carries it (decoded, or raw from an older executor), else None."""
+    reply = getattr(exc, "reply", None)
+    if reply is None or isinstance(reply, _p.Settled):
+        return reply
+    try:
+        return call.decode(reply)
+    except Exception:
+        return None

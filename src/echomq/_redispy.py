@@ -1,0 +1,115 @@
+"""The one audited place that touches redis-py attributes outside its documented API.
+
+echomq fences every new connection on the connection itself (the version fence, D1), and
+that needs hooks redis-py does not document: the connect callback a pool hands to each
+connection it makes, the connections a pool already holds, the cluster client's
+connect callback and slot map. Every such access is a function here, and
+``tests/test_connect.py`` asserts each attribute exists on real client objects, so a
+redis-py release that moves one fails that test loudly instead of silently skipping the
+fence.
+
+The names used, by object:
+
+- ``redis.ConnectionPool`` / ``redis.asyncio.ConnectionPool``: ``connection_kwargs``
+  (with its ``redis_connect_func`` entry), ``_available_connections``,
+  ``_in_use_connections``;
+- a pool connection: ``redis_connect_func``;
+- ``redis.cluster.RedisCluster``: ``user_on_connect_func``, ``nodes_manager``;
+- ``redis.asyncio.cluster.RedisCluster``: ``nodes_manager``; its ``ClusterNode``:
+  ``connection_kwargs``, ``connection_class``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+__all__ = [
+    "CONNECT_HOOK",
+    "POOL_ATTRIBUTES",
+    "client_kwargs",
+    "cluster_connect_hook",
+    "connect_hook",
+    "hook_targets",
+    "node_pool_kwargs",
+    "pool_connection",
+    "refresh_slots",
+    "set_cluster_connect_hook",
+    "set_connect_hook",
+]
+
+# The keyword a pool passes to each connection it makes; the connection calls it in place
+# of its own ``on_connect`` (the handshake), so a hook must run ``on_connect`` itself.
+CONNECT_HOOK = "redis_connect_func"
+
+# What tests/test_connect.py checks on a real pool (sync and asyncio).
+POOL_ATTRIBUTES = ("connection_kwargs", "_available_connections", "_in_use_connections")
+
+
+def client_kwargs(client: Any) -> dict[str, Any]:
+    """The connection options a client's connections are made with (``{}`` if unknown)."""
+    get = getattr(client, "get_connection_kwargs", None)
+    if callable(get):
+        kwargs = get()
+    else:
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return kwargs if isinstance(kwargs, dict) else {}
+
+
+def hook_targets(client: Any) -> list[Any]:
+    """Where a standalone client's connect hook lives: its pool's connection kwargs (for the
+    connections the pool will make) and every connection the pool already made."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return []
+    conns = list(getattr(pool, "_available_connections", None) or [])
+    conns += list(getattr(pool, "_in_use_connections", None) or [])
+    return [pool.connection_kwargs, *conns]
+
+
+def connect_hook(target: Any) -> Any:
+    """The connect hook installed on a hook target (None when there is none)."""
+    if isinstance(target, dict):
+        return target.get(CONNECT_HOOK)
+    return getattr(target, CONNECT_HOOK, None)
+
+
+def set_connect_hook(target: Any, hook: Any) -> None:
+    if isinstance(target, dict):
+        target[CONNECT_HOOK] = hook
+    else:
+        setattr(target, CONNECT_HOOK, hook)
+
+
+def cluster_connect_hook(client: Any) -> tuple[bool, Any]:
+    """``(is_a_sync_cluster_client, its current user connect callback)``."""
+    if not hasattr(client, "user_on_connect_func"):
+        return False, None
+    return True, client.user_on_connect_func
+
+
+def set_cluster_connect_hook(client: Any, hook: Any) -> None:
+    client.user_on_connect_func = hook
+
+
+def refresh_slots(client: Any) -> Any:
+    """Re-read a cluster's slot map (after an ASK/MOVED the client did not follow itself).
+    Returns the awaitable on an asyncio client."""
+    return client.nodes_manager.initialize()
+
+
+def node_pool_kwargs(node: Any) -> tuple[Any, dict[str, Any]]:
+    """``(connection_class, kwargs)`` to build a plain pool for an asyncio cluster node,
+    without the cluster's own connect hook."""
+    kwargs = dict(node.connection_kwargs)
+    kwargs.pop(CONNECT_HOOK, None)
+    return node.connection_class, kwargs
+
+
+def pool_connection(pool: Any) -> Any:
+    """A connected connection from a sync pool, counted as in use until released. redis-py
+    before 5.3 requires a command name argument; later releases deprecate passing one."""
+    param = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if param is not None and param.default is inspect.Parameter.empty:
+        return pool.get_connection("PING")
+    return pool.get_connection()

@@ -1,0 +1,43 @@
+-- What a queue records about itself, written inside the transition that it describes.
+--
+-- D15 events: while the queue's meta hash holds `events` (the stream's approximate bound),
+-- every transition appends its event to emq:{q}:events in the same script, so an event
+-- exists exactly when its move happened. Events off costs one HGET per script call (cached
+-- below), never a write.
+--
+-- D16 metrics: per-minute counts of completions and dead-letters, newest first, each element
+-- "<minute>:<count>" (minute = floor(server unix seconds / 60)); see echomq/_observe.py.
+local events_bound = nil  -- nil: not read yet; false: off; else the MAXLEN bound
+
+local function emit(base, event, id, ...)
+  if events_bound == nil then
+    events_bound = rcall('HGET', base .. 'meta', 'events') or false
+  end
+  if not events_bound then return end
+  if id then
+    rcall('XADD', base .. 'events', 'MAXLEN', '~', events_bound, '*', 'event', event, 'id', id, ...)
+  else
+    rcall('XADD', base .. 'events', 'MAXLEN', '~', events_bound, '*', 'event', event, ...)
+  end
+end
+
+-- Count n settles of kind ('completed' | 'failed') in the current server minute: O(1), the
+-- head is either this minute's element (summed in place) or a new element is pushed.
+local function bump_metrics(base, kind, n)
+  if n <= 0 then return end
+  rcall('HINCRBY', base .. 'metrics:' .. kind, 'count', n)
+  local key = base .. 'metrics:' .. kind .. ':data'
+  local minute = math.floor(tonumber(rcall('TIME')[1]) / 60)
+  local head = rcall('LINDEX', key, 0)
+  if head then
+    local sep = string.find(head, ':', 1, true)
+    local m = sep and tonumber(string.sub(head, 1, sep - 1))
+    if m and m >= minute then
+      local c = tonumber(string.sub(head, sep + 1)) or 0
+      rcall('LSET', key, 0, string.format('%d:%d', m, c + n))
+      return
+    end
+  end
+  rcall('LPUSH', key, string.format('%d:%d', minute, n))
+  rcall('LTRIM', key, 0, 1439)
+end

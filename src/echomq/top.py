@@ -1,0 +1,114 @@
+"""``echomq top``: a live terminal view of every queue (rich).
+
+Per queue: the four sets, throughput (completions and dead-letters per second, measured
+between two refreshes from the server-side totals, so it works whichever process settles),
+lanes (how many, how many paused or at their limit), lease health (seconds until the
+earliest lease lapses; red when one already lapsed and awaits reap), the oldest waiting
+job's age. One pipelined snapshot per refresh; nothing runs in the workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from echomq import _inspect
+from echomq._executor import SyncExecutor, sync_client
+
+__all__ = ["render", "run_top"]
+
+
+def _fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render(
+    url: str,
+    views: Sequence[_inspect.QueueView],
+    previous: dict[str, tuple[float, int, int]],
+    now: float,
+) -> Group:
+    """The frame for ``views``; ``previous`` holds each queue's last (time, completed,
+    failed) and is updated, so rates are per second between two frames."""
+    table = Table(title=f"echomq top @ {url}", title_justify="left", expand=True)
+    for col in ("queue", "pending", "active", "sched", "dead", "done/s", "dead/s"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for col in ("lanes", "lease health", "oldest wait", "state"):
+        table.add_column(col, justify="right")
+    for v in views:
+        c = v.counts
+        before = previous.get(v.name)
+        previous[v.name] = (now, c.get("completed", 0), c.get("failed", 0))
+        if before is not None and now > before[0]:
+            dt = now - before[0]
+            rate = f"{(c.get('completed', 0) - before[1]) / dt:,.1f}"
+            dead_rate = f"{(c.get('failed', 0) - before[2]) / dt:,.1f}"
+        else:
+            rate = dead_rate = "…"
+        paused_lanes = sum(1 for lane in v.lanes if lane.paused)
+        full = sum(1 for lane in v.lanes if lane.limit is not None and lane.active >= lane.limit)
+        lanes = f"{len(v.lanes)}" + (f" ({paused_lanes} paused)" if paused_lanes else "")
+        lanes += f" ({full} at limit)" if full else ""
+        headroom = v.lease_headroom_s
+        if headroom is None:
+            lease = Text("idle", style="dim")
+        elif headroom < 0:
+            lease = Text(f"lapsed {-headroom:.1f}s", style="bold red")
+        else:
+            lease = Text(f"{headroom:.1f}s", style="green")
+        table.add_row(
+            Text(v.name),
+            f"{c.get('pending', 0):,}",
+            f"{c.get('active', 0):,}",
+            f"{c.get('schedule', 0):,}",
+            Text(f"{c.get('dead', 0):,}", style="red" if c.get("dead") else ""),
+            rate,
+            dead_rate,
+            lanes,
+            lease,
+            _fmt_age(v.oldest_waiting_age_s),
+            Text("paused", style="yellow") if v.paused else Text("running", style="dim"),
+        )
+    footer = Text(f"{len(views)} queue(s) · Ctrl-C quits", style="dim")
+    return Group(table, footer)
+
+
+def run_top(url: str, queues: Sequence[str] = (), interval: float = 1.0) -> None:
+    """Refresh every ``interval`` seconds until Ctrl-C."""
+    client: Any = sync_client(url)
+    x = SyncExecutor(client, retry_for=0)
+    previous: dict[str, tuple[float, int, int]] = {}
+    names = list(queues)
+    found_at = -1e18
+
+    def frame() -> Group:
+        nonlocal names, found_at
+        now = time.monotonic()
+        if not queues and now - found_at > 10:
+            names = _inspect.discover(client)
+            found_at = now
+        return render(url, _inspect.snapshot(x, names, minutes=0), previous, now)
+
+    try:
+        with (
+            Live(frame(), console=Console(), refresh_per_second=4) as live,
+            contextlib.suppress(KeyboardInterrupt),
+        ):
+            while True:
+                time.sleep(interval)
+                live.update(frame())
+    finally:
+        client.close()
