@@ -140,6 +140,8 @@ def leftover_keys(r: redis.Redis, queue: str) -> list[bytes]:
     names = ("metrics:completed", "metrics:failed", "meta", "wake", "recent")
     # The retired ids' last tokens stay too (bounded, see lua/README.md).
     names += ("retired", "retired:at")
+    # The per-minute series (D16) are history, not leftovers.
+    names += ("metrics:completed:data", "metrics:failed:data")
     keep = {f"emq:{{{queue}}}:{s}".encode() for s in names}
     return sorted(k for k in r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000) if k not in keep)
 

@@ -187,3 +187,51 @@ def test_cli_on_a_cluster_url(cluster: EmbeddedCluster, rc: RedisCluster, qname:
     paused = runner.invoke(main, ["--url", url, "pause", names[0], "--lane", "acme"])
     assert paused.exit_code == 0, paused.output
     assert echomq.Queue(names[0], client=rc).claim() is None
+
+
+def test_repeats_and_flows_on_cluster(rc: RedisCluster, qname: str) -> None:
+    """D18/D19 scripts keep to one queue's slot: repeats and a same-queue flow tree on queues
+    that live on different primaries."""
+    for name in [f"{qname}-{i}" for i in range(3)]:
+        q = echomq.Queue(name, client=rc)
+        assert q.repeat("tick", b"x", every_ms=60_000) == "registered"
+        q.repeat("night", b"y", cron="0 3 * * *", tz="Europe/Berlin")
+        now = int(rc.time()[0]) * 1000
+        rc.zadd(keyspace.queue_key(name, "repeat"), {"tick": now - 1, "night": now - 1})
+        assert q.fire_due() == 2 and q.fire_due() == 0
+        added = q.add_flow(echomq._compose.FlowJob(b"p", children=[echomq._compose.FlowJob(b"c")]))
+        while (job := q.claim(lease_ms=5_000)) is not None:
+            q.complete(job.id, job.token, result=b"r")
+            if job.id == added.child_ids[0]:
+                assert q.children_values(added.parent_id) == {job.id: b"r"}
+        assert q.job_state(added.parent_id) == "absent"
+        assert q.check() == []
+        assert q.unrepeat("tick") and q.unrepeat("night")
+
+
+def test_cross_queue_flow_across_shards(cluster: EmbeddedCluster, rc: RedisCluster) -> None:
+    """A parent on one primary, its children on others: the outbox is delivered across
+    slots by the pump (D18)."""
+    names: dict[int, str] = {}
+    i = 0
+    while len(names) < 2:  # two queues on two different primaries
+        name = f"xflow-{i}"
+        slot = keyspace.slot(keyspace.queue_key(name, "pending"))
+        owner = rc.nodes_manager.get_node_from_slot(slot).port
+        names.setdefault(owner, name)
+        i += 1
+    parent_q, child_q = (echomq.Queue(n, client=rc) for n in names.values())
+    kids = [echomq.FlowJob(x, queue=child_q.name) for x in (b"a", b"b")]
+    added = parent_q.add_flow(echomq.FlowJob(b"p", children=kids))
+    while (job := child_q.claim(lease_ms=5_000)) is not None:
+        child_q.complete(job.id, job.token, result=job.payload)
+    assert parent_q.dependencies(added.parent_id) == 2
+    assert child_q.pump() == 2
+    assert parent_q.children_values(added.parent_id) == dict(
+        zip(added.child_ids, [b"a", b"b"], strict=True)
+    )
+    assert parent_q.job_state(added.parent_id) == "pending"
+    assert parent_q.check() == [] and child_q.check() == []
+    for q in (parent_q, child_q):
+        q.pause()
+        q.obliterate(force=True)

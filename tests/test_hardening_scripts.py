@@ -91,6 +91,9 @@ def test_a_readmitted_job_keeps_its_full_retry_budget(q: echomq.Queue, r: redis.
     assert q.get_job(jid)["floor"] == "2"  # type: ignore[index]
     job = q.claim()
     assert job is not None and job.token == 3
+    # The claim reports the floor, so a worker counts this incarnation's attempt as the
+    # ceiling does (its backoff, its "dead or retried" prediction, current_job().attempt).
+    assert (job.floor, job.attempt) == (2, 1)
     # 3 attempts in all, but the first of this incarnation: max_attempts=2 is not reached.
     assert q.retry(jid, job.token, delay_ms=0, max_attempts=2, error="e") == "scheduled"
     sound(r, q)

@@ -194,15 +194,10 @@ def test_metrics_bad_input(anyq: Any, r: redis.Redis, args: tuple[Any, Any]) -> 
 
 
 # --------------------------------------------------------------------------- the Lua side
-# The transition scripts write the stream and the series (PROTOCOL D15/D16). Until they do,
-# these are strict xfails: the day the scripts land they pass, strict turns that into a
-# failure, and whoever lands them removes the marker.
-_LUA_PENDING = pytest.mark.xfail(
-    strict=True, reason="the transition scripts do not write D15/D16 yet"
-)
+# The transition scripts write the stream and the series (PROTOCOL D15/D16); the full
+# per-transition coverage is tests/test_events_lua.py.
 
 
-@_LUA_PENDING
 def test_transitions_emit_their_events(q: echomq.Queue) -> None:
     q.enable_events(100)
     jid = q.enqueue(b"x").id
@@ -216,7 +211,6 @@ def test_transitions_emit_their_events(q: echomq.Queue) -> None:
     ]
 
 
-@_LUA_PENDING
 def test_completions_land_in_the_series(q: echomq.Queue) -> None:
     for _ in range(5):
         q.enqueue(b"x")

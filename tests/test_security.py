@@ -53,6 +53,7 @@ ALLOWED_MENTIONS = {
     ("serializers.py", 'if value == "pickle":'),
     ("serializers.py", "echomq never unpickles payloads"),
     ("app.py", "JSON by default, never pickle"),
+    ("_envelope.py", "JSON by default, msgpack on request, never pickle"),
 }
 
 
@@ -232,19 +233,22 @@ def test_tls_end_to_end(
 ACL_COMMANDS = sorted(
     {
         # the fence, the scripts, and the commands only scripts send
-        *("evalsha", "eval", "get", "set", "time", "exists", "del", "type", "scan", "publish"),
+        *("evalsha", "eval", "get", "set", "time", "exists", "del", "type", "scan"),
         # reads outside scripts (get_job, is_paused, pending_size, browse, lanes); the worker
         *("hgetall", "hexists", "zcard", "zrange", "smembers", "blpop", "ping"),
-        *("hget", "hmget", "hset", "hdel", "hincrby"),
+        *("hget", "hmget", "hset", "hsetnx", "hdel", "hincrby"),
         *("zadd", "zrem", "zscore", "zpopmin", "zrangebyscore", "zremrangebyscore"),
-        *("lpush", "rpush", "lrange", "lindex", "llen", "lmove", "lpos", "lrem"),
-        *("sadd", "srem", "sismember"),
+        *("lpush", "rpush", "lpop", "rpop", "lrange", "lindex", "llen", "lmove", "lset"),
+        *("ltrim", "lpos", "sadd", "srem", "sismember", "scard", "smove", "sscan"),
+        # events (D15), results and dedup TTLs (D17, D20), rate-limit windows (D21), flows
+        *("xadd", "xread", "pexpire", "pttl", "incrby", "decr"),
     }
 )
 # Sent by the client library rather than by echomq, so a short run may not show them: PING
 # is redis-py's health check of a connection idle for 30 s (echomq's clients set
-# health_check_interval=30); without it such a connection fails.
-ACL_EXTRAS = {"ping"}
+# health_check_interval=30); without it such a connection fails. LPOS runs only when promote
+# repairs a ring that lost its flat entry, which a healthy run never needs.
+ACL_EXTRAS = {"ping", "lpos"}
 # Used and deliberately not granted: CONFIG GET maxmemory-policy, echomq's startup check for
 # an evicting server (it is skipped when denied), would expose every setting.
 ACL_DENIED = {"config|get"}
@@ -257,6 +261,7 @@ ACL_RULES = [
 def exercise(url: str, qname: str) -> None:
     """Every public verb of Queue and AsyncQueue, then a worker, against ``url``."""
     q = echomq.Queue(qname, url=url)
+    q.enable_events(1000)  # D15: every transition below also appends its event (XADD)
     lane = "tenant-a"
     q.enqueue(b"a")
     q.enqueue(b"later", delay_ms=50)
@@ -269,7 +274,7 @@ def exercise(url: str, qname: str) -> None:
     q.extend_many([(job.id, job.token)], lease_ms=60_000)
     q.add_log(job.id, "a line")
     q.logs(job.id)
-    q.update_progress(job.id, "50")  # PUBLISH emq:{q}:events
+    q.update_progress(job.id, "50")  # a progress event
     q.get_job(job.id)
     q.job_state(job.id)
     q.complete(job.id, job.token)
@@ -292,6 +297,8 @@ def exercise(url: str, qname: str) -> None:
     q.browse("pending", group=lane)
     q.pending_size()
     q.counts()
+    q.events(count=1000)
+    q.metrics("failed", minutes=5)
     assert q.check() == []
     q.pause()
     q.is_paused()
@@ -305,6 +312,41 @@ def exercise(url: str, qname: str) -> None:
     q.lane_depth(lane)
     q.lanes()
     q.remove(q.enqueue(b"removed").id)
+    # The second round's verbs: results and waiting, dedup, rate limits, cancel, repeats, flows.
+    kept = q.enqueue(b"kept", dedup="acl-dedup")
+    assert q.enqueue(b"again", dedup="acl-dedup").status == "deduplicated"
+    q.enqueue(b"throttled", dedup="acl-throttle", dedup_mode="throttle", dedup_ttl_ms=1000)
+    q.rate_limit(1000, 1000)
+    q.rate_limit_lane(lane, 1000, 1000)
+    q.rate_limit_ttl()
+    q.rate_limit_ttl(lane)
+    held = q.claim(lease_ms=60_000)
+    assert held is not None
+    q.complete(held.id, held.token, result=b"r", keep_result_ms=60_000)
+    q.result(held.id)
+    q.wait(held.id, timeout_s=1)
+    q.clear_rate_limit(lane)
+    q.clear_rate_limit()
+    q.cancel(kept.id)
+    active = q.claim(lease_ms=60_000)
+    assert active is not None
+    q.cancel(active.id)
+    q.extend_leases([(active.id, active.token)], lease_ms=60_000)
+    q.repeat("acl-every", b"tick", every_ms=60_000)
+    q.repeats()
+    q.fire_due()
+    q.unrepeat("acl-every")
+    flow = q.add_flow(echomq.FlowJob(b"parent", children=[echomq.FlowJob(b"child")]))
+    child = q.claim(lease_ms=60_000)
+    while child is not None and child.id not in flow.child_ids:
+        q.complete(child.id, child.token)
+        child = q.claim(lease_ms=60_000)
+    assert child is not None
+    q.complete(child.id, child.token, result=b"c", keep_result_ms=60_000)
+    q.children_values(flow.parent_id)
+    q.dependencies(flow.parent_id)
+    q.ignored_failures(flow.parent_id)
+    q.pump()
     q.drain(include_schedule=True)
     q.pause()
     q.obliterate(force=True)

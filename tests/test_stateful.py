@@ -804,6 +804,9 @@ def test_protocol_state_machine(url: str) -> None:
                 max_examples=75,
                 stateful_step_count=50,
                 deadline=None,
+                # No example database: a stored example replayed against a changed machine
+                # (or a loaded server) is reported as a flaky strategy; CI starts without one.
+                database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             ),
         )

@@ -235,5 +235,10 @@ def test_idle_worker_is_quiet(spawn: Spawner, qname: str, r: redis.Redis) -> Non
     diff["cmdstat_info"] = diff.get("cmdstat_info", 0) - 1  # our own first INFO
     total = sum(diff.values())
     print(f"\nidle worker over 2 s: {total} commands {diff}")
-    assert total < 30, f"idle worker sent {total} commands in 2 s: {diff}"
+    # Per 1 s beat an idle worker makes three round trips: one parked BLPOP, the claim it
+    # leads to, and one pipeline of promote + stall sweep + repeats/outbox (D18/D19). The
+    # scripts' own commands (TIME, the due-window reads) make up the rest of the count.
+    assert diff.get("cmdstat_blpop", 0) <= 3, diff
+    assert diff.get("cmdstat_evalsha", 0) + diff.get("cmdstat_eval", 0) <= 10, diff
+    assert total < 45, f"idle worker sent {total} commands in 2 s: {diff}"
     assert sigterm(w)[0] == 0

@@ -8,8 +8,9 @@ token, so a worker whose lease lapsed can never settle a job another worker now 
 from __future__ import annotations
 
 from echomq import ids, keyspace
+from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
-from echomq.app import App, Discard, Retry, Task
+from echomq.app import App, Discard, RateLimit, Retry, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
 from echomq.errors import (
@@ -17,6 +18,7 @@ from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     InvalidId,
+    JobFailed,
     JobGone,
     KindError,
     Locked,
@@ -41,18 +43,23 @@ __all__ = [
     "DurabilityError",
     "EchoMQError",
     "Enqueued",
+    "FlowAdded",
+    "FlowJob",
     "Hooks",
     "InvalidArgument",
     "InvalidId",
     "Job",
     "JobContext",
+    "JobFailed",
     "JobGone",
     "KindError",
     "Locked",
     "PayloadTooLarge",
     "ProtocolError",
     "Queue",
+    "RateLimit",
     "RateLimited",
+    "Repeat",
     "Retry",
     "StaleToken",
     "StateError",

@@ -80,6 +80,10 @@ EVENT_NAMES = (
     "drained",
     "deduplicated",
     "cancelled",
+    # Beyond D15's list: a lease released by its holder (delay), a waiting job moved to
+    # another lane (reassign).
+    "delayed",
+    "reassigned",
 )
 
 METRICS_BUMP_LUA = """\

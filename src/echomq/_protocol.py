@@ -85,20 +85,31 @@ Plan = Generator[Call[Any] | list[Call[Any]], Any, T]
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A claimed job: ``token`` is the fencing token every settle verb must present."""
+    """A claimed job: ``token`` is the fencing token every settle verb must present.
+
+    ``floor`` is the count a re-admitted id came back with (its retired last token), raised
+    by one for each ``RateLimit`` push-back; ``attempt`` is this incarnation's attempt
+    number (``token - floor``, 1 for the first run), the one ``max_attempts`` counts.
+    """
 
     id: str
     payload: bytes
     token: int
     group: str | None
+    floor: int = 0
+
+    @property
+    def attempt(self) -> int:
+        return self.token - self.floor
 
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """The receipt of an enqueue: the job id and what happened to it."""
+    """The receipt of an enqueue: the job id and what happened to it (``deduplicated``: a
+    dedup key refused it, and ``id`` is the holder's, D20)."""
 
     id: str
-    status: Literal["enqueued", "scheduled", "duplicate"]
+    status: Literal["enqueued", "scheduled", "duplicate", "deduplicated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +259,14 @@ def _int_reply(reply: Any) -> int:
 
 
 def _job(reply: Sequence[Any]) -> Job:
-    jid, payload, token, group = reply
+    jid, payload, token, group = reply[:4]
+    floor = int(reply[4]) if len(reply) > 4 and reply[4] else 0
     return Job(
-        _s(jid), payload if payload is not None else b"", int(token), _s(group) if group else None
+        _s(jid),
+        payload if payload is not None else b"",
+        int(token),
+        _s(group) if group else None,
+        floor,
     )
 
 
@@ -284,13 +300,19 @@ def enqueue(
     delay_ms: int | None = None,
     at_ms: int | None = None,
     replay_ms: int = 0,
+    dedup: str | None = None,
+    dedup_ttl_ms: int | None = None,
+    dedup_mode: str = "simple",
 ) -> Plan[Enqueued]:
     """``replay_ms``: how long the server remembers this call for its resends (a resend
     after a lost reply then finds its first copy even once that job has completed: it is
-    never admitted twice); 0 when the caller never resends."""
+    never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control."""
+    from echomq._control import dedup_args  # _control builds on this module
+
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    extra = dedup_args(dedup, dedup_ttl_ms, dedup_mode)
     minted = id is None
     jid = ids.mint() if id is None else keyspace.check_id(id)
     nonce = secrets.token_hex(6) if replay_ms else ""
@@ -299,7 +321,7 @@ def enqueue(
         call = _call(
             "enqueue",
             (k.job(jid), k.meta),
-            (k.base, jid, data, g, mode, value, replay_ms, nonce),
+            (k.base, jid, data, g, mode, value, replay_ms, nonce, *extra),
             _s,
         )
         replayed = False
@@ -316,6 +338,8 @@ def enqueue(
             return Enqueued(jid, "enqueued")
         if status == "replayed:scheduled":
             return Enqueued(jid, "scheduled")
+        if status.startswith("deduplicated:"):
+            return Enqueued(status[len("deduplicated:") :], "deduplicated")
         if minted and status == "duplicate":
             if replayed:
                 # Our own first attempt landed before its reply was lost.
@@ -499,7 +523,8 @@ def extend_many(k: Keys, pairs: Iterable[tuple[str, int]], lease_ms: int) -> Pla
     if len(args) == 2:
         return []
     result: list[str] = yield _call("extend_many", (k.active,), tuple(args), _str_list)
-    return result
+    # '!'-prefixed entries are the cancel flags of extended jobs (D22, _control.extend_leases).
+    return [i for i in result if not i.startswith("!")]
 
 
 def _verdict(job_id: str, reply: Any) -> Any:
@@ -523,37 +548,62 @@ def settle(
 ) -> Call[Settled]:
     """Complete and retry finished jobs and claim up to ``n`` more, in one script call.
 
-    ``retried`` items are ``(id, token, delay_ms, max_attempts, error)``; every settle is
-    fenced on its own token exactly as ``complete``/``retry`` are.
+    ``completed`` items are ``(id, token)``, or ``(id, token, result, keep_result_ms)`` to
+    keep a result (D17); ``retried`` items are ``(id, token, delay_ms, max_attempts, error)``,
+    plus an optional ``keep_result_ms`` (a dead-letter keeps its error that long); every
+    settle is fenced on its own token exactly as ``complete``/``retry`` are.
     """
     done: list[str] = []
     args: list[Arg] = [k.base, _lease(lease_ms), _int("n", n, 0, 1_000_000), 0]
+    kept: list[Arg] = []
+    kept_pairs: list[Arg] = []
+    kept_ids: list[str] = []
+    # Where each input's verdict sits in the reply (the script answers the plain pairs first,
+    # then the result-keeping ones): Settled.completed follows the caller's order.
+    at: list[tuple[bool, int]] = []
     for pair in _iterable("completed", completed):
-        if not isinstance(pair, tuple) or len(pair) != 2:
+        if not isinstance(pair, tuple) or len(pair) not in (2, 4):
             raise InvalidArgument(f"completed takes (id, token) pairs, got {pair!r}")
+        if len(pair) == 4 and _int("keep_result_ms", pair[3], 0, MAX_MS) > 0:
+            at.append((True, len(kept_ids)))
+            kept_ids.append(keyspace.check_id(pair[0]))
+            value = b"" if pair[2] is None else _payload(pair[2], k.max_payload)
+            kept_pairs += (pair[0], _token(pair[1]))
+            kept += (value, pair[3])
+            continue
+        at.append((False, len(done)))
         done.append(keyspace.check_id(pair[0]))
         args += (pair[0], _token(pair[1]))
-    args[3] = len(done)
+    # The pairs that keep a result go last, their (result, keep_result_ms) after ("c:r", D17).
+    args[3] = f"{len(done) + len(kept_ids)}:{len(kept_ids)}" if kept_ids else len(done)
+    args += kept_pairs + kept
+    plain = len(done)
+    done += kept_ids
+    order = [plain + j if keeps else j for keeps, j in at]
     again: list[str] = []
     for item in _iterable("retried", retried):
-        if not isinstance(item, tuple) or len(item) != 5:
+        if not isinstance(item, tuple) or len(item) not in (5, 6):
             raise InvalidArgument(
                 f"retried takes (id, token, delay_ms, max_attempts, error), got {item!r}"
             )
-        job_id, token, delay_ms, max_attempts, error = item
+        job_id, token, delay_ms, max_attempts, error = item[:5]
+        keep = _int("keep_result_ms", item[5], 0, MAX_MS) if len(item) == 6 else 0
         again.append(keyspace.check_id(job_id))
+        ceiling = _int("max_attempts", max_attempts, 1)
         args += (
             job_id,
             _token(token),
             _int("delay_ms", delay_ms, 0, MAX_MS),
-            _int("max_attempts", max_attempts, 1),
+            f"{ceiling}:{keep}" if keep else ceiling,
             _text("error", error),
         )
 
     def decode(reply: Any) -> Settled:
         c, r, jobs = reply
         return Settled(
-            [_verdict(i, v) for i, v in zip(done, c, strict=True)],
+            [_verdict(done[j], c[j]) for j in order]
+            if kept_ids
+            else [_verdict(i, v) for i, v in zip(done, c, strict=True)],
             [_verdict(i, v) for i, v in zip(again, r, strict=True)],
             [_job(j) for j in jobs],
         )
@@ -568,7 +618,7 @@ def complete_many(k: Keys, pairs: Iterable[tuple[str, int]]) -> Plan[list[str]]:
     if not call.args[3]:
         return []
     result: Settled = yield call
-    ids_sent = call.args[4::2][: int(call.args[3])]
+    ids_sent = call.args[4::2][: int(call.args[3])]  # plain pairs only: no "c:r" here
     return [str(i) for i, e in zip(ids_sent, result.completed, strict=True) if e is not None]
 
 

@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from echomq import _compose
+from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._executor import AsyncExecutor
 from echomq._protocol import Call, Keys
@@ -37,11 +39,13 @@ class WorkerStats:
     handed_back: int = 0  # returned to pending at shutdown
     recovered: int = 0  # stalled jobs this worker's sweeps returned to pending
     swept_dead: int = 0  # stalled jobs this worker's sweeps dead-lettered
+    stale_refused: int = 0  # settles the fence refused (StaleToken/JobGone); also in lost
 
     def count(self, s: Settle, verdict: Any) -> bool:
         """Count the server's verdict on one settle; True when it was an accepted retry."""
         if isinstance(verdict, (StaleToken, JobGone)):
             self.lost += 1
+            self.stale_refused += 1
             log.warning(
                 "job %s: settle refused (%s); another worker owns it now", s.job_id, verdict
             )
@@ -89,25 +93,38 @@ class QueueLoop:
     async def extend(self, x: AsyncExecutor) -> list[Running]:
         """Extend every held lease in one call; returns the runs whose extend failed (their
         job is someone else's now). One run per id is held: an older run of a re-claimed id
-        is already lost (see :meth:`track`), so a failed id names exactly one run."""
+        is already lost (see :meth:`track`), so a failed id names exactly one run. A run whose
+        job was cancelled (D22: the reply flags it) is cancelled here."""
         held = {r.job.id: r for r in self.inflight.values() if not r.lost}
         if not held:
             return []
         pairs = [r.key for r in held.values()]
+        flagged: list[str] = []
         try:
-            failed = await x.run(_p.extend_many(self.keys, pairs, self.lease_ms))
+            failed, flagged = await x.run(_ctl.extend_leases(self.keys, pairs, self.lease_ms))
         except DurabilityError as exc:  # applied on the primary: its verdicts still hold
             if not isinstance(exc.reply, list):
                 raise
-            failed = exc.reply
+            failed, flagged = _ctl.split_flags(exc.reply)
+        for job_id in flagged:
+            run = held.get(job_id)
+            if run is not None and self.inflight.get(run.key) is run:
+                run.cancel()
         found = (held.get(job_id) for job_id in failed)
         return [r for r in found if r is not None and not r.lost and self.inflight.get(r.key) is r]
 
     def settle_call(self, settles: list[Settle], want: int) -> Call[_p.Settled]:
         """One ``settle`` script call: the completions, the retries (and deaths), a claim."""
-        completed = [(s.job_id, s.token) for s in settles if s.kind == "completed"]
-        retried = [
-            (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error)
+        # A task that keeps results sends its result and TTL (D17); the others send pairs.
+        completed: list[tuple[Any, ...]] = [
+            (s.job_id, s.token, s.result, s.keep_ms) if s.keep_ms else (s.job_id, s.token)
+            for s in settles
+            if s.kind == "completed"
+        ]
+        retried: list[tuple[Any, ...]] = [
+            (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error, s.keep_ms)
+            if s.keep_ms
+            else (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error)
             for s in settles
             if s.kind != "completed"
         ]
@@ -132,19 +149,30 @@ class QueueLoop:
         return good
 
     async def sweep(self, x: AsyncExecutor, max_stalled: int) -> tuple[int, int]:
-        """Promote due jobs and recover lapsed leases (the counted stall sweep, or reap when
-        ``max_stalled`` is 0), page by page; ``(recovered, dead)``."""
+        """The beat's work for this queue: promote due jobs, recover lapsed leases (the
+        counted stall sweep, or reap when ``max_stalled`` is 0), page by page, and fire due
+        repeats / deliver the flow outbox (D18, D19). The first page sends all of it in one
+        pipelined round trip, so an idle queue costs one server call per beat; the repeat
+        plan continues only when it has work. ``(recovered, dead)``."""
         limit, recovered, dead = 1000, 0, 0
+        beat: _p.Plan[int] | None = _compose.beat(self.keys)
         while True:
             calls: list[Call[Any]] = [_p.promote(self.keys, limit)]
             if max_stalled:
                 calls.append(_p.sweep_stalled(self.keys, max_stalled, limit))
             else:
                 calls.append(_p.reap(self.keys, limit))
-            promoted, swept = await x.pipeline(calls)
-            for result in (promoted, swept):
+            first = next(beat) if beat is not None else None
+            if isinstance(first, Call):
+                calls.append(first)
+            results = await x.pipeline(calls)
+            promoted, swept = results[0], results[1]
+            for result in results:
                 if isinstance(result, BaseException):
                     raise result
+            if beat is not None:
+                await _finish_plan(x, beat, results[2])
+                beat = None
             back, died = (len(swept[0]), len(swept[1])) if max_stalled else (swept, 0)
             recovered, dead = recovered + back, dead + died
             if promoted < limit and back + died < limit:
@@ -176,3 +204,23 @@ def applied(exc: DurabilityError, call: Call[_p.Settled]) -> _p.Settled | None:
         return call.decode(reply)
     except Exception:
         return None
+
+
+async def _finish_plan(x: AsyncExecutor, plan: _p.Plan[Any], reply: Any) -> Any:
+    """Feed ``reply`` (the result of the plan's first call, already sent) into ``plan`` and
+    run whatever it still asks for on ``x``; the plan's result."""
+    try:
+        step = plan.send(reply)
+    except StopIteration as stop:
+        return stop.value
+    return await x.run(_resume(plan, step))
+
+
+def _resume(plan: _p.Plan[Any], step: Any) -> _p.Plan[Any]:
+    # A plan already under way, as a plan the executor can drive from its next step.
+    while True:
+        result = yield step
+        try:
+            step = plan.send(result)
+        except StopIteration as stop:
+            return stop.value

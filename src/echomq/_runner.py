@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from echomq import _envelope
 from echomq import _protocol as _p
 from echomq._protocol import Job
-from echomq.app import Discard, Retry
+from echomq.app import Discard, RateLimit, Retry
 from echomq.backoff import exponential
 from echomq.context import JobContext, _current
 from echomq.hooks import Hooks
@@ -55,6 +55,7 @@ class Running:
     fut: asyncio.Future[Any] | None = None
     lost: bool = False  # the lease was lost, or the job handed back: never settle this run
     thread: Future[Any] | None = None  # a sync handler's run in the pool
+    cancelled: bool = False  # D22: the job was cancelled; its settle dead-letters it
 
     @property
     def key(self) -> tuple[str, int]:
@@ -68,6 +69,17 @@ class Running:
         if self.fut is not None:
             self.fut.cancel()
 
+    def cancel(self) -> None:
+        """The job was cancelled (D22): an async handler is cancelled at its next await, a
+        sync one sees ``current_job().cancelled``; either way the run settles as dead."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.ctx is not None:
+            self.ctx.cancelled = True
+        if self.fut is not None and self.thread is None:
+            self.fut.cancel()
+
 
 @dataclass(eq=False, slots=True)
 class Settle:
@@ -75,16 +87,19 @@ class Settle:
 
     job_id: str
     token: int
-    kind: str  # completed | retried | dead
+    kind: str  # completed | retried | dead | pushed (RateLimit: delay_ms, no attempt spent)
     delay_ms: int = 0
     max_attempts: int = 1
     error: str = ""
     promote_ms: int = 0  # a short retry: promote its queue this long after the settle lands
+    result: bytes = b""  # D17: the serialized return value, kept when keep_ms > 0
+    keep_ms: int = 0  # D17: the task keeps results (and a dead job's error) this long
+    floor: int = 0  # the job's floor (Job.floor): the ceiling counts token - floor
 
     @property
     def outcome(self) -> str:
         """What the settle will do: a retry at the attempt ceiling dead-letters."""
-        if self.kind == "retried" and self.token >= self.max_attempts:
+        if self.kind == "retried" and self.token - self.floor >= self.max_attempts:
             return "dead"
         return self.kind
 
@@ -123,7 +138,9 @@ class Runner:
             done(r, prepared)
             return
         task, args, kwargs = prepared
-        r.ctx = JobContext(queue, job.id, job.token, job.group, task.name)
+        r.ctx = JobContext(
+            queue, job.id, job.token, job.group, task.name, app=self.app, floor=job.floor
+        )
         if task.inline and self._inline_ok:
             # A trivial sync handler runs right here in the pump's turn: no thread handoff
             # and no event-loop task per job.
@@ -150,12 +167,15 @@ class Runner:
         error: BaseException | None = None
         try:
             self.hooks.call_sync("before_job", r.ctx)
-            task.fn(*args, **kwargs)
+            value = task.fn(*args, **kwargs)
         except BaseException as exc:  # any failure is the run's, never the worker's
             error = exc
         finally:
             _current.reset(token)
-        settle = self._completed(r.job) if error is None else self.outcome(r.job, task, error)
+        if error is None:
+            settle = self._completed(r.job, task, value)
+        else:
+            settle = self.outcome(r.job, task, error)
         self.hooks.call_sync("after_job", r.ctx, settle.outcome, error)
         return settle
 
@@ -172,10 +192,15 @@ class Runner:
         token = _current.set(r.ctx)
         try:
             await self.hooks.call("before_job", r.ctx)
-            await self._invoke(task, r, args, kwargs)
-            settle = self._completed(r.job)
+            value = await self._invoke(task, r, args, kwargs)
+            settle = self._completed(r.job, task, value)
         except asyncio.CancelledError as exc:
-            if not (r.lost or self.stopping):
+            if r.cancelled and not r.lost:
+                # Our own cancel (D22), not the worker's teardown: the run ends here, dead.
+                # Task.uncancel is 3.11+: on 3.10 the pending count is not tracked at all.
+                getattr(asyncio.current_task(), "uncancel", lambda: 0)()
+                settle = self.dead(r.job, "cancelled", task.keep_result_ms)
+            elif not (r.lost or self.stopping):
                 # Task.cancelling() is 3.11+; on 3.10 a cancel is always taken as the worker's.
                 cancelling = getattr(asyncio.current_task(), "cancelling", lambda: 1)
                 if cancelling():
@@ -187,6 +212,10 @@ class Runner:
             settle = self.outcome(r.job, task, error)
         finally:
             try:
+                if r.cancelled and settle is not None and settle.error != "cancelled":
+                    # A sync handler that saw current_job().cancelled, or one that finished
+                    # before the cancel reached it: the job was cancelled, it dies as such.
+                    settle = self.dead(r.job, "cancelled", task.keep_result_ms)
                 if r.lost:
                     settle = None
                 kind = settle.outcome if settle is not None else "lost"
@@ -197,33 +226,34 @@ class Runner:
 
     async def _invoke(
         self, task: Task[Any, Any], r: Running, args: list[Any], kwargs: dict[str, Any]
-    ) -> None:
+    ) -> Any:
         if task.is_async:
             run: Awaitable[Any] = _guard(task.fn(*args, **kwargs))
         elif task.inline:  # inline, but a job hook is async: a loop task, still no thread
-            task.fn(*args, **kwargs)
-            return
+            return task.fn(*args, **kwargs)
         else:
             assert self.threads is not None and r.ctx is not None
             thread = self.threads.submit(_run_in_context, r.ctx, task.fn, args, kwargs)
             r.thread = thread  # its slot stays taken while the thread runs (Worker._finish)
             run = asyncio.wrap_future(thread)
-        await (asyncio.wait_for(run, task.timeout) if task.timeout else run)
+        return await (asyncio.wait_for(run, task.timeout) if task.timeout else run)
 
     def outcome(self, job: Job, task: Task[Any, Any], exc: BaseException) -> Settle:
         """The settle of a failed run: a Retry or Discard signal, a timeout, or an error."""
         if isinstance(exc, Retry):
-            delay = self.backoff(task, job.token, exc.delay_ms)
+            delay = self.backoff(task, job.attempt, exc.delay_ms)
             return self.retry(job, task, delay, f"Retry: {_safe_str(exc.reason)}")
+        if isinstance(exc, RateLimit):  # D21: back to the queue, no attempt spent
+            return Settle(job.id, job.token, "pushed", exc.delay_ms)
         if isinstance(exc, Discard):
-            return self.dead(job, f"Discard: {_safe_str(exc.reason)}")
+            return self.dead(job, f"Discard: {_safe_str(exc.reason)}", task.keep_result_ms)
         if isinstance(exc, asyncio.TimeoutError) and isinstance(
             exc.__cause__, asyncio.CancelledError
         ):
             text = f"TimeoutError: the run took longer than {task.timeout}s"  # the task's timeout
         else:  # any other error, the handler's own TimeoutError (a socket, a client) included
             text = error_text(exc)
-        return self.retry(job, task, self.backoff(task, job.token), text)
+        return self.retry(job, task, self.backoff(task, job.attempt), text)
 
     def backoff(self, task: Task[Any, Any], attempt: int, requested: Any = None) -> int:
         """The delay before the next attempt: ``requested`` (a Retry's), else the task's policy.
@@ -244,19 +274,25 @@ class Runner:
     def retry(self, job: Job, task: Task[Any, Any], delay: int, error: str) -> Settle:
         # Promote our own short retries on time instead of at the next beat (once the settle
         # has landed: timed from here, the promote would run before the job is due).
-        soon = 0 < delay < self.beat_ms and job.token < task.max_attempts
+        soon = 0 < delay < self.beat_ms and job.attempt < task.max_attempts
         return Settle(
             job.id, job.token, "retried", max(0, int(delay)), task.max_attempts,
-            clip(error), int(delay) if soon else 0,
+            clip(error), int(delay) if soon else 0, keep_ms=task.keep_result_ms,
+            floor=job.floor,
         )  # fmt: skip
 
-    def dead(self, job: Job, reason: str) -> Settle:
+    def dead(self, job: Job, reason: str, keep_ms: int = 0) -> Settle:
         # A retry with max_attempts=1 dead-letters at once (attempts >= 1 after any claim).
-        return Settle(job.id, job.token, "dead", 0, 1, clip(reason))
+        return Settle(job.id, job.token, "dead", 0, 1, clip(reason), keep_ms=keep_ms)
 
-    @staticmethod
-    def _completed(job: Job) -> Settle:
-        return Settle(job.id, job.token, "completed")
+    def _completed(self, job: Job, task: Task[Any, Any], value: Any) -> Settle:
+        if not task.keep_result_ms:
+            return Settle(job.id, job.token, "completed")  # no result: nothing more to do
+        try:
+            data = self.app.serializer.dumps(value)
+        except Exception as exc:  # an unserializable return value fails the run
+            return self.outcome(job, task, exc)
+        return Settle(job.id, job.token, "completed", result=data, keep_ms=task.keep_result_ms)
 
 
 async def _guard(aw: Awaitable[T]) -> T:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from echomq import _envelope, keyspace
+from echomq import _compose, _envelope, keyspace
 from echomq._connect import (
     AsyncClient,
     Resolved,
@@ -26,14 +27,23 @@ from echomq._connect import (
     resolve_url,
     sync_client,
 )
-from echomq._protocol import MAX_INT, MAX_MS, Enqueued
+from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
 from echomq.errors import EchoMQError, InvalidArgument
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer, resolve_serializer
 
-__all__ = ["App", "Discard", "JobContext", "Retry", "Task", "current_job"]
+__all__ = [
+    "App",
+    "Discard",
+    "JobContext",
+    "RateLimit",
+    "Retry",
+    "Task",
+    "TaskEnqueued",
+    "current_job",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,6 +57,17 @@ class Retry(Exception):
         super().__init__(reason)
         self.delay_ms = delay_ms
         self.reason = reason
+
+
+class RateLimit(Exception):
+    """Raise inside a handler when an outside limit refused the work (HTTP 429, a quota): the
+    job runs again after ``delay_ms`` and this run does not count against ``max_attempts``."""
+
+    def __init__(self, delay_ms: int = 1_000) -> None:
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
+            raise InvalidArgument(f"delay_ms must be an int >= 0, got {delay_ms!r}")
+        super().__init__(f"rate limited for {delay_ms} ms")
+        self.delay_ms = delay_ms
 
 
 class Discard(Exception):
@@ -65,6 +86,9 @@ class Options:
     at_ms: int | None = None
     group: str | None = None
     id: str | None = None
+    dedup: str | None = None  # D20: see Queue.enqueue
+    dedup_ttl_ms: int | None = None
+    dedup_mode: str = "simple"
 
 
 class Task(Generic[P, R]):
@@ -82,6 +106,8 @@ class Task(Generic[P, R]):
         lease_ms: int,
         timeout: float | None,
         inline: bool = False,
+        keep_result_ms: int = 0,
+        rate_limit: tuple[int, int] | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -107,6 +133,20 @@ class Task(Generic[P, R]):
         if inline and (self.is_async or timeout is not None):
             raise InvalidArgument("inline=True is for sync handlers without a timeout")
         self.inline = bool(inline)
+        # D17: > 0 keeps each run's return value (through the app's serializer) that long.
+        if isinstance(keep_result_ms, bool) or not isinstance(keep_result_ms, int):
+            raise InvalidArgument(f"keep_result_ms must be an int >= 0, got {keep_result_ms!r}")
+        if not 0 <= keep_result_ms <= MAX_MS:
+            raise InvalidArgument(f"keep_result_ms must be in [0, {MAX_MS}], got {keep_result_ms}")
+        self.keep_result_ms = keep_result_ms
+        # D21: (max, window_ms) for the task's queue, set by every worker that serves it.
+        if rate_limit is not None:
+            from echomq._control import rate_limit as _check_rate
+
+            if not isinstance(rate_limit, tuple) or len(rate_limit) != 2:
+                raise InvalidArgument(f"rate_limit is (max, window_ms), got {rate_limit!r}")
+            _check_rate(Keys(self.queue), *rate_limit)
+        self.rate_limit = rate_limit
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -128,15 +168,23 @@ class Task(Generic[P, R]):
         at_ms: int | None = None,
         group: str | None = None,
         id: str | None = None,
+        dedup: str | None = None,
+        dedup_ttl_ms: int | None = None,
+        dedup_mode: str = "simple",
     ) -> BoundTask[P, R]:
-        """This task with job options: a delay, an absolute run time, a lane, an id."""
-        return BoundTask(self, Options(delay_ms, at_ms, group, id))
+        """This task with job options: a delay, an absolute run time, a lane, an id, a dedup
+        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL)."""
+        from echomq._control import dedup_args
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
-        """Enqueue a call of this task with the handler's arguments."""
+        dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
+        return BoundTask(self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode))
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
+        """Enqueue a call of this task with the handler's arguments; the receipt's
+        ``wait(timeout_s)`` gives the return value when the task keeps results."""
         return BoundTask(self, Options()).enqueue(*args, **kwargs)
 
-    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         """``enqueue`` for asyncio code."""
         return await BoundTask(self, Options()).aenqueue(*args, **kwargs)
 
@@ -147,6 +195,30 @@ class Task(Generic[P, R]):
         payloads = [self.payload(tuple(a), dict(k)) for a, k in calls]
         return self.app.queue(self.queue).enqueue_many(payloads, group=group)
 
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
+        """A signature: this task with its call's arguments, for ``app.flow``."""
+        return Signature(self, tuple(args), dict(kwargs))
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """One call of a task, not yet sent (``task.s(...)``): a node of ``app.flow``. ``id``
+    and ``group`` are the job's options; ``fail_parent=False`` makes its death an ignored
+    failure of its parent instead of the parent's death."""
+
+    task: Task[Any, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+    group: str | None = None
+    fail_parent: bool = True
+
+    def options(
+        self, *, id: str | None = None, group: str | None = None, fail_parent: bool = True
+    ) -> Signature:
+        """This signature with job options."""
+        return Signature(self.task, self.args, self.kwargs, id, group, fail_parent)
+
 
 @dataclass(frozen=True, slots=True)
 class BoundTask(Generic[P, R]):
@@ -155,25 +227,79 @@ class BoundTask(Generic[P, R]):
     task: Task[P, R]
     opts: Options = field(default_factory=Options)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
-        return self.task.app.queue(self.task.queue).enqueue(
+        e = self.task.app.queue(self.task.queue).enqueue(
             self.task.payload(args, kwargs),
             id=o.id,
             group=o.group,
             delay_ms=o.delay_ms,
             at_ms=o.at_ms,
+            dedup=o.dedup,
+            dedup_ttl_ms=o.dedup_ttl_ms,
+            dedup_mode=o.dedup_mode,
         )
+        return TaskEnqueued(e.id, e.status, self.task)
 
-    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
-        return await self.task.app.aqueue(self.task.queue).enqueue(
+        e = await self.task.app.aqueue(self.task.queue).enqueue(
             self.task.payload(args, kwargs),
             id=o.id,
             group=o.group,
             delay_ms=o.delay_ms,
             at_ms=o.at_ms,
+            dedup=o.dedup,
+            dedup_ttl_ms=o.dedup_ttl_ms,
+            dedup_mode=o.dedup_mode,
         )
+        return TaskEnqueued(e.id, e.status, self.task)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TaskEnqueued(Enqueued):
+    """The receipt of ``task.enqueue``: an :class:`Enqueued` (equal to the plain one with the
+    same id and status) that can wait for the handler's return value (D17), deserialized by
+    the app's serializer. The task must keep results (``@app.task(keep_result_ms=...)``);
+    ``JobFailed`` when the job died, ``TimeoutError`` at the deadline."""
+
+    task: Task[Any, Any] = field(repr=False, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Enqueued):
+            return NotImplemented
+        return (self.id, self.status) == (other.id, other.status)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.status))
+
+    def wait(self, timeout_s: float) -> Any:
+        """Block until the job's result is kept; return it deserialized."""
+        res = self.task.app.queue(self.task.queue).wait(self.id, timeout_s=timeout_s)
+        return self.task.app.serializer.loads(res.value)
+
+    async def await_result(self, timeout_s: float) -> Any:
+        """``wait`` for asyncio code (many waiters share one connection)."""
+        res = await self.task.app.aqueue(self.task.queue).wait(self.id, timeout_s=timeout_s)
+        return self.task.app.serializer.loads(res.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Periodic:
+    """A task that runs on a schedule (``@app.periodic``): the repeat ``name`` on the task's
+    queue, and the call (``args``/``kwargs``) each occurrence makes."""
+
+    task: Task[Any, Any]
+    name: str
+    every_ms: int | None
+    cron: str | None
+    tz: str
+    group: str | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+_NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class App:
@@ -187,6 +313,9 @@ class App:
         max_payload: the largest payload in bytes (default 16 MiB).
         durable: replicas that must acknowledge every write (default: the URL's
             ``durable=`` option, else 0); see :class:`~echomq.Queue`.
+        name: the app's name, which owns its ``@app.periodic`` registrations: a worker
+            removes the repeats this name registered that the app no longer declares
+            (give apps that share a queue different names).
     """
 
     def __init__(
@@ -197,7 +326,10 @@ class App:
         serializer: str | Serializer = "json",
         max_payload: int | None = None,
         durable: int | None = None,
+        name: str = "app",
     ) -> None:
+        self.name = keyspace.check_lane(name)
+        self.periodics: dict[tuple[str, str], Periodic] = {}
         self._url = url  # App(url=...): step 2 of echomq._connect.resolve_url
         self._resolved: Resolved | None = None
         self._client = client
@@ -247,6 +379,8 @@ class App:
         lease_ms: int = 30_000,
         timeout: float | None = None,
         inline: bool = False,
+        keep_result_ms: int = 0,
+        rate_limit: tuple[int, int] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -261,6 +395,8 @@ class App:
         lease_ms: int = 30_000,
         timeout: float | None = None,
         inline: bool = False,
+        keep_result_ms: int = 0,
+        rate_limit: tuple[int, int] | None = None,
     ) -> Any:
         """Register a handler (sync or ``async def``) as a task; usable bare or with options.
 
@@ -276,6 +412,10 @@ class App:
             inline: run a sync handler directly on the worker's event loop, with no thread
                 handoff and no task per job — for trivial, CPU-light handlers only: a handler
                 that blocks stalls the whole worker (and its heartbeats) while it runs.
+            keep_result_ms: keep each run's return value (and a dead job's error) that long,
+                for ``task.enqueue(...).wait(timeout_s)``; 0 (default) keeps nothing.
+            rate_limit: ``(max, window_ms)``: at most ``max`` jobs of the task's queue start
+                per window (queue-wide, set by every worker that serves the queue).
         """
 
         def register(f: Callable[P, R]) -> Task[P, R]:
@@ -294,11 +434,97 @@ class App:
                 lease_ms=lease_ms,
                 timeout=timeout,
                 inline=inline,
+                keep_result_ms=keep_result_ms,
+                rate_limit=rate_limit,
             )
             self.tasks[task_name] = t
             return t
 
         return register(fn) if fn is not None else register
+
+    def periodic(
+        self,
+        *,
+        every_ms: int | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        name: str | None = None,
+        group: str | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        queue: str = "default",
+        **task_options: Any,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a task that runs every ``every_ms`` or on ``cron`` (5 fields, in ``tz``).
+
+        Every worker of the app registers it at start (and removes the app's registrations it
+        no longer declares) and fires it in its beat; each occurrence is enqueued exactly once
+        however many workers run. ``name`` is the repeat's name (default: the task name);
+        ``args``/``kwargs`` the call each occurrence makes; other keywords go to ``task``.
+        """
+        _compose.schedule(every_ms, cron, tz)
+        if group is not None:
+            keyspace.check_lane(group)
+
+        def register(f: Callable[P, R]) -> Task[P, R]:
+            t: Task[P, R] = self.task(queue=queue, **task_options)(f)
+            rname = name if name is not None else _NOT_NAME.sub("_", t.name)[-128:]
+            _compose._name(rname)
+            if (t.queue, rname) in self.periodics:
+                raise InvalidArgument(f"periodic {rname!r} is already registered")
+            self.periodics[(t.queue, rname)] = Periodic(
+                t, rname, every_ms, cron, tz, group, tuple(args), dict(kwargs or {})
+            )
+            return t
+
+        return register
+
+    def flow_job(
+        self, sig: Signature, children: Iterable[Signature | _compose.FlowJob] = ()
+    ) -> _compose.FlowJob:
+        """The flow node of a signature and its children (signatures or nodes): nest these
+        to build a deeper tree for :meth:`flow`."""
+        if not isinstance(sig, Signature):
+            raise InvalidArgument(f"a flow node is a task signature (task.s(...)), got {sig!r}")
+        kids = [c if isinstance(c, _compose.FlowJob) else self.flow_job(c) for c in children]
+        return _compose.FlowJob(
+            sig.task.payload(sig.args, sig.kwargs),
+            id=sig.id,
+            queue=sig.task.queue,
+            group=sig.group,
+            fail_parent=sig.fail_parent,
+            children=kids,
+        )
+
+    def flow(
+        self, parent: Signature, children: Iterable[Signature | _compose.FlowJob] = ()
+    ) -> _compose.FlowAdded:
+        """Add a flow: ``parent`` runs once every child has completed (or died with
+        ``fail_parent=False``); a child's death otherwise dead-letters the parent. Inside the
+        parent's handler ``current_job().children_values()`` returns the children's values
+        (recorded when the child task keeps results)."""
+        node = self.flow_job(parent, children)
+        return self.queue(parent.task.queue).add_flow(node)
+
+    def sync_periodic(self, keys: Keys) -> Plan[None]:
+        """Register this app's periodic tasks of one queue and unregister the repeats this
+        app (``name``) registered there before that it no longer declares."""
+        mine = [p for (q, _), p in self.periodics.items() if q == keys.name]
+        for p in mine:
+            yield from _compose.repeat(
+                keys,
+                p.name,
+                p.task.payload(p.args, p.kwargs),
+                every_ms=p.every_ms,
+                cron=p.cron,
+                tz=p.tz,
+                group=p.group,
+                owner=self.name,
+            )
+        names = {p.name for p in mine}
+        for rep in (yield from _compose.repeats(keys)):
+            if rep.owner == self.name and rep.name not in names:
+                yield _compose.unrepeat(keys, rep.name)
 
     def queues(self) -> list[str]:
         """Every queue a registered task uses, sorted."""
@@ -349,7 +575,8 @@ class App:
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop (and the sync one)."""
         loop = asyncio.get_running_loop()
-        self._aqueues.pop(loop, None)
+        for q in self._aqueues.pop(loop, {}).values():
+            await q.aclose()  # stops its result reader (D17); the client is closed below
         client = self._aclients.pop(loop, None)
         if client is not None:
             await client.aclose()  # type: ignore[attr-defined]

@@ -172,6 +172,13 @@ def _load_app(spec: str) -> App:
     "--max-stalled", default=5, show_default=True, help="Stalls before a job is dead (0: never)."
 )
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve Prometheus /metrics on this port (needs echomq[web]; default: off).",
+)
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Its address.")
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -182,6 +189,8 @@ def worker(
     grace_s: float,
     max_stalled: int,
     log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
     import logging
@@ -192,10 +201,29 @@ def worker(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
     )
+    if metrics_port is not None:
+        _needs_web("echomq worker --metrics-port")
     app = _load_app(app_spec)
     # The app's own App(url=...) counts before ECHOMQ_URL and before starting a server.
     with _server_for(ctx, purpose="worker", app_url=app._url) as url:
         app.url = url
+        hooks = None
+        if metrics_port is not None:
+            # Off unless asked: without the flag the worker has no hook at all.
+            from prometheus_client import start_http_server
+
+            from echomq import prometheus
+
+            hooks = prometheus.PrometheusHooks().hooks()
+            served = list(queues) or app.queues() or None
+            start_http_server(
+                metrics_port,
+                addr=metrics_host,
+                registry=prometheus.registry_for(url, queues=served),
+            )
+            logging.getLogger("echomq.worker").info(
+                "metrics on http://%s:%d/metrics", metrics_host, metrics_port
+            )
         try:
             w = Worker(
                 app,
@@ -204,6 +232,7 @@ def worker(
                 beat_ms=beat_ms,
                 grace_s=grace_s,
                 max_stalled=max_stalled,
+                hooks=hooks,
             )
         except EchoMQError as exc:
             _fail(str(exc))
@@ -391,15 +420,23 @@ def _show_value(value: str | bytes) -> str:
 @click.argument("job_id")
 @click.pass_context
 def job(ctx: click.Context, queue: str, job_id: str) -> None:
-    """Show one job: where it is, its row, and its logs."""
+    """Show one job: where it is, its row (``dedup``: the dedup id it holds, ``cancel``: a
+    cancel is pending), its logs, and its kept result once it finished."""
     q = _queue(ctx, queue)
 
     def show() -> int:
         state = q.job_state(job_id)
         row = q.get_job(job_id)
         click.echo(f"id: {job_id}\nplace: {state}")
+        kept = q.result(job_id)
+        if kept is not None:
+            # D17: the outcome outlives the row for its TTL.
+            outcome = f"error: {kept.error}" if kept.error is not None else "result: "
+            if kept.error is None:
+                outcome += _show_value(kept.value)
+            click.echo(f"kept {outcome}\nfinished_ms: {kept.finished_ms}")
         if row is None:
-            return 1
+            return 0 if kept is not None else 1
         for field, value in sorted(row.items()):
             click.echo(f"{field}: {_show_value(value)}")
         lines = q.logs(job_id)
@@ -410,6 +447,17 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
         return 0
 
     sys.exit(_run(ctx, show))
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("job_id")
+@click.pass_context
+def cancel(ctx: click.Context, queue: str, job_id: str) -> None:
+    """Cancel a job: a waiting or scheduled one is removed, a running one is stopped by its
+    worker at the next heartbeat and dead-lettered "cancelled"."""
+    q = _queue(ctx, queue)
+    click.echo(_run(ctx, lambda: q.cancel(job_id)))
 
 
 @main.command()
@@ -660,6 +708,34 @@ def events(ctx: click.Context, queue: str, follow: bool, after: str, count: int)
 
     with contextlib.suppress(KeyboardInterrupt):
         _run(ctx, show)
+
+
+@main.command()
+@click.argument("queue")
+@click.pass_context
+def repeats(ctx: click.Context, queue: str) -> None:
+    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC), schedule."""
+    import datetime as _dt
+
+    q = _queue(ctx, queue)
+    for rep in _run(ctx, q.repeats):
+        when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
+        sched = f"every {rep.every_ms} ms" if rep.every_ms else f"cron '{rep.cron}' {rep.tz}"
+        extra = "".join(f" {k}={v}" for k, v in (("group", rep.group), ("owner", rep.owner)) if v)
+        click.echo(f"{rep.name} {when.isoformat(timespec='milliseconds')} {sched}{extra}")
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("name")
+@click.pass_context
+def unrepeat(ctx: click.Context, queue: str, name: str) -> None:
+    """Unregister the repeatable job NAME of QUEUE (exit 1 when it was not registered)."""
+    q = _queue(ctx, queue)
+    if not _run(ctx, lambda: q.unrepeat(name)):
+        click.echo(f"{name}: not registered", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: removed")
 
 
 @main.command()

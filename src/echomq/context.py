@@ -8,7 +8,8 @@ same in both. Outside a handler it is ``None``.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["JobContext", "current_job"]
 
@@ -23,11 +24,34 @@ class JobContext:
     group: str | None
     task: str
     lost: bool = False  # set when the lease was lost: the result will not be settled
+    # Set when the job was cancelled (D22, Queue.cancel): a sync handler polls it and returns;
+    # the run is dead-lettered "cancelled" whatever it returns.
+    cancelled: bool = False
+    # The app whose worker runs the job: children_values reads through its client (D18).
+    app: Any = field(default=None, repr=False, compare=False)
+    floor: int = 0  # Job.floor: a re-admitted id's count continues from it
+
+    def children_values(self) -> dict[str, Any]:
+        """In a flow parent's handler: its children's return values (deserialized), by
+        child id. A child's value is recorded when its task keeps results
+        (``@app.task(keep_result_ms=...)``); otherwise it is ``None``."""
+        if self.app is None:
+            return {}
+        raw = self.app.queue(self.queue).children_values(self.id)
+        return {k: self.app.serializer.loads(v) if v else None for k, v in raw.items()}
+
+    async def achildren_values(self) -> dict[str, Any]:
+        """:meth:`children_values` for ``async def`` handlers (does not block the loop)."""
+        if self.app is None:
+            return {}
+        raw = await self.app.aqueue(self.queue).children_values(self.id)
+        return {k: self.app.serializer.loads(v) if v else None for k, v in raw.items()}
 
     @property
     def attempt(self) -> int:
-        """The attempt number (1 for the first run): the token is the attempt count."""
-        return self.token
+        """This incarnation's attempt number (1 for the first run): the token less the
+        count a re-admitted id came back with (the number ``max_attempts`` counts)."""
+        return self.token - self.floor
 
 
 # Private: only the worker's runner sets it (and resets it after the run).

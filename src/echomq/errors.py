@@ -9,9 +9,11 @@
     ├── KindError           EMQKIND   a non-JOB id in the job position
     ├── StaleToken          EMQSTALE  the token no longer owns the job
     ├── JobGone             the row does not exist (completed, removed, never enqueued)
+    ├── JobFailed           ``wait()`` on a dead-lettered job; ``.error``
     ├── StateError          EMQSTATE  e.g. reprocess of a job that is not dead; ``.reason``
-    ├── Locked              EMQLOCK
-    ├── RateLimited         EMQRATE
+    ├── Locked              EMQLOCK   remove/cancel of a job whose ``:lock`` key exists (reserved:
+    │                                 nothing in echomq writes that key)
+    ├── RateLimited         EMQRATE   reserved: no script sends it (rate limits delay, D21)
     ├── ProtocolError       an unknown EMQ* class word; carries the text
     ├── DurabilityError     durable mode: the write applied, too few replicas acknowledged it
     └── VersionFenceError   ``{emq}:version`` holds another wire version
@@ -26,6 +28,7 @@ __all__ = [
     "EchoMQError",
     "InvalidArgument",
     "InvalidId",
+    "JobFailed",
     "JobGone",
     "KindError",
     "Locked",
@@ -91,13 +94,15 @@ class StateError(_WireError):
 
 
 class Locked(_WireError):
-    """``EMQLOCK``: the job is locked."""
+    """``EMQLOCK``: the job is locked. ``remove`` and ``cancel`` refuse a job whose
+    ``job:<id>:lock`` key exists; nothing in echomq writes that key, so this is reserved."""
 
     word = "EMQLOCK"
 
 
 class RateLimited(_WireError):
-    """``EMQRATE``: a rate or concurrency ceiling refused the call."""
+    """``EMQRATE``: a rate or concurrency ceiling refused the call. Reserved: no script sends
+    it; rate limits (D21) hold lanes back inside the claim instead of refusing a call."""
 
     word = "EMQRATE"
 
@@ -112,6 +117,15 @@ class JobGone(EchoMQError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id} is gone")
         self.job_id = job_id
+
+
+class JobFailed(EchoMQError):
+    """``wait()`` on a job that was dead-lettered (D17); ``.error`` holds its last error."""
+
+    def __init__(self, job_id: str, error: str) -> None:
+        super().__init__(f"job {job_id} failed: {error}")
+        self.job_id = job_id
+        self.error = error
 
 
 class DurabilityError(EchoMQError):

@@ -50,9 +50,16 @@ QUEUE_TYPES = frozenset(
         "events",
         "metrics:completed",
         "metrics:failed",
+        "metrics:completed:data",
+        "metrics:failed:data",
         "recent",
         "retired",
         "retired:at",
+        "repeat",
+        "flow:outbox",
+        "limiter",
+        "grate",
+        "ratewait",
     }
 )
 

@@ -243,7 +243,7 @@ class PrometheusHooks:
         self._clock = clock
         self._started: dict[tuple[str, str, int], float] = {}
         self._worker: Any = None
-        self._seen = {"lost": 0, "recovered": 0, "swept_dead": 0}
+        self._seen = {"lost": 0, "recovered": 0, "swept_dead": 0, "stale_refused": 0}
 
     def hooks(self) -> Hooks:
         return Hooks(
@@ -292,6 +292,7 @@ class PrometheusHooks:
             ("lost", self.m.leases_lost),
             ("recovered", self.m.reaps),
             ("swept_dead", self.m.stall_deaths),
+            ("stale_refused", self.m.stale_refusals),
         ):
             value = int(getattr(stats, name, 0))
             delta = value - self._seen[name]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import TracebackType
 
+from echomq import _compose as _c
+from echomq import _control as _ctl
 from echomq import _observe as _o
 from echomq import _protocol as _p
 from echomq._connect import (
@@ -23,6 +25,7 @@ from echomq._connect import (
 )
 from echomq._executor import AsyncExecutor, SyncExecutor
 from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
+from echomq._waiters import ResultWaiters
 from echomq.errors import EchoMQError, InvalidArgument
 
 __all__ = ["AsyncQueue", "Queue"]
@@ -129,8 +132,13 @@ class Queue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        dedup: str | None = None,
+        dedup_ttl_ms: int | None = None,
+        dedup_mode: str = "simple",
     ) -> Enqueued:
-        """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule."""
+        """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
+        ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
         return self._x.run(
             _p.enqueue(
                 self._k,
@@ -140,6 +148,9 @@ class Queue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                dedup=dedup,
+                dedup_ttl_ms=dedup_ttl_ms,
+                dedup_mode=dedup_mode,
             )
         )
 
@@ -171,9 +182,17 @@ class Queue:
         """Lease up to ``n`` jobs on one shared lease, lanes served fairly."""
         return self._x.run(_p.claim_batch(self._k, n, lease_ms))
 
-    def complete(self, id: str, token: int, *, result: bytes | str | None = None) -> None:
-        """Settle a held job as done (deletes its row); refuses a stale token."""
-        return self._x.run(_p.complete(self._k, id, token, result))
+    def complete(
+        self,
+        id: str,
+        token: int,
+        *,
+        result: bytes | str | None = None,
+        keep_result_ms: int = 0,
+    ) -> None:
+        """Settle a held job as done (deletes its row); refuses a stale token.
+        ``keep_result_ms > 0`` keeps ``result`` that long for ``result``/``wait`` (D17)."""
+        return self._x.run(_ctl.complete(self._k, id, token, result, keep_result_ms))
 
     def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
         """Complete many held jobs in one call; returns the ids refused (gone or stale)."""
@@ -190,10 +209,28 @@ class Queue:
         """Complete and retry finished jobs and claim up to ``n`` more in one round trip."""
         return self._x.run(_p.settle(self._k, completed, retried, n, lease_ms))
 
-    def retry(self, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str) -> str:
-        """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling."""
+    def retry(
+        self,
+        id: str,
+        token: int,
+        *,
+        delay_ms: int,
+        max_attempts: int,
+        error: str,
+        keep_result_ms: int = 0,
+    ) -> str:
+        """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling
+        (``keep_result_ms > 0``: the dead-letter keeps its error that long, D17)."""
         return self._x.run(
-            _p.retry(self._k, id, token, delay_ms=delay_ms, max_attempts=max_attempts, error=error)
+            _ctl.retry(
+                self._k,
+                id,
+                token,
+                delay_ms=delay_ms,
+                max_attempts=max_attempts,
+                error=error,
+                keep_result_ms=keep_result_ms,
+            )
         )
 
     def delay(self, id: str, token: int, delay_ms: int) -> None:
@@ -335,6 +372,112 @@ class Queue:
         """Settles of ``kind`` (completed, failed) per minute, the current minute first."""
         return self._x.run(_o.metrics(self._k, kind, minutes))
 
+    # -- repeats (D19): see echomq._compose for the keys' layout
+
+    def repeat(
+        self,
+        name: str,
+        payload: bytes | str,
+        *,
+        every_ms: int | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        group: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Register ``name`` to enqueue ``payload`` every ``every_ms`` or on ``cron`` (in
+        ``tz``): ``"registered"`` or ``"updated"``."""
+        return self._x.run(
+            _c.repeat(
+                self._k,
+                name,
+                payload,
+                every_ms=every_ms,
+                cron=cron,
+                tz=tz,
+                group=group,
+                owner=owner,
+            )
+        )
+
+    def unrepeat(self, name: str) -> bool:
+        """Unregister ``name``; True when it was registered."""
+        return self._x.run(_c.unrepeat(self._k, name))
+
+    def repeats(self) -> list[_c.Repeat]:
+        """Every registered repeat, soonest first."""
+        return self._x.run(_c.repeats(self._k))
+
+    def fire_due(self, limit: int = 100) -> int:
+        """Enqueue every due occurrence exactly once (safe from many processes at once)."""
+        return self._x.run(_c.fire_due(self._k, limit))
+
+    # -- flows (D18): see echomq._compose
+
+    def add_flow(self, parent: _c.FlowJob) -> _c.FlowAdded:
+        """Add a flow tree in one call: ``parent`` runs after all its children settled."""
+        return self._x.run(_c.add_flow(self._k, parent))
+
+    def children_values(self, parent_id: str) -> dict[str, bytes]:
+        """The results of ``parent_id``'s completed children, by child id."""
+        return self._x.run(_c.children_values(self._k, parent_id))
+
+    def dependencies(self, parent_id: str) -> int:
+        """How many of ``parent_id``'s children have not settled yet."""
+        return self._x.run(_c.dependencies(self._k, parent_id))
+
+    def ignored_failures(self, parent_id: str) -> dict[str, str]:
+        """The errors of ``parent_id``'s children that died with ``fail_parent=False``."""
+        return self._x.run(_c.ignored_failures(self._k, parent_id))
+
+    def pump(self, limit: int = 100) -> int:
+        """One pump beat: promote due jobs and fire due repeats; how many became runnable."""
+        return self._x.run(_c.pump(self._k, limit))
+
+    # -- results, dedup, cancel (D17, D20, D22): see echomq._control for the keys' layout
+
+    def result(self, id: str) -> _ctl.Result | None:
+        """The job's kept outcome (``complete(..., keep_result_ms=)``), or None."""
+        return self._x.run(_ctl.result(self._k, id))
+
+    def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
+        """Block until the job's kept outcome exists (woken by the settle, never polling);
+        ``JobFailed`` for a kept dead-letter, ``TimeoutError`` at the deadline."""
+        return self._x.run(_ctl.wait(self._k, id, timeout_s))
+
+    def dedup_holder(self, dedup: str) -> str | None:
+        """The id of the job holding the dedup id, or None when it is free."""
+        return self._x.run(_ctl.dedup_holder(self._k, dedup))
+
+    def cancel(self, id: str) -> str:
+        """``"removed"`` (it was waiting or scheduled), ``"signalled"`` (active: its holder's
+        next heartbeat stops it and dead-letters it as "cancelled") or ``"absent"``."""
+        return self._x.run(_ctl.cancel(self._k, id))
+
+    def extend_leases(
+        self, pairs: Iterable[tuple[str, int]], *, lease_ms: int
+    ) -> tuple[list[str], list[str]]:
+        """``extend_many`` that also reports the extended jobs whose cancel flag is set:
+        ``(failed ids, cancelled ids)``."""
+        return self._x.run(_ctl.extend_leases(self._k, pairs, lease_ms))
+
+    def rate_limit(self, max: int, window_ms: int) -> None:
+        """At most ``max`` claims per ``window_ms`` for the whole queue (lanes included)."""
+        return self._x.run(_ctl.rate_limit(self._k, max, window_ms))
+
+    def rate_limit_lane(self, g: str, max: int, window_ms: int) -> None:
+        """At most ``max`` claims per ``window_ms`` from lane ``g``; a spent lane leaves the
+        ring until its window reopens, so the other lanes keep being served."""
+        return self._x.run(_ctl.rate_limit(self._k, max, window_ms, g))
+
+    def clear_rate_limit(self, g: str | None = None) -> None:
+        """Remove the queue-wide limit, or lane ``g``'s."""
+        return self._x.run(_ctl.clear_rate_limit(self._k, g))
+
+    def rate_limit_ttl(self, g: str | None = None) -> int:
+        """The ms until the spent window (queue-wide, or lane ``g``'s) reopens; 0 = open."""
+        return self._x.run(_ctl.rate_limit_ttl(self._k, g))
+
 
 class AsyncQueue:
     """A queue on an asyncio client; every verb of :class:`Queue` as a coroutine."""
@@ -363,6 +506,7 @@ class AsyncQueue:
             retry_for=retry_for,
             durable=replicas,
         )
+        self._waiters: ResultWaiters | None = None
 
     @property
     def name(self) -> str:
@@ -376,6 +520,8 @@ class AsyncQueue:
 
     async def aclose(self) -> None:
         """Close the client if this queue created it."""
+        if self._waiters is not None:
+            await self._waiters.close()
         await self._x.close()
 
     async def __aenter__(self) -> AsyncQueue:
@@ -397,8 +543,13 @@ class AsyncQueue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        dedup: str | None = None,
+        dedup_ttl_ms: int | None = None,
+        dedup_mode: str = "simple",
     ) -> Enqueued:
-        """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule."""
+        """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
+        ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
         return await self._x.run(
             _p.enqueue(
                 self._k,
@@ -408,6 +559,9 @@ class AsyncQueue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                dedup=dedup,
+                dedup_ttl_ms=dedup_ttl_ms,
+                dedup_mode=dedup_mode,
             )
         )
 
@@ -439,9 +593,17 @@ class AsyncQueue:
         """Lease up to ``n`` jobs on one shared lease, lanes served fairly."""
         return await self._x.run(_p.claim_batch(self._k, n, lease_ms))
 
-    async def complete(self, id: str, token: int, *, result: bytes | str | None = None) -> None:
-        """Settle a held job as done (deletes its row); refuses a stale token."""
-        return await self._x.run(_p.complete(self._k, id, token, result))
+    async def complete(
+        self,
+        id: str,
+        token: int,
+        *,
+        result: bytes | str | None = None,
+        keep_result_ms: int = 0,
+    ) -> None:
+        """Settle a held job as done (deletes its row); refuses a stale token.
+        ``keep_result_ms > 0`` keeps ``result`` that long for ``result``/``wait`` (D17)."""
+        return await self._x.run(_ctl.complete(self._k, id, token, result, keep_result_ms))
 
     async def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
         """Complete many held jobs in one call; returns the ids refused (gone or stale)."""
@@ -459,11 +621,27 @@ class AsyncQueue:
         return await self._x.run(_p.settle(self._k, completed, retried, n, lease_ms))
 
     async def retry(
-        self, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str
+        self,
+        id: str,
+        token: int,
+        *,
+        delay_ms: int,
+        max_attempts: int,
+        error: str,
+        keep_result_ms: int = 0,
     ) -> str:
-        """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling."""
+        """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling
+        (``keep_result_ms > 0``: the dead-letter keeps its error that long, D17)."""
         return await self._x.run(
-            _p.retry(self._k, id, token, delay_ms=delay_ms, max_attempts=max_attempts, error=error)
+            _ctl.retry(
+                self._k,
+                id,
+                token,
+                delay_ms=delay_ms,
+                max_attempts=max_attempts,
+                error=error,
+                keep_result_ms=keep_result_ms,
+            )
         )
 
     async def delay(self, id: str, token: int, delay_ms: int) -> None:
@@ -606,3 +784,112 @@ class AsyncQueue:
     async def metrics(self, kind: str = "completed", *, minutes: int = 60) -> list[int]:
         """Settles of ``kind`` (completed, failed) per minute, the current minute first."""
         return await self._x.run(_o.metrics(self._k, kind, minutes))
+
+    # -- repeats (D19): see echomq._compose for the keys' layout
+
+    async def repeat(
+        self,
+        name: str,
+        payload: bytes | str,
+        *,
+        every_ms: int | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        group: str | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Register ``name`` to enqueue ``payload`` every ``every_ms`` or on ``cron`` (in
+        ``tz``): ``"registered"`` or ``"updated"``."""
+        return await self._x.run(
+            _c.repeat(
+                self._k,
+                name,
+                payload,
+                every_ms=every_ms,
+                cron=cron,
+                tz=tz,
+                group=group,
+                owner=owner,
+            )
+        )
+
+    async def unrepeat(self, name: str) -> bool:
+        """Unregister ``name``; True when it was registered."""
+        return await self._x.run(_c.unrepeat(self._k, name))
+
+    async def repeats(self) -> list[_c.Repeat]:
+        """Every registered repeat, soonest first."""
+        return await self._x.run(_c.repeats(self._k))
+
+    async def fire_due(self, limit: int = 100) -> int:
+        """Enqueue every due occurrence exactly once (safe from many processes at once)."""
+        return await self._x.run(_c.fire_due(self._k, limit))
+
+    # -- flows (D18): see echomq._compose
+
+    async def add_flow(self, parent: _c.FlowJob) -> _c.FlowAdded:
+        """Add a flow tree in one call: ``parent`` runs after all its children settled."""
+        return await self._x.run(_c.add_flow(self._k, parent))
+
+    async def children_values(self, parent_id: str) -> dict[str, bytes]:
+        """The results of ``parent_id``'s completed children, by child id."""
+        return await self._x.run(_c.children_values(self._k, parent_id))
+
+    async def dependencies(self, parent_id: str) -> int:
+        """How many of ``parent_id``'s children have not settled yet."""
+        return await self._x.run(_c.dependencies(self._k, parent_id))
+
+    async def ignored_failures(self, parent_id: str) -> dict[str, str]:
+        """The errors of ``parent_id``'s children that died with ``fail_parent=False``."""
+        return await self._x.run(_c.ignored_failures(self._k, parent_id))
+
+    async def pump(self, limit: int = 100) -> int:
+        """One pump beat: promote due jobs and fire due repeats; how many became runnable."""
+        return await self._x.run(_c.pump(self._k, limit))
+
+    # -- results, dedup, cancel (D17, D20, D22): see echomq._control for the keys' layout
+
+    async def result(self, id: str) -> _ctl.Result | None:
+        """The job's kept outcome (``complete(..., keep_result_ms=)``), or None."""
+        return await self._x.run(_ctl.result(self._k, id))
+
+    async def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
+        """Block until the job's kept outcome exists (woken by the settle, never polling);
+        ``JobFailed`` for a kept dead-letter, ``TimeoutError`` at the deadline."""
+        # One reader multiplexes every waiter of this queue (echomq._waiters).
+        if self._waiters is None:
+            self._waiters = ResultWaiters(self._x, self._k)
+        return await self._waiters.wait(id, timeout_s)
+
+    async def dedup_holder(self, dedup: str) -> str | None:
+        """The id of the job holding the dedup id, or None when it is free."""
+        return await self._x.run(_ctl.dedup_holder(self._k, dedup))
+
+    async def cancel(self, id: str) -> str:
+        """``"removed"`` (it was waiting or scheduled), ``"signalled"`` (active: its holder's
+        next heartbeat stops it and dead-letters it as "cancelled") or ``"absent"``."""
+        return await self._x.run(_ctl.cancel(self._k, id))
+
+    async def extend_leases(
+        self, pairs: Iterable[tuple[str, int]], *, lease_ms: int
+    ) -> tuple[list[str], list[str]]:
+        """``extend_many`` that also reports the extended jobs whose cancel flag is set:
+        ``(failed ids, cancelled ids)``."""
+        return await self._x.run(_ctl.extend_leases(self._k, pairs, lease_ms))
+
+    async def rate_limit(self, max: int, window_ms: int) -> None:
+        """At most ``max`` claims per ``window_ms`` for the whole queue (lanes included)."""
+        return await self._x.run(_ctl.rate_limit(self._k, max, window_ms))
+
+    async def rate_limit_lane(self, g: str, max: int, window_ms: int) -> None:
+        """At most ``max`` claims per ``window_ms`` from lane ``g``; a spent lane leaves the
+        ring until its window reopens, so the other lanes keep being served."""
+        return await self._x.run(_ctl.rate_limit(self._k, max, window_ms, g))
+
+    async def clear_rate_limit(self, g: str | None = None) -> None:
+        """Remove the queue-wide limit, or lane ``g``'s."""
+        return await self._x.run(_ctl.clear_rate_limit(self._k, g))
+
+    async def rate_limit_ttl(self, g: str | None = None) -> int:
+        """The ms until the spent window (queue-wide, or lane ``g``'s) reopens; 0 = open."""
+        return await self._x.run(_ctl.rate_limit_ttl(self._k, g))

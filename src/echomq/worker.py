@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
@@ -61,6 +62,9 @@ log = logging.getLogger("echomq.worker")
 # Errors after which the worker backs off and tries again (the executor's transient set).
 _NETWORK_ERRORS = (*TRANSIENT, OSError)
 
+
+# How often an idle worker looks at a queue's rate limits when it has none (D21).
+_RATE_RECHECK_S = 5.0
 
 # Settle calls a queue keeps in flight: while the server runs one turn's settle-and-claim,
 # the worker runs the jobs the other turn brought, so neither side waits for the other.
@@ -161,6 +165,13 @@ class Worker:
         for name in self.queue_names:
             leases = [t.lease_ms for t in self.app.tasks.values() if t.queue == name]
             self._loops.append(QueueLoop(Keys(name, **kw), max(leases, default=30_000)))
+        for ql in self._loops:
+            # @app.periodic: register this app's repeats, drop the ones it no longer declares.
+            await self._x.run(self.app.sync_periodic(ql.keys))
+            # @app.task(rate_limit=...): the queue-wide limit of the queue's tasks (D21).
+            for task in self.app.tasks.values():
+                if task.queue == ql.keys.name and task.rate_limit is not None:
+                    await self._x.call(_ctl.rate_limit(ql.keys, *task.rate_limit))
         await self.hooks.call("on_startup", self)
         log.info(
             "worker %d serving %s with concurrency %d on %s",
@@ -250,6 +261,10 @@ class Worker:
         """One settle-and-claim call. It owns ``want`` slots and ``settles`` until it ends:
         on any failure both go back (slots freed, settles re-queued), then it backs off."""
         assert self._x is not None
+        if any(s.kind == "pushed" for s in settles):
+            # D21 RateLimit: not a settle the batch script knows; each goes on its own call.
+            self._push_back(ql, [s for s in settles if s.kind == "pushed"])
+            settles = [s for s in settles if s.kind != "pushed"]
         settles = ql.valid(settles)
         call = ql.settle_call(settles, want)
         try:
@@ -313,12 +328,29 @@ class Worker:
         """Park on the wake list while the queue is empty; kick the pump on a token or a beat."""
         assert self._x is not None
         failures = 0
+        loop = asyncio.get_running_loop()
+        # D21: when to look at the queue's rate limits again. A queue with none is looked at
+        # every _RATE_RECHECK_S while idle (not before every park: an idle worker's traffic
+        # stays one round trip per beat), and right after a wake token (the claim it caused
+        # may have found the queue rate-held); a rate-held queue before every park.
+        check_at, held, lane = 0.0, 0, 0
+        woke: bool = False
         while True:
             await ql.idle.wait()
             if self._stopping:
                 return
             try:
-                await self._x.call(_p.wake_wait(ql.keys, self.beat_ms))
+                # A spent queue-wide window is slept out (claims would find nothing); a
+                # rate-held lane shortens the park to its readmission, when claims resume.
+                if woke or held or lane or loop.time() >= check_at:
+                    held, lane = await self._x.call(_ctl.idle_wait_ms(ql.keys))
+                    check_at = loop.time() + _RATE_RECHECK_S
+                if held > 0:
+                    await asyncio.sleep(min(held, self.beat_ms) / 1000)
+                    woke = False
+                else:
+                    wait = min(lane, self.beat_ms) if lane > 0 else self.beat_ms
+                    woke = await self._x.call(_p.wake_wait(ql.keys, wait))
                 failures = 0
             except Exception as exc:  # a network error or a reply (BUSY ...): wait, claim
                 failures += 1
@@ -358,6 +390,24 @@ class Worker:
         if self._drained is not None and not any(q.inflight for q in self._loops):
             self._drained.set()
 
+    def _push_back(self, ql: QueueLoop, pushed: list[Settle]) -> None:
+        """Hand rate-limited jobs back without spending an attempt (echomq.RateLimit). A
+        call that fails leaves the lease to lapse: the stall sweep recovers the job."""
+        assert self._x is not None
+        x = self._x
+
+        async def push() -> None:
+            for s in pushed:
+                try:
+                    await x.call(_ctl.push_back(ql.keys, s.job_id, s.token, s.delay_ms))
+                    self.stats.retried += 1
+                except Exception as exc:
+                    log.warning("job %s: push back failed (%s)", s.job_id, exc)
+
+        fut = asyncio.ensure_future(push())
+        self._side_tasks.add(fut)
+        fut.add_done_callback(self._side_tasks.discard)
+
     def _promote_soon(self, ql: QueueLoop) -> None:
         if self._x is not None and not self._stopping:  # best effort: the beat promotes too
             fut = asyncio.ensure_future(_quiet(self._x.call(_p.promote(ql.keys, 1000))))
@@ -389,6 +439,9 @@ class Worker:
         while not self._stopping:
             for ql in self._loops:
                 try:
+                    # Promote, the stall sweep, due repeats (D19) and the flow outbox (D18):
+                    # one round trip when there is nothing to do; each occurrence is enqueued
+                    # once, each outbox entry applied once, however many workers beat.
                     recovered, dead = await ql.sweep(self._x, self.max_stalled)
                     self.stats.recovered += recovered
                     self.stats.swept_dead += dead

@@ -4,15 +4,20 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] id
   ARGV[3] token           the attempts value claim returned
-  ARGV[4] result          accepted for the API's sake; the row is retired, nothing keeps it
+  ARGV[4] result          kept when keep_result_ms > 0 (D17), else dropped with the row
+  ARGV[5] keep_result_ms  optional: > 0 writes emq:{q}:result:<id> with that TTL and wakes
+                          the job's waiters (include/control.lua keep_outcome)
   Returns 1 | 0 when gone | error EMQSTALE
   Flags: writes once
 ]]
 --@include common
 --@include fence
+--@include control
+--@include compose
 --@include settle
 local base = ARGV[1]
-local verdict = complete_one(base, ARGV[2], KEYS[2], ARGV[3])
+local verdict = complete_one(base, ARGV[2], KEYS[2], ARGV[3], ARGV[4])
 if type(verdict) == 'string' then return redis.error_reply(verdict) end
-if verdict == 1 then rcall('HINCRBY', base .. 'metrics:completed', 'count', 1) end
+if verdict == 1 then bump_metrics(base, 'completed', 1) end
+if verdict == 1 then keep_outcome(base, ARGV[2], 'result', ARGV[4], ARGV[3], tonumber(ARGV[5] or '0')) end
 return verdict

@@ -27,4 +27,5 @@ else
   rcall('HSET', jk, 'state', 'scheduled')
   rcall('ZADD', KEYS[2], now_ms() + ms, id)
 end
+emit_in(base, 'delayed', id, row[3], 'attempts', row[1], 'delay_ms', ms)
 return 1

@@ -14,6 +14,7 @@
   Flags: writes once
 ]]
 --@include common
+--@include control
 local base = ARGV[1]
 local budget = tonumber(ARGV[3])
 local cursor = ARGV[4] or ''
@@ -33,6 +34,7 @@ local function empty_set(key)
         retired[#retired + 1] = popped[i]
         retired[#retired + 1] = att
       end
+      release_dedup(base, popped[i], jk)
       rcall('DEL', jk, jk .. ':logs')
     end
     deleted = deleted + #popped / 2
@@ -51,6 +53,8 @@ local function finish(next_cursor)
     end
   end
   retire(base, clean, now)
+  -- One event per call (a slice), with how many jobs it deleted.
+  if deleted > 0 then emit(base, 'drained', false, 'count', deleted) end
   return {deleted, next_cursor}
 end
 

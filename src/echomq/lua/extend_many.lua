@@ -3,22 +3,26 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] lease_ms        > 0
   ARGV[3..] id, token, id, token, ...
-  Returns {id, ...}: the ids whose extend failed (gone, stale or settled)
+  Returns {id, ...}: the ids whose extend failed (gone, stale or settled), then '!' .. id for
+    each extended job whose cancel flag is set (D22; '!' is never part of an id)
   Flags: writes replay
 ]]
 --@include common
 --@include fence
+--@include control
 local base = ARGV[1]
 local deadline = now_ms() + tonumber(ARGV[2])
-local failed = {}
+local failed, flagged = {}, {}
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   local jk = base .. 'job:' .. id
   local row = fence(jk, ARGV[i + 1], 'extend')
   if row then
     rearm(base, id, jk, row, deadline)
+    if cancel_flagged(jk) then flagged[#flagged + 1] = '!' .. id end
   else
     failed[#failed + 1] = id
   end
 end
+for _, f in ipairs(flagged) do failed[#failed + 1] = f end
 return failed

@@ -6,6 +6,7 @@
   Flags: writes replay
 ]]
 --@include common
-rcall('SADD', KEYS[1], ARGV[2])
+-- Only a real change emits: a resent pause_lane (Flags: replay) adds nothing.
+if rcall('SADD', KEYS[1], ARGV[2]) == 1 then emit(ARGV[1], 'paused', false, 'group', ARGV[2]) end
 sync(ARGV[1], ARGV[2])
 return 1

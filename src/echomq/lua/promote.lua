@@ -17,6 +17,7 @@ for _, id in ipairs(due) do
   -- A ghost (no row) is dropped from the set and never resurrected.
   if row[1] then
     park(base, id, jk, row[2])
+    emit_in(base, 'promoted', id, row[2])
     local key = row[2] or FLAT
     added[key] = (added[key] or 0) + 1
     moved = moved + 1

@@ -21,6 +21,7 @@ for _, id in ipairs(lapsed) do
   end
   if row[1] then
     park(base, id, jk, g)
+    emit_in(base, 'reaped', id, g)
     local key = g or FLAT
     added[key] = (added[key] or 0) + 1
     moved = moved + 1

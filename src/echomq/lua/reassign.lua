@@ -15,6 +15,7 @@ local src = row[2]
 if src == dst then return 'noop' end
 if row[1] == 'scheduled' then
   rcall('HSET', jk, 'group', dst)
+  emit(base, 'reassigned', id, 'group', dst, 'from', src or '')
   return 'reassigned'
 end
 if row[1] ~= 'pending' or rcall('ZREM', waiting_key(base, src), id) == 0 then
@@ -24,4 +25,5 @@ sync(base, src)
 rcall('HSET', jk, 'group', dst)
 rcall('ZADD', waiting_key(base, dst), 0, id)
 touch(base, dst, 1)
+emit(base, 'reassigned', id, 'group', dst, 'from', src or '')
 return 'reassigned'

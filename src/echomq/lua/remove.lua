@@ -9,6 +9,8 @@
   Flags: writes once
 ]]
 --@include common
+--@include control
+--@include compose
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
 local row = hmget(jk, 'state', 'group', 'attempts') or {}
@@ -28,6 +30,9 @@ leave_waiting(base, id, g)
 if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 rcall('ZREM', base .. 'dead', id)
+release_dedup(base, id, jk)
+flow_forget(jk)
 rcall('DEL', jk, jk .. ':logs')
 retire_one(base, id, row[3], now_ms())
+emit_in(base, 'removed', id, g, 'state', row[1] or '')
 return 1

@@ -19,4 +19,5 @@ local g = row[1]
 rcall('HDEL', jk, 'last_error', 'stalled')
 park(base, id, jk, g)
 touch(base, g, 1)
+emit_in(base, 'reprocessed', id, g)
 return 1

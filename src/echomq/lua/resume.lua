@@ -6,5 +6,8 @@
   Flags: writes replay
 ]]
 --@include common
-if rcall('HDEL', KEYS[1], 'paused') == 1 then wake(ARGV[1], rcall('LLEN', KEYS[2]) * 8) end
+if rcall('HDEL', KEYS[1], 'paused') == 1 then
+  wake(ARGV[1], rcall('LLEN', KEYS[2]) * 8)
+  emit(ARGV[1], 'resumed', false)  -- only a real change: a resent resume emits nothing
+end
 return 1

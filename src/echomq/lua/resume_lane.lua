@@ -6,6 +6,7 @@
   Flags: writes replay
 ]]
 --@include common
-rcall('SREM', KEYS[1], ARGV[2])
+-- Only a real change emits: a resent resume_lane (Flags: replay) removes nothing.
+if rcall('SREM', KEYS[1], ARGV[2]) == 1 then emit(ARGV[1], 'resumed', false, 'group', ARGV[2]) end
 touch(ARGV[1], ARGV[2], 0)
 return 1

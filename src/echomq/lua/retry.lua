@@ -9,14 +9,17 @@
   ARGV[4] delay_ms        >= 0, on the server clock
   ARGV[5] max_attempts    the ceiling, compared with the row's cumulative attempts
   ARGV[6] error           kept as last_error
+  ARGV[7] keep_ms         optional: > 0 keeps a dead-letter's error as its result (D17)
   Returns 'scheduled' | 'dead' | 0 when gone | error EMQSTALE
   Flags: writes once
 ]]
 --@include common
 --@include fence
+--@include control
+--@include compose
 --@include settle
 local verdict = retry_one(ARGV[1], ARGV[2], KEYS[4], ARGV[3], tonumber(ARGV[4]),
-  tonumber(ARGV[5]), ARGV[6], now_ms())
+  tonumber(ARGV[5]), ARGV[6], now_ms(), tonumber(ARGV[7] or '0'))
 if type(verdict) == 'string' and string.sub(verdict, 1, 3) == 'EMQ' then
   return redis.error_reply(verdict)
 end

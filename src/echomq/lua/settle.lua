@@ -8,8 +8,10 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] lease_ms        > 0
   ARGV[3] n               jobs to claim, >= 0
-  ARGV[4] completes       how many (id, token) pairs follow
+  ARGV[4] completes       how many (id, token) pairs follow, or 'c:r': c pairs, the last r of
+                          which keep a result, then r (result, keep_result_ms) pairs (D17)
   ARGV[5..] id, token per complete; then id, token, delay_ms, max_attempts, error per retry
+    (max_attempts may be 'max:keep_ms': a dead-letter then keeps its error, D17)
   Returns {{complete verdict...}, {retry verdict...}, {{id, payload, attempts, group|nil}...}}
     complete verdict: 1 | 0 (gone) | 'EMQSTALE ...'; retry verdict: 'scheduled' | 'dead' |
     0 (gone) | 'EMQSTALE ...'
@@ -17,16 +19,37 @@
 ]]
 --@include common
 --@include fence
+--@include control
+--@include compose
 --@include settle
 --@include lease
 local base = ARGV[1]
-local i, completed = complete_many(base, ARGV, 5, tonumber(ARGV[4]))
+local nc, nr = string.match(ARGV[4], '^(%d+):?(%d*)$')
+nc, nr = tonumber(nc), tonumber(nr) or 0
+-- The last nr of the nc pairs keep a result (D17): their (result, keep_result_ms) pairs follow
+-- the nc pairs. They settle in the same batch as the others; then their results are kept.
+local results = nil
+if nr > 0 then
+  results = {}
+  for j = 1, nr do
+    results[ARGV[5 + 2 * (nc - nr + j - 1)]] = ARGV[5 + 2 * nc + 2 * (j - 1)]
+  end
+end
+local i, completed = complete_many(base, ARGV, 5, nc, results)
 local now = now_ms()
+for j = 1, nr do
+  local at = 5 + 2 * (nc - nr + j - 1)
+  if completed[nc - nr + j] == 1 then
+    keep_outcome(base, ARGV[at], 'result', ARGV[i], ARGV[at + 1], tonumber(ARGV[i + 1]), now)
+  end
+  i = i + 2
+end
 local retried = {}
 while i <= #ARGV do
   local id = ARGV[i]
+  local max, keep = string.match(ARGV[i + 3], '^(%d+):?(%d*)$')
   retried[#retried + 1] = retry_one(base, id, base .. 'job:' .. id, ARGV[i + 1],
-    tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), ARGV[i + 4], now)
+    tonumber(ARGV[i + 2]), tonumber(max), ARGV[i + 4], now, tonumber(keep))
   i = i + 5
 end
 local jobs = {}

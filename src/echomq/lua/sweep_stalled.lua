@@ -10,6 +10,8 @@
   Flags: writes replay
 ]]
 --@include common
+--@include control
+--@include compose
 local base = ARGV[1]
 local max_stalled = tonumber(ARGV[2])
 local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[3]))
@@ -36,10 +38,14 @@ for _, id in ipairs(lapsed) do
       rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
       rcall('HDEL', jk, 'lease_epoch')
       rcall('ZADD', KEYS[2], 0, id)
-      rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
+      bump_metrics(base, 'failed', 1)
+      emit_in(base, 'dead', id, g, 'error', 'stalled', 'stalled', stalled)
+      release_dedup(base, id, jk)
+      flow_child_dead(base, id, flow_parent(jk), 'stalled')  -- D18 (include/compose.lua)
       died[#died + 1] = id
     else
       park(base, id, jk, g)
+      emit_in(base, 'stalled', id, g, 'stalled', stalled)
       local key = g or FLAT
       added[key] = (added[key] or 0) + 1
       recovered[#recovered + 1] = id

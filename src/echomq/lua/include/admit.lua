@@ -32,9 +32,11 @@ local function admit(base, id, payload, g, run_at, now)
   end
   if due then
     rcall('ZADD', waiting_key(base, g), 0, id)
+    emit_in(base, 'enqueued', id, g)
     return 'enqueued'
   end
   rcall('ZADD', base .. 'schedule', run_at, id)
+  emit_in(base, 'scheduled', id, g, 'run_at', run_at)
   return 'scheduled'
 end
 

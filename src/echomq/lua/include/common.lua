@@ -36,8 +36,13 @@ local function waiting_key(base, g)
   return base .. 'pending'
 end
 
--- A lane is serviceable when it is non-empty, not paused, and below its concurrency limit;
--- the flat set when it is non-empty. The ring holds exactly the serviceable ones.
+--@include ratelimit
+-- D15/D16: emit (events) and bump_metrics, for every transition below and in the scripts.
+--@include observe
+
+-- A lane is serviceable when it is non-empty, not paused, below its concurrency limit and
+-- not held out by its rate limit (ratelimit.lua); the flat set when it is non-empty. The
+-- ring holds exactly the serviceable ones.
 local function serviceable(base, g)
   if rcall('ZCARD', waiting_key(base, g)) == 0 then return false end
   if g == FLAT then return true end
@@ -46,6 +51,7 @@ local function serviceable(base, g)
   if lim and tonumber(rcall('HGET', base .. 'gactive', g) or '0') >= tonumber(lim) then
     return false
   end
+  if rate_blocked(base, g) then return false end
   return true
 end
 
@@ -158,6 +164,14 @@ local function sync(base, g)
     return true, false
   end
   if inring then ring_remove(base, key) end
+  if key ~= FLAT and rcall('ZCARD', waiting_key(base, key)) > 0 then
+    -- D21: a lane whose window is spent waits in ratewait for the claim that readmits it.
+    local max = lane_rate(base, key)
+    local lk = base .. 'limiter:' .. key
+    if max and rate_left(lk, max) <= 0 and not rcall('ZSCORE', base .. 'ratewait', key) then
+      rcall('ZADD', base .. 'ratewait', now_ms() + math.max(rcall('PTTL', lk), 1), key)
+    end
+  end
   return false, false
 end
 

@@ -39,6 +39,7 @@ local function rearm(base, id, jk, row, deadline)
     if row[3] then rcall('HINCRBY', base .. 'gactive', row[3], 1) end
     leave_waiting(base, id, row[3])
     rcall('HSET', jk, 'state', 'active')
+    emit_in(base, 'active', id, row[3], 'attempts', row[1], 'rearmed', '1')
   end
   rcall('ZADD', base .. 'active', deadline, id)
 end

@@ -29,7 +29,7 @@ local function branded(id)
 end
 
 -- Lease up to k of the oldest jobs of waiting set g (a lane or FLAT) at `deadline` (server
--- clock), appending {id, payload, attempts, group|false} to out. Claim mints the token: the
+-- clock), appending {id, payload, attempts, group|false[, floor]} to out. Claim mints the token: the
 -- row's attempts + 1, stamped as lease_epoch too, the open lease generation. A ghost (an id
 -- whose row is gone) is discarded and the pop continues. A row that cannot be leased — a
 -- hash without an integer attempts, or under an id that is not a branded id — is
@@ -47,7 +47,7 @@ local function lease_many(base, g, deadline, k, out)
     for i = 1, #popped, 2 do
       local id = popped[i]
       local jk = base .. 'job:' .. id
-      local row = redis.pcall('HMGET', jk, 'payload', 'attempts')
+      local row = redis.pcall('HMGET', jk, 'payload', 'attempts', 'floor')
       local hash = type(row) == 'table' and not row.err
       local att = hash and integer_text(row[2]) and branded(id) and tonumber(row[2])
       if att then
@@ -55,7 +55,14 @@ local function lease_many(base, g, deadline, k, out)
         rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att)
         scored[#scored + 1] = deadline
         scored[#scored + 1] = id
-        out[#out + 1] = {id, row[1] or '', att, lane}
+        -- A re-admitted (or pushed-back) job also reports its floor, so the worker counts
+        -- this incarnation's attempt (token - floor) as the retry ceiling does.
+        if row[3] then
+          out[#out + 1] = {id, row[1] or '', att, lane, row[3]}
+        else
+          out[#out + 1] = {id, row[1] or '', att, lane}
+        end
+        emit_in(base, 'active', id, lane, 'attempts', att)
         got = got + 1
       elseif hash and rcall('EXISTS', jk) == 1 then
         local why = 'malformed row: attempts is not an integer'
@@ -63,7 +70,8 @@ local function lease_many(base, g, deadline, k, out)
         rcall('HSET', jk, 'state', 'dead', 'last_error', why)
         rcall('HDEL', jk, 'lease_epoch')
         rcall('ZADD', base .. 'dead', 0, id)
-        rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
+        bump_metrics(base, 'failed', 1)
+        emit(base, 'dead', id, 'error', why)
       elseif rcall('EXISTS', jk) == 1 then
         redis.log(redis.LOG_WARNING, 'echomq: dropped ' .. id .. ' from ' .. wk .. ': not a hash')
       end
@@ -94,6 +102,8 @@ local function turn_room(base, g, want, alone)
       local room = tonumber(lim) - tonumber(rcall('HGET', base .. 'gactive', g) or '0')
       k = math.min(k, room)
     end
+    local max = lane_rate(base, g)  -- D21: no more than the lane's window still allows
+    if max then k = math.min(k, rate_left(base .. 'limiter:' .. g, max)) end
   end
   return k
 end
@@ -140,9 +150,23 @@ local function ring_head(base)
   end
 end
 
+-- D21: lanes whose rate window has reopened (ratewait score <= now) come back to the ring.
+local function readmit_rated(base, now)
+  local due = rcall('ZRANGEBYSCORE', base .. 'ratewait', '-inf', now, 'LIMIT', 0, 100)
+  for _, g in ipairs(due) do
+    rcall('ZREM', base .. 'ratewait', g)
+    touch(base, g, 0)  -- still spent (a clock edge): sync lists it again with its new time
+  end
+end
+
 local function claim_n(base, deadline, n, out)
   local ring = base .. 'ring'
   local got = 0
+  local now = now_ms()
+  readmit_rated(base, now)
+  -- D21: the queue-wide window caps every claim, lanes included.
+  local qmax, qwindow = queue_rate(base)
+  if qmax then n = math.min(n, math.max(rate_left(base .. 'limiter', qmax), 0)) end
   while got < n do
     local g = ring_head(base)
     if not g then break end
@@ -150,6 +174,10 @@ local function claim_n(base, deadline, n, out)
     if serviceable(base, g) then
       local k = turn_room(base, g, n - got, rcall('SCARD', base .. 'inring') == 1)
       if k > 0 then leased = lease_many(base, g, deadline, k, out) end
+      if leased > 0 and g ~= FLAT then
+        local max, window = lane_rate(base, g)
+        if max then rate_charge(base .. 'limiter:' .. g, leased, window) end
+      end
     end
     if g == FLAT then sync(base, false) else sync(base, g) end
     if leased > 0 then
@@ -160,5 +188,6 @@ local function claim_n(base, deadline, n, out)
       rcall('LMOVE', ring, ring, 'LEFT', 'RIGHT')
     end
   end
+  if qmax and got > 0 then rate_charge(base .. 'limiter', got, qwindow) end
   return got
 end

@@ -21,6 +21,15 @@ local function emit(base, event, id, ...)
   end
 end
 
+-- emit for a job that may sit in a lane: a grouped job's event names its lane.
+local function emit_in(base, event, id, g, ...)
+  if g and g ~= FLAT then
+    emit(base, event, id, 'group', g, ...)
+  else
+    emit(base, event, id, ...)
+  end
+end
+
 -- Count n settles of kind ('completed' | 'failed') in the current server minute: O(1), the
 -- head is either this minute's element (summed in place) or a new element is pushed.
 local function bump_metrics(base, kind, n)

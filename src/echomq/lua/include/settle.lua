@@ -5,20 +5,29 @@
 -- complete: fence, leave active (or the waiting set after a reap), retire the row and its
 -- logs (recording the id's last token, common.lua retire). The caller bumps
 -- metrics:completed (once per batch). Returns 1 | 0 (gone) | text.
-local function complete_one(base, id, jk, token)
+-- result (optional): what a flow parent records for this child (D18, include/compose.lua).
+local function complete_one(base, id, jk, token, result)
   local row, err = fence(jk, token, 'complete')
   if err then return err end
   if not row then return 0 end
   -- No release(): the row is deleted just below, lease_epoch with it.
   if row[2] == 'active' then leave_active(base, id, row[3]) else leave_waiting(base, id, row[3]) end
+  release_dedup(base, id, jk)
+  local flow = flow_parent(jk)  -- D18 (include/compose.lua)
+  if flow then
+    flow_child_done(base, id, flow, result)
+    if flow[3] then flow_forget(jk) end
+  end
   rcall('DEL', jk, jk .. ':logs')
   retire_one(base, id, row[1], now_ms())
+  emit_in(base, 'completed', id, row[3], 'attempts', row[1])
   return 1
 end
 
 -- retry: fence, release, then dead at the attempt ceiling or scheduled at now + delay_ms.
 -- Returns 'scheduled' | 'dead' | 0 (gone) | text.
-local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text, now)
+-- keep_ms (optional, D17): a dead-letter keeps its error that long and wakes its waiters.
+local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text, now, keep_ms)
   local row, err = fence(jk, token, 'retry')
   if err then return err end
   if not row then return 0 end
@@ -27,18 +36,24 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
   if tonumber(row[1]) - tonumber(row[5] or '0') >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
     rcall('ZADD', base .. 'dead', 0, id)
-    rcall('HINCRBY', base .. 'metrics:failed', 'count', 1)
+    bump_metrics(base, 'failed', 1)
+    emit_in(base, 'dead', id, row[3], 'attempts', row[1], 'error', error_text)
+    release_dedup(base, id, jk)
+    keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now)
+    flow_child_dead(base, id, flow_parent(jk), error_text)  -- D18 (include/compose.lua)
     return 'dead'
   end
   rcall('HSET', jk, 'state', 'scheduled', 'last_error', error_text)
   rcall('ZADD', base .. 'schedule', now + delay_ms, id)
+  emit_in(base, 'retried', id, row[3], 'attempts', row[1], 'delay_ms', delay_ms)
   return 'scheduled'
 end
 
 -- complete many: the same fence and the same moves as complete_one, per job, with the flat
 -- jobs' ZREM active, the row DELs and the metric batched into one command each.
 -- Reads count (id, token) pairs from args at index i; returns the next index and verdicts.
-local function complete_many(base, args, i, count)
+-- results (optional): id -> the result a completion passed (what a flow parent records).
+local function complete_many(base, args, i, count, results)
   local verdicts, flat, rows, seen, ok, retired = {}, {}, {}, {}, 0, {}
   for _ = 1, count do
     local id = args[i]
@@ -60,10 +75,17 @@ local function complete_many(base, args, i, count)
       else
         flat[#flat + 1] = id
       end
+      release_dedup(base, id, jk)
+      local flow = flow_parent(jk)  -- D18 (include/compose.lua)
+      if flow then
+        flow_child_done(base, id, flow, (results and results[id]) or '')
+        if flow[3] then flow_forget(jk) end
+      end
       rows[#rows + 1] = jk
       rows[#rows + 1] = jk .. ':logs'
       retired[#retired + 1] = id
       retired[#retired + 1] = row[1]
+      emit_in(base, 'completed', id, row[3], 'attempts', row[1])
       ok = ok + 1
       verdicts[#verdicts + 1] = 1
     end
@@ -76,7 +98,7 @@ local function complete_many(base, args, i, count)
   end
   if #rows > 0 then
     for j = 1, #rows, 2000 do rcall('DEL', unpack(rows, j, math.min(j + 1999, #rows))) end
-    rcall('HINCRBY', base .. 'metrics:completed', 'count', ok)
+    bump_metrics(base, 'completed', ok)
     retire(base, retired, now_ms())
   end
   return i, verdicts

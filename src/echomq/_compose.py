@@ -1,0 +1,551 @@
+"""Sans-I/O calls that compose jobs: repeatable / cron jobs (D19).
+
+Like :mod:`echomq._protocol`, every function validates first and returns a :class:`Call` or a
+plan; nothing here touches the network, so bad input raises before any write.
+
+Repeats (D19)
+-------------
+``emq:{q}:repeat`` is a ZSET: member = the repeat's name, score = its next fire (server ms).
+``emq:{q}:repeat:<name>`` is a HASH: ``payload``, ``group``, ``every_ms`` *or* ``cron`` +
+``tz``, and ``owner`` (the app that registered it, for ``@app.periodic``'s cleanup).
+
+Firing is one script (``repeat_fire``): it takes only entries whose score is <= the server's
+``TIME``, enqueues each occurrence and advances the score in the same call, so any number of
+processes firing at once enqueue each occurrence exactly once. An occurrence's job id is
+derived from the repeat's name and its fire time (``occurrence_id``), so even a replayed fire
+finds the same job instead of admitting a second one. An ``every_ms`` entry advances on the
+server; a cron entry's next fire is computed here (croniter, in the entry's time zone) and
+written by a compare-and-set on the old score in the next ``repeat_fire`` call.
+
+Missed fires: a fleet that was down for several periods fires each repeat **once** when it
+comes back, then continues on the schedule (an ``every_ms`` entry keeps its phase, a cron
+entry its wall-clock times); it never replays one occurrence per missed period.
+
+Cron and daylight saving time: an expression is matched against local wall-clock times in
+``tz``. A wall time that does not exist (the spring-forward gap) fires at the end of the gap;
+a wall time that happens twice (fall back) fires once, at its first occurrence, unless the
+expression's hour field is ``*`` (an hourly or finer job), which fires in both hours as real
+time passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from echomq import ids, keyspace
+from echomq._protocol import (
+    MAX_MS,
+    Arg,
+    Call,
+    Keys,
+    Plan,
+    _call,
+    _cmd,
+    _group,
+    _int,
+    _int_reply,
+    _payload,
+    _s,
+    _text,
+)
+from echomq.errors import InvalidArgument, InvalidId
+
+__all__ = [
+    "FlowAdded",
+    "FlowJob",
+    "Repeat",
+    "add_flow",
+    "beat",
+    "deliver",
+    "children_values",
+    "dependencies",
+    "ignored_failures",
+    "pump",
+    "cron_next",
+    "fire_due",
+    "occurrence_id",
+    "repeat",
+    "repeats",
+    "schedule",
+    "trim",
+    "unrepeat",
+]
+
+_HASH_BITS = 22
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """One registered repeatable job: its next fire (server ms) and its schedule
+    (``every_ms``, or ``cron`` in the time zone ``tz``); ``group`` is the lane its occurrences
+    join, ``owner`` the app that registered it (``@app.periodic``)."""
+
+    name: str
+    next_ms: int
+    every_ms: int | None
+    cron: str | None
+    tz: str
+    group: str | None = None
+    owner: str | None = None
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _name(name: object) -> str:
+    try:
+        return keyspace.check_lane(name)
+    except InvalidId:
+        raise InvalidArgument(
+            f"a repeat name matches [A-Za-z0-9._-]{{1,128}}, got {name!r}"
+        ) from None
+
+
+def _zone(tz: object) -> ZoneInfo:
+    if not isinstance(tz, str) or not tz:
+        raise InvalidArgument(f"tz must be an IANA time zone name, got {tz!r}")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidArgument(f"unknown time zone {tz!r}") from None
+
+
+def _cron(expr: object) -> str:
+    from croniter import croniter  # type: ignore[import-untyped]
+
+    if not isinstance(expr, str) or len(expr.split()) != 5:
+        raise InvalidArgument(f"cron must be a 5-field cron expression, got {expr!r}")
+    expr = " ".join(expr.split())
+    if not croniter.is_valid(expr):
+        raise InvalidArgument(f"invalid cron expression {expr!r}")
+    return expr
+
+
+# --------------------------------------------------------------------------- cron
+
+
+def _instant(naive: datetime, zone: ZoneInfo, fold: int) -> datetime | None:
+    """The UTC instant of a local wall time; None when it does not exist (DST gap)."""
+    aware = naive.replace(tzinfo=zone, fold=fold)
+    utc = aware.astimezone(timezone.utc)
+    if utc.astimezone(zone).replace(tzinfo=None) != naive:
+        return None
+    return utc
+
+
+def _gap_end(naive: datetime, zone: ZoneInfo) -> datetime:
+    """The first instant after the DST gap that swallowed ``naive``: the wall time jumps
+    over it, so a job set for it runs as soon as the clock is past it (as cron does)."""
+    # fold=0 resolves a missing time with the offset before the gap: an instant after it.
+    t = naive.replace(tzinfo=zone).astimezone(timezone.utc)
+    step = timedelta(minutes=1)
+    while (t - step).astimezone(zone).replace(tzinfo=None) > naive:
+        t -= step
+    return t
+
+
+def cron_next(cron: str, tz: str, after_ms: int) -> int:
+    """The first fire of ``cron`` in ``tz`` strictly after ``after_ms`` (unix ms), in unix
+    ms. Matching is on local wall times; see the module docstring for DST."""
+    from croniter import croniter
+
+    expr = _cron(cron)
+    zone = _zone(tz)
+    every_hour = expr.split()[1] == "*"
+    after = datetime.fromtimestamp(after_ms / 1000, timezone.utc)
+    # Walk naive local wall times: start a little before `after` in local time so that a
+    # match in a repeated (fall-back) hour is not skipped.
+    start = after.astimezone(zone).replace(tzinfo=None) - timedelta(hours=3)
+    it = croniter(expr, start)
+    for _ in range(100_000):
+        naive: datetime = it.get_next(datetime)
+        folds = (0, 1) if every_hour else (0,)
+        found = [t for t in (_instant(naive, zone, f) for f in folds) if t is not None]
+        if not found:
+            found = [_gap_end(naive, zone)]
+        for t in sorted(set(found)):
+            if t > after:
+                return int(t.timestamp() * 1000)
+    raise InvalidArgument(f"cron expression {expr!r} never fires")  # pragma: no cover
+
+
+def occurrence_id(name: str, fire_ms: int) -> str:
+    """The job id ``repeat_fire`` gives the occurrence of ``name`` due at ``fire_ms`` (the
+    same computation as ``occurrence_id`` in ``lua/include/compose.lua``)."""
+    import hashlib
+
+    h = int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % (1 << _HASH_BITS)
+    return ids.encode("JOB", ((fire_ms - ids.EPOCH_MS) % (1 << 41)) << _HASH_BITS | h)
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+def schedule(every_ms: object, cron: object, tz: object) -> tuple[str, str]:
+    """Validate a repeat's schedule: ``(every_ms or '', normalized cron or '')``."""
+    if (every_ms is None) == (cron is None):
+        raise InvalidArgument("pass exactly one of every_ms and cron")
+    _zone(tz)
+    every = "" if every_ms is None else str(_int("every_ms", every_ms, 1, MAX_MS))
+    expr = "" if cron is None else _cron(cron)
+    return every, expr
+
+
+def _spec_keys(k: Keys, name: str) -> tuple[str, str]:
+    return k.base + "repeat", k.base + "repeat:" + name
+
+
+def repeat(
+    k: Keys,
+    name: str,
+    payload: bytes | str,
+    *,
+    every_ms: int | None = None,
+    cron: str | None = None,
+    tz: str = "UTC",
+    group: str | None = None,
+    owner: str | None = None,
+) -> Plan[str]:
+    """Register (or update) ``name``: ``"registered"`` or ``"updated"``."""
+    n = _name(name)
+    data = _payload(payload, k.max_payload)
+    g = _group(group)
+    who = "" if owner is None else _text("owner", owner)
+    every, expr = schedule(every_ms, cron, tz)
+    first: Arg = ""
+    if expr:
+        # The first fire is computed from the server's clock, like every later one.
+        sec, usec = yield _cmd(("TIME",), lambda r: (int(r[0]), int(r[1])))
+        first = cron_next(expr, tz, sec * 1000 + usec // 1000)
+    status: str = yield _call(
+        "repeat_set",
+        _spec_keys(k, n),
+        (n, data, g, every, expr, tz, first, who),
+        _s,
+    )
+    return status
+
+
+def unrepeat(k: Keys, name: str) -> Call[bool]:
+    """Unregister ``name``; True when it was registered. Enqueued occurrences stay."""
+    n = _name(name)
+    return _call("repeat_remove", _spec_keys(k, n), (n,), lambda r: int(r) == 1)
+
+
+def repeats(k: Keys) -> Plan[list[Repeat]]:
+    """Every registered repeat, soonest first."""
+    reg = k.base + "repeat"
+    listed = yield _cmd(("ZRANGE", reg, 0, -1, "WITHSCORES"), lambda r: r)
+    pairs = [(_s(m), int(float(s))) for m, s in _pairs(listed)]
+    if not pairs:
+        return []
+    fields = ("every_ms", "cron", "tz", "group", "owner")
+    rows = yield [_cmd(("HMGET", reg + ":" + m, *fields), lambda r: r) for m, _ in pairs]
+    out = []
+    for (m, score), row in zip(pairs, rows, strict=True):
+        if isinstance(row, BaseException):
+            raise row
+        every, expr, tz, grp, who = (_s(x) if x else "" for x in row)
+        if not every and not expr:
+            continue  # unregistered between the two reads
+        out.append(
+            Repeat(
+                m,
+                score,
+                int(every) if every else None,
+                expr or None,
+                tz or "UTC",
+                grp or None,
+                who or None,
+            )
+        )
+    return out
+
+
+def _pairs(reply: Any) -> list[tuple[Any, Any]]:
+    if isinstance(reply, dict):
+        return list(reply.items())
+    items = list(reply)
+    if items and isinstance(items[0], (list, tuple)):
+        return [(a, b) for a, b in items]
+    return list(zip(items[::2], items[1::2], strict=True))
+
+
+def _fire(k: Keys, limit: int, peek: int) -> Plan[tuple[int, list[bytes]]]:
+    """Fire due repeats; also read up to ``peek`` entries of the flow outbox in the same
+    call. Returns (occurrences enqueued, outbox head)."""
+    lim = _int("limit", limit, 1, 100_000)
+    keys = (k.base + "repeat", k.meta)
+
+    def decode(reply: Any) -> tuple[int, list[tuple[str, int, str, str]], int, list[bytes]]:
+        fired, needs, now, outbox = reply
+        flat = [_s(x) for x in needs]
+        todo = [
+            (flat[i], int(float(flat[i + 1])), flat[i + 2], flat[i + 3])
+            for i in range(0, len(flat), 4)
+        ]
+        return int(fired), todo, int(now), [_b(e) for e in outbox]
+
+    fired: int
+    todo: list[tuple[str, int, str, str]]
+    outbox: list[bytes]
+    fired, todo, now, outbox = yield _call("repeat_fire", keys, (k.base, lim, peek, 0), decode)
+    if not todo:
+        return fired, outbox
+    triples: list[Arg] = []
+    for name, old, expr, tz in todo:
+        try:
+            nxt = cron_next(expr, tz, max(old, now))
+        except InvalidArgument:
+            # A spec written by hand or by a newer client that we cannot parse: leave it for
+            # a caller that can, rather than fail this caller's beat.
+            continue
+        triples += (name, old, nxt)
+    if not triples:
+        return fired, outbox
+    more: int
+    more, _, _, _ = yield _call(
+        "repeat_fire", keys, (k.base, lim, 0, len(triples) // 3, *triples), decode
+    )
+    return fired + more, outbox
+
+
+def _b(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def fire_due(k: Keys, limit: int = 100) -> Plan[int]:
+    """Enqueue every due occurrence (at most ``limit`` entries examined per call); returns
+    how many were enqueued. One server call when nothing is due, or only ``every_ms``
+    entries are; a second one carries the cron entries' next fires (compare-and-set)."""
+    fired, _ = yield from _fire(k, limit, 0)
+    return fired
+
+
+# --------------------------------------------------------------------------- flows (D18)
+
+MAX_FLOW_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class FlowJob:
+    """One node of a flow: its payload, an optional id (minted when None), the queue (None:
+    its parent's), a lane, whether its death fails the parent (else it is recorded in the
+    parent's ``ignored_failures`` and counts as settled), and its children."""
+
+    payload: bytes | str
+    id: str | None = None
+    queue: str | None = None
+    group: str | None = None
+    fail_parent: bool = True
+    children: Sequence[FlowJob] = ()
+
+    def __init__(
+        self,
+        payload: bytes | str,
+        *,
+        id: str | None = None,
+        queue: str | None = None,
+        group: str | None = None,
+        fail_parent: bool = True,
+        children: Sequence[FlowJob] = (),
+    ) -> None:
+        for name, value in (
+            ("payload", payload),
+            ("id", id),
+            ("queue", queue),
+            ("group", group),
+            ("fail_parent", fail_parent),
+            # A bad value is kept as given: add_flow refuses it with InvalidArgument.
+            ("children", tuple(children) if isinstance(children, (list, tuple)) else children),
+        ):
+            object.__setattr__(self, name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowAdded:
+    """The receipt of ``add_flow``: the root's id and its direct children's, in order."""
+
+    parent_id: str
+    child_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    id: str
+    payload: bytes
+    group: str
+    parent: str
+    policy: str
+    kids: int
+    queue: str
+    parent_queue: str
+    depth: int
+
+
+def _flow_nodes(k: Keys, root: object) -> list[_Node]:
+    """The tree flattened parents-first, every node validated, the depth and repeated ids (a
+    cycle) checked, before any I/O."""
+    if not isinstance(root, FlowJob):
+        raise InvalidArgument(f"add_flow takes a FlowJob, got {type(root).__name__}")
+    out: list[_Node] = []
+    seen: set[str] = set()
+    # Iterative walk (no recursion limit on a hostile tree): (node, parent id, its queue, depth).
+    stack: list[tuple[object, str, str, int]] = [(root, "", k.name, 1)]
+    while stack:
+        node, parent, parent_queue, depth = stack.pop()
+        if not isinstance(node, FlowJob):
+            raise InvalidArgument(f"flow children must be FlowJob, got {type(node).__name__}")
+        if depth > MAX_FLOW_DEPTH:
+            raise InvalidArgument(f"a flow nests at most {MAX_FLOW_DEPTH} levels")
+        queue = parent_queue if node.queue is None else keyspace.check_queue(node.queue)
+        if not isinstance(node.fail_parent, bool):
+            raise InvalidArgument("fail_parent must be a bool")
+        jid = ids.mint() if node.id is None else keyspace.check_id(node.id)
+        if jid in seen:
+            raise InvalidArgument(f"flow cycle: {jid} appears twice in the tree")
+        seen.add(jid)
+        kids = list(_iterable_children(node.children))
+        out.append(
+            _Node(
+                jid,
+                _payload(node.payload, k.max_payload),
+                _group(node.group),
+                parent,
+                "fp" if node.fail_parent else "id",
+                len(kids),
+                queue,
+                parent_queue if parent and parent_queue != queue else "",
+                depth,
+            )
+        )
+        stack.extend((c, jid, queue, depth + 1) for c in reversed(kids))
+    return out
+
+
+def _iterable_children(children: object) -> Sequence[object]:
+    if isinstance(children, (str, bytes)) or not isinstance(children, (list, tuple)):
+        raise InvalidArgument("children must be a list or tuple of FlowJob")
+    return children
+
+
+def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
+    """Add a flow tree. All on one queue: one script call, all or nothing. Across queues:
+    parents first, one call per (depth, queue); a call refused part-way leaves the parents
+    already written held (``awaiting_children``), never claimable."""
+    nodes = _flow_nodes(k, root)
+    if len(nodes) > 100_000:
+        raise InvalidArgument("a flow holds at most 100000 jobs")
+    root_id = nodes[0].id
+    child_ids = [n.id for n in nodes if n.parent == root_id]
+    groups: dict[tuple[int, str], list[_Node]] = {}
+    for n in nodes:
+        key = (0, n.queue) if all(m.queue == k.name for m in nodes) else (n.depth, n.queue)
+        groups.setdefault(key, []).append(n)
+    for (_, queue), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        args: list[Arg] = [keyspace.base(queue), len(members)]
+        for n in members:
+            args += (n.id, n.payload, n.group, n.parent, n.policy, n.kids, n.parent_queue)
+        yield _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
+    return FlowAdded(root_id, child_ids)
+
+
+def _hash(reply: Any) -> dict[str, bytes]:
+    if isinstance(reply, dict):
+        return {_s(a): b for a, b in reply.items()}
+    return {_s(a): b for a, b in zip(reply[::2], reply[1::2], strict=True)}
+
+
+def children_values(k: Keys, parent_id: str) -> Call[dict[str, bytes]]:
+    """The results of the parent's completed children, by child id."""
+    return _cmd(("HGETALL", k.job(parent_id) + ":processed"), _hash)
+
+
+def ignored_failures(k: Keys, parent_id: str) -> Call[dict[str, str]]:
+    """The errors of the parent's children that died with ``fail_parent=False``."""
+    return _cmd(
+        ("HGETALL", k.job(parent_id) + ":unsuccessful"),
+        lambda r: {a: _s(b) for a, b in _hash(r).items()},
+    )
+
+
+def dependencies(k: Keys, parent_id: str) -> Call[int]:
+    """How many of the parent's children have not settled yet (0 once it is released)."""
+    return _cmd(("GET", k.job(parent_id) + ":deps"), lambda r: int(r) if r is not None else 0)
+
+
+_OUTBOX_FAIL = b"\0fail\0"
+
+
+def _parse_entry(entry: bytes) -> tuple[str, str, str, str, str, bytes] | None:
+    """(parent queue, kind, parent id, child id, policy, value) of an outbox entry, or None
+    when it is malformed."""
+    try:
+        if entry.startswith(_OUTBOX_FAIL):
+            pq, pid, cid, policy, value = entry[len(_OUTBOX_FAIL) :].split(b"\0", 4)
+            kind = "fail"
+        else:
+            pq, pid, cid, value = entry.split(b"\0", 3)
+            kind, policy = "done", b""
+        parent_queue = keyspace.check_queue(pq.decode())
+        return (
+            parent_queue,
+            kind,
+            keyspace.check_id(pid.decode()),
+            keyspace.check_id(cid.decode()),
+            policy.decode(),
+            value,
+        )
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def deliver(k: Keys, entries: Sequence[bytes]) -> Plan[int]:
+    """Deliver outbox entries (read from the head of ``k``'s outbox) to their parents'
+    queues, in order, then trim what was delivered (deliver-before-remove: a crash in between
+    delivers again, harmlessly). A malformed entry stops the delivery there and stays: it is
+    never dropped (``check`` and the operator see it)."""
+    done: list[bytes] = []
+    for entry in entries:
+        parsed = _parse_entry(entry)
+        if parsed is None:
+            break
+        pq, kind, pid, cid, policy, value = parsed
+        yield _call(
+            "flow_deliver",
+            (keyspace.job_key(pq, pid),),
+            (keyspace.base(pq), kind, pid, cid, policy, value),
+            _int_reply,
+        )
+        done.append(entry)
+    if not done:
+        return 0
+    yield trim(k, done)
+    return len(done)
+
+
+def trim(k: Keys, delivered: Sequence[bytes]) -> Call[int]:
+    """Remove delivered entries from the head of ``k``'s outbox (see ``flow_trim.lua``)."""
+    return _call("flow_trim", (k.base + "flow:outbox",), tuple(delivered), _int_reply)
+
+
+def beat(k: Keys, limit: int = 100) -> Plan[int]:
+    """The worker beat's share (D18/D19): fire due repeats and deliver the flow outbox; one
+    server call when there is nothing to do. Returns fired + delivered."""
+    fired, outbox = yield from _fire(k, limit, _int("limit", limit, 1, 100_000))
+    delivered = (yield from deliver(k, outbox)) if outbox else 0
+    return fired + delivered
+
+
+def pump(k: Keys, limit: int = 100) -> Plan[int]:
+    """One pump pass: promote due scheduled jobs, fire due repeats, deliver the flow outbox.
+    Returns promoted + fired + delivered."""
+    from echomq import _protocol
+
+    promoted: int = yield _protocol.promote(k, limit)
+    more: int = yield from beat(k, limit)
+    return promoted + more

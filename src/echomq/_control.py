@@ -1,0 +1,325 @@
+"""Sans-I/O calls for the controls a caller steers jobs with: kept results (D17), dedup keys
+(D20) and cooperative cancel (D22).
+
+Like :mod:`echomq._protocol`, every function validates first and returns a :class:`Call` or a
+plan, so bad input raises before any write.
+
+Results (D17)
+-------------
+``emq:{q}:result:<id>`` is a HASH written by the settling script itself when the caller asked
+to keep the outcome (``keep_result_ms > 0``): ``result`` (the completion's bytes) or ``error``
+(a dead-letter's last error), ``attempts`` and ``finished_ms`` (server clock), with a PX TTL
+of ``keep_result_ms``. The same script pushes one token on ``emq:{q}:notify:<id>`` (a LIST,
+same TTL). A waiter reads the result, and only when it is absent blocks on the notify list
+(``BLPOP``); a waiter that takes the token puts it back (``notify_rearm.lua``) before it reads
+the result again, so one push wakes every waiter of the job in every process. Read, block,
+read: a completion between the first read and the block leaves its token in the list, so no
+wake-up is lost, and no waiter polls.
+
+Dedup (D20)
+-----------
+``emq:{q}:de:<did>`` is a STRING holding the id of the job that took the key; the job's row
+keeps ``dedup = <did>``. *simple*: no TTL, released by the script that completes, dead-letters,
+removes, cancels or drains the holder (only while it still names that holder). *throttle*:
+held for ``dedup_ttl_ms``. *debounce*: held for ``dedup_ttl_ms``, and a refused enqueue
+replaces the holder's payload and run time while the holder still waits. A refused enqueue
+answers ``Enqueued(id=<holder>, status="deduplicated")``.
+
+Cancel (D22)
+------------
+``cancel.lua``: a waiting or scheduled job is removed at once; an active one gets the row
+field ``cancel``. ``extend_many`` appends ``"!" + id`` for every extended job whose flag is
+set (``"!"`` is never part of an id); :func:`extend_leases` splits that reply.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from echomq import keyspace
+from echomq._protocol import (
+    MAX_INT,
+    MAX_MS,
+    Arg,
+    Call,
+    Keys,
+    Plan,
+    _call,
+    _cmd,
+    _gone_if_zero,
+    _int,
+    _iterable,
+    _lease,
+    _payload,
+    _s,
+    _str_list,
+    _text,
+    _token,
+)
+from echomq.errors import InvalidArgument, InvalidId, JobFailed, JobGone
+
+__all__ = [
+    "DEDUP_MODES",
+    "MAX_BLOCK_S",
+    "Result",
+    "cancel",
+    "check_dedup",
+    "clear_rate_limit",
+    "complete",
+    "dedup_args",
+    "dedup_holder",
+    "extend_leases",
+    "idle_wait_ms",
+    "notify_key",
+    "push_back",
+    "rate_limit",
+    "rate_limit_ttl",
+    "rearm",
+    "result",
+    "result_key",
+    "retry",
+    "split_flags",
+    "wait",
+]
+
+DEDUP_MODES = ("simple", "throttle", "debounce")
+# A blocking read must end well inside the client's 30 s socket timeout (see _connect).
+MAX_BLOCK_S = 20.0
+# A dedup id is a name like a lane's (D3): no ':' or '{' to confuse the keyspace.
+_DID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A kept outcome (D17): ``value`` is what the completion passed as its result (empty for
+    a dead-letter, whose last error is ``error``), ``attempts`` the job's attempt count and
+    ``finished_ms`` the server time of the settle."""
+
+    id: str
+    value: bytes
+    attempts: int
+    finished_ms: int
+    error: str | None = None
+
+
+def result_key(k: Keys, id: str) -> str:
+    return k.base + "result:" + keyspace.check_id(id)
+
+
+def notify_key(k: Keys, id: str) -> str:
+    return k.base + "notify:" + keyspace.check_id(id)
+
+
+def _keep(value: object) -> int:
+    return _int("keep_result_ms", value, 0, MAX_MS)
+
+
+# --------------------------------------------------------------------------- results (D17)
+
+
+def complete(
+    k: Keys, id: str, token: int, result: bytes | str | None = None, keep_result_ms: int = 0
+) -> Call[None]:
+    """complete.lua with ``keep_result_ms``: > 0 keeps ``result`` for that long."""
+    keep = _keep(keep_result_ms)
+    res = b"" if result is None else _payload(result, k.max_payload)
+    keys = (k.active, k.job(id))
+    return _call("complete", keys, (k.base, id, _token(token), res, keep), _gone_if_zero(id))
+
+
+def retry(
+    k: Keys,
+    id: str,
+    token: int,
+    *,
+    delay_ms: int,
+    max_attempts: int,
+    error: str,
+    keep_result_ms: int = 0,
+) -> Call[str]:
+    """retry.lua with ``keep_result_ms``: a dead-letter keeps its error that long."""
+
+    def decode(reply: Any) -> str:
+        if reply == 0:
+            raise JobGone(id)
+        return _s(reply)
+
+    keys = (k.active, k.schedule, k.dead, k.job(id))
+    args = (
+        k.base,
+        id,
+        _token(token),
+        _int("delay_ms", delay_ms, 0, MAX_MS),
+        _int("max_attempts", max_attempts, 1),
+        _text("error", error),
+        _keep(keep_result_ms),
+    )
+    return _call("retry", keys, args, decode)
+
+
+def _decode_result(id: str, reply: Any) -> Result | None:
+    if not reply:
+        return None
+    items = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+    row = {_s(f): v for f, v in items}
+    error = row.get("error")
+    return Result(
+        id,
+        bytes(row.get("result") or b""),
+        int(row.get("attempts") or 0),
+        int(row.get("finished_ms") or 0),
+        _s(error) if error is not None else None,
+    )
+
+
+def result(k: Keys, id: str) -> Call[Result | None]:
+    """The kept outcome of a job, or None (not finished, not kept, or expired)."""
+    return _cmd(("HGETALL", result_key(k, id)), lambda r: _decode_result(id, r))
+
+
+def rearm(k: Keys, id: str) -> Call[int]:
+    """Put back the notify token a waiter took, so the job's other waiters wake too."""
+    return _call("notify_rearm", (notify_key(k, id), result_key(k, id)), (), int)
+
+
+def _outcome(r: Result) -> Result:
+    if r.error is not None:
+        raise JobFailed(r.id, r.error)
+    return r
+
+
+def _timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise InvalidArgument(f"timeout_s must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
+    """Wait for a job's kept outcome: read it; while absent, block on its notify list
+    (``BLPOP``, at most :data:`MAX_BLOCK_S` per call) and read again. Raises
+    :class:`JobFailed` for a kept dead-letter and ``TimeoutError`` at the deadline."""
+    timeout = _timeout(timeout_s)
+    rk, nk = result_key(k, id), notify_key(k, id)
+    deadline = time.monotonic() + timeout
+    while True:
+        found: Result | None = yield _cmd(("HGETALL", rk), lambda r: _decode_result(id, r))
+        if found is not None:
+            return _outcome(found)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"job {id}: no result within {timeout} s")
+        block = f"{min(left, MAX_BLOCK_S):.3f}"
+        woken = yield _cmd(("BLPOP", nk, block), lambda r: r is not None)
+        if woken:
+            yield rearm(k, id)
+
+
+# --------------------------------------------------------------------------- dedup (D20)
+
+
+def check_dedup(did: object) -> str:
+    if not isinstance(did, str) or not _DID.fullmatch(did):
+        raise InvalidId(f"a dedup id matches [A-Za-z0-9._-]{{1,128}}, got {did!r}")
+    return did
+
+
+def dedup_args(did: str | None, ttl_ms: int | None, mode: str) -> tuple[Arg, ...]:
+    """The enqueue script's dedup arguments (ARGV[9..11]); () without a dedup id."""
+    if mode not in DEDUP_MODES:
+        raise InvalidArgument(f"dedup_mode must be one of {', '.join(DEDUP_MODES)}, got {mode!r}")
+    if did is None:
+        if ttl_ms is not None:
+            raise InvalidArgument("dedup_ttl_ms needs a dedup id")
+        return ()
+    check_dedup(did)
+    if mode == "simple":
+        if ttl_ms is not None:
+            raise InvalidArgument("a simple dedup key is held until its job ends: no dedup_ttl_ms")
+        return (did, mode, 0)
+    if ttl_ms is None:
+        raise InvalidArgument(f"dedup_mode {mode!r} needs dedup_ttl_ms")
+    return (did, mode, _int("dedup_ttl_ms", ttl_ms, 1, MAX_MS))
+
+
+def dedup_holder(k: Keys, did: str) -> Call[str | None]:
+    """The id of the job holding dedup id ``did``, or None."""
+    key = k.base + "de:" + check_dedup(did)
+    return _cmd(("GET", key), lambda r: _s(r) if r is not None else None)
+
+
+# --------------------------------------------------------------------------- rate limits (D21)
+
+
+def rate_limit(k: Keys, max: int, window_ms: int, group: str | None = None) -> Call[None]:
+    """Allow at most ``max`` claims per ``window_ms`` (server clock), queue-wide or for one
+    lane; counted inside every claim path (claim, claim_batch, settle)."""
+    g = "" if group is None else keyspace.check_lane(group)
+    args = (k.base, g, _int("max", max, 1, MAX_INT), _int("window_ms", window_ms, 1, MAX_MS))
+    return _call("rate_limit", (k.meta,), args, _nothing)
+
+
+def clear_rate_limit(k: Keys, group: str | None = None) -> Call[None]:
+    g = "" if group is None else keyspace.check_lane(group)
+    return _call("rate_limit", (k.meta,), (k.base, g, "", ""), _nothing)
+
+
+def rate_limit_ttl(k: Keys, group: str | None = None) -> Call[int]:
+    """The ms until the spent window reopens (queue-wide, or the lane's); 0 = open."""
+    g = "" if group is None else keyspace.check_lane(group)
+    return _call("rate_ttl", (k.meta,), (k.base, g), int)
+
+
+def idle_wait_ms(k: Keys) -> Call[tuple[int, int]]:
+    """The worker's idle wait (D21): ``(ms until the queue-wide window reopens, ms until the
+    first rate-held lane is readmitted)``, each 0 when nothing waits."""
+    return _call("rate_ttl", (k.meta,), (k.base, "*"), lambda r: (int(r[0]), int(r[1])))
+
+
+def push_back(k: Keys, id: str, token: int, delay_ms: int) -> Call[None]:
+    """Release a held job to run again after ``delay_ms`` without spending an attempt (a
+    handler's ``raise echomq.RateLimit(delay_ms)``; see push_back.lua)."""
+    keys = (k.active, k.schedule, k.job(id))
+    args = (k.base, id, _token(token), _int("delay_ms", delay_ms, 0, MAX_MS))
+    return _call("push_back", keys, args, _gone_if_zero(id))
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- cancel (D22)
+
+
+def cancel(k: Keys, id: str) -> Call[str]:
+    def decode(reply: Any) -> Literal["removed", "signalled", "absent"]:
+        text = _s(reply)
+        assert text in ("removed", "signalled", "absent"), text
+        return text  # type: ignore[return-value]
+
+    return _call("cancel", (k.job(id),), (k.base, id), decode)
+
+
+def extend_leases(
+    k: Keys, pairs: Iterable[tuple[str, int]], lease_ms: int
+) -> Plan[tuple[list[str], list[str]]]:
+    """extend_many, returning ``(failed ids, cancel-flagged ids)`` (D22)."""
+    args: list[Arg] = [k.base, _lease(lease_ms)]
+    for pair in _iterable("pairs", pairs):
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidArgument(f"extend_many takes (id, token) pairs, got {pair!r}")
+        args += (keyspace.check_id(pair[0]), _token(pair[1]))
+    if len(args) == 2:
+        return [], []
+    reply: list[str] = yield _call("extend_many", (k.active,), tuple(args), _str_list)
+    return split_flags(reply)
+
+
+def split_flags(reply: list[str]) -> tuple[list[str], list[str]]:
+    """An extend_many reply as ``(failed ids, cancel-flagged ids)``."""
+    failed = [i for i in reply if not i.startswith("!")]
+    flagged = [i[1:] for i in reply if i.startswith("!")]
+    return failed, flagged

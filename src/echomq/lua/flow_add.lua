@@ -1,0 +1,55 @@
+--[[ flow_add: a whole same-queue flow tree in one call (D18): every node is checked before
+  any write, then inner nodes land held (`awaiting_children`, in no set, job:<id>:deps = their
+  child count) and leaves land pending (their lane), each child row naming its parent.
+  KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base)
+  ARGV[1] base            emq:{q}:
+  ARGV[2] n               nodes, parents before their children
+  ARGV[3..] nodes         7 each: id, payload, group ('' flat), parent id ('' for the root),
+                          policy ('fp' fail the parent | 'id' ignore), child count, the
+                          parent's queue when it is another one (else '')
+  A cross-queue flow is several calls, parents first (one per queue and depth): a call that
+  fails leaves the parents already written held, never claimable.
+  Returns 'ok' | error EMQKIND (a non-JOB id) | error EMQSTATE exists <id> (nothing written)
+  Flags: writes once
+]]
+--@include common
+--@include admit
+--@include compose
+local base, n = ARGV[1], tonumber(ARGV[2])
+for i = 0, n - 1 do
+  local id = ARGV[3 + 7 * i]
+  if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply('EMQKIND job id must be JOB-namespaced') end
+  if rcall('EXISTS', base .. 'job:' .. id) == 1 then
+    return redis.error_reply('EMQSTATE exists ' .. id)
+  end
+end
+local now = now_ms()
+local added = {}
+for i = 0, n - 1 do
+  local at = 3 + 7 * i
+  local id, payload, g, parent, policy = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local kids, pq = tonumber(ARGV[at + 5]), ARGV[at + 6]
+  if g == '' then g = false end
+  local jk = base .. 'job:' .. id
+  if kids > 0 then
+    local attempts = rcall('HGET', base .. 'retired', id) or '0'
+    local fields = {'state', 'awaiting_children', 'attempts', attempts, 'payload', payload}
+    if g then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+    if attempts ~= '0' then
+      fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts
+      rcall('HDEL', base .. 'retired', id)
+      rcall('ZREM', base .. 'retired:at', id)
+    end
+    rcall('HSET', jk, unpack(fields))
+    rcall('HSET', jk, 'children', kids)
+    rcall('SET', jk .. ':deps', kids)
+  else
+    admit(base, id, payload, g, nil, now)
+    local key = g or FLAT
+    added[key] = (added[key] or 0) + 1
+  end
+  if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy) end
+  if pq ~= '' then rcall('HSET', jk, 'parent_queue', pq) end
+end
+touch_all(base, added)
+return 'ok'

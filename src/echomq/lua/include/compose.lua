@@ -1,0 +1,142 @@
+-- compose: repeatable jobs (D19), and later flows (D18). Needs common and admit.
+--
+-- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms) and
+-- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner).
+
+local EPOCH_MS = 1672531200000
+local B62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+
+-- The job id of one occurrence, the same for every caller: the branded id of the integer
+-- (fire ms since the id epoch) << 22 | (22 bits of SHA1(name)). It has the layout of a minted
+-- id (time in the high bits, modulo 2^41 ms), so occurrences sort by fire time among the queue's other jobs.
+-- The 63-bit integer does not fit a Lua double, so it is divided by 62 as two limbs:
+-- hi (the ms, < 2^41) and lo (< 2^22).
+local function occurrence_id(name, fire_ms)
+  -- Kept below 2^41 ms (the year 2092) so the integer stays below 2^63.
+  local hi = (fire_ms - EPOCH_MS) % 2199023255552
+  local lo = tonumber(string.sub(redis.sha1hex(name), 1, 6), 16) % 4194304
+  local digits = {}
+  for i = 11, 1, -1 do
+    local r = hi % 62
+    hi = (hi - r) / 62
+    local v = r * 4194304 + lo
+    local d = v % 62
+    lo = (v - d) / 62
+    digits[i] = string.sub(B62, d + 1, d + 1)
+  end
+  return 'JOB' .. table.concat(digits)
+end
+
+-- Enqueue the occurrence of repeat `name` due at fire_ms. Returns 1 when a job was admitted;
+-- 0 when the entry's row is gone or the id already exists (the same occurrence, admitted by
+-- an earlier fire: never twice).
+local function fire_repeat(base, name, fire_ms, now)
+  local spec = hmget(base .. 'repeat:' .. name, 'payload', 'group')
+  if not spec or not spec[1] then return 0 end
+  local g = spec[2]
+  if g == '' then g = false end
+  local verdict = admit(base, occurrence_id(name, fire_ms), spec[1], g, nil, now)
+  if verdict ~= 'enqueued' then return 0 end
+  touch(base, g, 1)
+  return 1
+end
+
+-- The next fire of an every_ms entry after `now`, on the entry's own grid (score + k*every):
+-- a fleet that was down for many periods fires once, not once per missed period.
+local function next_every(score, every, now)
+  if score > now then return score end
+  return score + every * (math.floor((now - score) / every) + 1)
+end
+
+-- Flows (D18, same queue): a parent waits as `awaiting_children` (in no set) with
+-- job:<pid>:deps = children not yet settled. A child row carries `parent` and
+-- `parent_policy` ('fp': its death kills the parent; 'id': ignored, recorded). A child's
+-- completion records its result in job:<pid>:processed (HSETNX: once per child) and
+-- decrements deps; the parent becomes pending (its lane) when deps reaches 0.
+
+-- The flow fields of a row, read before a settle deletes it: {parent, policy, children,
+-- parent_queue} (children: set on a flow's inner node; parent_queue: set when the parent is
+-- on another queue) or nil for a job outside any flow.
+local function flow_parent(jk)
+  local f = hmget(jk, 'parent', 'parent_policy', 'children', 'parent_queue')
+  if not f or (not f[1] and not f[3]) then return nil end
+  return f
+end
+
+-- A child whose parent is on another queue cannot touch the parent's keys (another cluster
+-- slot): its settle appends an entry to its OWN queue's outbox, in the same script, and the
+-- pump delivers it to the parent's queue (echomq/_compose.py deliver). Entries:
+--   done: parent_queue \0 parent_id \0 child_id \0 result (the rest, may hold NULs)
+--   fail: '' \0 'fail' \0 parent_queue \0 parent_id \0 child_id \0 policy \0 error
+-- (a queue name is never empty, so the two kinds never collide).
+local function flow_outbox(base, f, id, kind, value)
+  local entry
+  if kind == 'done' then
+    entry = f[4] .. '\0' .. f[1] .. '\0' .. id .. '\0' .. value
+  else
+    entry = '\0fail\0' .. f[4] .. '\0' .. f[1] .. '\0' .. id .. '\0' .. (f[2] or 'fp') .. '\0' .. value
+  end
+  rcall('RPUSH', base .. 'flow:outbox', entry)
+end
+
+local function cross_queue(f)
+  return f[4] and f[4] ~= ''
+end
+
+-- Make an awaiting parent runnable.
+local function flow_release(base, pid)
+  local pk = base .. 'job:' .. pid
+  local p = hmget(pk, 'state', 'group')
+  if not p or p[1] ~= 'awaiting_children' then return end
+  rcall('HSET', pk, 'state', 'pending')
+  rcall('ZADD', waiting_key(base, p[2]), 0, pid)
+  touch(base, p[2] or false, 1)
+end
+
+-- One child settled toward its parent (HSETNX `hash`, then DECR): release at 0.
+local function flow_settled(base, pid, hash, id, value)
+  local pk = base .. 'job:' .. pid
+  if rcall('HSETNX', pk .. ':' .. hash, id, value) == 1 then
+    if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
+  end
+end
+
+-- A child completed (f = flow_parent of its row, read before the row was deleted).
+local function flow_child_done(base, id, f, result)
+  if not f or not f[1] then return end
+  if cross_queue(f) then
+    flow_outbox(base, f, id, 'done', result or '')
+  else
+    flow_settled(base, f[1], 'processed', id, result or '')
+  end
+end
+
+-- A child died (dead-lettered): 'id' records it as an ignored failure and counts it as
+-- settled; 'fp' records it in job:<pid>:failed and kills the parent, whose own parent is
+-- told the same way (up the tree, in this script: the whole tree is on this queue's slot).
+local function flow_child_dead(base, id, f, error_text)
+  local depth = 0
+  while f and f[1] and depth < 16 do
+    if cross_queue(f) then
+      flow_outbox(base, f, id, 'fail', error_text or '')
+      return
+    end
+    local pid, pk = f[1], base .. 'job:' .. f[1]
+    if f[2] == 'id' then
+      flow_settled(base, pid, 'unsuccessful', id, error_text or '')
+      return
+    end
+    if rcall('HSETNX', pk .. ':failed', id, error_text or '') == 0 then return end
+    local p = hmget(pk, 'state', 'group')
+    if not p or p[1] ~= 'awaiting_children' then return end
+    error_text = 'child ' .. id .. ' failed'
+    rcall('HSET', pk, 'state', 'dead', 'last_error', error_text)
+    rcall('ZADD', base .. 'dead', 0, pid)
+    id, f, depth = pid, flow_parent(pk), depth + 1
+  end
+end
+
+-- Delete a row's flow keys (remove, and a parent's completion).
+local function flow_forget(jk)
+  rcall('DEL', jk .. ':deps', jk .. ':processed', jk .. ':failed', jk .. ':unsuccessful')
+end

@@ -1,0 +1,69 @@
+-- control: what a caller steers a job with: kept results (D17), dedup keys (D20) and the
+-- cancel flag (D22). Needs common. See echomq/_control.py for the keys' layout.
+
+-- D17: keep a finished job's outcome for keep_ms (field 'result' for a completion, 'error'
+-- for a dead-letter) and wake its waiters. The wake is one token on the per-job notify list;
+-- a waiter that takes it puts it back (notify_rearm.lua), so every waiter, in every process,
+-- is woken by this one push and none of them polls. Nothing is written when keep_ms is 0.
+-- now (optional): the caller's clock read, so a batch reads TIME once.
+local function keep_outcome(base, id, field, value, attempts, keep_ms, now)
+  if not keep_ms or keep_ms <= 0 then return end
+  local rk = base .. 'result:' .. id
+  local nk = base .. 'notify:' .. id
+  rcall('DEL', rk, nk)
+  rcall('HSET', rk, field, value, 'attempts', attempts or '0', 'finished_ms', now or now_ms())
+  rcall('PEXPIRE', rk, keep_ms)
+  rcall('RPUSH', nk, '1')
+  rcall('PEXPIRE', nk, keep_ms)
+end
+
+-- D20: a finishing job (completed, dead, removed, cancelled) releases the dedup key it holds.
+-- Only a simple key (no TTL) is released, and only while it still names this job: throttle
+-- and debounce keys live out their TTL. Call it before the row is deleted (reads `dedup`).
+local function release_dedup(base, id, jk)
+  -- pcall: a planted non-hash row must not fail the settle that carries it.
+  local did = redis.pcall('HGET', jk, 'dedup')
+  if type(did) ~= 'string' then return end
+  local dk = base .. 'de:' .. did
+  if rcall('GET', dk) == id and rcall('PTTL', dk) == -1 then rcall('DEL', dk) end
+end
+
+-- D20: the holder of dedup id `did`, or false when the key is free. A debounce key whose
+-- holder still waits (pending or scheduled) has the holder take this enqueue's payload and
+-- run time (run_at nil: now) in place: the refused enqueue is folded into the held job.
+local function dedup_holder(base, did, mode, payload, run_at, now)
+  local holder = rcall('GET', base .. 'de:' .. did)
+  if not holder then return false end
+  local jk = base .. 'job:' .. holder
+  if rcall('EXISTS', jk) == 0 and rcall('PTTL', base .. 'de:' .. did) == -1 then
+    -- A simple key whose holder's row is gone without a settle (obliterated, lost) would be
+    -- held forever: it is free. take_dedup overwrites it.
+    return false
+  end
+  if mode ~= 'debounce' then return holder end
+  local row = hmget(jk, 'state', 'group')
+  if not row or (row[1] ~= 'pending' and row[1] ~= 'scheduled') then return holder end
+  rcall('HSET', jk, 'payload', payload)
+  local due = run_at == nil or run_at <= now
+  if row[1] == 'scheduled' then
+    -- promote moves it to its waiting set (now when due), keeping the lane bookkeeping.
+    rcall('ZADD', base .. 'schedule', run_at or now, holder)
+  elseif not due and rcall('ZSCORE', waiting_key(base, row[2]), holder) then
+    leave_waiting(base, holder, row[2])
+    rcall('HSET', jk, 'state', 'scheduled')
+    rcall('ZADD', base .. 'schedule', run_at, holder)
+  end
+  return holder
+end
+
+-- D20: the admitted job takes the dedup key (simple: no TTL, released by the settles).
+local function take_dedup(base, id, did, ttl_ms)
+  local dk = base .. 'de:' .. did
+  if ttl_ms > 0 then rcall('SET', dk, id, 'PX', ttl_ms) else rcall('SET', dk, id) end
+  rcall('HSET', base .. 'job:' .. id, 'dedup', did)
+end
+
+-- D22: whether the holder of an active job was asked to stop (row field `cancel`).
+local function cancel_flagged(jk)
+  return rcall('HEXISTS', jk, 'cancel') == 1
+end

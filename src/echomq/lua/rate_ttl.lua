@@ -1,0 +1,21 @@
+--[[ rate_ttl: the ms until a spent rate window reopens (D21); 0 when claims are allowed.
+  KEYS[1] meta      HASH  emq:{q}:meta
+  ARGV[1] base            emq:{q}:
+  ARGV[2] lane            '' for the queue-wide window; '*' for the worker's idle wait
+  Returns ms; for '*': {queue-wide ms, ms until the first rate-held lane is readmitted}
+  Flags: reads replay
+]]
+--@include common
+local base, g = ARGV[1], ARGV[2]
+local function spent(key, max)
+  if not max or rate_left(key, max) > 0 then return 0 end
+  return math.max(rcall('PTTL', key), 0)
+end
+if g == '' or g == '*' then
+  local wait = spent(base .. 'limiter', queue_rate(base))
+  if g == '' then return wait end
+  local first = rcall('ZRANGE', base .. 'ratewait', 0, 0, 'WITHSCORES')
+  if #first == 0 then return {wait, 0} end
+  return {wait, math.max(tonumber(first[2]) - now_ms(), 1)}
+end
+return spent(base .. 'limiter:' .. g, lane_rate(base, g))

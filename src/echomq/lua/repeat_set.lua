@@ -1,0 +1,35 @@
+--[[ repeat_set: register or update a repeatable job (D19).
+  KEYS[1] repeat    ZSET  emq:{q}:repeat        (name -> next fire, server ms)
+  KEYS[2] spec      HASH  emq:{q}:repeat:<name>
+  ARGV[1] name            [A-Za-z0-9._-]{1,128}
+  ARGV[2] payload         the occurrences' payload
+  ARGV[3] group           lane name, or '' for the flat set
+  ARGV[4] every_ms        > 0, or '' for a cron entry
+  ARGV[5] cron            a 5-field cron expression, or ''
+  ARGV[6] tz              the cron's time zone (IANA name)
+  ARGV[7] first_ms        a cron entry's next fire (computed by the client from server TIME)
+  ARGV[8] owner           the registering app, or ''
+  Returns 'registered' | 'updated'. An update that keeps the schedule (every_ms, cron, tz)
+    keeps the next fire, so re-registering on every worker start never shifts the phase.
+  Flags: writes replay
+]]
+local rcall = redis.call
+local name, every, cron, tz = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
+local old = rcall('HMGET', KEYS[2], 'every_ms', 'cron', 'tz')
+local existed = old[1] ~= false or old[2] ~= false
+local same = existed and (old[1] or '') == every and (old[2] or '') == cron and (old[3] or '') == tz
+-- The HSET is the first write (deny-oom): at maxmemory the call is refused whole.
+rcall('HSET', KEYS[2], 'payload', ARGV[2], 'every_ms', every, 'cron', cron, 'tz', tz,
+  'group', ARGV[3], 'owner', ARGV[8])
+if not same or not rcall('ZSCORE', KEYS[1], name) then
+  local score
+  if every ~= '' then
+    local t = rcall('TIME')
+    score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(every)
+  else
+    score = tonumber(ARGV[7])
+  end
+  rcall('ZADD', KEYS[1], score, name)
+end
+if existed then return 'updated' end
+return 'registered'

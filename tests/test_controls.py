@@ -1,0 +1,541 @@
+"""Issue 13 controls: kept results and waiting (D17), dedup keys (D20) and cooperative cancel
+(D22), each checked on the wire (the keys, their TTLs and the rows) on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from conftest import snapshot, wait_for
+
+
+def _p(queue: str) -> str:
+    return f"emq:{{{queue}}}:"
+
+
+# --------------------------------------------------------------------------- results (D17)
+
+
+def test_complete_keeps_result_with_ttl(anyq: Any, r: redis.Redis) -> None:
+    e = anyq.enqueue(b"x")
+    job = anyq.claim()
+    anyq.complete(job.id, job.token, result=b"\x00answer", keep_result_ms=60_000)
+    rk = _p(anyq.name) + "result:" + e.id
+    row = r.hgetall(rk)
+    assert row[b"result"] == b"\x00answer"
+    assert row[b"attempts"] == b"1"
+    assert abs(int(row[b"finished_ms"]) - int(r.time()[0]) * 1000) < 5_000
+    assert 55_000 < r.pttl(rk) <= 60_000
+    assert 55_000 < r.pttl(_p(anyq.name) + "notify:" + e.id) <= 60_000
+    res = anyq.result(e.id)
+    assert res == echomq_result(e.id, b"\x00answer", 1, int(row[b"finished_ms"]))
+    assert anyq.wait(e.id, timeout_s=1) == res
+    assert not r.exists(_p(anyq.name) + "job:" + e.id)  # completion still deletes the row
+
+
+def echomq_result(id: str, value: bytes, attempts: int, finished: int) -> Any:
+    from echomq._control import Result
+
+    return Result(id, value, attempts, finished)
+
+
+def test_complete_without_keep_writes_nothing_extra(anyq: Any, r: redis.Redis) -> None:
+    e = anyq.enqueue(b"x")
+    job = anyq.claim()
+    anyq.complete(job.id, job.token, result=b"dropped")
+    assert anyq.result(e.id) is None
+    assert not r.exists(_p(anyq.name) + "result:" + e.id, _p(anyq.name) + "notify:" + e.id)
+    with pytest.raises(TimeoutError):
+        anyq.wait(e.id, timeout_s=0.05)
+
+
+def test_dead_letter_keeps_error_and_wait_raises(anyq: Any, r: redis.Redis) -> None:
+    e = anyq.enqueue(b"x")
+    job = anyq.claim()
+    verdict = anyq.retry(
+        job.id, job.token, delay_ms=0, max_attempts=1, error="boom", keep_result_ms=30_000
+    )
+    assert verdict == "dead"
+    row = r.hgetall(_p(anyq.name) + "result:" + e.id)
+    assert row[b"error"] == b"boom" and b"result" not in row
+    with pytest.raises(echomq.JobFailed) as info:
+        anyq.wait(e.id, timeout_s=1)
+    assert info.value.error == "boom"
+
+
+def test_retry_that_reschedules_keeps_nothing(q: echomq.Queue, r: redis.Redis) -> None:
+    e = q.enqueue(b"x")
+    job = q.claim()
+    assert q.retry(job.id, job.token, delay_ms=0, max_attempts=5, error="e", keep_result_ms=1000)
+    assert not r.exists(_p(q.name) + "result:" + e.id)
+
+
+def test_settle_batch_keeps_results(q: echomq.Queue, r: redis.Redis) -> None:
+    a, b, c = (q.enqueue(x).id for x in (b"a", b"b", b"c"))
+    ja, jb, jc = q.claim_batch(3)
+    out = q.settle(
+        completed=[(ja.id, ja.token), (jb.id, jb.token, b"B!", 10_000)],
+        retried=[(jc.id, jc.token, 0, 1, "bad", 10_000)],
+    )
+    assert out.completed == [None, None] and out.retried == ["dead"]
+    assert q.result(a) is None
+    got = q.result(b)
+    assert got is not None and got.value == b"B!"
+    failed = q.result(c)
+    assert failed is not None and failed.error == "bad"
+    assert q.counts()["completed"] == 2
+    # A stale token in the result-keeping section is refused like any other settle.
+    q.enqueue(b"d")
+    jd = q.claim()
+    out = q.settle(completed=[(jd.id, jd.token + 1, b"no", 10_000)])
+    assert isinstance(out.completed[0], echomq.StaleToken)
+    assert q.result(jd.id) is None
+
+
+def test_wait_is_woken_by_the_completion(q: echomq.Queue, url: str) -> None:
+    e = q.enqueue(b"x")
+    job = q.claim()
+    assert job is not None
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(q.wait(e.id, timeout_s=10)))
+    waiter.start()
+    time.sleep(0.2)  # the waiter is blocked by now
+    with echomq.Queue(q.name, url=url) as other:
+        t0 = time.monotonic()
+        other.complete(job.id, job.token, result=b"done", keep_result_ms=10_000)
+    waiter.join(5)
+    elapsed = time.monotonic() - t0
+    assert got and got[0].value == b"done"
+    assert elapsed < 1.0  # woken by the push, not a poll (generous margin for a busy box)
+
+
+def test_every_waiter_of_one_job_wakes(q: echomq.Queue, url: str) -> None:
+    e = q.enqueue(b"x")
+    job = q.claim()
+    assert job is not None
+    got: list[Any] = []
+    lock = threading.Lock()
+
+    def wait() -> None:
+        with echomq.Queue(q.name, url=url) as mine:
+            value = mine.wait(e.id, timeout_s=10)
+        with lock:
+            got.append(value)
+
+    threads = [threading.Thread(target=wait) for _ in range(5)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    q.complete(job.id, job.token, result=b"v", keep_result_ms=10_000)
+    for t in threads:
+        t.join(10)
+    assert len(got) == 5 and {g.value for g in got} == {b"v"}
+
+
+def test_wait_times_out(q: echomq.Queue) -> None:
+    e = q.enqueue(b"x")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        q.wait(e.id, timeout_s=0.3)
+    assert 0.25 < time.monotonic() - t0 < 3
+
+
+async def test_200_async_waiters_on_one_queue(aq: echomq.AsyncQueue, r: redis.Redis) -> None:
+    ids = [(await aq.enqueue(str(i))).id for i in range(200)]
+    waits = [asyncio.create_task(aq.wait(i, timeout_s=30)) for i in ids]
+    await asyncio.sleep(0.3)
+    clients_before = int(r.info("clients")["connected_clients"])
+    jobs = await aq.claim_batch(200)
+    for j in jobs:
+        await aq.complete(j.id, j.token, result=j.payload, keep_result_ms=30_000)
+    results = await asyncio.gather(*waits)
+    assert [x.value for x in results] == [str(i).encode() for i in range(200)]
+    # One blocking reader, not one connection per waiter.
+    assert int(r.info("clients")["connected_clients"]) <= clients_before + 3
+
+
+async def test_async_wait_timeout_and_failure(aq: echomq.AsyncQueue) -> None:
+    e = await aq.enqueue(b"x")
+    with pytest.raises(TimeoutError):
+        await aq.wait(e.id, timeout_s=0.1)
+    job = await aq.claim()
+    assert job is not None
+    later = asyncio.create_task(aq.wait(e.id, timeout_s=10))
+    await asyncio.sleep(0.1)
+    await aq.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="x", keep_result_ms=5000)
+    with pytest.raises(echomq.JobFailed):
+        await later
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"keep_result_ms": -1}, {"keep_result_ms": "5"}, {"keep_result_ms": True}],
+)
+def test_bad_keep_result_writes_nothing(q: echomq.Queue, r: redis.Redis, kwargs: Any) -> None:
+    q.enqueue(b"x")
+    job = q.claim()
+    assert job is not None
+    before = snapshot(r, q.name)
+    with pytest.raises(echomq.InvalidArgument):
+        q.complete(job.id, job.token, result=b"v", **kwargs)
+    with pytest.raises(echomq.InvalidArgument):
+        q.settle(completed=[(job.id, job.token, b"v", kwargs["keep_result_ms"])])
+    assert snapshot(r, q.name) == before
+
+
+def test_bad_wait_arguments(q: echomq.Queue) -> None:
+    with pytest.raises(echomq.InvalidArgument):
+        q.wait(echomq.ids.mint(), timeout_s=-1)
+    with pytest.raises(echomq.InvalidId):
+        q.wait("nope", timeout_s=1)
+    with pytest.raises(echomq.InvalidId):
+        q.result("nope")
+
+
+# --------------------------------------------------------------------------- dedup (D20)
+
+
+def test_simple_dedup_held_until_the_holder_completes(anyq: Any, r: redis.Redis) -> None:
+    dk = _p(anyq.name) + "de:sync-42"
+    first = anyq.enqueue(b"a", dedup="sync-42")
+    assert first.status == "enqueued"
+    assert r.get(dk) == first.id.encode() and r.pttl(dk) == -1
+    assert r.hget(_p(anyq.name) + "job:" + first.id, "dedup") == b"sync-42"
+    again = anyq.enqueue(b"b", dedup="sync-42")
+    assert again == echomq.Enqueued(first.id, "deduplicated")
+    assert anyq.counts()["pending"] == 1
+    assert anyq.dedup_holder("sync-42") == first.id
+    job = anyq.claim()
+    assert anyq.enqueue(b"c", dedup="sync-42").status == "deduplicated"  # active still holds
+    anyq.complete(job.id, job.token)
+    assert not r.exists(dk)
+    assert anyq.enqueue(b"d", dedup="sync-42").status == "enqueued"
+
+
+@pytest.mark.parametrize("how", ["dead", "stalled", "removed", "drained"])
+def test_simple_dedup_released_when_the_holder_ends(
+    q: echomq.Queue, r: redis.Redis, how: str
+) -> None:
+    dk = _p(q.name) + "de:k"
+    e = q.enqueue(b"a", dedup="k")
+    if how == "dead":
+        job = q.claim()
+        assert q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="x") == "dead"
+    elif how == "stalled":
+        q.claim(lease_ms=1)
+        time.sleep(0.02)
+        assert q.sweep_stalled(max_stalled=1) == ([], [e.id])
+    elif how == "removed":
+        q.remove(e.id)
+    else:
+        assert q.drain() == 1
+    assert not r.exists(dk)
+
+
+def test_retry_keeps_the_key(q: echomq.Queue, r: redis.Redis) -> None:
+    e = q.enqueue(b"a", dedup="k")
+    job = q.claim()
+    assert q.retry(job.id, job.token, delay_ms=0, max_attempts=3, error="x") == "scheduled"
+    assert q.enqueue(b"b", dedup="k") == echomq.Enqueued(e.id, "deduplicated")
+
+
+def test_release_only_the_holder_it_names(q: echomq.Queue, r: redis.Redis) -> None:
+    dk = _p(q.name) + "de:k"
+    e = q.enqueue(b"a", dedup="k")
+    r.set(dk, "JOBsomeoneElse")  # the key moved on (another holder): not ours to release
+    job = q.claim()
+    q.complete(job.id, job.token)
+    assert r.get(dk) == b"JOBsomeoneElse"
+    assert e.id
+
+
+def test_throttle_key_lives_out_its_ttl(q: echomq.Queue, r: redis.Redis) -> None:
+    dk = _p(q.name) + "de:t"
+    e = q.enqueue(b"a", dedup="t", dedup_mode="throttle", dedup_ttl_ms=400)
+    assert 0 < r.pttl(dk) <= 400
+    job = q.claim()
+    q.complete(job.id, job.token)
+    assert r.get(dk) == e.id.encode()  # completion does not release a throttle key
+    assert q.enqueue(b"b", dedup="t", dedup_mode="throttle", dedup_ttl_ms=400).status == (
+        "deduplicated"
+    )
+    wait_for(lambda: not r.exists(dk), timeout=5)
+    assert q.enqueue(b"c", dedup="t", dedup_mode="throttle", dedup_ttl_ms=400).status == (
+        "enqueued"
+    )
+
+
+def test_debounce_replaces_the_waiting_payload_and_delay(q: echomq.Queue, r: redis.Redis) -> None:
+    first = q.enqueue(b"v1", dedup="d", dedup_mode="debounce", dedup_ttl_ms=60_000, delay_ms=500)
+    assert first.status == "scheduled"
+    again = q.enqueue(b"v2", dedup="d", dedup_mode="debounce", dedup_ttl_ms=60_000, delay_ms=5000)
+    assert again == echomq.Enqueued(first.id, "deduplicated")
+    jk = _p(q.name) + "job:" + first.id
+    assert r.hget(jk, "payload") == b"v2"
+    run_at = r.zscore(_p(q.name) + "schedule", first.id)
+    assert run_at is not None and run_at - int(r.time()[0]) * 1000 > 3000
+    # A waiting (pending) holder is pushed back by a delayed debounce: lanes stay exact.
+    second = q.enqueue(b"w1", dedup="e", dedup_mode="debounce", dedup_ttl_ms=60_000, group="g")
+    q.enqueue(b"w2", dedup="e", dedup_mode="debounce", dedup_ttl_ms=60_000, delay_ms=5000)
+    assert q.job_state(second.id) == "scheduled"
+    assert q.lane_depth("g") == 0 and q.check() == []
+    # Once the holder runs, a debounce enqueue is refused and changes nothing.
+    q.enqueue(b"z1", dedup="f", dedup_mode="debounce", dedup_ttl_ms=60_000)
+    job = q.claim()
+    assert job is not None and job.payload == b"z1"
+    q.enqueue(b"z2", dedup="f", dedup_mode="debounce", dedup_ttl_ms=60_000)
+    assert r.hget(_p(q.name) + "job:" + job.id, "payload") == b"z1"
+
+
+def test_eight_threads_same_key_exactly_one_admitted(q: echomq.Queue, url: str) -> None:
+    barrier = threading.Barrier(8)
+    out: list[echomq.Enqueued] = []
+    lock = threading.Lock()
+
+    def go(i: int) -> None:
+        with echomq.Queue(q.name, url=url) as mine:
+            barrier.wait()
+            e = mine.enqueue(str(i), dedup="once")
+        with lock:
+            out.append(e)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    admitted = [e for e in out if e.status == "enqueued"]
+    assert len(out) == 8 and len(admitted) == 1
+    assert {e.id for e in out} == {admitted[0].id}
+    assert q.counts()["pending"] == 1
+
+
+def test_orphaned_simple_key_is_free(q: echomq.Queue, r: redis.Redis) -> None:
+    r.set(_p(q.name) + "de:k", echomq.ids.mint())  # its holder's row is gone (obliterated)
+    assert q.enqueue(b"a", dedup="k").status == "enqueued"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"dedup": "a:b"}, echomq.InvalidId),
+        ({"dedup": ""}, echomq.InvalidId),
+        ({"dedup": "x" * 129}, echomq.InvalidId),
+        ({"dedup": 5}, echomq.InvalidId),
+        ({"dedup": "k", "dedup_mode": "nope"}, echomq.InvalidArgument),
+        ({"dedup": "k", "dedup_mode": "throttle"}, echomq.InvalidArgument),
+        ({"dedup": "k", "dedup_mode": "debounce", "dedup_ttl_ms": 0}, echomq.InvalidArgument),
+        ({"dedup": "k", "dedup_mode": "throttle", "dedup_ttl_ms": -5}, echomq.InvalidArgument),
+        ({"dedup": "k", "dedup_ttl_ms": 100}, echomq.InvalidArgument),
+        ({"dedup_ttl_ms": 100}, echomq.InvalidArgument),
+    ],
+)
+def test_bad_dedup_writes_nothing(
+    anyq: Any, r: redis.Redis, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    before = snapshot(r, anyq.name)
+    with pytest.raises(error):
+        anyq.enqueue(b"x", **kwargs)
+    assert snapshot(r, anyq.name) == before
+
+
+# --------------------------------------------------------------------------- cancel (D22)
+
+
+def test_cancel_waiting_and_scheduled_jobs_removes_them(anyq: Any, r: redis.Redis) -> None:
+    a = anyq.enqueue(b"a", group="g")
+    b = anyq.enqueue(b"b", delay_ms=60_000)
+    c = anyq.enqueue(b"c", dedup="k")
+    assert anyq.cancel(a.id) == "removed"
+    assert anyq.cancel(b.id) == "removed"
+    assert anyq.cancel(c.id) == "removed"
+    assert anyq.cancel(a.id) == "absent"
+    assert anyq.counts()["pending"] == 0 and anyq.counts()["schedule"] == 0
+    assert anyq.lanes() == [] and anyq.check() == []
+    assert not r.exists(_p(anyq.name) + "de:k")
+    assert anyq.cancel(echomq.ids.mint()) == "absent"
+
+
+def test_cancel_active_flags_and_heartbeat_reports(anyq: Any, r: redis.Redis) -> None:
+    e = anyq.enqueue(b"a")
+    other = anyq.enqueue(b"b")
+    ja, jb = anyq.claim_batch(2)
+    assert anyq.cancel(e.id) == "signalled"
+    assert r.hget(_p(anyq.name) + "job:" + e.id, "cancel") == b"1"
+    assert anyq.job_state(e.id) == "active"
+    pairs = [(ja.id, ja.token), (jb.id, jb.token), (echomq.ids.mint(), 1)]
+    failed, flagged = anyq.extend_leases(pairs, lease_ms=30_000)
+    assert flagged == [e.id] and len(failed) == 1
+    # extend_many keeps its old reply: only the failures.
+    assert anyq.extend_many(pairs, lease_ms=30_000) == failed
+    # The holder dead-letters it under its token.
+    held = ja if ja.id == e.id else jb
+    assert anyq.retry(held.id, held.token, delay_ms=0, max_attempts=1, error="cancelled") == "dead"
+    assert anyq.get_job(e.id)["last_error"] == "cancelled"
+    assert anyq.cancel(e.id) == "absent"  # dead: nothing runs or waits
+    assert other.id
+
+
+def test_cancel_bad_id_writes_nothing(anyq: Any, r: redis.Redis) -> None:
+    before = snapshot(r, anyq.name)
+    with pytest.raises(echomq.InvalidId):
+        anyq.cancel("JOB-not-an-id")
+    assert snapshot(r, anyq.name) == before
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli(url: str, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    return CliRunner().invoke(main, ["--url", url, *args])
+
+
+def test_cli_job_shows_dedup_cancel_and_result(q: echomq.Queue, url: str) -> None:
+    e = q.enqueue(b"x", dedup="acct-7")
+    out = _cli(url, "job", q.name, e.id)
+    assert out.exit_code == 0 and "dedup: acct-7" in out.output
+    job = q.claim()
+    assert _cli(url, "cancel", q.name, e.id).output.strip() == "signalled"
+    assert "cancel: 1" in _cli(url, "job", q.name, e.id).output
+    q.complete(job.id, job.token, result=b"42", keep_result_ms=10_000)
+    out = _cli(url, "job", q.name, e.id)
+    assert out.exit_code == 0 and "kept result: 42" in out.output
+    w = q.enqueue(b"y")
+    assert _cli(url, "cancel", q.name, w.id).output.strip() == "removed"
+    assert _cli(url, "cancel", q.name, w.id).output.strip() == "absent"
+
+
+# --------------------------------------------------------------------------- rate limits (D21)
+
+
+def test_queue_rate_limit_caps_every_claim_path(anyq: Any, r: redis.Redis) -> None:
+    p = _p(anyq.name)
+    for i in range(10):
+        anyq.enqueue(str(i), group="g" if i % 2 else None)
+    anyq.rate_limit(4, 60_000)
+    assert r.hmget(p + "meta", "rate_max", "rate_window_ms") == [b"4", b"60000"]
+    assert anyq.rate_limit_ttl() == 0
+    assert anyq.claim() is not None
+    batch = anyq.claim_batch(10)
+    assert len(batch) == 3
+    assert {j.group for j in batch} == {None, "g"}  # lanes and the flat set share the window
+    assert anyq.settle(n=10).jobs == []
+    assert anyq.claim() is None and anyq.claim_batch(5) == []
+    assert r.get(p + "limiter") == b"4" and 55_000 < r.pttl(p + "limiter") <= 60_000
+    assert 55_000 < anyq.rate_limit_ttl() <= 60_000
+    anyq.clear_rate_limit()
+    assert not r.exists(p + "limiter") and anyq.rate_limit_ttl() == 0
+    assert len(anyq.claim_batch(10)) == 6
+
+
+def test_queue_window_reopens(q: echomq.Queue, r: redis.Redis) -> None:
+    for i in range(6):
+        q.enqueue(str(i))
+    q.rate_limit(3, 300)
+    assert len(q.claim_batch(10)) == 3
+    assert q.claim() is None
+    wait_for(lambda: q.rate_limit_ttl() == 0, timeout=5)
+    assert len(q.claim_batch(10)) == 3
+
+
+def test_spent_lane_leaves_the_ring_and_comes_back(anyq: Any, r: redis.Redis) -> None:
+    p = _p(anyq.name)
+    for i in range(5):
+        anyq.enqueue(f"a{i}", group="a")
+        anyq.enqueue(f"b{i}", group="b")
+    anyq.rate_limit_lane("a", 2, 2000)  # generous: the asserts below run inside the window
+    assert r.hget(p + "grate", "a") == b"2:2000"
+    jobs = anyq.claim_batch(20)
+    assert sum(1 for j in jobs if j.group == "a") == 2
+    assert sum(1 for j in jobs if j.group == "b") == 5
+    assert r.get(p + "limiter:a") == b"2" and 0 < r.pttl(p + "limiter:a") <= 2000
+    assert not r.sismember(p + "inring", "a")  # out of the ring while its window is spent
+    assert r.zscore(p + "ratewait", "a") is not None
+    assert 0 < anyq.rate_limit_ttl("a") <= 2000
+    assert anyq.check() == []
+    anyq.enqueue(b"b-more", group="b")
+    assert anyq.claim().group == "b"  # the other lanes keep being served
+    wait_for(lambda: anyq.rate_limit_ttl("a") == 0, timeout=10)
+    jobs = anyq.claim_batch(20)
+    assert [j.group for j in jobs] == ["a", "a"]  # readmitted by the claim, window renewed
+    assert anyq.check() == []
+    anyq.clear_rate_limit("a")
+    assert not r.exists(p + "limiter:a") and not r.hexists(p + "grate", "a")
+    assert r.zscore(p + "ratewait", "a") is None
+    assert len(anyq.claim_batch(20)) == 1
+    assert anyq.check() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((0, 1000), echomq.InvalidArgument),
+        ((-1, 1000), echomq.InvalidArgument),
+        ((5, 0), echomq.InvalidArgument),
+        ((5, "1000"), echomq.InvalidArgument),
+        ((True, 1000), echomq.InvalidArgument),
+        ((5, 2**42), echomq.InvalidArgument),
+    ],
+)
+def test_bad_rate_limits_write_nothing(
+    anyq: Any, r: redis.Redis, args: tuple[Any, Any], error: type[Exception]
+) -> None:
+    anyq.enqueue(b"x", group="g")
+    before = snapshot(r, anyq.name)
+    with pytest.raises(error):
+        anyq.rate_limit(*args)
+    with pytest.raises(error):
+        anyq.rate_limit_lane("g", *args)
+    with pytest.raises(echomq.InvalidId):
+        anyq.rate_limit_lane("bad lane", 5, 1000)
+    with pytest.raises(echomq.InvalidId):
+        anyq.rate_limit_ttl("bad:lane")
+    assert snapshot(r, anyq.name) == before
+
+
+def test_rate_limit_under_four_claimers_never_exceeds_its_window(
+    q: echomq.Queue, url: str, r: redis.Redis
+) -> None:
+    """50/s with 4 concurrent claimers for 4 s: every fixed window (as the limiter counts it,
+    on the server clock) admits at most 50, and the total stays within the windows' bound."""
+    q.enqueue_many([b"x"] * 1000)
+    q.rate_limit(50, 1000)
+    stop = time.monotonic() + 4
+    stamps: list[int] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        with echomq.Queue(q.name, url=url) as mine:
+            while time.monotonic() < stop:
+                jobs = mine.claim_batch(10)
+                if jobs:
+                    sec, usec = mine.client.time()
+                    with lock:
+                        stamps.extend([int(sec) * 1000 + int(usec) // 1000] * len(jobs))
+                    mine.complete_many([(j.id, j.token) for j in jobs])
+                else:
+                    time.sleep(max(mine.rate_limit_ttl(), 1) / 1000)
+
+    threads = [threading.Thread(target=claimer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    stamps.sort()
+    # Any 1 s span holds at most two fixed windows' worth; the total at most 5 windows.
+    assert 150 <= len(stamps) <= 250
+    for i, t0 in enumerate(stamps):
+        inside = sum(1 for t in stamps[i:] if t < t0 + 1000)
+        assert inside <= 100
+    # The limiter's own count never passed its max.
+    assert int(r.get(_p(q.name) + "limiter") or 0) <= 50

@@ -1,0 +1,374 @@
+"""Repeatable and cron jobs (D19) on the wire: registration, firing exactly once on the server
+clock, missed fires, cron next-fire computation across DST, bad input, and N processes
+firing one repeat at once."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import threading
+import time
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+
+import echomq
+from conftest import server_ms, snapshot, wait_for
+from echomq import _compose, ids
+from echomq._compose import Repeat, cron_next, occurrence_id
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def _ms(*args: int, tz: ZoneInfo = BERLIN, fold: int = 0) -> int:
+    return int(datetime(*args, tzinfo=tz, fold=fold).timestamp() * 1000)  # type: ignore[misc]
+
+
+def _local(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, BERLIN).isoformat()
+
+
+def _pending(q: Any) -> list[str]:
+    return list(q.browse("pending", n=1000))
+
+
+# --------------------------------------------------------------------------- register
+
+
+def test_repeat_registers_updates_lists_and_unrepeats(anyq: Any, r: redis.Redis) -> None:
+    before = server_ms(r)
+    assert anyq.repeat("tick", b"p", every_ms=60_000) == "registered"
+    [rep] = anyq.repeats()
+    assert rep.name == "tick" and rep.every_ms == 60_000 and rep.cron is None
+    assert before + 60_000 <= rep.next_ms <= server_ms(r) + 60_000
+    # Same schedule again (a worker restart): "updated", the phase is kept.
+    assert anyq.repeat("tick", b"p2", every_ms=60_000) == "updated"
+    assert anyq.repeats()[0].next_ms == rep.next_ms
+    base = f"emq:{{{anyq.name}}}:"
+    assert r.hget(base + "repeat:tick", "payload") == b"p2"
+    # A new schedule moves the next fire.
+    anyq.repeat("tick", b"p2", cron="0 3 * * *", tz="Europe/Berlin", group="night")
+    [rep2] = anyq.repeats()
+    assert rep2 == Repeat("tick", rep2.next_ms, None, "0 3 * * *", "Europe/Berlin", "night")
+    assert datetime.fromtimestamp(rep2.next_ms / 1000, BERLIN).strftime("%H:%M") == "03:00"
+    assert anyq.unrepeat("tick") is True
+    assert anyq.unrepeat("tick") is False
+    assert anyq.repeats() == []
+    assert not r.exists(base + "repeat", base + "repeat:tick")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cron": "not a cron"},
+        {"cron": "61 * * * *"},
+        {"cron": "* * * * * *"},
+        {"cron": "*/5 * * * *", "tz": "Mars/Olympus"},
+        {"cron": "*/5 * * * *", "every_ms": 1000},
+        {},
+        {"every_ms": 0},
+        {"every_ms": -5},
+        {"every_ms": "1000"},
+        {"every_ms": 1000, "tz": ""},
+    ],
+)
+def test_bad_repeat_is_a_typed_error_and_writes_nothing(
+    q: echomq.Queue, r: redis.Redis, kwargs: dict[str, Any]
+) -> None:
+    before = snapshot(r, q.name)
+    with pytest.raises(echomq.InvalidArgument):
+        q.repeat("tick", b"p", **kwargs)
+    assert snapshot(r, q.name) == before
+    for name in ["", "a b", "x" * 129, None]:
+        with pytest.raises(echomq.InvalidArgument):
+            q.repeat(name, b"p", every_ms=1000)  # type: ignore[arg-type]
+    with pytest.raises(echomq.InvalidArgument):
+        q.fire_due(0)
+    assert snapshot(r, q.name) == before
+
+
+# --------------------------------------------------------------------------- firing
+
+
+def test_fire_due_enqueues_once_and_advances_on_the_grid(anyq: Any, r: redis.Redis) -> None:
+    base = f"emq:{{{anyq.name}}}:"
+    assert anyq.fire_due() == 0  # nothing registered: one call, nothing written
+    anyq.repeat("tick", b"payload", every_ms=1000, group="g1")
+    assert anyq.fire_due() == 0  # not due yet
+    # Pretend the fleet was down for 10.5 periods: the entry was due long ago.
+    now = server_ms(r)
+    old = now - 10_500
+    r.zadd(base + "repeat", {"tick": old})
+    assert anyq.fire_due() == 1  # once, not once per missed period
+    assert anyq.fire_due() == 0
+    jid = occurrence_id("tick", old)
+    assert anyq.browse("pending", group="g1") == [jid]
+    assert r.hget(base + "job:" + jid, "payload") == b"payload"
+    nxt = anyq.repeats()[0].next_ms
+    assert (nxt - old) % 1000 == 0 and now < nxt <= now + 1000 + 50
+    assert anyq.check() == []
+
+
+def test_cron_entry_fires_once_and_advances_by_compare_and_set(anyq: Any, r: redis.Redis) -> None:
+    base = f"emq:{{{anyq.name}}}:"
+    anyq.repeat("nightly", b"x", cron="0 3 * * *", tz="Europe/Berlin")
+    old = server_ms(r) - 5_000
+    r.zadd(base + "repeat", {"nightly": old})
+    assert anyq.fire_due() == 1
+    assert anyq.fire_due() == 0
+    assert _pending(anyq) == [occurrence_id("nightly", old)]
+    nxt = anyq.repeats()[0].next_ms
+    assert nxt > server_ms(r)
+    assert datetime.fromtimestamp(nxt / 1000, BERLIN).strftime("%H:%M") == "03:00"
+
+
+def test_a_stale_compare_and_set_fires_nothing(q: echomq.Queue, r: redis.Redis) -> None:
+    """Two callers computed the same cron advance: the second one's CAS finds the score
+    moved and neither enqueues nor moves it again."""
+    base = f"emq:{{{q.name}}}:"
+    q.repeat("c", b"x", cron="*/5 * * * *")
+    old = server_ms(r) - 1_000
+    r.zadd(base + "repeat", {"c": old})
+    nxt = cron_next("*/5 * * * *", "UTC", server_ms(r))
+    script = echomq._scripts.SCRIPTS["repeat_fire"]
+    keys = [base + "repeat", base + "meta"]
+    first = r.eval(script.source, 2, *keys, base, 100, 0, 1, "c", old, nxt)
+    second = r.eval(script.source, 2, *keys, base, 100, 0, 1, "c", old, nxt + 300_000)
+    assert first[0] == 1 and second[0] == 0
+    assert r.zscore(base + "repeat", "c") == nxt
+    assert len(_pending(q)) == 1
+
+
+def test_occurrence_id_matches_the_script(r: redis.Redis) -> None:
+    """The Lua computes the id with two-limb float arithmetic: check it against Python's
+    exact ints, including the largest fire times and the 2^41 ms wrap."""
+    src = echomq._scripts._expand(
+        "--@include common\n--@include admit\n--@include compose\n",
+        echomq._scripts.Path(echomq._scripts.__file__).parent / "lua",
+    )
+    body = src + "\nreturn occurrence_id(ARGV[1], tonumber(ARGV[2]))"
+    cases = [("a", 1_700_000_000_000), ("tick", 4_000_000_000_000), ("x" * 128, 0)]
+    cases += [("n", ids.EPOCH_MS + (1 << 41) - 1), ("m", ids.EPOCH_MS)]
+    for name, ms in cases:
+        jid = occurrence_id(name, ms)
+        assert ids.is_valid(jid) and jid.startswith("JOB")
+        assert r.eval(body, 0, name, ms) == jid.encode()
+
+
+def test_occurrence_ids_agree_with_lua(q: echomq.Queue, r: redis.Redis) -> None:
+    base = f"emq:{{{q.name}}}:"
+    for i, name in enumerate(["a", "tick", "x" * 128, "n.1-2_3"]):
+        q.repeat(name, b"x", every_ms=3_600_000)
+        old = 1_700_000_000_000 + i * 987_654_321
+        r.zadd(base + "repeat", {name: old})
+        assert q.fire_due() == 1
+        assert r.exists(base + "job:" + occurrence_id(name, old))
+
+
+def test_a_removed_spec_drops_its_entry(q: echomq.Queue, r: redis.Redis) -> None:
+    base = f"emq:{{{q.name}}}:"
+    q.repeat("gone", b"x", every_ms=1000)
+    r.delete(base + "repeat:gone")
+    r.zadd(base + "repeat", {"gone": 1})
+    assert q.fire_due() == 0
+    assert r.zscore(base + "repeat", "gone") is None
+    assert _pending(q) == []
+
+
+# --------------------------------------------------------------------------- cron and DST
+
+
+def test_cron_next_daily_across_spring_forward() -> None:
+    # 2026-03-29: Berlin jumps 02:00 CET -> 03:00 CEST; 02:30 does not exist that day.
+    after = _ms(2026, 3, 28, 12, 0)
+    fires = []
+    for _ in range(3):
+        after = cron_next("30 2 * * *", "Europe/Berlin", after)
+        fires.append(_local(after))
+    assert fires == [
+        "2026-03-29T03:00:00+02:00",  # the end of the gap, once
+        "2026-03-30T02:30:00+02:00",
+        "2026-03-31T02:30:00+02:00",
+    ]
+
+
+def test_cron_next_daily_across_fall_back_fires_once() -> None:
+    # 2026-10-25: Berlin goes 03:00 CEST -> 02:00 CET; 02:30 happens twice.
+    after = _ms(2026, 10, 24, 12, 0)
+    fires = []
+    for _ in range(3):
+        after = cron_next("30 2 * * *", "Europe/Berlin", after)
+        fires.append(_local(after))
+    assert fires == [
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-26T02:30:00+01:00",
+        "2026-10-27T02:30:00+01:00",
+    ]
+
+
+def test_cron_next_hourly_follows_real_time_across_both_changes() -> None:
+    after = _ms(2026, 10, 25, 0, 30)
+    fires = []
+    for _ in range(4):
+        after = cron_next("0 * * * *", "Europe/Berlin", after)
+        fires.append(_local(after))
+    assert fires == [
+        "2026-10-25T01:00:00+02:00",
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:00:00+01:00",  # the repeated hour is a real hour: it fires
+        "2026-10-25T03:00:00+01:00",
+    ]
+    after = _ms(2026, 3, 29, 0, 30)
+    fires = []
+    for _ in range(3):
+        after = cron_next("0 * * * *", "Europe/Berlin", after)
+        fires.append(_local(after))
+    # 02:00 does not exist: the hourly job runs once an hour of real time.
+    assert fires == [
+        "2026-03-29T01:00:00+01:00",
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-29T04:00:00+02:00",
+    ]
+
+
+def test_cron_next_in_utc_and_steps() -> None:
+    t0 = int(datetime(2026, 1, 1, 0, 0, 1, tzinfo=ZoneInfo("UTC")).timestamp() * 1000)
+    assert cron_next("*/5 * * * *", "UTC", t0) == t0 - 1000 + 300_000
+    assert cron_next("0 0 1 1 *", "UTC", t0) == t0 - 1000 + 365 * 86_400_000
+
+
+# --------------------------------------------------------------------------- N processes
+
+
+def _fire_loop(url: str, queue: str, ready: Any, stop: Any) -> None:
+    with echomq.Queue(queue, url=url) as q:
+        q.fire_due()  # connected and warm
+        ready.release()
+        while not stop.is_set():
+            q.fire_due()
+            time.sleep(0.01)
+
+
+def test_four_processes_fire_each_occurrence_exactly_once(
+    url: str, q: echomq.Queue, r: redis.Redis
+) -> None:
+    base = f"emq:{{{q.name}}}:"
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Semaphore(0), ctx.Event()
+    procs = [ctx.Process(target=_fire_loop, args=(url, q.name, ready, stop)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            assert ready.acquire(timeout=60)
+        q.repeat("beat", b"x", every_ms=200)
+        first = int(r.zscore(base + "repeat", "beat") or 0)
+        time.sleep(5.0)
+        stop.set()
+        end = server_ms(r)
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(30)
+    assert all(p.exitcode == 0 for p in procs)
+    jobs = q.browse("pending", n=10_000)
+    assert len(jobs) == len(set(jobs))
+    expected = (end - first) // 200 + 1
+    assert abs(len(jobs) - expected) <= 1, (len(jobs), expected)
+    # Each occurrence is one grid point of the repeat, none twice.
+    times = sorted(echomq.ids.decode_time_ms(j) for j in jobs)
+    assert all((t - first) % 200 == 0 for t in times)
+    assert len(set(times)) == len(times)
+
+
+def test_fire_due_one_call_when_idle(q: echomq.Queue) -> None:
+    plan = _compose.fire_due(q._k)
+    call = next(plan)
+    with pytest.raises(StopIteration) as stop:
+        plan.send((0, [], 0, []))
+    assert call.script is not None and call.script.name == "repeat_fire"
+    assert stop.value.value == 0
+
+
+# --------------------------------------------------------------------------- app layer
+
+
+def _run_worker(worker: echomq.Worker) -> tuple[threading.Thread, asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=lambda: loop.run_until_complete(worker.arun()), daemon=True)
+    t.start()
+    return t, loop
+
+
+def _stop(worker: echomq.Worker, t: threading.Thread, loop: asyncio.AbstractEventLoop) -> None:
+    loop.call_soon_threadsafe(worker.stop)
+    t.join(15)
+    assert not t.is_alive()
+    loop.close()
+
+
+def test_periodic_task_registers_runs_and_drops_stale(url: str, qname: str, r: redis.Redis) -> None:
+    seen: list[int] = []
+    app = echomq.App(url=url, name="billing")
+
+    @app.periodic(every_ms=200, queue=qname, args=(7,))
+    def tick(n: int) -> None:
+        seen.append(n)
+
+    q = app.queue(qname)
+    # A repeat this app registered earlier and no longer declares, and another app's.
+    q.repeat("old", b"x", every_ms=60_000, owner="billing")
+    q.repeat("theirs", b"x", every_ms=60_000, owner="other")
+    w = echomq.Worker(app, queues=[qname], beat_ms=50)
+    t, loop = _run_worker(w)
+    try:
+        wait_for(lambda: len(seen) >= 3, timeout=15)
+    finally:
+        _stop(w, t, loop)
+    assert set(seen) == {7}
+    mine = next(iter(app.periodics.values())).name
+    assert mine == tick.name.replace("<", "_").replace(">", "_")  # a legal repeat name
+    reps = {rep.name: rep for rep in q.repeats()}
+    assert set(reps) == {"theirs", mine}  # "old" was this app's and is gone
+    assert reps[mine].owner == "billing" and reps[mine].every_ms == 200
+    app.close()
+
+
+def test_periodic_bad_schedule_is_refused_at_decoration(url: str) -> None:
+    app = echomq.App(url=url)
+    with pytest.raises(echomq.InvalidArgument):
+        app.periodic(cron="every tuesday")
+    with pytest.raises(echomq.InvalidArgument):
+        app.periodic(every_ms=1000, cron="* * * * *")
+    with pytest.raises(echomq.InvalidArgument):
+        app.periodic(cron="* * * * *", tz="Nowhere/Land")
+    assert app.tasks == {} and app.periodics == {}
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_repeats_and_unrepeat(url: str, q: echomq.Queue) -> None:
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    q.repeat("nightly", b"x", cron="0 3 * * *", tz="Europe/Berlin", group="ops")
+    q.repeat("tick", b"x", every_ms=60_000)
+    runner = CliRunner()
+    out = runner.invoke(main, ["--url", url, "repeats", q.name])
+    assert out.exit_code == 0, out.output
+    lines = {line.split()[0]: line for line in out.output.splitlines()}
+    assert set(lines) == {"tick", "nightly"}
+    assert "every 60000 ms" in lines["tick"]
+    assert "cron '0 3 * * *' Europe/Berlin" in lines["nightly"] and "group=ops" in lines["nightly"]
+    out = runner.invoke(main, ["--url", url, "unrepeat", q.name, "tick"])
+    assert out.exit_code == 0 and "removed" in out.output
+    out = runner.invoke(main, ["--url", url, "unrepeat", q.name, "tick"])
+    assert out.exit_code == 1
+    assert [rep.name for rep in q.repeats()] == ["nightly"]
+    out = runner.invoke(main, ["--url", url, "unrepeat", q.name, "bad name"])
+    assert out.exit_code == 2
