@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from echomq import _compose
 from echomq import _control as _ctl
 from echomq import _protocol as _p
+from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget
 from echomq._executor import AsyncExecutor
 from echomq._protocol import Call, Keys
 from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
 
-__all__ = ["QueueLoop", "WorkerStats", "applied"]
+if TYPE_CHECKING:
+    from echomq.app import App
+
+__all__ = ["QueueLoop", "WorkerStats", "applied", "cancel_tasks", "first_fence"]
 
 log = logging.getLogger("echomq.worker")
 
@@ -89,6 +94,24 @@ class QueueLoop:
             del self.inflight[r.key]
         if self.newest.get(r.job.id) is r:
             del self.newest[r.job.id]
+
+    async def register(self, x: AsyncExecutor, app: App) -> None:
+        """At worker start: the app's ``@app.periodic`` repeats of this queue (stale ones of
+        the same app dropped, D19) and its tasks' queue-wide ``rate_limit`` (D21)."""
+        await x.run(app.sync_periodic(self.keys))
+        for task in app.tasks.values():
+            if task.queue == self.keys.name and task.rate_limit is not None:
+                await x.call(_ctl.rate_limit(self.keys, *task.rate_limit))
+
+    async def push_back(self, x: AsyncExecutor, pushed: list[Settle], stats: WorkerStats) -> None:
+        """Hand rate-limited jobs back without spending an attempt (``echomq.RateLimit``). A
+        call that fails leaves the lease to lapse: the stall sweep recovers the job."""
+        for s in pushed:
+            try:
+                await x.call(_ctl.push_back(self.keys, s.job_id, s.token, s.delay_ms))
+                stats.retried += 1
+            except Exception as exc:
+                log.warning("job %s: push back failed (%s)", s.job_id, exc)
 
     async def extend(self, x: AsyncExecutor) -> list[Running]:
         """Extend every held lease in one call; returns the runs whose extend failed (their
@@ -178,6 +201,18 @@ class QueueLoop:
             if promoted < limit and back + died < limit:
                 return recovered, dead
 
+    async def hand_back_at_exit(self, x: AsyncExecutor) -> int:
+        """:meth:`hand_back`, logged; a failure leaves the leases to lapse (the stall sweep
+        of any worker recovers them)."""
+        try:
+            back = await self.hand_back(x)
+        except Exception as exc:
+            log.warning("could not hand jobs back (%s); their leases will lapse", exc)
+            return 0
+        if back:
+            log.info("handed %d unfinished jobs of %s back to pending", back, self.keys.name)
+        return back
+
     async def hand_back(self, x: AsyncExecutor) -> int:
         """At shutdown: every run still held goes back to pending now (``delay`` 0, fenced on
         its token), its handler's result dropped; returns how many went back."""
@@ -224,3 +259,32 @@ def _resume(plan: _p.Plan[Any], step: Any) -> _p.Plan[Any]:
             step = plan.send(result)
         except StopIteration as stop:
             return stop.value
+
+
+async def first_fence(x: AsyncExecutor, stopping: Callable[[], bool]) -> None:
+    """The version fence (D1) before a worker's first claim. A server that is unreachable for
+    a moment at startup (restarting, a dropped connection) is asked again with backoff for
+    DEFAULT_RETRY_FOR seconds, as any call would be, before the worker gives up."""
+    budget = Budget(DEFAULT_RETRY_FOR)
+    while True:
+        try:
+            return await x.fence()
+        except (*TRANSIENT, OSError) as exc:
+            delay = None if stopping() else budget.next_delay()
+            if delay is None:
+                raise
+            log.warning("server unreachable at startup (%s); retrying", exc)
+            await asyncio.sleep(delay)
+
+
+async def cancel_tasks(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel the worker's background loops and wait for them to end."""
+    for t in tasks:
+        t.cancel()
+    # Python 3.11's asyncio.wait_for (inside redis-py) can swallow a cancel that races a
+    # reply; a loop that lost its cancel would wait forever: cancel it again.
+    while pending := [t for t in tasks if not t.done()]:
+        await asyncio.wait(pending, timeout=0.1)
+        for t in pending:
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -34,14 +34,13 @@ from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
-    Budget,
     async_client,
     backoff_delay,
     parse_url,
 )
 from echomq._executor import AsyncExecutor
 from echomq._protocol import Job, Keys
-from echomq._queueloop import QueueLoop, WorkerStats, applied
+from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
@@ -158,7 +157,8 @@ class Worker:
         url = self.url or self.app.url
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
         self._x = AsyncExecutor(async_client(url), owned=True, durable=durable)
-        await self._first_fence()  # refuse a foreign deployment before taking any job
+        # Refuse a foreign deployment before taking any job.
+        await first_fence(self._x, lambda: self._stopping)
         threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="echomq-job")
         self._runner.threads = threads
         kw = {} if self.app.max_payload is None else {"max_payload": self.app.max_payload}
@@ -166,12 +166,7 @@ class Worker:
             leases = [t.lease_ms for t in self.app.tasks.values() if t.queue == name]
             self._loops.append(QueueLoop(Keys(name, **kw), max(leases, default=30_000)))
         for ql in self._loops:
-            # @app.periodic: register this app's repeats, drop the ones it no longer declares.
-            await self._x.run(self.app.sync_periodic(ql.keys))
-            # @app.task(rate_limit=...): the queue-wide limit of the queue's tasks (D21).
-            for task in self.app.tasks.values():
-                if task.queue == ql.keys.name and task.rate_limit is not None:
-                    await self._x.call(_ctl.rate_limit(ql.keys, *task.rate_limit))
+            await ql.register(self._x, self.app)
         await self.hooks.call("on_startup", self)
         log.info(
             "worker %d serving %s with concurrency %d on %s",
@@ -187,35 +182,11 @@ class Worker:
             await self._shutdown()
             await self.hooks.call("on_shutdown", self)
         finally:
-            for t in background:
-                t.cancel()
-            # Python 3.11's asyncio.wait_for (inside redis-py) can swallow a cancel that races
-            # a reply; a loop that lost its cancel would wait forever: cancel it again.
-            while pending := [t for t in background if not t.done()]:
-                await asyncio.wait(pending, timeout=0.1)
-                for t in pending:
-                    t.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_tasks(background)
             threads.shutdown(wait=False, cancel_futures=True)
             await self._x.close()
         log.info("worker %d stopped: %s", os.getpid(), self.stats)
         return self.stats
-
-    async def _first_fence(self) -> None:
-        """The version fence (D1) before the first claim. A server that is unreachable for a
-        moment at startup (restarting, a dropped connection) is asked again with backoff for
-        DEFAULT_RETRY_FOR seconds, as any call would be, before the worker gives up."""
-        assert self._x is not None
-        budget = Budget(DEFAULT_RETRY_FOR)
-        while True:
-            try:
-                return await self._x.fence()
-            except _NETWORK_ERRORS as exc:
-                delay = None if self._stopping else budget.next_delay()
-                if delay is None:
-                    raise
-                log.warning("server unreachable at startup (%s); retrying", exc)
-                await asyncio.sleep(delay)
 
     async def _supervised(self, loop_fn: Callable[..., Any], *args: Any) -> None:
         """Run one of the worker's loops; a bug in it is logged and the loop restarted,
@@ -391,20 +362,8 @@ class Worker:
             self._drained.set()
 
     def _push_back(self, ql: QueueLoop, pushed: list[Settle]) -> None:
-        """Hand rate-limited jobs back without spending an attempt (echomq.RateLimit). A
-        call that fails leaves the lease to lapse: the stall sweep recovers the job."""
         assert self._x is not None
-        x = self._x
-
-        async def push() -> None:
-            for s in pushed:
-                try:
-                    await x.call(_ctl.push_back(ql.keys, s.job_id, s.token, s.delay_ms))
-                    self.stats.retried += 1
-                except Exception as exc:
-                    log.warning("job %s: push back failed (%s)", s.job_id, exc)
-
-        fut = asyncio.ensure_future(push())
+        fut = asyncio.ensure_future(ql.push_back(self._x, pushed, self.stats))
         self._side_tasks.add(fut)
         fut.add_done_callback(self._side_tasks.discard)
 
@@ -470,14 +429,7 @@ class Worker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), self.grace_s)
         for ql in self._loops:
-            try:
-                back = await ql.hand_back(self._x)
-            except Exception as exc:
-                log.warning("could not hand jobs back (%s); their leases will lapse", exc)
-                continue
-            self.stats.handed_back += back
-            if back:
-                log.info("handed %d unfinished jobs of %s back to pending", back, ql.keys.name)
+            self.stats.handed_back += await ql.hand_back_at_exit(self._x)
         await self._flush_settles()
 
     async def _await_turns(self) -> None:
