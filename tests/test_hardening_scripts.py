@@ -13,6 +13,8 @@ core: each reproduces a finding against a real server and fails on the code befo
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import redis
 import echomq
 from echomq import Enqueued, JobGone, StaleToken, _protocol, ids, keyspace
 from echomq._protocol import Replay
-from echomq.server import EmbeddedServer
+from echomq.server import EmbeddedServer, find_binary, free_port
 from reliability import raw_violations
 
 
@@ -243,11 +245,51 @@ def test_branded_ids_compare_by_bytes(
 
 
 def test_branded_is_locale_independent_in_the_source() -> None:
-    # Under LC_COLLATE=en_US.UTF-8 (not installed on this machine, so not run live) Lua's
-    # string `<=` is strcoll; the check must compare bytes.
+    # Under LC_COLLATE=en_US.UTF-8 Lua's string `<=` is strcoll; the check must compare bytes.
     src = (Path(echomq.__file__).parent / "lua" / "include" / "lease.lua").read_text()
     body = src.split("local function branded", 1)[1].split("\nend", 1)[0]
     assert "string.byte" in body and "<= '" not in body
+
+
+def _has_locale(name: str) -> bool:
+    out = subprocess.run(["locale", "-a"], check=False, capture_output=True, text=True).stdout
+    return name.lower().replace("-", "") in out.lower().replace("-", "").split()
+
+
+@pytest.mark.skipif(
+    not _has_locale("en_US.utf8") and not os.environ.get("CI"),
+    reason="en_US.UTF-8 is not generated here (scripts/check generates it)",
+)
+def test_a_valid_id_is_served_under_a_collating_locale(tmp_path: Path) -> None:
+    """Issue 10 #11, live: a redis-server started under en_US.UTF-8 collates Lua strings
+    with strcoll, where `JOBAZz00000000` sorted outside the byte range of a branded id and
+    was dead-lettered at claim. It must be served."""
+    assert _has_locale("en_US.utf8"), "CI generates en_US.UTF-8 (scripts/check)"
+    port = free_port()
+    env = dict(os.environ, LC_ALL="en_US.UTF-8")
+    args = ["--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
+    proc = subprocess.Popen([find_binary(), *args], env=env, stdout=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        r = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        q = echomq.Queue("locale", url=url)
+        q.enqueue(b"x", id="JOBAZz00000000")
+        job = q.claim()
+        assert job is not None and job.id == "JOBAZz00000000"
+        assert q.job_state(job.id) == "active"
+        q.close()
+        r.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 # ---------------------------------------------------------------- 12: reprocess
