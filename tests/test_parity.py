@@ -160,7 +160,7 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
     ],
     "result": [("id", POS, EMPTY)],
     "wait": [("id", POS, EMPTY), ("timeout_s", KW, EMPTY)],
-    "cancel": [("id", POS, EMPTY)],
+    "cancel": [("id", POS, EMPTY), ("remove", KW, False)],
     "delay": [("id", POS, EMPTY), ("token", POS, EMPTY), ("delay_ms", POS, EMPTY)],
     "extend": [("id", POS, EMPTY), ("token", POS, EMPTY), ("lease_ms", KW, EMPTY)],
     "extend_many": [("pairs", POS, EMPTY), ("lease_ms", KW, EMPTY)],

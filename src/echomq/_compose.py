@@ -443,8 +443,11 @@ def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
     root_id = nodes[0].id
     child_ids = [n.id for n in nodes if n.parent == root_id]
     groups: dict[tuple[int, str], list[_Node]] = {}
+    # One script for a tree that stays on this queue; else one per depth and queue. Decided
+    # once: inside the loop it made a 10,000-child fan-out quadratic (10^8 comparisons).
+    one_queue = all(m.queue == k.name for m in nodes)
     for n in nodes:
-        key = (0, n.queue) if all(m.queue == k.name for m in nodes) else (n.depth, n.queue)
+        key = (0, n.queue) if one_queue else (n.depth, n.queue)
         groups.setdefault(key, []).append(n)
     for (_, queue), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
         args: list[Arg] = [keyspace.base(queue), len(members)]

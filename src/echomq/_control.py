@@ -10,11 +10,13 @@ Results (D17)
 to keep the outcome (``keep_result_ms > 0``): ``result`` (the completion's bytes) or ``error``
 (a dead-letter's last error), ``attempts`` and ``finished_ms`` (server clock), with a PX TTL
 of ``keep_result_ms``. The same script pushes one token on ``emq:{q}:notify:<id>`` (a LIST,
-same TTL). A waiter reads the result, and only when it is absent blocks on the notify list
-(``BLPOP``); a waiter that takes the token puts it back (``notify_rearm.lua``) before it reads
-the result again, so one push wakes every waiter of the job in every process. Read, block,
-read: a completion between the first read and the block leaves its token in the list, so no
-wake-up is lost, and no waiter polls.
+same TTL) -- only while a waiter's marker ``emq:{q}:want:<id>`` (a STRING, TTL
+:data:`WANT_MS`) exists, so a result nobody waits for costs its hash alone. A waiter sets the
+marker, reads the result, and only when it is absent blocks on the notify list (``BLPOP``);
+a waiter that takes the token puts it back (``notify_rearm.lua``) before it reads the result
+again, so one push wakes every waiter of the job in every process. Mark, read, block: a
+completion after the read sees the marker and leaves its token in the list, so no wake-up is
+lost, and no waiter polls.
 
 Dedup (D20)
 -----------
@@ -28,8 +30,10 @@ answers ``Enqueued(id=<holder>, status="deduplicated")``.
 Cancel (D22)
 ------------
 ``cancel.lua``: a waiting or scheduled job is removed at once; an active one gets the row
-field ``cancel``. ``extend_many`` appends ``"!" + id`` for every extended job whose flag is
-set (``"!"`` is never part of an id); :func:`extend_leases` splits that reply.
+field ``cancel`` (``"remove"`` with ``remove=True``: the holder's "cancelled" settle then
+removes the job instead of dead-lettering it). ``extend_many`` appends ``"!" + id`` for every
+extended job whose flag is set (``"!"`` is never part of an id); :func:`extend_leases` splits
+that reply.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ __all__ = [
     "dedup_holder",
     "extend_leases",
     "idle_wait_ms",
+    "WANT_MS",
     "notify_key",
     "push_back",
     "rate_limit",
@@ -84,11 +89,16 @@ __all__ = [
     "retry",
     "split_flags",
     "wait",
+    "want",
+    "want_key",
 ]
 
 DEDUP_MODES = ("simple", "throttle", "debounce")
 # A blocking read must end well inside the client's 30 s socket timeout (see _connect).
 MAX_BLOCK_S = 20.0
+# A waiter marker outlives any one block by a wide margin: a waiter refreshes it before each
+# block, and a fixed TTL means another waiter's refresh can never shorten it.
+WANT_MS = int(MAX_BLOCK_S * 1000) + 10_000
 # A dedup id is a name like a lane's (D3): no ':' or '{' to confuse the keyspace.
 _DID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -112,6 +122,16 @@ def result_key(k: Keys, id: str) -> str:
 
 def notify_key(k: Keys, id: str) -> str:
     return k.base + "notify:" + keyspace.check_id(id)
+
+
+def want_key(k: Keys, id: str) -> str:
+    """A waiter's marker: the settling script pushes the wake token only while it exists."""
+    return k.base + "want:" + keyspace.check_id(id)
+
+
+def want(k: Keys, id: str) -> Call[None]:
+    """Set (or refresh) the waiter marker of ``id`` for :data:`WANT_MS`."""
+    return _cmd(("SET", want_key(k, id), "1", "PX", WANT_MS), _nothing)
 
 
 def _keep(value: object) -> int:
@@ -206,6 +226,9 @@ def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
     rk, nk = result_key(k, id), notify_key(k, id)
     deadline = time.monotonic() + timeout
     while True:
+        # Marker first, then read, then block: a completion after the read sees the marker
+        # and pushes the token this block takes (include/control.lua keep_outcome).
+        yield want(k, id)
         found: Result | None = yield _cmd(("HGETALL", rk), lambda r: _decode_result(id, r))
         if found is not None:
             return _outcome(found)
@@ -294,13 +317,19 @@ def _nothing(_: Any) -> None:
 # --------------------------------------------------------------------------- cancel (D22)
 
 
-def cancel(k: Keys, id: str) -> Call[str]:
+def cancel(k: Keys, id: str, remove: bool = False) -> Call[str]:
+    """cancel.lua; ``remove``: an active job's holder removes it instead of dead-lettering
+    it (a waiting or scheduled job is removed either way)."""
+    if not isinstance(remove, bool):
+        raise InvalidArgument(f"remove must be a bool, got {remove!r}")
+
     def decode(reply: Any) -> Literal["removed", "signalled", "absent"]:
         text = _s(reply)
         assert text in ("removed", "signalled", "absent"), text
         return text  # type: ignore[return-value]
 
-    return _call("cancel", (k.job(id),), (k.base, id), decode)
+    args = (k.base, id, "1") if remove else (k.base, id)
+    return _call("cancel", (k.job(id),), args, decode)
 
 
 def extend_leases(

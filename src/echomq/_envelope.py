@@ -20,7 +20,7 @@ import orjson
 
 from echomq.serializers import JSON, Serializer
 
-__all__ = ["EnvelopeError", "build", "parse"]
+__all__ = ["EnvelopeError", "build", "parse", "trace_context"]
 
 _JSON = JSON()
 
@@ -29,11 +29,23 @@ class EnvelopeError(ValueError):
     """A payload that is not a task envelope (the worker dead-letters its job)."""
 
 
-def build(serializer: Serializer, task: str, args: Any = (), kwargs: Any = None) -> bytes:
-    """The payload of one call of ``task``."""
-    return serializer.dumps(
-        {"task": task, "args": list(args), "kwargs": dict(kwargs) if kwargs else {}}
-    )
+def build(
+    serializer: Serializer,
+    task: str,
+    args: Any = (),
+    kwargs: Any = None,
+    tc: dict[str, str] | None = None,
+) -> bytes:
+    """The payload of one call of ``task``; ``tc`` is the W3C trace context (``traceparent``,
+    ``tracestate``) when tracing is on (``echomq.otel``), else the envelope has no ``tc``."""
+    envelope: dict[str, Any] = {
+        "task": task,
+        "args": list(args),
+        "kwargs": dict(kwargs) if kwargs else {},
+    }
+    if tc:
+        envelope["tc"] = dict(tc)
+    return serializer.dumps(envelope)
 
 
 def parse(serializer: Serializer, payload: bytes) -> tuple[Any, list[Any], dict[str, Any]]:
@@ -60,6 +72,21 @@ def parse(serializer: Serializer, payload: bytes) -> tuple[Any, list[Any], dict[
     except Exception as exc:
         raise EnvelopeError(f"bad args/kwargs: {type(exc).__name__}: {exc}") from None
     return envelope["task"], args, kwargs
+
+
+def trace_context(serializer: Serializer, payload: bytes) -> dict[str, str]:
+    """The trace context an envelope carries (``{}`` when none, or not an envelope): read
+    only by ``echomq.otel``; a malformed ``tc`` is ignored, never a failure of the job."""
+    try:
+        envelope = serializer.loads(payload)
+    except Exception:
+        envelope = None
+    if not isinstance(envelope, dict):
+        envelope = _from_json(serializer, payload)
+    tc = envelope.get("tc") if isinstance(envelope, dict) else None
+    if not isinstance(tc, dict):
+        return {}
+    return {k: v for k, v in tc.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _from_json(serializer: Serializer, payload: bytes) -> dict[str, Any] | None:

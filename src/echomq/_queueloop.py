@@ -58,7 +58,7 @@ class WorkerStats:
             log.error("job %s: settle failed: %r", s.job_id, verdict)
         elif s.kind == "completed":
             self.completed += 1
-        elif verdict == "dead":
+        elif verdict in ("dead", "removed"):  # removed: a cancel(remove=True) (D22)
             self.dead += 1
         else:
             self.retried += 1

@@ -139,7 +139,14 @@ class Runner:
             return
         task, args, kwargs = prepared
         r.ctx = JobContext(
-            queue, job.id, job.token, job.group, task.name, app=self.app, floor=job.floor
+            queue,
+            job.id,
+            job.token,
+            job.group,
+            task.name,
+            app=self.app,
+            floor=job.floor,
+            payload=job.payload,
         )
         if task.inline and self._inline_ok:
             # A trivial sync handler runs right here in the pump's turn: no thread handoff

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from typing import Any
 
 from echomq import _control as _ctl
@@ -26,6 +27,8 @@ __all__ = ["ResultWaiters"]
 
 # The poke list outlives a crashed reader by at most this long.
 _POKE_TTL_MS = 60_000
+# A marker is refreshed while it still has this long left beyond the next block.
+_REFRESH_MARGIN_S = 5.0
 
 
 class ResultWaiters:
@@ -40,10 +43,17 @@ class ResultWaiters:
         self._futs: dict[str, list[asyncio.Future[_ctl.Result]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._poked = False
+        # id -> when its waiter marker was last set (monotonic s); refreshed before a block
+        # that could outlast it.
+        self._marked: dict[str, float] = {}
 
     async def wait(self, id: str, timeout_s: float) -> _ctl.Result:
         timeout = _ctl._timeout(timeout_s)
         keyspace.check_id(id)
+        # Marker before the read (see _ctl.wait): a completion after the read pushes a token.
+        marked = time.monotonic()
+        await self._x.run(_ctl.want(self._k, id))
+        self._marked[id] = marked
         found = await self._x.run(_ctl.result(self._k, id))
         if found is not None:
             return _ctl._outcome(found)
@@ -63,6 +73,8 @@ class ResultWaiters:
                 waiting.remove(fut)
                 if not waiting:
                     del self._futs[id]
+            if id not in self._futs:
+                self._marked.pop(id, None)
         return _ctl._outcome(got)
 
     async def _kick(self) -> None:
@@ -96,6 +108,7 @@ class ResultWaiters:
     async def _read(self) -> None:
         try:
             while self._futs:
+                await self._refresh()
                 woke = await self._x.run(self._block())
                 if woke is None or woke[0] == self._poke:
                     continue
@@ -116,6 +129,19 @@ class ResultWaiters:
                         fut.set_exception(exc)
             self._futs.clear()
 
+    async def _refresh(self) -> None:
+        # A marker set at t lasts until t + WANT_MS; the next block ends by now + MAX_BLOCK_S.
+        now = time.monotonic()
+        stale = now - (_ctl.WANT_MS / 1000 - _ctl.MAX_BLOCK_S - _REFRESH_MARGIN_S)
+        ids = [id for id in self._futs if self._marked.get(id, 0.0) < stale]
+        if ids:
+            await self._x.run(self._want_plan(ids))
+            for id in ids:
+                self._marked[id] = now
+
+    def _want_plan(self, ids: list[str]) -> Plan[None]:
+        yield [_ctl.want(self._k, id) for id in ids]
+
     async def close(self) -> None:
         """Stop the reader (the queue is closing); its waiters are cancelled."""
         reader, self._reader = self._reader, None
@@ -127,6 +153,7 @@ class ResultWaiters:
             for fut in futs:
                 fut.cancel()
         self._futs.clear()
+        self._marked.clear()
 
 
 def _none(_: Any) -> None:

@@ -192,6 +192,16 @@ class Task(Generic[P, R]):
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], *, group: str | None = None
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many calls, each ``(args, kwargs)``, in few round trips."""
+        otel = self.app._otel
+        if otel is not None:
+            span, payloads = otel.start_send(self, [(tuple(a), dict(k)) for a, k in calls])
+            try:
+                found = self.app.queue(self.queue).enqueue_many(payloads, group=group)
+            except BaseException as exc:
+                otel.end_send(span, None, exc)
+                raise
+            otel.end_send(span, None, None)
+            return found
         payloads = [self.payload(tuple(a), dict(k)) for a, k in calls]
         return self.app.queue(self.queue).enqueue_many(payloads, group=group)
 
@@ -229,30 +239,54 @@ class BoundTask(Generic[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
-        e = self.task.app.queue(self.task.queue).enqueue(
-            self.task.payload(args, kwargs),
-            id=o.id,
-            group=o.group,
-            delay_ms=o.delay_ms,
-            at_ms=o.at_ms,
-            dedup=o.dedup,
-            dedup_ttl_ms=o.dedup_ttl_ms,
-            dedup_mode=o.dedup_mode,
-        )
+        otel = self.task.app._otel
+        if otel is None:
+            payload = self.task.payload(args, kwargs)
+        else:  # echomq.otel: a "<task> send" span whose context the envelope carries
+            span, (payload,) = otel.start_send(self.task, [(args, kwargs)])
+        try:
+            e = self.task.app.queue(self.task.queue).enqueue(
+                payload,
+                id=o.id,
+                group=o.group,
+                delay_ms=o.delay_ms,
+                at_ms=o.at_ms,
+                dedup=o.dedup,
+                dedup_ttl_ms=o.dedup_ttl_ms,
+                dedup_mode=o.dedup_mode,
+            )
+        except BaseException as exc:
+            if otel is not None:
+                otel.end_send(span, None, exc)
+            raise
+        if otel is not None:
+            otel.end_send(span, e, None)
         return TaskEnqueued(e.id, e.status, self.task)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
-        e = await self.task.app.aqueue(self.task.queue).enqueue(
-            self.task.payload(args, kwargs),
-            id=o.id,
-            group=o.group,
-            delay_ms=o.delay_ms,
-            at_ms=o.at_ms,
-            dedup=o.dedup,
-            dedup_ttl_ms=o.dedup_ttl_ms,
-            dedup_mode=o.dedup_mode,
-        )
+        otel = self.task.app._otel
+        if otel is None:
+            payload = self.task.payload(args, kwargs)
+        else:  # echomq.otel: a "<task> send" span whose context the envelope carries
+            span, (payload,) = otel.start_send(self.task, [(args, kwargs)])
+        try:
+            e = await self.task.app.aqueue(self.task.queue).enqueue(
+                payload,
+                id=o.id,
+                group=o.group,
+                delay_ms=o.delay_ms,
+                at_ms=o.at_ms,
+                dedup=o.dedup,
+                dedup_ttl_ms=o.dedup_ttl_ms,
+                dedup_mode=o.dedup_mode,
+            )
+        except BaseException as exc:
+            if otel is not None:
+                otel.end_send(span, None, exc)
+            raise
+        if otel is not None:
+            otel.end_send(span, e, None)
         return TaskEnqueued(e.id, e.status, self.task)
 
 
@@ -339,6 +373,8 @@ class App:
         self.durable = durable
         self.tasks: dict[str, Task[Any, Any]] = {}
         self._queues: dict[str, Queue] = {}
+        # echomq.otel.instrument(app) sets it; None (the default) means no tracing at all.
+        self._otel: Any = None
         # An asyncio client belongs to the loop that opened its connections: one per loop.
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = (
             weakref.WeakKeyDictionary()

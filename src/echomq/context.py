@@ -30,6 +30,8 @@ class JobContext:
     # The app whose worker runs the job: children_values reads through its client (D18).
     app: Any = field(default=None, repr=False, compare=False)
     floor: int = 0  # Job.floor: a re-admitted id's count continues from it
+    # The job's raw payload (its task envelope): echomq.otel reads the trace context from it.
+    payload: bytes = field(default=b"", repr=False, compare=False)
 
     def children_values(self) -> dict[str, Any]:
         """In a flow parent's handler: its children's return values (deserialized), by

@@ -449,10 +449,11 @@ class Queue:
         """The id of the job holding the dedup id, or None when it is free."""
         return self._x.run(_ctl.dedup_holder(self._k, dedup))
 
-    def cancel(self, id: str) -> str:
+    def cancel(self, id: str, *, remove: bool = False) -> str:
         """``"removed"`` (it was waiting or scheduled), ``"signalled"`` (active: its holder's
-        next heartbeat stops it and dead-letters it as "cancelled") or ``"absent"``."""
-        return self._x.run(_ctl.cancel(self._k, id))
+        next heartbeat stops it and dead-letters it as "cancelled", or removes it with
+        ``remove=True``) or ``"absent"``."""
+        return self._x.run(_ctl.cancel(self._k, id, remove))
 
     def extend_leases(
         self, pairs: Iterable[tuple[str, int]], *, lease_ms: int
@@ -865,10 +866,11 @@ class AsyncQueue:
         """The id of the job holding the dedup id, or None when it is free."""
         return await self._x.run(_ctl.dedup_holder(self._k, dedup))
 
-    async def cancel(self, id: str) -> str:
+    async def cancel(self, id: str, *, remove: bool = False) -> str:
         """``"removed"`` (it was waiting or scheduled), ``"signalled"`` (active: its holder's
-        next heartbeat stops it and dead-letters it as "cancelled") or ``"absent"``."""
-        return await self._x.run(_ctl.cancel(self._k, id))
+        next heartbeat stops it and dead-letters it as "cancelled", or removes it with
+        ``remove=True``) or ``"absent"``."""
+        return await self._x.run(_ctl.cancel(self._k, id, remove))
 
     async def extend_leases(
         self, pairs: Iterable[tuple[str, int]], *, lease_ms: int

@@ -119,6 +119,9 @@ class Worker:
         self.max_stalled = max_stalled
         self.url = url
         self.hooks = hooks or Hooks()
+        otel = getattr(app, "_otel", None)
+        if otel is not None:  # echomq.otel.instrument(app): spans around each run
+            self.hooks = _merge_hooks(otel.hooks(), self.hooks)
         self.stats = WorkerStats()
         self._loops: list[QueueLoop] = []
         self._runner = Runner(app, self.hooks, beat_ms)
@@ -458,3 +461,14 @@ def _turn_done(ql: QueueLoop, turn: asyncio.Future[None]) -> None:
 async def _quiet(aw: Awaitable[Any]) -> None:
     with contextlib.suppress(Exception):
         await aw
+
+
+def _merge_hooks(tracing: Hooks, user: Hooks) -> Hooks:
+    """The user's hooks inside the tracing ones: the consumer span opens before the user's
+    before_job and closes after the user's after_job, so their work is inside it."""
+    return Hooks(
+        on_startup=user.fns("on_startup"),
+        on_shutdown=user.fns("on_shutdown"),
+        before_job=tracing.fns("before_job") + user.fns("before_job"),
+        after_job=user.fns("after_job") + tracing.fns("after_job"),
+    )

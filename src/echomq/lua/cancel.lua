@@ -1,10 +1,12 @@
 --[[ cancel: cooperative cancel (D22). A waiting or scheduled job is removed at once (exactly
   as remove does it: lanes, the ring and the retired record stay exact, its dedup key is
   released); an active job gets the row field `cancel`, which its holder's next heartbeat
-  (extend_many) reports, and the holder dead-letters it with last_error "cancelled".
+  (extend_many) reports, and the holder dead-letters it with last_error "cancelled". Both
+  emit the D15 event `cancelled` (with `signalled=1` for an active job).
   KEYS[1] row       HASH  emq:{q}:job:<id>
   ARGV[1] base            emq:{q}:
   ARGV[2] id
+  ARGV[3] remove          optional: '1' has the holder remove an active job, not dead-letter it
   Returns 'removed' | 'signalled' | 'absent' (no row, or nothing runs or waits: dead) |
     error EMQLOCK
   Flags: writes once
@@ -17,7 +19,9 @@ local row = hmget(jk, 'state', 'group', 'attempts')
 if not row or not row[1] then return 'absent' end
 local state, g = row[1], row[2]
 if state == 'active' and rcall('ZSCORE', base .. 'active', id) then
-  rcall('HSET', jk, 'cancel', '1')
+  -- The holder's settle reads the flag's value (include/settle.lua retry_one).
+  rcall('HSET', jk, 'cancel', ARGV[3] == '1' and 'remove' or '1')
+  emit_in(base, 'cancelled', id, g, 'signalled', '1')
   return 'signalled'
 end
 if state ~= 'pending' and state ~= 'scheduled' then return 'absent' end
@@ -27,5 +31,12 @@ if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 release_dedup(base, id, jk)
 rcall('DEL', jk, jk .. ':logs')
-retire_one(base, id, row[3], now_ms())
+local now = now_ms()
+retire_one(base, id, row[3], now)
+emit_in(base, 'cancelled', id, g)
+-- D17: a result waiter already waiting (its marker is set) learns the job will never finish:
+-- the outcome "cancelled" is kept for 60 s and wakes it (the row holds no keep time).
+if rcall('EXISTS', base .. 'want:' .. id) == 1 then
+  keep_outcome(base, id, 'error', 'cancelled', row[3], 60000, now)
+end
 return 'removed'

@@ -29,4 +29,6 @@ else
   rcall('HSET', jk, 'state', 'scheduled')
   rcall('ZADD', KEYS[2], now_ms() + ms, id)
 end
+-- As delay.lua reports a released lease, marked as a push back (no attempt spent).
+emit_in(base, 'delayed', id, row[3], 'attempts', row[1], 'delay_ms', ms, 'pushed', '1')
 return 1

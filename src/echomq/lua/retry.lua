@@ -10,7 +10,8 @@
   ARGV[5] max_attempts    the ceiling, compared with the row's cumulative attempts
   ARGV[6] error           kept as last_error
   ARGV[7] keep_ms         optional: > 0 keeps a dead-letter's error as its result (D17)
-  Returns 'scheduled' | 'dead' | 0 when gone | error EMQSTALE
+  Returns 'scheduled' | 'dead' | 'removed' (a cancel with remove, D22) | 0 when gone |
+    error EMQSTALE
   Flags: writes once
 ]]
 --@include common

@@ -2,19 +2,26 @@
 -- cancel flag (D22). Needs common. See echomq/_control.py for the keys' layout.
 
 -- D17: keep a finished job's outcome for keep_ms (field 'result' for a completion, 'error'
--- for a dead-letter) and wake its waiters. The wake is one token on the per-job notify list;
--- a waiter that takes it puts it back (notify_rearm.lua), so every waiter, in every process,
--- is woken by this one push and none of them polls. Nothing is written when keep_ms is 0.
+-- for a dead-letter) and wake its waiters. Nothing is written when keep_ms is 0.
+-- The common case (nobody waits) costs the result hash alone: the wake token goes on the
+-- per-job notify list only while a waiter's marker `want:<id>` exists. A waiter sets that
+-- marker before it reads the result and blocks only after the read, so a completion either
+-- sees the marker and pushes, or landed before the read (which then finds the result).
+-- A waiter that takes the token puts it back (notify_rearm.lua), so every waiter, in every
+-- process, is woken by this one push and none of them polls.
 -- now (optional): the caller's clock read, so a batch reads TIME once.
 local function keep_outcome(base, id, field, value, attempts, keep_ms, now)
   if not keep_ms or keep_ms <= 0 then return end
   local rk = base .. 'result:' .. id
-  local nk = base .. 'notify:' .. id
-  rcall('DEL', rk, nk)
+  -- DEL: a reprocessed job's earlier outcome must not leave its other field behind.
+  rcall('DEL', rk)
   rcall('HSET', rk, field, value, 'attempts', attempts or '0', 'finished_ms', now or now_ms())
   rcall('PEXPIRE', rk, keep_ms)
-  rcall('RPUSH', nk, '1')
-  rcall('PEXPIRE', nk, keep_ms)
+  if rcall('EXISTS', base .. 'want:' .. id) == 1 then
+    local nk = base .. 'notify:' .. id
+    rcall('RPUSH', nk, '1')
+    rcall('PEXPIRE', nk, keep_ms)
+  end
 end
 
 -- D20: a finishing job (completed, dead, removed, cancelled) releases the dedup key it holds.

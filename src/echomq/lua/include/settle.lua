@@ -25,13 +25,24 @@ local function complete_one(base, id, jk, token, result)
 end
 
 -- retry: fence, release, then dead at the attempt ceiling or scheduled at now + delay_ms.
--- Returns 'scheduled' | 'dead' | 0 (gone) | text.
+-- Returns 'scheduled' | 'dead' | 'removed' (cancelled with remove, D22) | 0 (gone) | text.
 -- keep_ms (optional, D17): a dead-letter keeps its error that long and wakes its waiters.
 local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text, now, keep_ms)
   local row, err = fence(jk, token, 'retry')
   if err then return err end
   if not row then return 0 end
   release(base, id, jk, row)
+  -- D22, cancel(remove=True): the holder's "cancelled" settle removes the job instead of
+  -- dead-lettering it (as remove.lua does); a kept outcome still tells its waiters why.
+  if error_text == 'cancelled' and rcall('HGET', jk, 'cancel') == 'remove' then
+    release_dedup(base, id, jk)
+    flow_forget(jk)
+    rcall('DEL', jk, jk .. ':logs')
+    retire_one(base, id, row[1], now)
+    emit_in(base, 'removed', id, row[3], 'state', 'active', 'cancelled', '1')
+    keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now)
+    return 'removed'
+  end
   -- The ceiling counts this incarnation's attempts: a re-admitted id came back with `floor`.
   if tonumber(row[1]) - tonumber(row[5] or '0') >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
