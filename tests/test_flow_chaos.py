@@ -28,8 +28,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 def start_worker(spawn: Spawner, queue: str) -> Proc:
-    env = spawn.env(EMQ_TEST_QUEUE=queue, EMQ_TEST_LEASE_MS=str(LEASE_MS), EMQ_TEST_RUN_MS="20")
-    args = ["-q", queue, "-q", queue + "-mid", "-q", queue + "-leaf", "-c", "16"]
+    # Runs long enough (486 leaves x 200 ms over 3 x 8 slots: ~4 s before any kill) that the
+    # tree is still being worked through after several kills, however fast the machine.
+    env = spawn.env(EMQ_TEST_QUEUE=queue, EMQ_TEST_LEASE_MS=str(LEASE_MS), EMQ_TEST_RUN_MS="200")
+    args = ["-q", queue, "-q", queue + "-mid", "-q", queue + "-leaf", "-c", "8"]
     args += ["--beat-ms", "100", "--max-stalled", "1000000", "--grace", "20"]
     return spawn.start("worker", "apps.flowchaos:app", *args, env=env)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from echomq import ids, keyspace
 from echomq._compose import FlowAdded, FlowJob, Repeat
+from echomq._observe import Event
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
 from echomq.app import App, Discard, RateLimit, Retry, Task
 from echomq.backoff import exponential, fixed, jitter
@@ -43,6 +44,7 @@ __all__ = [
     "DurabilityError",
     "EchoMQError",
     "Enqueued",
+    "Event",
     "FlowAdded",
     "FlowJob",
     "Hooks",
