@@ -18,4 +18,9 @@ if g == '' or g == '*' then
   if #first == 0 then return {wait, 0} end
   return {wait, math.max(tonumber(first[2]) - now_ms(), 1)}
 end
-return spent(base .. 'limiter:' .. g, lane_rate(base, g))
+-- A spent lane comes back when a claim at or after its ratewait time readmits it: never
+-- answer 0 before then (its limiter key may expire a millisecond earlier).
+local wait = spent(base .. 'limiter:' .. g, lane_rate(base, g))
+local at = rcall('ZSCORE', base .. 'ratewait', g)
+if at then wait = math.max(wait, tonumber(at) - now_ms()) end
+return wait
