@@ -28,16 +28,18 @@ The systems (the peers installed in ``bench/.venv``, BullMQ from ``bench/node``)
   filled up to N with copies of the messages actually sent (same byte sizes, give or take a
   digit of the argument); the table marks such a figure. ``--celery-max 0`` sends all N.
 
-An echomq job leaves a replay marker for ``retry_for`` + 60 s (70 s by default), dropped by
-the queue's next enqueue after that: each echomq run is read twice, right after the load
-("with its replay marker") and again after the retention and one more enqueue ("at rest").
+An echomq enqueue leaves a replay marker for ``retry_for`` + 60 s (70 s by default): a field
+of a per-second HASH for a single enqueue, one STRING of verdict letters per ``enqueue_many``
+script call; the server expires them: each echomq run is read twice, right after the load
+("with its replay marker") and again after the retention ("at rest").
 
 Then for echomq: a breakdown of the bytes (``MEMORY USAGE`` of sampled rows, of the pending
-ZSET / N, of the replay-marker ZSET / its size, the payload's length, the rest: the keyspace
-table); the replay markers at a sustained single-enqueue rate (``Task.enqueue`` paced at
-``--rate`` for ``--marker-seconds``, sampled every 5 s: measured until the retention of
-``retry_for`` + 60 s is reached, and computed as bytes per marker x rate x retention); the
-record of retired ids after ``--retired-jobs`` jobs were claimed and completed; log lines.
+ZSET / N, of the replay-marker keys / the jobs they remember, the payload's length, the rest:
+the keyspace table); the replay markers at a sustained single-enqueue rate
+(``Task.enqueue`` paced at ``--rate`` for ``--marker-seconds``, sampled every 5 s: measured
+until the retention of ``retry_for`` + 60 s is reached, and computed as bytes per marker x
+rate x retention); the record of retired ids after ``--retired-jobs`` jobs were claimed and
+completed; log lines.
 
 The markdown report goes to stdout, the figures to ``bench/memory.json``.
 """
@@ -117,6 +119,23 @@ class Fresh:
     def mem(self, key: str) -> int:
         return int(self.r.memory_usage(key, samples=0) or 0)
 
+    def markers(self) -> tuple[int, int, str]:
+        """echomq's replay markers (``emq:{q}:recent:...``): how many jobs they remember, their
+        bytes (``MEMORY USAGE`` of every marker key) and one key as an example. A single
+        enqueue's marker is a field of a per-second HASH; an ``enqueue_many`` call's is one
+        STRING holding a verdict letter per job."""
+        count = size = 0
+        example = ""
+        for key in self.r.scan_iter(match="emq:{" + QUEUE + "}:recent:*", count=10_000):
+            kind = self.r.type(key)
+            if kind == b"hash":
+                count += int(self.r.hlen(key))
+            elif kind == b"string":
+                count += int(self.r.strlen(key))
+            size += self.mem(key.decode())
+            example = example or key.decode()
+        return count, size, example
+
 
 @contextlib.contextmanager
 def fresh_server() -> Iterator[Fresh]:
@@ -171,7 +190,7 @@ def at_rest(s: Fresh, n: int, before: int, out: dict[str, Any]) -> None:
     q.close()
     s.settle()
     out["at_rest_bytes_per_job"] = (s.used() - before) / n
-    out["markers_after_expiry"] = int(s.r.zcard("emq:{" + QUEUE + "}:recent"))
+    out["markers_after_expiry"] = s.markers()[0]
     if out["markers"] >= n:
         out["with_marker_bytes_per_job"] = out["bytes_per_job"]
     else:
@@ -250,8 +269,7 @@ def echomq_breakdown(s: Fresh, n: int) -> dict[str, Any]:
     lanes = sum(s.mem(k) for k in lane_keys)
     lane_enc = sorted({s.r.object("encoding", k).decode() for k in lane_keys[:50]})
     registry = sum(s.mem(base + k) for k in ("lanes", "ring", "inring", "ringstale"))
-    markers = int(s.r.zcard(base + "recent"))
-    marker_bytes = s.mem(base + "recent")
+    markers, marker_bytes, _ = s.markers()
     out: dict[str, Any] = {
         "row_bytes": round(row, 1),
         "row_fields": fields,
@@ -401,8 +419,7 @@ def celery_detail(s: Fresh, n: int) -> dict[str, Any]:
 
 
 def markers_run(rate: float, seconds: float) -> dict[str, Any]:
-    """``Task.enqueue`` paced at ``rate``/s for ``seconds``: the replay-marker ZSET over time."""
-    base = "emq:{" + QUEUE + "}:"
+    """``Task.enqueue`` paced at ``rate``/s for ``seconds``: the replay markers over time."""
     with fresh_server() as s:
         app = echomq.App(s.url)
         noop = _task(app)
@@ -422,20 +439,17 @@ def markers_run(rate: float, seconds: float) -> dict[str, Any]:
             i += 1
             if now >= next_sample:
                 next_sample += 5
-                count = int(s.r.zcard(base + "recent"))
+                count, size, _ = s.markers()
                 samples.append(
                     {
                         "t": round(now - start, 1),
                         "sent": i,
                         "markers": count,
-                        "marker_mib": round(s.mem(base + "recent") / (1 << 20), 2),
+                        "marker_mib": round(size / (1 << 20), 2),
                     }
                 )
         elapsed = time.monotonic() - start
-        count = int(s.r.zcard(base + "recent"))
-        size = s.mem(base + "recent")
-        first = cast(list[bytes], s.r.zrange(base + "recent", 0, 0))
-        last = cast(list[bytes], s.r.zrange(base + "recent", -1, -1))
+        count, size, example = s.markers()
         app.close()
     achieved = i / elapsed
     each = size / count if count else 0.0
@@ -448,7 +462,7 @@ def markers_run(rate: float, seconds: float) -> dict[str, Any]:
         "markers_at_end": count,
         "marker_zset_bytes_at_end": size,
         "bytes_per_marker": round(each, 1),
-        "member_example": (first[0].decode() if first else "", last[0].decode() if last else ""),
+        "key_example": example,
         "steady_state_reached": reached,
         "computed_steady_markers_10k": int(10_000 * RETENTION_S),
         "computed_steady_mib_10k": round(each * 10_000 * RETENTION_S / (1 << 20), 1),
@@ -471,8 +485,8 @@ def retired_run(jobs: int) -> dict[str, Any]:
                 break
             q.settle(completed=[(j.id, j.token) for j in got])
             done += len(got)
-        ids = int(s.r.hlen(base + "retired"))
-        size = s.mem(base + "retired") + s.mem(base + "retired:at")
+        ids = int(s.r.hlen(base + "retired")) + int(s.r.hlen(base + "retired:old"))
+        size = s.mem(base + "retired") + s.mem(base + "retired:old")
         q.close()
         s.settle()
         after = s.used()
@@ -482,8 +496,8 @@ def retired_run(jobs: int) -> dict[str, Any]:
         "retired_bytes": size,
         "bytes_per_retired_id": round(size / ids, 1) if ids else 0.0,
         "used_after_minus_before": after - before,
-        "note": "the record is capped (50,000 ids, one hour): at 10k completions/s it is full "
-        "after 5 s, so the figure at the cap is the steady state per queue",
+        "note": "the record is two generations of 25,000 ids (the older one dropped when the "
+        "newer fills): at most 50,000 ids per queue, the steady state of a busy queue",
     }
 
 
@@ -637,7 +651,8 @@ def report(res: dict[str, Any], ns: list[int], cmd: str) -> str:
             f"{mk['seconds']:.0f} s; retention retry_for + 60 s = {mk['retention_s']:.0f} s): "
             f"{mk['markers_at_end']:,} markers, {mk['marker_zset_bytes_at_end'] / (1 << 20):.1f} "
             f"MiB at the end ({steady}); "
-            f"{mk['bytes_per_marker']:.0f} B per marker (member `{mk['member_example'][0]}`). "
+            f"{mk['bytes_per_marker']:.0f} B per marker (a field of a per-second HASH such as "
+            f"`{mk.get('key_example', '')}`). "
             f"Steady state at 10k/s, computed = {mk['bytes_per_marker']:.0f} B x 10,000/s x "
             f"{mk['retention_s']:.0f} s = **{mk['computed_steady_mib_10k']:.1f} MiB** "
             f"({mk['computed_steady_markers_10k']:,} markers) per queue.",

@@ -137,13 +137,18 @@ def leftover_keys(r: redis.Redis, queue: str) -> list[bytes]:
     """Keys of the queue other than its metrics, meta, wake list, enqueue replay markers
     and the retired-id record (which expire): after a complete run, none (no row, no set
     member, no lane)."""
-    names = ("metrics:completed", "metrics:failed", "meta", "wake", "recent")
+    names = ("metrics:completed", "metrics:failed", "meta", "wake")
     # The retired ids' last tokens stay too (bounded, see lua/README.md).
-    names += ("retired", "retired:at")
+    names += ("retired", "retired:old")
     # The per-minute series (D16) are history, not leftovers.
     names += ("metrics:completed:data", "metrics:failed:data")
     keep = {f"emq:{{{queue}}}:{s}".encode() for s in names}
-    return sorted(k for k in r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000) if k not in keep)
+    markers = f"emq:{{{queue}}}:recent:".encode()  # replay markers, which expire
+    return sorted(
+        k
+        for k in r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000)
+        if k not in keep and not k.startswith(markers)
+    )
 
 
 def _text(x: bytes | str | None) -> str | None:
@@ -158,8 +163,8 @@ def raw_violations(r: redis.Redis, queue: str) -> list[str]:
     lane), and every set member has a row; the lane registry lists exactly the non-empty
     lanes; the ring's live entries (``inring``) are exactly the serviceable waiting sets and
     each ring entry is live or stale, once; ``gactive`` counts the active lane jobs; an active
-    row's lease_epoch is its attempts; the retired record is a HASH and a ZSET that agree,
-    and names no id that has a row. Run it on a quiet queue (it is not atomic)."""
+    row's lease_epoch is its attempts; the retired record (two HASH generations) names no
+    id that has a row. Run it on a quiet queue (it is not atomic)."""
     p = f"emq:{{{queue}}}:"
     out: list[str] = []
     rows: dict[str, dict[str, str]] = {}
@@ -241,9 +246,7 @@ def raw_violations(r: redis.Redis, queue: str) -> list[str]:
     if live != serviceable:
         out.append(f"the live ring is {sorted(live)}, the serviceable sets {sorted(serviceable)}")
     retired = {k.decode() for k in r.hkeys(p + "retired")}
-    stamped = {m.decode() for m in r.zrange(p + "retired:at", 0, -1)}
-    if retired != stamped:
-        out.append(f"retired {sorted(retired)} vs retired:at {sorted(stamped)}")
+    retired |= {k.decode() for k in r.hkeys(p + "retired:old")}
     if retired & set(rows):
         out.append(f"retired ids with a live row: {sorted(retired & set(rows))}")
     return out

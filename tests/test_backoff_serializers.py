@@ -129,7 +129,11 @@ def test_json_is_the_default() -> None:
 
     payload = send.payload((1, "a", None, 2.5, [True]), {"k": {"x": 1}})
     assert isinstance(payload, bytes)
-    assert orjson.loads(payload) == ENVELOPE  # plain JSON on the wire
+    assert orjson.loads(payload) == [  # plain JSON on the wire: [task, args, kwargs]
+        ENVELOPE["task"],
+        ENVELOPE["args"],
+        ENVELOPE["kwargs"],
+    ]
 
 
 def test_json_round_trip_and_limits() -> None:
@@ -186,7 +190,7 @@ def test_custom_serializer_objects() -> None:
     def t(x: str) -> None:
         pass
 
-    assert t.payload(("hi",), {}) == b'{"TASK":"T","ARGS":["HI"],"KWARGS":{}}'
+    assert t.payload(("hi",), {}) == b'["T",["HI"]]'
 
     class Half:
         def dumps(self, obj: Any) -> bytes:
@@ -244,13 +248,15 @@ def test_a_non_json_worker_reads_a_json_envelope() -> None:
     ("serializer", "payload", "message"),
     [
         (JSON(), b"\xff not json", "JSONDecodeError"),
-        (JSON(), b"[1, 2]", "a list"),
+        (JSON(), b"[1]", "a list of 1 items"),
+        (JSON(), b"[1, 2]", "bad args"),
         (JSON(), b'{"args": []}', "no 'task'"),
         (JSON(), b'{"task": "t", "args": 5}', "bad args"),
         (JSON(), b'{"task": "t", "kwargs": [1]}', "bad args"),
         (MsgPack(), b"{not json either", "ExtraData"),
-        (MsgPack(), b"[1]", "ExtraData"),  # a msgpack int 91, then junk; and not a JSON map
-        (MsgPack(), msgpack.packb([1, 2]), "a list"),
+        (MsgPack(), b"[1", "ExtraData"),  # a msgpack int 91, then junk; and not JSON
+        (MsgPack(), b"[1]", "a list of 1 items"),  # not msgpack, but a (short) JSON list
+        (MsgPack(), msgpack.packb([1, 2]), "bad args"),
     ],
 )
 def test_what_is_not_an_envelope(serializer: Any, payload: bytes, message: str) -> None:

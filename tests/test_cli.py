@@ -77,9 +77,9 @@ def test_enqueue_task_call(cli, q: echomq.Queue, qname: str) -> None:
     )
     job_id, _ = receipt(result)
     payload = q.get_job(job_id)["payload"]
-    assert json.loads(payload) == {"task": "emails.send", "args": [1, "a"], "kwargs": {"k": 2}}
+    assert json.loads(payload) == ["emails.send", [1, "a"], {"k": 2}]
     job_id, _ = receipt(cli("enqueue", qname, "--task", "ping"))
-    assert json.loads(q.get_job(job_id)["payload"]) == {"task": "ping", "args": [], "kwargs": {}}
+    assert json.loads(q.get_job(job_id)["payload"]) == ["ping", []]
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_enqueue_invalid_input_is_one_line(cli, qname: str, q: echomq.Queue, arg
     result = cli("enqueue", *(a.format(qname=qname) for a in args))
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("echomq: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert q.counts()["pending"] == 0
 
 
@@ -234,7 +234,7 @@ def test_job_unknown_id_exits_1(cli, qname: str) -> None:
     assert result.exit_code == 1
     assert result.stdout.splitlines() == [f"id: {missing}", "place: absent"]
     bad = cli("job", qname, "nope")
-    assert bad.exit_code == 2 and bad.stderr.startswith("echomq: ")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: ")
 
 
 # --------------------------------------------------------------------------- operating
@@ -245,7 +245,7 @@ def test_reprocess_ids_and_all(cli, q: echomq.Queue, qname: str) -> None:
     assert ok(cli("reprocess", qname, one)).strip() == "reprocessed 1 job(s)"
     assert q.job_state(one) == "pending"
     again = cli("reprocess", qname, one)  # not dead any more
-    assert again.exit_code == 2 and again.stderr.startswith("echomq: "), again.output
+    assert again.exit_code == 2 and again.stderr.startswith("error: "), again.output
 
     q.drain()
     dead = [make_dead(q) for _ in range(3)]
@@ -364,7 +364,7 @@ def test_unreachable_server_is_one_line(args: list[str]) -> None:
     assert result.exit_code == 2, (result.output, result.exception)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"echomq: cannot reach the server at {dead_url}"), lines[0]
+    assert lines[0].startswith(f"error: cannot reach the server at {dead_url}"), lines[0]
 
 
 def test_worker_with_a_bad_app_spec(cli) -> None:
@@ -437,5 +437,5 @@ def test_subprocess_unreachable_server(proc_env) -> None:
         assert done.returncode != 0
         err = done.stderr.decode().strip()
         assert len(err.splitlines()) == 1, err
-        assert err.startswith("echomq: cannot reach the server"), err
+        assert err.startswith("error: cannot reach the server"), err
         assert "Traceback" not in err

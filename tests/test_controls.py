@@ -454,15 +454,15 @@ def test_spent_lane_leaves_the_ring_and_comes_back(anyq: Any, r: redis.Redis) ->
     for i in range(5):
         anyq.enqueue(f"a{i}", group="a")
         anyq.enqueue(f"b{i}", group="b")
-    anyq.rate_limit_lane("a", 2, 2000)  # generous: the asserts below run inside the window
-    assert r.hget(p + "grate", "a") == b"2:2000"
+    anyq.rate_limit_lane("a", 2, 4000)  # generous: the asserts below run inside the window
+    assert r.hget(p + "grate", "a") == b"2:4000"
     jobs = anyq.claim_batch(20)
     assert sum(1 for j in jobs if j.group == "a") == 2
     assert sum(1 for j in jobs if j.group == "b") == 5
-    assert r.get(p + "limiter:a") == b"2" and 0 < r.pttl(p + "limiter:a") <= 2000
+    assert r.get(p + "limiter:a") == b"2" and 0 < r.pttl(p + "limiter:a") <= 4000
     assert not r.sismember(p + "inring", "a")  # out of the ring while its window is spent
     assert r.zscore(p + "ratewait", "a") is not None
-    assert 0 < anyq.rate_limit_ttl("a") <= 2000
+    assert 0 < anyq.rate_limit_ttl("a") <= 4000
     assert anyq.check() == []
     anyq.enqueue(b"b-more", group="b")
     assert anyq.claim().group == "b"  # the other lanes keep being served
@@ -540,3 +540,37 @@ def test_rate_limit_under_four_claimers_never_exceeds_its_window(
         assert inside <= 100
     # The limiter's own count never passed its max.
     assert int(r.get(_p(q.name) + "limiter") or 0) <= 50
+
+
+def test_a_limited_claim_answers_the_ms_until_its_window_reopens(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    """D21: a claim held back by a rate limit answers empty plus the wait: on the wire
+    ``{ms}`` from claim and claim_batch, and ``Settled.rate_limited_ms`` from settle."""
+    from echomq._scripts import SCRIPTS
+
+    for i in range(3):
+        q.enqueue(f"j{i}")
+    q.rate_limit(1, 5_000)
+    assert q.claim() is not None
+    assert q.claim() is None and q.claim_batch(5) == []
+    base = _p(q.name)
+    keys = [base + "meta", base + "ring", base + "active"]
+    reply = r.eval(SCRIPTS["claim"].source, 3, *keys, base, 30_000)
+    assert len(reply) == 1 and 0 < reply[0] <= 5_000
+    reply = r.eval(SCRIPTS["claim_batch"].source, 3, *keys, base, 30_000, 5)
+    assert len(reply) == 1 and 0 < reply[0] <= 5_000
+    s = q.settle(n=5)
+    assert s.jobs == [] and 0 < s.rate_limited_ms <= 5_000
+    q.clear_rate_limit()
+    s = q.settle(n=1)
+    assert len(s.jobs) == 1 and s.rate_limited_ms == 0
+    # A lane held by its own limit: the wait is until that lane is readmitted.
+    q.enqueue("g", group="slow")
+    q.enqueue("g2", group="slow")
+    q.rate_limit_lane("slow", 1, 4_000)
+    got = q.claim_batch(10)
+    assert [j.group for j in got] == [None, "slow"]
+    s = q.settle(n=5)
+    assert s.jobs == [] and 0 < s.rate_limited_ms <= 4_000
+    assert q.settle(n=0).rate_limited_ms == 0  # no claim asked: nothing to report

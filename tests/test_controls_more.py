@@ -31,6 +31,21 @@ def _events(q: Any) -> list[tuple[str, str | None, dict[str, str]]]:
 # --------------------------------------------------------------------------- results (D17)
 
 
+def _waiting(q: echomq.Queue, job_id: str) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread blocked in ``q.wait(job_id)``, and the list that gets what it raised."""
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            q.wait(job_id, timeout_s=10)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    return waiter, errors
+
+
 def test_kept_result_without_a_waiter_writes_no_wake_token(anyq: Any, r: redis.Redis) -> None:
     e = anyq.enqueue(b"x")
     job = anyq.claim()
@@ -66,21 +81,35 @@ def test_dead_letter_with_a_waiter_wakes_it(q: echomq.Queue, url: str) -> None:
     e = q.enqueue(b"x")
     job = q.claim()
     assert job is not None
-    errors: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            q.wait(e.id, timeout_s=10)
-        except BaseException as exc:
-            errors.append(exc)
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
+    waiter, errors = _waiting(q, e.id)
     time.sleep(0.3)
     with echomq.Queue(q.name, url=url) as other:
         other.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="bad", keep_result_ms=5000)
     waiter.join(5)
     assert errors and isinstance(errors[0], echomq.JobFailed)
+
+
+def test_a_stall_death_wakes_its_waiter_with_stalled(q: echomq.Queue, url: str) -> None:
+    """A job that dies of stalls (its holder vanished) wakes a waiter already waiting with
+    JobFailed("stalled"): the sweep keeps that outcome for 60 s, as cancel does."""
+    e = q.enqueue(b"x")
+    job = q.claim(lease_ms=50)
+    assert job is not None
+    waiter, errors = _waiting(q, e.id)
+    time.sleep(0.3)  # the lease lapsed meanwhile; the waiter's marker is set
+    with echomq.Queue(q.name, url=url) as other:
+        assert other.sweep_stalled(max_stalled=1) == ([], [e.id])
+    waiter.join(5)
+    assert errors and isinstance(errors[0], echomq.JobFailed)
+    assert "stalled" in str(errors[0])
+
+
+def test_a_stall_death_without_a_waiter_keeps_nothing(q: echomq.Queue, r: redis.Redis) -> None:
+    e = q.enqueue(b"x")
+    assert q.claim(lease_ms=1) is not None
+    time.sleep(0.05)
+    assert q.sweep_stalled(max_stalled=1) == ([], [e.id])
+    assert not r.exists(_p(q.name) + "result:" + e.id)
 
 
 async def test_async_waiter_sets_its_marker_and_refreshes_it(

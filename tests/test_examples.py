@@ -38,7 +38,7 @@ def run_example(name: str, url: str, tmp_path: Path, timeout: float = 60) -> str
 
 def test_every_example_is_tested() -> None:
     # A new example without a test here would go unchecked.
-    tested = {"flow.py", "periodic.py", "controls.py"}
+    tested = {"flow.py", "periodic.py", "controls.py", "quickstart.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -84,6 +84,15 @@ def test_controls_example(url: str, tmp_path: Path) -> None:
     assert len(lines) == len(expect), out
     for pattern, line in zip(expect, lines, strict=True):
         assert re.fullmatch(pattern, line), (pattern, out)
+
+
+def test_quickstart_example(url: str, tmp_path: Path) -> None:
+    out = run_example("quickstart.py", url, tmp_path)
+    assert out.splitlines() == [
+        "enqueued: enqueued",
+        "result: welcome mail sent to ada@example.com",
+        "left: {'pending': 0, 'active': 0, 'schedule': 0, 'dead': 0}",
+    ], out
 
 
 if __name__ == "__main__":  # pragma: no cover

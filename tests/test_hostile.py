@@ -577,8 +577,10 @@ def test_malformed_rows_never_crash_a_worker(
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.text()
     text = w.text()
+    # The job lines (echomq.worker.jobs) report the planted jobs' dead-letters at ERROR.
+    own = "\n".join(x for x in text.splitlines() if " echomq.worker.jobs[" not in x)
     for needle in ("Traceback", "crashed", "claim failed", "settle failed", "ERROR"):
-        assert needle not in text, text
+        assert needle not in own, text
 
 
 def test_a_flat_set_missing_from_the_ring_is_healed_by_the_next_beat(

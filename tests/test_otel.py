@@ -41,10 +41,10 @@ def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
 
-def raw_payload(app: App, queue: str, job_id: str) -> dict[str, Any]:
+def raw_payload(app: App, queue: str, job_id: str) -> list[Any]:
     row = app.queue(queue).get_job(job_id)
     assert row is not None
-    found: dict[str, Any] = orjson.loads(row["payload"])
+    found: list[Any] = orjson.loads(row["payload"])  # [task, args, kwargs, tc]
     return found
 
 
@@ -78,7 +78,7 @@ def test_enqueue_and_run_are_one_trace(make_app, run_worker, qname, spans) -> No
     e1 = add.enqueue(1, 2)
     e2 = asyncio.run(produce())
     e3 = inl.enqueue()
-    assert raw_payload(app, qname, e1.id)["tc"]["traceparent"].startswith("00-")
+    assert raw_payload(app, qname, e1.id)[3]["traceparent"].startswith("00-")
     w = run_worker(app)
     q = app.queue(qname)
     wait_for(lambda: q.counts()["completed"] == 3)
@@ -164,7 +164,7 @@ def test_off_means_no_tc_no_spans_no_hooks(make_app, run_worker, qname, spans) -
 
     e = t.enqueue(1)
     t.enqueue_many([((2,), {})])
-    assert raw_payload(app, qname, e.id) == {"task": "t", "args": [1], "kwargs": {}}
+    assert raw_payload(app, qname, e.id) == ["t", [1]]
     # The worker's per-job path is unchanged: no tracing hook is installed.
     assert Worker(app).hooks.fns("before_job") == ()
     w = run_worker(app)
@@ -175,7 +175,7 @@ def test_off_means_no_tc_no_spans_no_hooks(make_app, run_worker, qname, spans) -
     echomq.otel.instrument(app, tracer_provider=provider)
     echomq.otel.uninstrument(app)
     e = t.enqueue(3)
-    assert "tc" not in raw_payload(app, qname, e.id)
+    assert raw_payload(app, qname, e.id) == ["t", [3]]  # no tc
     assert exporter.get_finished_spans() == ()
 
 

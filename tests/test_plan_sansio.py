@@ -10,6 +10,7 @@ same call (same id, same nonce), and the receipt it returns.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -33,10 +34,13 @@ class FakeServer:
         self.markers: set[str] = set()
         self.applied = 0
 
-    def _admit(self, jid: str, data: bytes, mode: str, replay_ms: int, nonce: str) -> str:
-        if nonce and f"{jid}:{nonce}" in self.markers:
+    def _admit(
+        self, jid: str, data: bytes, mode: str, flags: str, replay_ms: int, nonce: str
+    ) -> str:
+        # Only a resend ('r') looks for the marker its first copy left (include/admit.lua).
+        if nonce and "r" in flags and f"{jid}:{nonce}" in self.markers:
             return "replayed"
-        if nonce and f"{jid}:{nonce}:s" in self.markers:
+        if nonce and "r" in flags and f"{jid}:{nonce}:s" in self.markers:
             return "replayed:scheduled"
         if jid in self.rows:
             return "duplicate"
@@ -50,13 +54,15 @@ class FakeServer:
         self.applied += 1
         assert call.script is not None
         if call.script.name == "enqueue":
-            _, jid, data, _, mode, _, replay_ms, nonce = call.args
-            return self._admit(str(jid), bytes(data), str(mode), int(replay_ms), str(nonce))
+            _, jid, data, _, mode, _, flags, replay_ms, nonce = call.args
+            return self._admit(
+                str(jid), bytes(data), str(mode), str(flags), int(replay_ms), str(nonce)
+            )
         if call.script.name == "enqueue_many":
-            _, _, mode, _, replay_ms, nonce, *flat = call.args
+            _, _, mode, _, replay_ms, nonce, flags, *flat = call.args
             pairs = zip(flat[::2], flat[1::2], strict=True)
             return [
-                self._admit(str(j), bytes(d), str(mode), int(replay_ms), str(nonce))
+                self._admit(str(j), bytes(d), str(mode), str(flags), int(replay_ms), str(nonce))
                 for j, d in pairs
             ]
         raise AssertionError(f"unexpected script {call.script.name}")
@@ -88,6 +94,13 @@ def drive(plan: Any, outcomes: list[object], server: FakeServer) -> tuple[Any, l
 K = Keys("orders")
 
 
+def as_resend(call: Any, flags_at: int) -> Any:
+    """``call`` as its resend: the same script, keys and arguments, flagged 'r'."""
+    args = list(call.args)
+    args[flags_at] = str(args[flags_at]) + "r"
+    return dataclasses.replace(call, args=tuple(args))
+
+
 def test_lost_reply_then_resend_admits_the_job_once() -> None:
     server = FakeServer()
     result, steps = drive(_p.enqueue(K, b"cargo", replay_ms=60_000), [LOST], server)
@@ -97,12 +110,13 @@ def test_lost_reply_then_resend_admits_the_job_once() -> None:
     jid = first.args[1]
     assert first.keys == (K.job(jid), K.meta)
     assert first.args[2] == b"cargo"
-    nonce = first.args[7]
+    assert first.args[6] == "f"  # minted here: the script skips the retired record
+    nonce = first.args[8]
     assert nonce, "a caller that may resend tags the call with a nonce"
     # The call alone is not blindly resendable (its Flags say `once`); the plan resends it,
-    # identical, because the id and nonce make a second copy harmless.
+    # flagged as a resend, because the id and nonce make a second copy harmless.
     assert first.replay is False
-    assert resend == first
+    assert resend == as_resend(first, 6)
     assert result == Enqueued(jid, "enqueued")
     assert server.rows == {jid: b"cargo"}
     assert server.applied == 2
@@ -111,7 +125,7 @@ def test_lost_reply_then_resend_admits_the_job_once() -> None:
 def test_a_resent_delayed_enqueue_answers_scheduled() -> None:
     server = FakeServer()
     result, steps = drive(_p.enqueue(K, b"later", delay_ms=5_000, replay_ms=60_000), [LOST], server)
-    assert len(steps) == 2 and steps[0] == steps[1]
+    assert len(steps) == 2 and steps[1] == as_resend(steps[0], 6)
     assert steps[0].args[4:6] == ("in", "5000")
     assert result == Enqueued(steps[0].args[1], "scheduled")
 
@@ -119,7 +133,7 @@ def test_a_resent_delayed_enqueue_answers_scheduled() -> None:
 def test_a_request_lost_before_the_server_is_sent_again() -> None:
     server = FakeServer()
     result, steps = drive(_p.enqueue(K, b"x", replay_ms=60_000), [DROPPED], server)
-    assert len(steps) == 2 and steps[0] == steps[1]
+    assert len(steps) == 2 and steps[1] == as_resend(steps[0], 6)
     assert result == Enqueued(steps[0].args[1], "enqueued")
     assert len(server.rows) == 1
 
@@ -129,8 +143,8 @@ def test_without_markers_a_minted_resend_knows_its_own_duplicate() -> None:
     # id was minted by this call, so that duplicate is our own job: enqueued.
     server = FakeServer()
     result, steps = drive(_p.enqueue(K, b"x"), [LOST, None], server)
-    assert steps[0].args[7] == ""
-    assert steps[0] == steps[1]
+    assert steps[0].args[8] == ""
+    assert steps[1] == as_resend(steps[0], 6)
     assert result == Enqueued(steps[0].args[1], "enqueued")
     assert len(server.rows) == 1
 
@@ -165,7 +179,8 @@ def test_enqueue_many_resends_the_whole_pipeline_once() -> None:
     result, steps = drive(plan, [LOST], server)
     first, resend = steps
     assert isinstance(first, list) and len(first) == 1
-    assert resend == first
+    assert first[0].args[6] == ""  # one id was the caller's: the retired record is read
+    assert resend == [as_resend(first[0], 6)]
     assert [type(r) for r in result] == [Enqueued] * 3
     assert [r.status for r in result] == ["enqueued"] * 3  # type: ignore[union-attr]
     assert result[1] == Enqueued(given, "enqueued")

@@ -774,12 +774,33 @@ def test_sweep_stalled_default_kills_a_grouped_job(anyq: Any, r: redis.Redis, qn
 def test_reprocess_a_dead_job(anyq: Any, r: redis.Redis, qname: str) -> None:
     jid = make_dead(anyq)
     assert anyq.reprocess(jid) is None
-    assert row(r, qname, jid) == {"state": b"pending", "attempts": b"1", "payload": b"d"}
+    # attempts stays (the token never goes down); floor = attempts: a fresh retry budget.
+    assert row(r, qname, jid) == {
+        "state": b"pending",
+        "attempts": b"1",
+        "payload": b"d",
+        "floor": b"1",
+    }
     assert places(r, qname, jid) == ["pending"]
     assert ring(r, qname) == ["*"]
     job = anyq.claim()
-    assert job.id == jid and job.token == 2
+    assert job.id == jid and job.token == 2 and job.attempt == 1
     assert anyq.check() == []
+
+
+def test_reprocess_gives_a_fresh_budget_and_refuses_the_old_token(anyq: Any) -> None:
+    jid = make_dead(anyq)  # died at max_attempts=1 with token 1
+    anyq.reprocess(jid)
+    job = anyq.claim()
+    assert job.id == jid and job.token == 2
+    with pytest.raises(StaleToken):
+        anyq.complete(jid, 1)
+    # Its own attempt 1 of 2: scheduled again, not dead at once.
+    assert anyq.retry(jid, 2, delay_ms=0, max_attempts=2, error="e") == "scheduled"
+    anyq.promote()
+    job = anyq.claim()
+    assert job.token == 3 and job.attempt == 2
+    assert anyq.retry(jid, 3, delay_ms=0, max_attempts=2, error="e") == "dead"
 
 
 def test_reprocess_a_grouped_job_back_to_its_lane(anyq: Any, r: redis.Redis, qname: str) -> None:

@@ -445,3 +445,78 @@ def test_eval_check_reports_planted_violations(r: redis.Redis, qname: str) -> No
     assert any("ring misses the flat set" in v for v in out)
     with pytest.raises(redis.ResponseError, match="unknown section"):
         section("everything")
+
+
+def test_eval_replay_markers_first_copy_writes_and_only_a_resend_reads(
+    r: redis.Redis, qname: str
+) -> None:
+    """A single enqueue's marker is one field of the per-second HASH
+    recent:<replay_ms>:<second>:<nonce[:2]>; the whole key expires replay_ms after that
+    second. Only a copy flagged 'r' looks for it; a fresh call of the same id is a new job."""
+    base, jid, nonce = _k(qname, ""), ids.mint(), "ab0123456789"
+    jk = _k(qname, "job:" + jid)
+    args = [base, jid, b"x", "", "now", 0, "f", 60_000, nonce]
+    t0 = server_ms(r)
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], args) == b"enqueued"
+    (key,) = list(r.scan_iter(match=base + "recent:*"))
+    second = int(key.decode().split(":")[-2])
+    assert key.decode() == f"{base}recent:60000:{second}:ab" and second in (
+        t0 // 1000,
+        t0 // 1000 + 1,
+    )
+    assert r.hgetall(key) == {("0123456789" + jid[-4:]).encode(): b"e"}
+    assert 59_000 <= r.pttl(key) <= 61_000
+    # A second first copy (no 'r') never reads markers: the row answers duplicate.
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], args) == b"duplicate"
+    job = _eval(
+        r, "claim", [_k(qname, "meta"), _k(qname, "ring"), _k(qname, "active")], [base, 5000]
+    )
+    assert _eval(r, "complete", [_k(qname, "active"), jk], [base, jid, str(job[2]), ""]) == 1
+    # The resend after the job completed: replayed, nothing admitted.
+    resend = [base, jid, b"x", "", "now", 0, "fr", 60_000, nonce]
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], resend) == b"replayed"
+    assert r.exists(jk) == 0
+    # A resend of a call that never landed (another nonce): admitted.
+    other = [base, jid, b"y", "", "now", 0, "r", 60_000, "cd0123456789"]
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], other) == b"enqueued"
+    assert _row(r, jk)["attempts"] == b"1"  # not minted ('f' absent): continues its count
+
+
+def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) -> None:
+    base, a, b = _k(qname, ""), ids.mint(), ids.mint()
+    head = [base, "", "now", 0, 60_000, "ef0123456789"]
+    pairs = [a, b"1", b, b"2", "ORD" + a[3:], b"3"]
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", *pairs]) == [
+        b"enqueued",
+        b"enqueued",
+        b"kind",
+    ]
+    assert r.get(base + "recent:ef0123456789") == b"eek"
+    assert 59_000 <= r.pttl(base + "recent:ef0123456789") <= 61_000
+    r.delete(_k(qname, "job:" + a))  # as if it completed
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", *pairs]) == [
+        b"replayed",
+        b"replayed",
+        b"kind",
+    ]
+    assert r.exists(_k(qname, "job:" + a)) == 0  # never admitted twice
+    # A call that admits nothing leaves no marker.
+    head2 = [base, "", "now", 0, 60_000, "aa0123456789"]
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", b, b"x"]) == [b"duplicate"]
+    assert r.exists(base + "recent:aa0123456789") == 0
+
+
+def test_eval_a_minted_id_skips_the_retired_record(r: redis.Redis, qname: str) -> None:
+    base, jid = _k(qname, ""), ids.mint()
+    jk = _k(qname, "job:" + jid)
+    r.hset(base + "retired", jid, 7)
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0, "f"]) == (
+        b"enqueued"
+    )
+    assert _row(r, jk)["attempts"] == b"0"  # 'f': minted in this call, never handed out
+    r.delete(jk)
+    assert _eval(r, "enqueue", [jk, _k(qname, "meta")], [base, jid, b"x", "", "now", 0, ""]) == (
+        b"enqueued"
+    )
+    assert _row(r, jk)["attempts"] == b"7" and _row(r, jk)["floor"] == b"7"
+    assert r.hexists(base + "retired", jid) is False

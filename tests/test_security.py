@@ -53,7 +53,11 @@ ALLOWED_MENTIONS = {
     ("serializers.py", 'if value == "pickle":'),
     ("serializers.py", "echomq never unpickles payloads"),
     ("app.py", "JSON by default, never pickle"),
-    ("_envelope.py", "JSON by default, msgpack on request, never pickle"),
+    ("_envelope.py", "never pickle)"),
+    # isolate=True: the worker and its own child exchange the objects it decoded (never the
+    # payload's bytes) over a multiprocessing pipe.
+    ("app.py", "return value are pickled"),
+    ("_isolate.py", "no payload bytes are ever unpickled"),
 }
 
 
@@ -236,19 +240,23 @@ ACL_COMMANDS = sorted(
         *("evalsha", "eval", "get", "set", "time", "exists", "del", "type", "scan"),
         # reads outside scripts (get_job, is_paused, pending_size, browse, lanes); the worker
         *("hgetall", "hexists", "zcard", "zrange", "smembers", "blpop", "ping"),
-        *("hget", "hmget", "hset", "hsetnx", "hdel", "hincrby"),
-        *("zadd", "zrem", "zscore", "zpopmin", "zrangebyscore", "zremrangebyscore"),
+        *("hget", "hmget", "hset", "hsetnx", "hdel", "hincrby", "hlen"),
+        *("zadd", "zrem", "zscore", "zpopmin", "zrangebyscore"),
         *("lpush", "rpush", "lpop", "rpop", "lrange", "lindex", "llen", "lmove", "lset"),
         *("ltrim", "lpos", "sadd", "srem", "sismember", "scard", "smove", "sscan"),
         # events (D15), results and dedup TTLs (D17, D20), rate-limit windows (D21), flows
         *("xadd", "xread", "pexpire", "pttl", "incrby", "decr"),
+        # replay markers (per-second hashes that expire whole), the retired record's rotation
+        *("pexpireat", "unlink", "rename"),
     }
 )
 # Sent by the client library rather than by echomq, so a short run may not show them: PING
 # is redis-py's health check of a connection idle for 30 s (echomq's clients set
 # health_check_interval=30); without it such a connection fails. LPOS runs only when promote
-# repairs a ring that lost its flat entry, which a healthy run never needs.
-ACL_EXTRAS = {"ping", "lpos"}
+# repairs a ring that lost its flat entry, which a healthy run never needs. HLEN, UNLINK and
+# RENAME keep the retired record's two generations: HLEN on about one small settle in eight,
+# the other two once per 25,000 retirements (lua/include/common.lua retire).
+ACL_EXTRAS = {"ping", "lpos", "hlen", "unlink", "rename"}
 # Used and deliberately not granted: CONFIG GET maxmemory-policy, echomq's startup check for
 # an evicting server (it is skipped when denied), would expose every setting.
 ACL_DENIED = {"config|get"}

@@ -136,7 +136,7 @@ def test_no_server_binary_is_one_line(
     err = done.stderr.decode().strip()
     assert done.returncode == 2, err
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("echomq: ") and "install" in err and "ECHOMQ_URL" in err, err
+    assert err.startswith("error: ") and "install" in err and "ECHOMQ_URL" in err, err
     assert pids_in(home) == []
 
 

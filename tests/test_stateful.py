@@ -666,8 +666,10 @@ class QueueMachine(RuleBasedStateMachine):
         err = JobGone if j is None else StateError if j.state != "dead" else None
         self.expect(err, self.q.reprocess, jid)
         if j is not None and err is None:
-            # Back to its lane when grouped (D6), with a fresh stall count.
+            # Back to its lane when grouped (D6), with a fresh stall count and a fresh
+            # retry budget (floor = attempts; the token itself never goes down).
             j.state, j.last_error, j.stalled = "pending", None, 0
+            j.floor = j.attempts
 
     @rule(jid=ids)
     def remove(self, jid: str) -> None:

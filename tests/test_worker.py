@@ -550,16 +550,17 @@ def test_task_name_not_a_string_is_unknown(make_app, run_worker, qname) -> None:
     assert "unknown task 5" in dead_with(app, qname, e.id)
 
 
-def test_wrong_arguments_fail_like_any_error(make_app, run_worker, qname) -> None:
+def test_wrong_arguments_are_dead_at_once(make_app, run_worker, qname) -> None:
     app = make_app()
 
-    @app.task(queue=qname, name="one", max_attempts=1)
+    @app.task(queue=qname, name="one", max_attempts=5)
     def one(x: int) -> None:
         pass
 
     e = app.queue(qname).enqueue(b'{"task": "one", "args": [1, 2], "kwargs": {}}')
     run_worker(app)
-    assert dead_with(app, qname, e.id).startswith("TypeError")
+    assert dead_with(app, qname, e.id).startswith("BadArguments: task 'one': too many")
+    assert row(app, qname, e.id)["attempts"] == "1"  # never retried: it cannot ever bind
 
 
 # --------------------------------------------------------------------------- job options
@@ -583,7 +584,7 @@ def test_options_delay_group_and_id(make_app, run_worker, qname, r: redis.Redis)
     assert q.job_state(job_id) == "scheduled"
     stored = row(app, qname, job_id)
     assert stored["group"] == "acme"
-    assert app.serializer.loads(stored["payload"]) == {"task": "opt", "args": [7], "kwargs": {}}
+    assert app.serializer.loads(stored["payload"]) == ["opt", [7]]
     run_worker(app)
     wait_for(lambda: q.counts()["completed"] == 1)
     [(ctx, started)] = seen

@@ -1,8 +1,18 @@
 """echomq: a reliable job queue for Python on Valkey/Redis.
 
+Quick start (five lines; the server comes from ``ECHOMQ_URL`` or ``echomq server``)::
+
+    import echomq                                     # tasks.py
+    app = echomq.App()
+    @app.task()
+    def add(x, y): return x + y
+    add.enqueue(2, 3)                                 # then run: echomq worker tasks:app
+
 A job is one hash row plus membership in exactly one of four sorted sets of its queue; every
 transition is one atomic Lua script; ``attempts`` is both the retry count and the fencing
 token, so a worker whose lease lapsed can never settle a job another worker now owns.
+See docs/API.md for the whole public surface; modules whose name starts with ``_`` are
+private.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from echomq.app import App, Discard, RateLimit, Retry, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
 from echomq.errors import (
+    BadArguments,
     DurabilityError,
     EchoMQError,
     InvalidArgument,
@@ -26,6 +37,7 @@ from echomq.errors import (
     PayloadTooLarge,
     ProtocolError,
     RateLimited,
+    ServerUnreachable,
     StaleToken,
     StateError,
     VersionFenceError,
@@ -40,6 +52,7 @@ __all__ = [
     "WIRE_VERSION",
     "App",
     "AsyncQueue",
+    "BadArguments",
     "Discard",
     "DurabilityError",
     "EchoMQError",
@@ -63,6 +76,7 @@ __all__ = [
     "RateLimited",
     "Repeat",
     "Retry",
+    "ServerUnreachable",
     "StaleToken",
     "StateError",
     "Task",

@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -43,7 +43,7 @@ except ImportError:  # redis-py < 7: no maintenance notifications, the pool alwa
 
 from echomq import _redispy
 from echomq._protocol import Call
-from echomq.errors import InvalidArgument, from_reply
+from echomq.errors import InvalidArgument, ServerUnreachable, from_reply
 
 __all__ = [
     "DEFAULT_RETRY_FOR",
@@ -57,6 +57,7 @@ __all__ = [
     "backoff_delay",
     "check_bytes_client",
     "check_retry_for",
+    "check_url",
     "close_thread_connections",
     "cluster_url",
     "configured",
@@ -67,6 +68,7 @@ __all__ = [
     "recorded_url",
     "resolve_url",
     "script_args",
+    "server_of",
     "state_dir",
     "sync_client",
     "thread_connection",
@@ -165,6 +167,14 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _redacted_text(url: str) -> str:
+    """``url`` with the password masked, even when it does not parse."""
+    try:
+        return _redacted(url)
+    except ValueError:
+        return re.sub(r":[^:@/]*@", ":***@", url)
+
+
 def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Resolved:
     """Which server to use, and why. The one answer for ``Queue``, ``AsyncQueue``, ``App``,
     ``Worker`` and the CLI; the first that applies wins:
@@ -250,6 +260,7 @@ def parse_url(url: str) -> tuple[str, bool, int]:
     - durable mode: ``durable=true`` (one replica) or ``durable=N`` (N replicas): every write
       waits for N replica acknowledgements (see :mod:`echomq._durable`).
     """
+    check_url(url)
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     options = {k: v.lower() for k, v in query if k in ("cluster", "durable")}
@@ -268,6 +279,34 @@ def parse_url(url: str) -> tuple[str, bool, int]:
     if parts.fragment:
         plain += "#" + parts.fragment
     return plain, cluster, durable
+
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_url(url: object) -> str:
+    """``url`` if it names a scheme echomq speaks (``redis://``, ``rediss://``, ``unix://``,
+    or one of the first two with ``+cluster``); ``InvalidArgument`` otherwise, before any I/O
+    (a bare ``host:port`` would otherwise reach redis-py as an unknown scheme)."""
+    if not isinstance(url, str):
+        raise InvalidArgument(f"url must be a str, got {type(url).__name__}")
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        raise InvalidArgument(f"url {_redacted_text(url)!r} is not a valid URL: {exc}") from None
+    if scheme.endswith("+cluster") and scheme != "unix+cluster":
+        scheme = scheme[: -len("+cluster")]
+    if scheme in _SCHEMES:
+        return url
+    shown = _redacted(url) if "://" in url else url
+    if "://" not in url:
+        raise InvalidArgument(
+            f"url {shown!r} has no scheme: write redis://{shown} (or rediss://, unix://)"
+        )
+    raise InvalidArgument(
+        f"url {shown!r} has the scheme {scheme!r}: echomq speaks redis://, rediss:// "
+        "(either with +cluster) and unix://"
+    )
 
 
 def cluster_url(url: str) -> str | None:
@@ -373,6 +412,40 @@ class Budget:
         if now - self.start >= self.retry_for:
             return None
         return backoff_delay(self.attempt)
+
+    def give_up(self, exc: BaseException, client: Any) -> NoReturn:
+        """Raise once the budget is spent on ``exc``: a lost connection as
+        :class:`~echomq.errors.ServerUnreachable` (naming the server and the time waited,
+        ``exc`` as its cause); any other error as it is."""
+        if not isinstance(exc, redis.exceptions.ConnectionError) or isinstance(
+            exc, ServerUnreachable
+        ):
+            raise exc
+        waited = time.monotonic() - self.start if self.attempt else 0.0
+        raise ServerUnreachable(server_of(client), waited, self.retry_for, exc) from exc
+
+
+def server_of(client: Any) -> str:
+    """The server a redis-py client talks to, as a URL with any password masked (for error
+    messages; ``<unknown address>`` when the client does not say)."""
+    try:
+        if not hasattr(client, "connection_pool"):  # a cluster client: name one known node
+            node = client.get_default_node()
+            return f"redis+cluster://{node.host}:{node.port}"
+        pool = client.connection_pool
+        kw = _redispy.client_kwargs(client)
+        db = kw.get("db", 0) or 0
+        if kw.get("path"):
+            return f"unix://{kw['path']}" + (f"?db={db}" if db else "")
+        tls = "SSL" in getattr(pool, "connection_class", type(None)).__name__
+        user, password = kw.get("username"), kw.get("password")
+        auth = ""
+        if user or password:
+            auth = (user or "") + (":***" if password else "") + "@"
+        host = kw.get("host", "localhost")
+        return f"{'rediss' if tls else 'redis'}://{auth}{host}:{kw.get('port', 6379)}/{db}"
+    except Exception:  # best effort: a message must not fail
+        return "<unknown address>"
 
 
 # --------------------------------------------------------------------------- direct connections

@@ -145,10 +145,12 @@ class SyncExecutor(_Executor):
         while True:
             try:
                 return self._call_once(call)
-            except TRANSIENT:
-                delay = budget.next_delay() if call.replay else None
-                if delay is None:
+            except TRANSIENT as exc:
+                if not call.replay:
                     raise
+                delay = budget.next_delay()
+                if delay is None:
+                    budget.give_up(exc, self.client)
                 time.sleep(delay)
 
     def _call_once(self, call: Call[T]) -> T:
@@ -233,7 +235,7 @@ class SyncExecutor(_Executor):
                 except TRANSIENT as exc:
                     delay = budget.next_delay()
                     if delay is None:
-                        raise
+                        budget.give_up(exc, self.client)
                     time.sleep(delay)
                     try:
                         step = work.throw(Replay(exc))
@@ -270,10 +272,12 @@ class AsyncExecutor(_Executor):
         while True:
             try:
                 return await self._call_once(call)
-            except TRANSIENT:
-                delay = budget.next_delay() if call.replay else None
-                if delay is None:
+            except TRANSIENT as exc:
+                if not call.replay:
                     raise
+                delay = budget.next_delay()
+                if delay is None:
+                    budget.give_up(exc, self.client)
                 await asyncio.sleep(delay)
 
     async def _call_once(self, call: Call[T]) -> T:
@@ -365,7 +369,7 @@ class AsyncExecutor(_Executor):
                 except TRANSIENT as exc:
                     delay = budget.next_delay()
                     if delay is None:
-                        raise
+                        budget.give_up(exc, self.client)
                     await asyncio.sleep(delay)
                     try:
                         step = work.throw(Replay(exc))

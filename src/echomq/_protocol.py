@@ -121,6 +121,9 @@ class Settled:
     completed: list[EchoMQError | None]
     retried: list[str | EchoMQError]
     jobs: list[Job]
+    # D21: when the claim part got nothing because a rate limit holds jobs back, the ms until
+    # its window reopens (the claim's own answer, no second round trip); else 0.
+    rate_limited_ms: int = 0
 
 
 class Keys:
@@ -318,22 +321,23 @@ def enqueue(
     nonce = secrets.token_hex(6) if replay_ms else ""
 
     for _ in range(_REMINT_TRIES):
-        call = _call(
-            "enqueue",
-            (k.job(jid), k.meta),
-            (k.base, jid, data, g, mode, value, replay_ms, nonce, *extra),
-            _s,
-        )
-        replayed = False
+        # flags: 'f' the id was minted here (never handed out: the script skips the retired
+        # record), 'r' a resend.
+        flags = "f" if minted else ""
+        args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *extra)
+        call = _call("enqueue", (k.job(jid), k.meta), args, _s)
+        resent = False
         while True:
             try:
                 status = yield call
                 break
             except Replay:
-                # The reply was lost: the enqueue may or may not have landed. Resend it: the
-                # same id and nonce find the first copy if it landed (even if that job has
-                # completed since), so it is never admitted twice.
-                replayed = True
+                # The reply was lost: the enqueue may or may not have landed. Resend it flagged
+                # as a resend: the same id and nonce find the first copy's marker if it landed
+                # (even if that job has completed since), so it is never admitted twice.
+                resend = (k.base, jid, data, g, mode, value, flags + "r", replay_ms, nonce, *extra)
+                call = _call("enqueue", (k.job(jid), k.meta), resend, _s)
+                resent = True
         if status == "replayed":
             return Enqueued(jid, "enqueued")
         if status == "replayed:scheduled":
@@ -341,12 +345,15 @@ def enqueue(
         if status.startswith("deduplicated:"):
             return Enqueued(status[len("deduplicated:") :], "deduplicated")
         if minted and status == "duplicate":
-            if replayed:
-                # Our own first attempt landed before its reply was lost.
+            if resent and not nonce:
+                # No marker (replay_ms=0): the row a resend of a minted id finds is its own
+                # first copy's.
                 return Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
-            # A minted id that already exists is a collision with another process's minter,
-            # not a retried producer: mint again rather than report someone else's job.
+            # Else a minted id that already exists is a collision with another process's
+            # minter, not our own first copy (that one would have answered "replayed" from
+            # its marker): mint again rather than report someone else's job.
             jid = ids.mint()
+            nonce = secrets.token_hex(6) if replay_ms else ""
             continue
         return Enqueued(jid, status)
     raise EchoMQError("could not mint a fresh job id")  # pragma: no cover - 8 collisions in a row
@@ -397,9 +404,8 @@ def enqueue_many(
             jobs.append((ids.mint(), _payload(item, k.max_payload), True))
     results: list[Enqueued | EchoMQError | None] = [None] * len(jobs)
     # An id named twice in one call is sent once: its later mentions are duplicates of the
-    # first by definition. (Sent twice, in two chunks of 1000, the second mention would find
-    # the first one's replay marker and answer "replayed", i.e. enqueued, for a payload that
-    # was dropped.)
+    # first by definition, answered here without a round trip (and never confused with a
+    # resend of the first, whichever chunks they would have travelled in).
     first: dict[str, int] = {}
     todo = []
     for i, (jid, _, minted) in enumerate(jobs):
@@ -410,29 +416,38 @@ def enqueue_many(
             results[i] = Enqueued(jid, "duplicate")
         else:
             results[i] = KindError("EMQKIND job id must be JOB-namespaced")
-    replayed = False
-    nonce = secrets.token_hex(6) if replay_ms else ""
+    resent = False
     for _ in range(_REMINT_TRIES):
         if not todo:
             break
         spans = _chunks(todo, [len(jobs[i][1]) for i in todo])
+        # One nonce a script call: each call's first copy leaves one marker of its verdicts.
+        heads = [
+            (k.base, g, mode, value, replay_ms, secrets.token_hex(6) if replay_ms else "")
+            for _ in spans
+        ]
+        # flags: 'f' when every id of the call was minted here (the script then skips the
+        # retired record), 'r' on a resend.
+        fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call(
-                "enqueue_many",
-                (k.meta,),
-                (k.base, g, mode, value, replay_ms, nonce, *_flat(jobs, span)),
-                _str_list,
-            )
-            for span in spans
+            _call("enqueue_many", (k.meta,), (*head, f, *_flat(jobs, span)), _str_list)
+            for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
             try:
                 replies = yield calls
                 break
             except Replay:
-                # Lost replies: resend the same ids and nonce: a job whose first copy landed
-                # answers "replayed" (even once it has completed), never a second admission.
-                replayed = True
+                # Lost replies: resend every call as a resend (ARGV[7]) with its nonce: a call
+                # whose first copy landed answers that copy's verdicts ("replayed" for the
+                # admitted jobs, even once they completed), never a second admission.
+                calls = [
+                    _call(
+                        "enqueue_many", (k.meta,), (*head, f + "r", *_flat(jobs, span)), _str_list
+                    )
+                    for head, f, span in zip(heads, fresh, spans, strict=True)
+                ]
+                resent = True
         retry: list[int] = []
         for span, reply in zip(spans, replies, strict=True):
             if isinstance(reply, BaseException):
@@ -445,7 +460,8 @@ def enqueue_many(
                     results[i] = Enqueued(jid, "enqueued")
                 elif verdict == "replayed:scheduled":
                     results[i] = Enqueued(jid, "scheduled")
-                elif verdict == "duplicate" and minted and replayed:
+                elif verdict == "duplicate" and minted and resent and not replay_ms:
+                    # No marker (replay_ms=0): our own first copy's row (see enqueue).
                     results[i] = Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
                 elif verdict == "duplicate" and minted:
                     # A minted id collided with another process's: mint again (see enqueue).
@@ -464,13 +480,16 @@ def enqueue_many(
 
 def claim(k: Keys, lease_ms: int = 30_000) -> Call[Job | None]:
     def decode(reply: Any) -> Job | None:
-        return _job(reply) if reply else None
+        # {ms}: nothing claimed because a rate limit holds jobs back (D21): no job.
+        return _job(reply) if reply and len(reply) > 1 else None
 
     return _call("claim", (k.meta, k.ring, k.active), (k.base, _lease(lease_ms)), decode)
 
 
 def claim_batch(k: Keys, n: int, lease_ms: int = 30_000) -> Call[list[Job]]:
     def decode(reply: Any) -> list[Job]:
+        if reply and not isinstance(reply[0], list):
+            return []  # {ms}: a rate limit holds jobs back (D21)
         return [_job(r) for r in reply]
 
     args = (k.base, _lease(lease_ms), _int("n", n, 1, 1_000_000))
@@ -599,13 +618,14 @@ def settle(
         )
 
     def decode(reply: Any) -> Settled:
-        c, r, jobs = reply
+        c, r, jobs, *rest = reply
         return Settled(
             [_verdict(done[j], c[j]) for j in order]
             if kept_ids
             else [_verdict(i, v) for i, v in zip(done, c, strict=True)],
             [_verdict(i, v) for i, v in zip(again, r, strict=True)],
             [_job(j) for j in jobs],
+            int(rest[0]) if rest else 0,
         )
 
     keys = (k.meta, k.ring, k.active, k.schedule, k.dead)

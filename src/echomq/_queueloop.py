@@ -45,15 +45,24 @@ class WorkerStats:
     recovered: int = 0  # stalled jobs this worker's sweeps returned to pending
     swept_dead: int = 0  # stalled jobs this worker's sweeps dead-lettered
     stale_refused: int = 0  # settles the fence refused (StaleToken/JobGone); also in lost
+    # A gauge, not a counter: sync handler threads running now past their run's end.
+    stranded_threads: int = 0
 
-    def count(self, s: Settle, verdict: Any) -> bool:
+    def count(self, s: Settle, verdict: Any, queue: str = "") -> bool:
         """Count the server's verdict on one settle; True when it was an accepted retry."""
         if isinstance(verdict, (StaleToken, JobGone)):
             self.lost += 1
             self.stale_refused += 1
+            why = "the job is gone" if isinstance(verdict, JobGone) else "a newer token holds it"
+            attempt = s.token - s.floor
             log.warning(
-                "job %s: settle refused (%s); another worker owns it now", s.job_id, verdict
-            )
+                "job %s (task %s, queue %s, attempt %d) stale settle refused: %s (%s)",
+                s.job_id, s.task or "?", queue, attempt, why, verdict,
+                extra={
+                    "queue": queue, "job_id": s.job_id, "task": s.task or "?",
+                    "attempt": attempt, "error": str(verdict),
+                },
+            )  # fmt: skip
         elif isinstance(verdict, BaseException):
             log.error("job %s: settle failed: %r", s.job_id, verdict)
         elif s.kind == "completed":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from echomq import _envelope
 from echomq import _protocol as _p
+from echomq._isolate import Child, ChildTimeout
 from echomq._protocol import Job
 from echomq.app import Discard, RateLimit, Retry
 from echomq.backoff import exponential
@@ -40,6 +42,10 @@ if TYPE_CHECKING:
 __all__ = ["Runner", "Running", "Settle"]
 
 log = logging.getLogger("echomq.worker")
+# One line per job's end (docs/API.md, "Logs"): failures, retries, dead-letters, timeouts,
+# unknown tasks, cancels; completions at DEBUG only.
+jlog = logging.getLogger("echomq.worker.jobs")
+_TIMEOUT_TEXT = "TimeoutError: the run took longer than"
 T = TypeVar("T")
 
 _MAX_ERROR_TEXT = 8192
@@ -55,7 +61,10 @@ class Running:
     fut: asyncio.Future[Any] | None = None
     lost: bool = False  # the lease was lost, or the job handed back: never settle this run
     thread: Future[Any] | None = None  # a sync handler's run in the pool
+    started: float = 0.0  # time.monotonic() when the sync handler's thread was submitted
+    child: Child | None = None  # an isolated run's child process (@app.task(isolate=True))
     cancelled: bool = False  # D22: the job was cancelled; its settle dead-letters it
+    begun: float = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
 
     @property
     def key(self) -> tuple[str, int]:
@@ -68,6 +77,8 @@ class Running:
             self.ctx.lost = True
         if self.fut is not None:
             self.fut.cancel()
+        if self.child is not None:
+            self.child.kill()
 
     def cancel(self) -> None:
         """The job was cancelled (D22): an async handler is cancelled at its next await, a
@@ -79,6 +90,8 @@ class Running:
             self.ctx.cancelled = True
         if self.fut is not None and self.thread is None:
             self.fut.cancel()
+        if self.child is not None:
+            self.child.kill()
 
 
 @dataclass(eq=False, slots=True)
@@ -95,6 +108,7 @@ class Settle:
     result: bytes = b""  # D17: the serialized return value, kept when keep_ms > 0
     keep_ms: int = 0  # D17: the task keeps results (and a dead job's error) this long
     floor: int = 0  # the job's floor (Job.floor): the ceiling counts token - floor
+    task: str = ""  # the task's name, for the worker's log lines (a refused settle's)
 
     @property
     def outcome(self) -> str:
@@ -135,8 +149,11 @@ class Runner:
         job = r.job
         prepared = self.prepare(job)
         if isinstance(prepared, Settle):  # undecodable or unknown: dead-lettered, never run
+            self._log_refused(queue, job, prepared)
             done(r, prepared)
             return
+        if jlog.isEnabledFor(logging.DEBUG):
+            r.begun = time.monotonic()
         task, args, kwargs = prepared
         r.ctx = JobContext(
             queue,
@@ -165,6 +182,10 @@ class Runner:
         task = self.app.tasks.get(name) if isinstance(name, str) else None
         if task is None:
             return self.dead(job, f"unknown task {_safe_repr(name)}: no handler is registered")
+        try:  # a call that does not fit the handler never will: dead at once, not retried
+            args, kwargs = task.from_wire(args, kwargs)
+        except Exception as exc:
+            return self.dead(job, f"{type(exc).__name__}: {_safe_str(exc)}", task.keep_result_ms)
         return task, args, kwargs
 
     def _run_inline(
@@ -184,6 +205,7 @@ class Runner:
         else:
             settle = self.outcome(r.job, task, error)
         self.hooks.call_sync("after_job", r.ctx, settle.outcome, error)
+        self._log_end(r, task, settle, error)
         return settle
 
     async def _execute(
@@ -226,6 +248,8 @@ class Runner:
                 if r.lost:
                     settle = None
                 kind = settle.outcome if settle is not None else "lost"
+                if settle is not None:
+                    self._log_end(r, task, settle, error)
                 await self.hooks.call("after_job", r.ctx, kind, error)
             finally:
                 _current.reset(token)
@@ -238,12 +262,98 @@ class Runner:
             run: Awaitable[Any] = _guard(task.fn(*args, **kwargs))
         elif task.inline:  # inline, but a job hook is async: a loop task, still no thread
             return task.fn(*args, **kwargs)
+        elif task.isolate:
+            # A child process per run, waited on in a pool thread; the child enforces the
+            # timeout itself (ChildTimeout) and is killed on any other end of the run.
+            assert self.threads is not None and r.ctx is not None
+            r.child = Child(task, args, kwargs, r.ctx)
+            try:
+                return await asyncio.wrap_future(self.threads.submit(r.child.run, task.timeout))
+            finally:
+                r.child.kill()  # a cancelled await (lost, cancelled, shutdown) kills it too
         else:
             assert self.threads is not None and r.ctx is not None
             thread = self.threads.submit(_run_in_context, r.ctx, task.fn, args, kwargs)
-            r.thread = thread  # its slot stays taken while the thread runs (Worker._finish)
+            # Past a timeout (or a hand-back) the run settles and its slot is freed while the
+            # thread still runs: a stranded thread, counted by the worker (Worker._finish).
+            r.thread, r.started = thread, time.monotonic()
             run = asyncio.wrap_future(thread)
         return await (asyncio.wait_for(run, task.timeout) if task.timeout else run)
+
+    def _log_end(
+        self, r: Running, task: Task[Any, Any], settle: Settle, error: BaseException | None
+    ) -> None:
+        """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
+        settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
+        kind = settle.kind
+        if kind in ("completed", "pushed") and not jlog.isEnabledFor(logging.DEBUG):
+            return
+        job = r.job
+        queue = r.ctx.queue if r.ctx is not None else ""
+        fields: dict[str, Any] = {
+            "queue": queue,
+            "job_id": job.id,
+            "task": task.name,
+            "attempt": job.attempt,
+            "max_attempts": task.max_attempts,
+        }
+        where = f"job {job.id} (task {task.name}, queue {queue}, attempt {job.attempt}/"
+        where += f"{task.max_attempts})"
+        if kind == "completed":
+            ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
+            fields["duration_ms"] = ms
+            jlog.debug("%s completed in %s ms", where, ms, extra=fields)
+            return
+        if kind == "pushed":
+            fields["delay_ms"] = settle.delay_ms
+            jlog.debug("%s rate-limited: back in %d ms", where, settle.delay_ms, extra=fields)
+            return
+        text = settle.error.partition("\n")[0]
+        fields["error"] = text
+        if r.cancelled and settle.error == "cancelled":
+            jlog.info("%s cancelled: dead-lettered", where, extra=fields)
+            return
+        # A traceback is the handler's own: not for a signal, a timeout or a cancel.
+        exc = (
+            error
+            if error is not None
+            and not isinstance(error, (Retry, Discard, asyncio.CancelledError))
+            and not text.startswith(_TIMEOUT_TEXT)
+            else None
+        )
+        if settle.outcome == "dead":
+            jlog.error("%s dead-lettered: %s", where, text, exc_info=exc, extra=fields)
+            return
+        fields["delay_ms"] = delay = settle.delay_ms
+        if text.startswith(_TIMEOUT_TEXT):
+            what, level = "timed out", logging.WARNING
+        elif isinstance(error, Retry):
+            what, level = "retry requested", logging.INFO
+        else:
+            what, level = "failed", logging.WARNING
+        jlog.log(
+            level, "%s %s: %s; retrying in %d ms", where, what, text, delay,
+            exc_info=exc, extra=fields,
+        )  # fmt: skip
+
+    def _log_refused(self, queue: str, job: Job, settle: Settle) -> None:
+        """The ERROR line of a job dead-lettered before any run: an unknown task, an
+        undecodable payload, arguments that do not fit the handler."""
+        try:
+            name = _envelope.parse(self.app.serializer, job.payload)[0]
+        except Exception:
+            name = None
+        task = name if isinstance(name, str) else "?"
+        settle.task, settle.floor = task, job.floor
+        text = settle.error.partition("\n")[0]
+        fields = {
+            "queue": queue, "job_id": job.id, "task": task, "attempt": job.attempt,
+            "error": text,
+        }  # fmt: skip
+        jlog.error(
+            "job %s (task %s, queue %s, attempt %d) %s: dead-lettered",
+            job.id, task, queue, job.attempt, text, extra=fields,
+        )  # fmt: skip
 
     def outcome(self, job: Job, task: Task[Any, Any], exc: BaseException) -> Settle:
         """The settle of a failed run: a Retry or Discard signal, a timeout, or an error."""
@@ -254,8 +364,9 @@ class Runner:
             return Settle(job.id, job.token, "pushed", exc.delay_ms)
         if isinstance(exc, Discard):
             return self.dead(job, f"Discard: {_safe_str(exc.reason)}", task.keep_result_ms)
-        if isinstance(exc, asyncio.TimeoutError) and isinstance(
-            exc.__cause__, asyncio.CancelledError
+        if isinstance(exc, ChildTimeout) or (
+            isinstance(exc, asyncio.TimeoutError)
+            and isinstance(exc.__cause__, asyncio.CancelledError)
         ):
             text = f"TimeoutError: the run took longer than {task.timeout}s"  # the task's timeout
         else:  # any other error, the handler's own TimeoutError (a socket, a client) included

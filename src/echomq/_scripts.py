@@ -66,6 +66,78 @@ def _expand(text: str, lua: Path, seen: tuple[str, ...] = ()) -> str:
     return _INCLUDE.sub(inline, text)
 
 
+# A top-level function of an inlined include: from ``local function name(`` at column 0 to the
+# first ``end`` alone at column 0 (the sources keep every inner block indented).
+_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end$\n?", re.M | re.S)
+_WORD = re.compile(r"\w+")
+_COMMENT = re.compile(r"--(?!\[\[).*$", re.M)
+
+
+def _shake(source: str) -> str:
+    """Drop the included functions a script never calls. Every call of a script runs its
+    whole chunk, creating one closure per ``local function``: a script that inlines four
+    includes for two of their functions would pay for all of them, on every call. A function
+    is kept when the script's own code (everything outside the function definitions) calls
+    it, or a kept function does; comments do not count."""
+    found = list(_FUNCTION.finditer(source))
+    bodies = {m.group(1): set(_WORD.findall(_COMMENT.sub("", m.group(0)))) for m in found}
+    outside, last = [], 0
+    for m in found:
+        outside.append(source[last : m.start()])
+        last = m.end()
+    outside.append(source[last:])
+    todo = [n for n in set(_WORD.findall(_COMMENT.sub("", "".join(outside)))) if n in bodies]
+    kept: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo += [n for n in bodies[name] if n in bodies and n not in kept]
+    for m in reversed(found):
+        if m.group(1) not in kept:
+            source = source[: m.start()] + source[m.end() :]
+    return source
+
+
+# A lazy group of an include: ``--@lazy name`` ... ``--@end`` around top-level functions (and
+# the locals only they use) that most calls of a script never run.
+_LAZY = re.compile(r"^--@lazy (\w+)\n(.*?)^--@end\n", re.M | re.S)
+_DEF = re.compile(r"^local function (\w+)\(", re.M)
+
+
+def _lazify(source: str) -> str:
+    """Build each lazy group on first use instead of on every call. A script's chunk creates
+    every closure it defines each time it runs; a group such as the flow functions would cost
+    every completion a dozen closures it almost never calls. The group becomes one loader
+    that defines its functions and returns them in a table, and every call of one of them
+    outside the group goes through the loader (``load_flows().flow_child_done(...)``)."""
+    while (m := _LAZY.search(source)) is not None:
+        group, body = m.group(1), m.group(2)
+        names = _DEF.findall(body)
+        if not names:
+            loader = ""
+        else:
+            table = ", ".join(f"{n} = {n}" for n in names)
+            loader = (
+                f"local lazy_{group} = nil\n"
+                f"local function load_{group}()\n"
+                f"  if lazy_{group} then return lazy_{group} end\n"
+                f"{body}"
+                f"  lazy_{group} = {{{table}}}\n"
+                f"  return lazy_{group}\n"
+                "end\n"
+            )
+        head, tail = source[: m.start()], source[m.end() :]
+        if names:
+            alt = "|".join(names)
+            tail = re.sub(rf"(?<![.\w])({alt})\(", rf"load_{group}().\1(", tail)
+            other = re.search(rf"(?<![.\w])({alt})\b", _COMMENT.sub("", tail))
+            if other:
+                raise RuntimeError(f"lazy function {other.group(1)} is used other than by a call")
+        source = head + loader + tail
+    return source
+
+
 def _load() -> dict[str, Script]:
     lua = Path(__file__).parent / "lua"
     scripts = {}
@@ -77,7 +149,7 @@ def _load() -> dict[str, Script]:
             raise RuntimeError(f"lua/{entry.name} has no header contract")
         nkeys = len(_KEY_LINE.findall(header.group(1)))
         writes, replay = parse_flags(name, header.group(1))
-        source = _expand(text, lua)
+        source = _lazify(_shake(_expand(text, lua)))
         sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         scripts[name] = Script(name, source, sha, nkeys, writes, replay)
     return scripts

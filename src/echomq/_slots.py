@@ -1,15 +1,14 @@
 """The worker's capacity: one object, and acquire/release the only way in or out.
 
 A slot is taken when a claim is sent (for every job it may bring), given back for each job the
-claim did not bring, and given back when a job's run ends — or, for a sync handler still
-running in its thread past a timeout or a hand-back, when that thread returns, since a thread
-cannot be stopped and a new job would wait behind it in the pool.
+claim did not bring, and given back when a job's run ends — at once, even for a sync handler
+still running in its thread past a timeout or a hand-back: that thread is *stranded*, counted
+by the worker apart from the slots (``Worker(max_stranded=...)``), so hung handlers cannot
+freeze a worker by holding every slot.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 from echomq.errors import InvalidArgument
@@ -57,8 +56,3 @@ class Slots:
         self._free += n
         if self.on_release is not None:
             self.on_release()
-
-    def release_from_thread(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Give back one slot from another thread (a sync handler's thread that returned)."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has stopped
-            loop.call_soon_threadsafe(self.release)

@@ -5,6 +5,15 @@ A task call travels as one payload, the task envelope (``echomq._envelope``: bui
 parsed there only), encoded by the app's serializer (JSON by default, never pickle). The
 queue below sees only opaque bytes. ``current_job`` and ``JobContext`` live in
 ``echomq.context`` and are re-exported here.
+
+Arguments are checked where the call is made: a call that does not bind to the handler's
+signature, or an argument with no serializable form, raises :class:`BadArguments` before
+anything is written. They travel as builtins (``msgspec.to_builtins``: a datetime as ISO
+text, a UUID or Decimal as text, a tuple or set as a list, a dataclass as a map, an enum as
+its value) and the worker converts each one back by the handler's annotation
+(``msgspec.convert``, lax: ``"1"`` is an int where an int is expected). An argument without
+an annotation, or annotated ``Any``, ``object`` or a type msgspec cannot build (a plain
+class), arrives as it was decoded.
 """
 
 from __future__ import annotations
@@ -12,10 +21,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import typing
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+import msgspec
+import msgspec.inspect
 
 from echomq import _compose, _envelope, keyspace
 from echomq._connect import (
@@ -30,7 +43,7 @@ from echomq._connect import (
 from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
-from echomq.errors import EchoMQError, InvalidArgument
+from echomq.errors import BadArguments, EchoMQError, InvalidArgument
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer, resolve_serializer
 
@@ -108,6 +121,7 @@ class Task(Generic[P, R]):
         inline: bool = False,
         keep_result_ms: int = 0,
         rate_limit: tuple[int, int] | None = None,
+        isolate: bool = False,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -133,6 +147,16 @@ class Task(Generic[P, R]):
         if inline and (self.is_async or timeout is not None):
             raise InvalidArgument("inline=True is for sync handlers without a timeout")
         self.inline = bool(inline)
+        if not isinstance(isolate, bool):
+            raise InvalidArgument(f"isolate must be a bool, got {isolate!r}")
+        if isolate:  # run in a child process that a timeout kills (echomq._isolate)
+            from echomq._isolate import check_isolatable
+
+            if self.is_async or inline:
+                raise InvalidArgument("isolate=True is for sync handlers that are not inline")
+            if (why := check_isolatable(fn)) is not None:
+                raise InvalidArgument(f"isolate=True: {why}")
+        self.isolate = isolate
         # D17: > 0 keeps each run's return value (through the app's serializer) that long.
         if isinstance(keep_result_ms, bool) or not isinstance(keep_result_ms, int):
             raise InvalidArgument(f"keep_result_ms must be an int >= 0, got {keep_result_ms!r}")
@@ -150,6 +174,7 @@ class Task(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
+        self._params: _Params | None = None  # the handler's signature, compiled on first use
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -158,8 +183,69 @@ class Task(Generic[P, R]):
         return f"<Task {self.name} queue={self.queue}>"
 
     def payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-        """The wire payload of one call of this task."""
-        return _envelope.build(self.app.serializer, self.name, args, kwargs)
+        """The wire payload of one call of this task; :class:`BadArguments` when the call
+        does not bind to the handler or an argument cannot be serialized."""
+        p = self._params or self.params()
+        if kwargs or not p.min_pos <= len(args) <= p.max_pos:  # else it binds (the fast check)
+            p.check(self.name, args, kwargs)
+        try:
+            return _envelope.encode(self.app.serializer, self.name, args, kwargs)
+        except Exception as exc:
+            raise self._unserializable(args, kwargs, exc) from exc
+
+    def params(self) -> _Params:
+        """The handler's parameters (compiled once, on first use)."""
+        p = self._params
+        if p is None:
+            p = self._params = _Params(self.fn)
+        return p
+
+    def check_call(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+        """:class:`BadArguments` unless ``args``/``kwargs`` bind to the handler's signature."""
+        self.params().check(self.name, args, kwargs)
+
+    def to_wire(
+        self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """The call's arguments checked against the handler and turned into builtins the
+        serializer encodes (``echomq._envelope.to_wire``)."""
+        self.params().check(self.name, args, kwargs)
+        serializer = self.app.serializer
+        try:
+            if kwargs:
+                a, k = _envelope.to_wire(serializer, (args, kwargs))
+                return a, k
+            return _envelope.to_wire(serializer, args), {}
+        except Exception as exc:
+            raise self._unserializable(args, kwargs, exc) from exc
+
+    def from_wire(
+        self, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The decoded arguments of a job, checked against the handler and converted to its
+        annotations (the worker's side of :meth:`to_wire`); :class:`BadArguments` names the
+        argument that does not fit."""
+        p = self._params or self.params()
+        if kwargs or not p.min_pos <= len(args) <= p.max_pos:  # else it binds (the fast check)
+            p.check(self.name, args, kwargs)
+        return p.convert(self.name, args, kwargs)
+
+    def _unserializable(
+        self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], exc: Exception
+    ) -> BadArguments:
+        """The error naming the first argument that cannot be serialized."""
+        serializer = self.app.serializer
+        for name, value in self.params().named(args, kwargs):
+            try:
+                serializer.dumps(_envelope.to_wire(serializer, value))
+            except Exception as found:
+                what = _UNSUPPORTED.search(str(found))
+                kind = what.group(1) if what else type(value).__name__
+                return BadArguments(
+                    f"argument {name!r} of task {self.name!r}: cannot serialize a {kind} "
+                    f"({type(found).__name__}: {found})"
+                )
+        return BadArguments(f"task {self.name!r}: cannot serialize the call: {exc}")
 
     def options(
         self,
@@ -194,7 +280,7 @@ class Task(Generic[P, R]):
         """Enqueue many calls, each ``(args, kwargs)``, in few round trips."""
         otel = self.app._otel
         if otel is not None:
-            span, payloads = otel.start_send(self, [(tuple(a), dict(k)) for a, k in calls])
+            span, payloads = otel.start_send(self, self._wire_calls(calls))
             try:
                 found = self.app.queue(self.queue).enqueue_many(payloads, group=group)
             except BaseException as exc:
@@ -202,11 +288,30 @@ class Task(Generic[P, R]):
                 raise
             otel.end_send(span, None, None)
             return found
-        payloads = [self.payload(tuple(a), dict(k)) for a, k in calls]
+        payloads = []
+        for i, (a, k) in enumerate(calls):
+            try:
+                payloads.append(self.payload(tuple(a), dict(k)))
+            except BadArguments as exc:
+                raise BadArguments(f"call {i}: {exc}") from exc
         return self.app.queue(self.queue).enqueue_many(payloads, group=group)
 
+    def _wire_calls(
+        self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """Each call checked and in builtins, for ``echomq.otel``'s payload builder."""
+        wired = []
+        for i, (a, k) in enumerate(calls):
+            try:
+                wired.append(self.to_wire(tuple(a), dict(k)))
+            except BadArguments as exc:
+                raise BadArguments(f"call {i}: {exc}") from exc
+        return wired
+
     def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
-        """A signature: this task with its call's arguments, for ``app.flow``."""
+        """A signature: this task with its call's arguments, for ``app.flow``
+        (:class:`BadArguments` here when they do not bind to the handler)."""
+        self.check_call(args, kwargs)
         return Signature(self, tuple(args), dict(kwargs))
 
 
@@ -243,7 +348,7 @@ class BoundTask(Generic[P, R]):
         if otel is None:
             payload = self.task.payload(args, kwargs)
         else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            span, (payload,) = otel.start_send(self.task, [(args, kwargs)])
+            span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)])
         try:
             e = self.task.app.queue(self.task.queue).enqueue(
                 payload,
@@ -269,7 +374,7 @@ class BoundTask(Generic[P, R]):
         if otel is None:
             payload = self.task.payload(args, kwargs)
         else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            span, (payload,) = otel.start_send(self.task, [(args, kwargs)])
+            span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)])
         try:
             e = await self.task.app.aqueue(self.task.queue).enqueue(
                 payload,
@@ -417,6 +522,7 @@ class App:
         inline: bool = False,
         keep_result_ms: int = 0,
         rate_limit: tuple[int, int] | None = None,
+        isolate: bool = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -433,6 +539,7 @@ class App:
         inline: bool = False,
         keep_result_ms: int = 0,
         rate_limit: tuple[int, int] | None = None,
+        isolate: bool = False,
     ) -> Any:
         """Register a handler (sync or ``async def``) as a task; usable bare or with options.
 
@@ -452,6 +559,10 @@ class App:
                 for ``task.enqueue(...).wait(timeout_s)``; 0 (default) keeps nothing.
             rate_limit: ``(max, window_ms)``: at most ``max`` jobs of the task's queue start
                 per window (queue-wide, set by every worker that serves the queue).
+            isolate: run each job of a sync handler in a child process that the worker
+                kills at ``timeout`` (a hard timeout; nothing keeps running). The handler
+                must be a module-level function of an importable module; arguments and
+                return value are pickled (see docs/API.md, "Hung handlers").
         """
 
         def register(f: Callable[P, R]) -> Task[P, R]:
@@ -472,6 +583,7 @@ class App:
                 inline=inline,
                 keep_result_ms=keep_result_ms,
                 rate_limit=rate_limit,
+                isolate=isolate,
             )
             self.tasks[task_name] = t
             return t
@@ -508,6 +620,7 @@ class App:
             _compose._name(rname)
             if (t.queue, rname) in self.periodics:
                 raise InvalidArgument(f"periodic {rname!r} is already registered")
+            t.payload(tuple(args), dict(kwargs or {}))  # BadArguments here, not in the worker
             self.periodics[(t.queue, rname)] = Periodic(
                 t, rname, every_ms, cron, tz, group, tuple(args), dict(kwargs or {})
             )
@@ -617,3 +730,206 @@ class App:
         if client is not None:
             await client.aclose()  # type: ignore[attr-defined]
         self.close()
+
+
+_UNSUPPORTED = re.compile(r"objects of type (\S+) is unsupported")
+_PASS = (inspect.Parameter.empty, Any, object)
+_AS_IS = frozenset({int, str, float, bool, list, dict, bytes})
+
+
+class _Params:
+    """A handler's parameters, compiled once per task: what a call must bind to, and the
+    annotation each argument is converted to in the worker (resolved on first use there, so
+    a forward reference defined after the handler resolves)."""
+
+    __slots__ = (
+        "_hints",
+        "_pos_hints",
+        "_shapes",
+        "fn",
+        "keywords",
+        "max_pos",
+        "min_pos",
+        "positional",
+        "required",
+        "sig",
+        "varargs",
+    )
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self._hints: dict[str, Any] | None = None
+        self._pos_hints: list[Any] = []  # the hint of each positional parameter, or None
+        self._shapes: dict[tuple[int, tuple[str, ...]], bool] = {}  # call shapes that bind
+        try:
+            sig: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without one: calls are not checked
+            sig = None
+        self.sig = sig
+        params = list(sig.parameters.values()) if sig is not None else []
+        if sig is None:  # every call passes the fast check
+            params = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
+        kinds = inspect.Parameter
+        positional = [
+            p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
+        self.positional = [p.name for p in positional]
+        self.varargs = any(p.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD) for p in params)
+        # The fast check of a call without kwargs: a positional count in [min_pos, max_pos].
+        self.max_pos = (
+            1 << 30 if any(p.kind == kinds.VAR_POSITIONAL for p in params) else len(positional)
+        )
+        self.min_pos = sum(p.default is p.empty for p in positional)
+        if any(p.kind == kinds.KEYWORD_ONLY and p.default is p.empty for p in params):
+            self.min_pos = self.max_pos + 1  # a required keyword: never a positional-only call
+        # The fast check of a call with kwargs (no *args/**kwargs): each parameter a keyword
+        # may name, with its positional index (kw-only: past any), and the required ones.
+        far = 1 << 30
+        index = {n: i for i, n in enumerate(self.positional)}
+        self.keywords = {
+            p.name: index.get(p.name, far)
+            for p in params
+            if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        }
+        self.required = [(index.get(p.name, far), p.name) for p in params if p.default is p.empty]
+
+    def check(self, task: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+        """:class:`BadArguments` unless the call binds to the signature."""
+        if self.sig is None or (not kwargs and self.min_pos <= len(args) <= self.max_pos):
+            return
+        if not self.varargs:
+            shape = (len(args), tuple(kwargs))
+            ok = self._shapes.get(shape)
+            if ok is None:
+                ok = self._binds(len(args), kwargs)
+                if len(self._shapes) < 256:
+                    self._shapes[shape] = ok
+            if ok:
+                return
+        try:
+            self.sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise BadArguments(f"task {task!r}: {exc}") from None
+
+    def _binds(self, n: int, kwargs: dict[str, Any]) -> bool:
+        """Whether ``n`` positional arguments and ``kwargs`` bind (no ``*``/``**`` here)."""
+        if n > self.max_pos:
+            return False
+        keywords = self.keywords
+        for k in kwargs:
+            if keywords.get(k, -1) < n:  # unknown, positional-only, or given twice
+                return False
+        return all(i < n or name in kwargs for i, name in self.required)
+
+    def named(
+        self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    ) -> Iterable[tuple[str, Any]]:
+        """``(parameter name, value)`` of each argument of a call that binds; an extra
+        positional one is ``*name[i]``."""
+        star = next(
+            (n for n, p in (self.sig.parameters.items() if self.sig else ())
+             if p.kind == p.VAR_POSITIONAL),
+            "args",
+        )  # fmt: skip
+        for i, value in enumerate(args):
+            n = len(self.positional)
+            yield (self.positional[i] if i < n else f"*{star}[{i - n}]"), value
+        yield from kwargs.items()
+
+    def hints(self) -> dict[str, Any]:
+        """The annotation of each parameter whose arguments are converted."""
+        if self._hints is None:
+            hints = _hints(self.fn, self.sig)
+            self._pos_hints = [hints.get(n) for n in self.positional]
+            self._hints = hints
+        return self._hints
+
+    def convert(
+        self, task: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments of a call that binds, converted to their annotations."""
+        hints = self._hints if self._hints is not None else self.hints()
+        if not hints:
+            return args, kwargs
+        if not self.varargs:  # each positional argument is the parameter at its index
+            args = list(args)
+            for i, (v, h) in enumerate(zip(args, self._pos_hints, strict=False)):
+                if h is not None and not (type(v) is h and h in _AS_IS):
+                    args[i] = _convert(task, self.positional[i], v, h)
+            if kwargs:
+                kwargs = {
+                    k: _convert(task, k, v, hints[k]) if k in hints else v
+                    for k, v in kwargs.items()
+                }
+            return args, kwargs
+        assert self.sig is not None
+        bound = self.sig.bind(*args, **kwargs)
+        for name, value in bound.arguments.items():
+            hint = hints.get(name)
+            if hint is None:
+                continue
+            kind = self.sig.parameters[name].kind
+            if kind == inspect.Parameter.VAR_POSITIONAL:
+                new: Any = tuple(
+                    _convert(task, f"*{name}[{i}]", v, hint) for i, v in enumerate(value)
+                )
+            elif kind == inspect.Parameter.VAR_KEYWORD:
+                new = {k: _convert(task, k, v, hint) for k, v in value.items()}
+            else:
+                new = _convert(task, name, value, hint)
+            bound.arguments[name] = new
+        return list(bound.args), dict(bound.kwargs)
+
+
+def _convert(task: str, name: str, value: Any, hint: Any) -> Any:
+    if type(value) is hint and hint in _AS_IS:  # already what the handler wants
+        return value
+    try:
+        return msgspec.convert(value, hint, strict=False, str_keys=True)
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:
+        raise BadArguments(
+            f"argument {name!r} of task {task!r}: cannot convert to {_type_name(hint)}: {exc}"
+        ) from None
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else repr(hint).replace("typing.", "")
+
+
+def _hints(fn: Callable[..., Any], sig: inspect.Signature | None) -> dict[str, Any]:
+    """The parameters to convert and their resolved annotations: not those without one,
+    ``Any`` or ``object``, nor one msgspec cannot build (a plain class, anywhere in it)."""
+    if sig is None:
+        return {}
+    try:
+        found = typing.get_type_hints(inspect.unwrap(fn))
+    except Exception:  # an unresolvable forward reference: what is not a string still counts
+        found = {}
+    hints = {}
+    for name, p in sig.parameters.items():
+        hint = found.get(name, p.annotation)
+        if isinstance(hint, str) or any(hint is x for x in _PASS):
+            continue
+        try:
+            if _buildable(msgspec.inspect.type_info(hint), set()):
+                hints[name] = hint
+        except Exception:  # msgspec does not know the annotation at all
+            continue
+    return hints
+
+
+def _buildable(info: Any, seen: set[int]) -> bool:
+    """No ``CustomType`` (a class msgspec cannot build from builtins) anywhere in ``info``."""
+    if isinstance(info, msgspec.inspect.CustomType):
+        return False
+    if id(info) in seen:
+        return True
+    seen.add(id(info))
+    for f in getattr(info, "__struct_fields__", ()):
+        value = getattr(info, f)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, (msgspec.inspect.Type, msgspec.inspect.Field)) and not _buildable(
+                item, seen
+            ):
+                return False
+    return True

@@ -8,12 +8,15 @@ is configured; the operator commands default to ``redis://127.0.0.1:6379/0``.
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import importlib
 import json
+import logging
 import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,9 +25,10 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import _connect, _envelope, _executor, keyspace
+from echomq import _connect, _envelope, _executor, _inspect, ids, keyspace
+from echomq import _protocol as _p
 from echomq.app import App
-from echomq.errors import EchoMQError, JobGone, StateError
+from echomq.errors import EchoMQError, InvalidArgument, JobGone, ServerUnreachable, StateError
 from echomq.queue import Queue
 from echomq.serializers import JSON
 from echomq.server import EmbeddedServer, NoServerBinary, state_dir
@@ -35,14 +39,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"echomq: {message}", err=True)
+    """One line ``error: ...`` on stderr, no traceback, and exit ``code`` (2: the command
+    could not run; 1: it ran and the answer is "no", e.g. a queue that does not exist)."""
+    click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def _checked_url(url: str) -> str:
+    try:
+        return _connect.check_url(url)
+    except InvalidArgument as exc:
+        _fail(str(exc))
+        raise  # unreachable; keeps type checkers quiet
 
 
 def _url(ctx: click.Context) -> str:
     """The server of an operator command (``echomq._connect.resolve_url``: ``--url``,
     ``ECHOMQ_URL``, a recorded ``echomq server``, the local default)."""
-    return _connect.resolve_url(ctx.obj.get("url")).url
+    return _checked_url(_connect.resolve_url(ctx.obj.get("url")).url)
+
+
+def _shown(url: str) -> str:
+    """``url`` as printed: any password masked."""
+    return _connect._redacted_text(url)
 
 
 @contextlib.contextmanager
@@ -50,12 +69,14 @@ def _errors(url: str) -> Iterator[None]:
     """Turn the usual failures into one clear line and a non-zero exit."""
     try:
         yield
+    except ServerUnreachable as exc:  # names the server and the time it waited
+        _fail(str(exc))
+    except redis.exceptions.AuthenticationError as exc:  # a ConnectionError: test it first
+        _fail(f"the server at {_shown(url)} refused the credentials: {exc}")
     except redis.exceptions.ConnectionError as exc:
-        _fail(f"cannot reach the server at {url}: {exc}")
-    except redis.exceptions.AuthenticationError as exc:
-        _fail(f"the server at {url} refused the credentials: {exc}")
+        _fail(f"cannot reach the server at {_shown(url)}: {exc}")
     except redis.exceptions.ResponseError as exc:
-        _fail(f"the server at {url} answered an error: {exc}")
+        _fail(f"the server at {_shown(url)} answered an error: {exc}")
     except EchoMQError as exc:
         _fail(str(exc))
 
@@ -67,7 +88,8 @@ def _server_for(ctx: click.Context, *, purpose: str, app_url: str | None = None)
     for the duration of the command."""
     found = _connect.configured(ctx.obj.get("url"), app_url)
     if found is not None:
-        yield _connect.resolve_url(ctx.obj.get("url"), app_url).url  # logs the choice
+        # logs the choice
+        yield _checked_url(_connect.resolve_url(ctx.obj.get("url"), app_url).url)
         return
     directory = state_dir() / purpose
     try:
@@ -116,6 +138,34 @@ def _run(ctx: click.Context, fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+def _queue_exists(q: Queue) -> bool:
+    """Whether any key of the queue exists: one EXISTS over its registry of key types
+    (PROTOCOL §1.3), then a SCAN for the rest (job rows, lane sets) when none does."""
+    client: Any = q.client
+    keys = [keyspace.queue_key(q.name, t) for t in sorted(keyspace.QUEUE_TYPES)]
+    if int(client.execute_command("EXISTS", *keys)):
+        return True
+    # A queue name matches [A-Za-z0-9._-]: nothing in it is a glob character.
+    return any(True for _ in client.scan_iter(match=f"emq:{{{q.name}}}:*", count=1000))
+
+
+def _existing(
+    ctx: click.Context, name: str, *, create: bool = False, verb: str = "", q: Queue | None = None
+) -> Queue:
+    """The queue ``name`` (or ``q``) for an operator command; exit 1 when it does not exist
+    on the server (a typo would otherwise act on a queue nobody uses), unless ``create``."""
+    q = q if q is not None else _queue(ctx, name)
+    if not create and not _run(ctx, lambda: _queue_exists(q)):
+        hint = f" (--create {verb} it anyway)" if verb else ""
+        _fail(f"queue {name!r} does not exist on {_shown(_url(ctx))}{hint}", code=1)
+    return q
+
+
+_CREATE = click.option(
+    "--create", is_flag=True, help="Act even when QUEUE does not exist yet (no keys on the server)."
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--url", envvar="ECHOMQ_URL", help="Server URL (redis://, rediss://, unix://). Env: ECHOMQ_URL."
@@ -141,13 +191,56 @@ def _load_app(spec: str) -> App:
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        _fail(f"cannot import {module_name!r}: {exc}")
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            _fail(
+                f"cannot import {module_name!r}: no module named {missing!r} (from {os.getcwd()})"
+            )
+        _import_failed(module_name, exc)  # the module itself imports something missing
+    except Exception as exc:  # the user's module raised while it was imported
+        _import_failed(module_name, exc)
     obj = getattr(module, attr or "app", None)
     if not isinstance(obj, App):
         _fail(f"{spec!r} is not an echomq.App (found {type(obj).__name__})")
     assert isinstance(obj, App)
     return obj
+
+
+def _import_failed(module_name: str, exc: BaseException) -> None:
+    """The error is in the user's module: show where (its traceback), then one line."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:  # from the user's first frame on
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and not name.startswith("<frozen") and "importlib" not in name:
+            break
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+    _fail(f"importing {module_name!r} raised {type(exc).__name__}: {exc} (traceback above)")
+
+
+def _log_level(value: str) -> int:
+    """A ``--log-level`` as a level number: a name (any case) or a number."""
+    names = {
+        "CRITICAL": logging.CRITICAL,
+        "FATAL": logging.FATAL,
+        "ERROR": logging.ERROR,
+        "WARNING": logging.WARNING,
+        "WARN": logging.WARNING,
+        "INFO": logging.INFO,
+        "DEBUG": logging.DEBUG,
+        "NOTSET": logging.NOTSET,
+    }
+    text = value.strip().upper()
+    if text in names:
+        return names[text]
+    if text.isdigit():
+        return int(text)
+    _fail(
+        f"--log-level {value!r} is not a level: use DEBUG, INFO, WARNING, ERROR or CRITICAL "
+        "(or a number)"
+    )
+    raise AssertionError  # unreachable
 
 
 @main.command()
@@ -173,6 +266,13 @@ def _load_app(spec: str) -> App:
 )
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or one JSON object per line (ts, level, logger, msg, fields).",
+)
+@click.option(
     "--metrics-port",
     type=int,
     default=None,
@@ -189,18 +289,20 @@ def worker(
     grace_s: float,
     max_stalled: int,
     log_level: str,
+    log_format: str,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
     """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
     import logging
 
+    from echomq._logfmt import formatter
     from echomq.worker import Worker
 
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
-    )
+    level = _log_level(log_level)
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter(log_format))
+    logging.basicConfig(level=level, handlers=[handler])
     if metrics_port is not None:
         _needs_web("echomq worker --metrics-port")
     app = _load_app(app_spec)
@@ -324,39 +426,63 @@ def _discover_queues(client: Any) -> list[str]:
     return sorted({name for name in found if name is not None})
 
 
-def _stats_table(url: str, names: list[str]) -> Any:
-    from rich.table import Table
+_STATS = ("pending", "active", "schedule", "dead", "completed", "failed")
 
-    table = Table(title=f"echomq @ {url}", title_justify="left")
-    for col in (
-        "queue",
-        "pending",
-        "active",
-        "schedule",
-        "dead",
-        "completed",
-        "failed",
-        "lanes",
-        "paused",
-    ):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+
+def _stats_rows(url: str, names: list[str]) -> list[tuple[str, list[str]]]:
+    """Per queue: its name and its cells (the counts, lanes, paused), from one snapshot."""
     client = _executor.sync_client(url)
     try:
-        for name in names or _discover_queues(client):
-            q = Queue(name, client=client)
-            c = q.counts()
-            table.add_row(
-                name,
-                *(
-                    f"{c[k]:,}"
-                    for k in ("pending", "active", "schedule", "dead", "completed", "failed")
-                ),
-                str(len(q.lanes())),
-                "yes" if q.is_paused() else "",
-            )
+        # An operator view fails fast: no retries (retry_for=0), one pipeline for all.
+        x = _executor.SyncExecutor(client, retry_for=0)
+        views = _inspect.snapshot(x, names or _discover_queues(client), minutes=0)
     finally:
         client.close()
-    return table
+    return [
+        (
+            v.name,
+            [f"{v.counts.get(k, 0):,}" for k in _STATS]
+            + [str(sum(1 for lane in v.lanes if lane.depth)), "yes" if v.paused else ""],
+        )
+        for v in views
+    ]
+
+
+def _stats_view(url: str, names: list[str], width: int) -> Any:
+    """A table when it fits ``width`` columns; else one block per queue, the whole name on
+    its own line (folded only past ``width``) and its fields below, so nothing is cut."""
+    from rich.console import Group
+    from rich.measure import Measurement
+    from rich.table import Table
+    from rich.text import Text
+
+    title = f"echomq @ {_shown(url)}"
+    rows = _stats_rows(url, names)
+    table = Table(title=title, title_justify="left")
+    for col in ("queue", *_STATS, "lanes", "paused"):
+        table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
+    for name, cells in rows:
+        table.add_row(name, *cells)
+    from rich.console import Console
+
+    probe = Console(width=10_000)
+    if Measurement.get(probe, probe.options, table).maximum <= width:
+        return table
+    lines: list[str] = [title]
+    for name, cells in rows:
+        lines.append("")
+        lines += [name[i : i + width] for i in range(0, len(name), width)]
+        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes"), cells, strict=False)]
+        if cells[-1]:
+            fields.append("paused")
+        line = ""
+        for field in fields:
+            if line and len(line) + 2 + len(field) > width:
+                lines.append(line)
+                line = ""
+            line += "  " + field
+        lines.append(line)
+    return Group(*(Text(line, no_wrap=True, overflow="fold") for line in lines))
 
 
 @main.command()
@@ -373,18 +499,23 @@ def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: fl
 
     url = _url(ctx)
     console = Console()
+    for name in queues:
+        try:
+            keyspace.check_queue(name)
+        except EchoMQError as exc:
+            _fail(str(exc))
     with _errors(url):
         if not watch:
-            console.print(_stats_table(url, list(queues)))
+            console.print(_stats_view(url, list(queues), console.width))
             return
-        first = _stats_table(url, list(queues))
+        first = _stats_view(url, list(queues), console.width)
         with (
             Live(first, console=console, refresh_per_second=4) as live,
             contextlib.suppress(KeyboardInterrupt),
         ):
             while True:
                 time.sleep(interval)
-                live.update(_stats_table(url, list(queues)))
+                live.update(_stats_view(url, list(queues), console.width))
 
 
 @main.command()
@@ -415,19 +546,61 @@ def _show_value(value: str | bytes) -> str:
     return value
 
 
+def _enqueued(job_id: str) -> str:
+    """When the job was enqueued: the time its id was minted (ids embed it), UTC, and how
+    long ago by this machine's clock."""
+    try:
+        ms = ids.decode_time_ms(job_id)
+    except ValueError:
+        return "unknown"
+    when = _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc)
+    ago = max(0, int(time.time() - ms / 1000))
+    span = (
+        f"{ago // 86400}d {ago % 86400 // 3600}h"
+        if ago >= 86400
+        else (f"{ago // 3600}h {ago % 3600 // 60}m" if ago >= 3600 else f"{ago // 60}m {ago % 60}s")
+    )
+    return f"{when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')} ({span} ago)"
+
+
+def _errors_of(view: Any, row: dict[str, str | bytes]) -> list[str]:
+    """The errors of past attempts when the server keeps them: an ``errors`` list on the job
+    view, else an ``errors`` field of the row holding a JSON list of strings."""
+    found = getattr(view, "errors", None)
+    if found is None and "errors" in row:
+        try:
+            found = json.loads(row["errors"])
+        except ValueError:
+            found = [_show_value(row["errors"])]
+    if not isinstance(found, list):
+        return []
+    return [_show_value(e) if isinstance(e, str | bytes) else str(e) for e in found]
+
+
 @main.command()
 @click.argument("queue")
 @click.argument("job_id")
 @click.pass_context
 def job(ctx: click.Context, queue: str, job_id: str) -> None:
-    """Show one job: where it is, its row (``dedup``: the dedup id it holds, ``cancel``: a
-    cancel is pending), its logs, and its kept result once it finished."""
+    """Show one job: where it is, when it was enqueued, its attempts and their errors, its
+    row (``dedup``: the dedup id it holds, ``cancel``: a cancel is pending), its logs, and
+    its kept result once it finished."""
     q = _queue(ctx, queue)
 
     def show() -> int:
-        state = q.job_state(job_id)
-        row = q.get_job(job_id)
+        view = _inspect.job_view(q._x, q._k, job_id)
+        state, row = view.place, view.row
         click.echo(f"id: {job_id}\nplace: {state}")
+        if row is not None:
+            click.echo(f"enqueued: {_enqueued(job_id)}")
+            attempts = _show_value(row.get("attempts", "0"))
+            most = row.get("max_attempts")
+            click.echo(f"attempts: {attempts}" + (f" of {_show_value(most)}" if most else ""))
+            errors = _errors_of(view, row)
+            if errors:
+                click.echo("errors:")
+                for n, text in enumerate(errors, 1):
+                    click.echo(f"  {n}: {text}")
         kept = q.result(job_id)
         if kept is not None:
             # D17: the outcome outlives the row for its TTL.
@@ -438,8 +611,9 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
         if row is None:
             return 0 if kept is not None else 1
         for field, value in sorted(row.items()):
-            click.echo(f"{field}: {_show_value(value)}")
-        lines = q.logs(job_id)
+            if field not in ("attempts", "max_attempts", "errors"):  # shown above
+                click.echo(f"{field}: {_show_value(value)}")
+        lines = view.logs
         if lines:
             click.echo("logs:")
             for line in lines:
@@ -456,8 +630,111 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
 def cancel(ctx: click.Context, queue: str, job_id: str) -> None:
     """Cancel a job: a waiting or scheduled one is removed, a running one is stopped by its
     worker at the next heartbeat and dead-lettered "cancelled"."""
-    q = _queue(ctx, queue)
+    q = _existing(ctx, queue)
     click.echo(_run(ctx, lambda: q.cancel(job_id)))
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.pass_context
+def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
+    """Delete jobs wherever they are; prints "ID: removed" or "ID: gone" per id and exits 1
+    when any was gone."""
+    for job_id in job_ids:  # every id is checked before anything is deleted
+        try:
+            keyspace.check_id(job_id)
+        except EchoMQError as exc:
+            _fail(str(exc))
+    q = _existing(ctx, queue)
+
+    def go() -> int:
+        gone = 0
+        for job_id in job_ids:
+            try:
+                q.remove(job_id)
+            except JobGone:
+                gone += 1
+                click.echo(f"{job_id}: gone")
+                continue
+            click.echo(f"{job_id}: removed")
+        return gone
+
+    sys.exit(1 if _run(ctx, go) else 0)
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("lane", required=False)
+@click.option("--weight", type=int, help="Set LANE's share (default 1).")
+@click.option("--limit", type=int, help="Set LANE's cap on jobs in flight (>= 1).")
+@click.option("--no-limit", is_flag=True, help="Remove LANE's cap.")
+@click.option("--pause/--resume", "pause_it", default=None, help="Pause or resume LANE.")
+@_CREATE
+@click.pass_context
+def lanes(
+    ctx: click.Context,
+    queue: str,
+    lane: str | None,
+    weight: int | None,
+    limit: int | None,
+    no_limit: bool,
+    pause_it: bool | None,
+    create: bool,
+) -> None:
+    """List QUEUE's lanes (depth, active, limit, weight, paused), or set LANE's weight,
+    limit and pause; exit 1 when QUEUE does not exist (--create: set it anyway)."""
+    setting = weight is not None or limit is not None or no_limit or pause_it is not None
+    if setting and lane is None:
+        _fail("name the LANE to set")
+    if limit is not None and no_limit:
+        _fail("--limit and --no-limit exclude each other")
+    if limit is not None and limit < 1:
+        _fail(f"--limit must be >= 1 (--no-limit removes the cap), got {limit}")
+    if weight is not None and not 1 <= weight <= 1_000_000:
+        _fail(f"--weight must be in [1, 1000000], got {weight}")
+    q = _queue(ctx, queue)
+    # Every change is built (and so checked) before the first one is sent: bad input
+    # writes nothing.
+    changes: list[Any] = []
+    try:
+        if lane is not None:
+            keyspace.check_lane(lane)
+        if lane is not None and weight is not None:
+            changes.append(_p.weight_lane(q._k, lane, weight))
+        if lane is not None and (limit is not None or no_limit):
+            changes.append(_p.limit_lane(q._k, lane, None if no_limit else limit))
+        if lane is not None and pause_it is not None:
+            changes.append((_p.pause_lane if pause_it else _p.resume_lane)(q._k, lane))
+    except EchoMQError as exc:
+        _fail(str(exc))
+    _existing(ctx, queue, create=create and setting, verb="sets" if setting else "", q=q)
+
+    def go() -> list[_inspect.LaneView]:
+        for change in changes:
+            q._x.run(change)
+        (view,) = _inspect.snapshot(q._x, [q.name], minutes=0)
+        return [v for v in view.lanes if lane is None or v.name == lane]
+
+    rows = _run(ctx, go)
+    if lane is not None and not rows:
+        rows = [_inspect.LaneView(lane)]  # a lane nothing has touched: its defaults
+    table = [("lane", "depth", "active", "limit", "weight", "paused")]
+    for v in rows:
+        cap = "-" if v.limit is None else str(v.limit)
+        table.append((v.name, str(v.depth), str(v.active), cap, str(v.weight), _yes(v.paused)))
+    if len(table) == 1:
+        click.echo(f"{queue}: no lanes")
+        return
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        cells = [row[0].ljust(widths[0])]
+        cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        click.echo("  ".join(cells).rstrip())
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 @main.command()
@@ -467,7 +744,9 @@ def cancel(ctx: click.Context, queue: str, job_id: str) -> None:
 @click.pass_context
 def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everything: bool) -> None:
     """Send dead jobs back to pending (a grouped job back to its lane)."""
-    q = _queue(ctx, queue)
+    if not job_ids and not everything:
+        _fail("name job ids or pass --all")
+    q = _existing(ctx, queue)
 
     def go() -> int:
         if not everything:
@@ -490,18 +769,17 @@ def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everythi
                 moved += 1
         return moved
 
-    if not job_ids and not everything:
-        _fail("name job ids or pass --all")
     click.echo(f"reprocessed {_run(ctx, go)} job(s)")
 
 
 @main.command()
 @click.argument("queue")
 @click.option("--lane", help="Pause one lane instead of the whole queue.")
+@_CREATE
 @click.pass_context
-def pause(ctx: click.Context, queue: str, lane: str | None) -> None:
-    """Stop claims of QUEUE (or of one lane)."""
-    q = _queue(ctx, queue)
+def pause(ctx: click.Context, queue: str, lane: str | None, create: bool) -> None:
+    """Stop claims of QUEUE (or of one lane); exit 1 when QUEUE does not exist."""
+    q = _existing(ctx, queue, create=create, verb="pauses")
     _run(ctx, (lambda: q.pause_lane(lane)) if lane else q.pause)
     click.echo(f"paused {queue}" + (f" lane {lane}" if lane else ""))
 
@@ -509,10 +787,11 @@ def pause(ctx: click.Context, queue: str, lane: str | None) -> None:
 @main.command()
 @click.argument("queue")
 @click.option("--lane", help="Resume one lane instead of the whole queue.")
+@_CREATE
 @click.pass_context
-def resume(ctx: click.Context, queue: str, lane: str | None) -> None:
-    """Let claims of QUEUE (or of one lane) through again."""
-    q = _queue(ctx, queue)
+def resume(ctx: click.Context, queue: str, lane: str | None, create: bool) -> None:
+    """Let claims of QUEUE (or of one lane) through again; exit 1 when QUEUE does not exist."""
+    q = _existing(ctx, queue, create=create, verb="resumes")
     _run(ctx, (lambda: q.resume_lane(lane)) if lane else q.resume)
     click.echo(f"resumed {queue}" + (f" lane {lane}" if lane else ""))
 
@@ -528,7 +807,7 @@ def resume(ctx: click.Context, queue: str, lane: str | None) -> None:
 @click.pass_context
 def sweep(ctx: click.Context, queue: str, max_stalled: int) -> None:
     """Run the sweeps once: promote due jobs, recover lapsed leases."""
-    q = _queue(ctx, queue)
+    q = _existing(ctx, queue)
 
     def go() -> tuple[int, int, int]:
         promoted = q.promote(10_000)

@@ -6,6 +6,8 @@
     ├── InvalidId           (also ValueError)  malformed id, queue or lane name; before any I/O
     ├── InvalidArgument     (also ValueError)  bad lease, count, state, ...; before any I/O
     ├── PayloadTooLarge     (also ValueError)  payload over the configured maximum; before any I/O
+    ├── BadArguments        (also TypeError)  a task call that does not fit the handler, or an
+    │                       argument with no serializable form; before any I/O
     ├── KindError           EMQKIND   a non-JOB id in the job position
     ├── StaleToken          EMQSTALE  the token no longer owns the job
     ├── JobGone             the row does not exist (completed, removed, never enqueued)
@@ -16,14 +18,20 @@
     ├── RateLimited         EMQRATE   reserved: no script sends it (rate limits delay, D21)
     ├── ProtocolError       an unknown EMQ* class word; carries the text
     ├── DurabilityError     durable mode: the write applied, too few replicas acknowledged it
+    ├── ServerUnreachable   (also ``redis.ConnectionError`` and ``ConnectionError``) the
+    │                       server stayed unreachable for the whole ``retry_for``
     └── VersionFenceError   ``{emq}:version`` holds another wire version
 
-Connection errors of the driver (``redis.ConnectionError`` ...) propagate unchanged.
+Other connection errors of the driver (``redis.TimeoutError``, a ``redis.ConnectionError`` of
+a call that is never resent ...) propagate unchanged.
 """
 
 from __future__ import annotations
 
+import redis.exceptions
+
 __all__ = [
+    "BadArguments",
     "DurabilityError",
     "EchoMQError",
     "InvalidArgument",
@@ -35,6 +43,7 @@ __all__ = [
     "PayloadTooLarge",
     "ProtocolError",
     "RateLimited",
+    "ServerUnreachable",
     "StaleToken",
     "StateError",
     "VersionFenceError",
@@ -156,6 +165,28 @@ class DurabilityError(EchoMQError):
         self.job_id = job_id
 
 
+class ServerUnreachable(EchoMQError, redis.exceptions.ConnectionError, ConnectionError):
+    """The server could not be reached for the whole retry budget (``retry_for``).
+
+    Raised in place of the driver's ``redis.ConnectionError`` when a call that may be resent
+    gave up; it is still one (and a builtin ``ConnectionError``), so handlers of either keep
+    working. ``.url`` is the server (password masked), ``.waited_s`` how long the call kept
+    trying, ``.retry_for`` its budget; the driver's error is ``__cause__``."""
+
+    def __init__(self, url: str, waited_s: float, retry_for: float, cause: object = None) -> None:
+        if retry_for > 0:
+            how = f"gave up after {waited_s:.1f} s of retries (retry_for={retry_for:g})"
+        else:
+            how = "not retried (retry_for=0)"
+        text = f"cannot reach the server at {url}: {how}"
+        if cause is not None:
+            text += f"; last error: {cause}"
+        super().__init__(text)
+        self.url = url
+        self.waited_s = waited_s
+        self.retry_for = retry_for
+
+
 class VersionFenceError(EchoMQError):
     """``{emq}:version`` holds a wire version other than this client's."""
 
@@ -186,3 +217,11 @@ def from_reply(text: str) -> EchoMQError | None:
     if word.startswith("EMQ"):
         return ProtocolError(text)
     return None
+
+
+class BadArguments(EchoMQError, TypeError):
+    """A task call whose arguments do not bind to the handler's signature, or an argument
+    that cannot be serialized (the message names it); raised by ``Task.enqueue`` and its
+    variants before anything is written. In the worker, a payload whose arguments do not
+    fit (or do not convert to the handler's annotations) dead-letters its job with this
+    error's text, after one attempt."""

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -212,6 +212,11 @@ class _WorkerMetrics:
             "Stalled jobs this worker's sweeps dead-lettered.",
             registry=reg,
         )
+        self.stranded = Gauge(
+            "echomq_worker_stranded_threads",
+            "Sync handler threads still running past their run's end (a timeout, a hand-back).",
+            registry=reg,
+        )
 
 
 _BY_REGISTRY: dict[int, _WorkerMetrics] = {}
@@ -255,6 +260,9 @@ class PrometheusHooks:
 
     def on_startup(self, worker: Any) -> None:
         self._worker = worker
+        # A gauge read at each scrape: a stranded thread returns between jobs too.
+        stats = getattr(worker, "stats", None)
+        self.m.stranded.set_function(lambda: float(getattr(stats, "stranded_threads", 0)))
 
     def on_shutdown(self, worker: Any) -> None:
         self._worker = worker

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
+    _redacted_text,
     async_client,
     backoff_delay,
     parse_url,
@@ -85,6 +87,10 @@ class Worker:
         hooks: lifecycle hooks, :class:`~echomq.hooks.Hooks` (``on_startup``,
             ``on_shutdown``, ``before_job``, ``after_job``; sync or async; one that raises is
             logged and ignored).
+        max_stranded: sync handler threads still running past their run's end (a timeout,
+            a lost lease, a hand-back) the worker tolerates: each frees its slot at once
+            and is counted in ``stats.stranded_threads``; while that many are stranded the
+            worker claims nothing more. Default: ``concurrency``.
     """
 
     def __init__(
@@ -98,8 +104,17 @@ class Worker:
         max_stalled: int = 5,
         url: str | None = None,
         hooks: Hooks | None = None,
+        max_stranded: int | None = None,
     ) -> None:
         self._slots = Slots(concurrency, self._kick_all)  # checks concurrency
+        if max_stranded is None:
+            max_stranded = concurrency
+        if isinstance(max_stranded, bool) or not isinstance(max_stranded, int):
+            raise InvalidArgument(f"max_stranded must be an int >= 0, got {max_stranded!r}")
+        if not 0 <= max_stranded <= 1_000_000:
+            raise InvalidArgument(f"max_stranded must be in [0, 1000000], got {max_stranded}")
+        self.max_stranded = max_stranded
+        self._at_cap_logged = False
         # An upper bound: beyond what the protocol carries every sweep call would be refused.
         if isinstance(beat_ms, bool) or not isinstance(beat_ms, int) or beat_ms < 10:
             raise InvalidArgument(f"beat_ms must be an int >= 10, got {beat_ms!r}")
@@ -162,7 +177,12 @@ class Worker:
         self._x = AsyncExecutor(async_client(url), owned=True, durable=durable)
         # Refuse a foreign deployment before taking any job.
         await first_fence(self._x, lambda: self._stopping)
-        threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="echomq-job")
+        # Room for every slot's thread and every stranded one: a run never waits in the pool
+        # behind a hung thread (its timeout and lease would run while it waits).
+        threads = ThreadPoolExecutor(
+            max_workers=self.concurrency + max(1, self.max_stranded),
+            thread_name_prefix="echomq-job",
+        )
         self._runner.threads = threads
         kw = {} if self.app.max_payload is None else {"max_payload": self.app.max_payload}
         for name in self.queue_names:
@@ -171,10 +191,18 @@ class Worker:
         for ql in self._loops:
             await ql.register(self._x, self.app)
         await self.hooks.call("on_startup", self)
+        shown = _redacted_text(url)
         log.info(
-            "worker %d serving %s with concurrency %d on %s",
-            os.getpid(), ", ".join(self.queue_names), self.concurrency, url,
+            "worker %d serving %s with concurrency %d on %s (executor lua)",
+            os.getpid(), ", ".join(self.queue_names), self.concurrency, shown,
+            extra={"url": shown, "concurrency": self.concurrency, "executor": "lua"},
         )  # fmt: skip
+        for name in self.queue_names:
+            tasks = sorted(t.name for t in self.app.tasks.values() if t.queue == name)
+            log.info(
+                "queue %s: tasks %s", name, ", ".join(tasks) or "(none)",
+                extra={"queue": name, "tasks": tasks},
+            )  # fmt: skip
         background = [asyncio.ensure_future(self._supervised(self._beat))]
         for ql in self._loops:
             ql.kick.set()
@@ -222,7 +250,12 @@ class Worker:
             want = 0
             # A second claim goes out while one is in flight only when the last claim came
             # back full: an emptying or idle queue gets one claim at a time.
-            if not self._stopping and not ql.idle.is_set() and (ql.full or not ql.turns):
+            if (
+                not self._stopping
+                and not ql.idle.is_set()
+                and (ql.full or not ql.turns)
+                and not self._stranded_cap()
+            ):
                 want = self._slots.acquire(share)
             if not ql.settles and want == 0:
                 return
@@ -287,7 +320,8 @@ class Worker:
             self._count_settle(s, verdict, ql)
 
     def _count_settle(self, s: Settle, result: Any, ql: QueueLoop | None = None) -> None:
-        if self.stats.count(s, result) and ql is not None and s.promote_ms:
+        queue = ql.keys.name if ql is not None else ""
+        if self.stats.count(s, result, queue) and ql is not None and s.promote_ms:
             # Timed from the reply, so the job is due (server clock) when the promote runs.
             asyncio.get_running_loop().call_later(s.promote_ms / 1000, self._promote_soon, ql)
 
@@ -349,20 +383,57 @@ class Worker:
         self._runner.start(ql.keys.name, r, functools.partial(self._finish, ql))
 
     def _finish(self, ql: QueueLoop, r: Running, settle: Settle | None) -> None:
-        """A run ended (``settle`` None: nothing to settle). Frees its slot — for a sync
-        handler still running in its thread (past a timeout, or handed back), when the thread
-        returns: a new job would wait behind it in the pool, its lease running."""
+        """A run ended (``settle`` None: nothing to settle). Frees its slot at once — even
+        for a sync handler still running in its thread (past a timeout, or handed back): that
+        thread is stranded (:meth:`_strand`); the pool has room for ``max_stranded`` of them."""
         ql.untrack(r)
         if settle is not None and not r.lost:
             ql.settles.append(settle)
         if r.thread is not None and not r.thread.done():
-            loop = asyncio.get_running_loop()
-            r.thread.add_done_callback(lambda _: self._slots.release_from_thread(loop))
-            self._kick_all()
-        else:
-            self._slots.release()  # kicks every pump: a claim, or this settle, may go out
+            self._strand(r)
+        self._slots.release()  # kicks every pump: a claim, or this settle, may go out
         if self._drained is not None and not any(q.inflight for q in self._loops):
             self._drained.set()
+
+    def _strand(self, r: Running) -> None:
+        """A sync handler's thread outlives its run (a timeout, a lost lease, a hand-back):
+        its slot is freed now and the thread counted until it returns. Its late result is
+        ignored — the run already ended, its settle (if any) is queued once."""
+        assert r.thread is not None
+        self.stats.stranded_threads += 1
+        log.warning(
+            "task %s job %s: sync handler still running after %.1fs; its thread is stranded "
+            "(%d stranded, max_stranded %d)",
+            r.ctx.task if r.ctx is not None else "?", r.job.id,
+            time.monotonic() - r.started, self.stats.stranded_threads, self.max_stranded,
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+
+        def returned(_: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker stopped
+                loop.call_soon_threadsafe(self._unstrand)
+
+        r.thread.add_done_callback(returned)
+
+    def _unstrand(self) -> None:
+        self.stats.stranded_threads -= 1
+        if not self._stranded_cap():
+            self._at_cap_logged = False
+        self._kick_all()
+
+    def _stranded_cap(self) -> bool:
+        """True while ``max_stranded`` threads are stranded: the worker claims nothing."""
+        n = self.stats.stranded_threads
+        if n == 0 or n < self.max_stranded:
+            return False
+        if not self._at_cap_logged:
+            self._at_cap_logged = True
+            log.error(
+                "%d sync handler threads are stranded (max_stranded %d): claiming nothing "
+                "until one returns",
+                n, self.max_stranded,
+            )  # fmt: skip
+        return True
 
     def _push_back(self, ql: QueueLoop, pushed: list[Settle]) -> None:
         assert self._x is not None

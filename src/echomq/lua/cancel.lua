@@ -32,7 +32,7 @@ rcall('ZREM', base .. 'schedule', id)
 release_dedup(base, id, jk)
 rcall('DEL', jk, jk .. ':logs')
 local now = now_ms()
-retire_one(base, id, row[3], now)
+retire_one(base, id, row[3])
 emit_in(base, 'cancelled', id, g)
 -- D17: a result waiter already waiting (its marker is set) learns the job will never finish:
 -- the outcome "cancelled" is kept for 60 s and wakes it (the row holds no keep time).

@@ -4,12 +4,18 @@
   KEYS[3] active    ZSET  emq:{q}:active
   ARGV[1] base            emq:{q}:
   ARGV[2] lease_ms        > 0
-  Returns {id, payload, attempts, group|nil} | {} when paused or nothing is claimable
+  Returns {id, payload, attempts, group|nil} | {} when paused or nothing is claimable |
+    {ms} when a rate limit holds back what could be claimed: the ms until its window reopens
+    (D21, include/lease.lua rate_wait)
   Flags: writes replay
 ]]
 --@include common
 --@include lease
-if rcall('HEXISTS', KEYS[1], 'paused') == 1 then return {} end
+if claim_gate(ARGV[1]) then return {} end
 local out = {}
-claim_n(ARGV[1], now_ms() + tonumber(ARGV[2]), 1, out)
-return out[1] or {}
+local now = now_ms()
+claim_n(ARGV[1], now + tonumber(ARGV[2]), 1, out, now)
+if out[1] then return out[1] end
+local wait = rate_wait(ARGV[1], now)
+if wait > 0 then return {wait} end
+return {}

@@ -5,12 +5,18 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] lease_ms        > 0
   ARGV[3] n               > 0
-  Returns {{id, payload, attempts, group|nil}, ...} (possibly empty), in claim order
+  Returns {{id, payload, attempts, group|nil}, ...} (possibly empty), in claim order; {ms}
+    when it claimed nothing because a rate limit holds jobs back (D21, include/lease.lua)
   Flags: writes replay
 ]]
 --@include common
 --@include lease
-if rcall('HEXISTS', KEYS[1], 'paused') == 1 then return {} end
+if claim_gate(ARGV[1]) then return {} end
 local out = {}
-claim_n(ARGV[1], now_ms() + tonumber(ARGV[2]), tonumber(ARGV[3]), out)
+local now = now_ms()
+claim_n(ARGV[1], now + tonumber(ARGV[2]), tonumber(ARGV[3]), out, now)
+if #out == 0 then
+  local wait = rate_wait(ARGV[1], now)
+  if wait > 0 then return {wait} end
+end
 return out

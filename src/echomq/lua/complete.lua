@@ -18,6 +18,10 @@
 local base = ARGV[1]
 local verdict = complete_one(base, ARGV[2], KEYS[2], ARGV[3], ARGV[4])
 if type(verdict) == 'string' then return redis.error_reply(verdict) end
-if verdict == 1 then bump_metrics(base, 'completed', 1) end
-if verdict == 1 then keep_outcome(base, ARGV[2], 'result', ARGV[4], ARGV[3], tonumber(ARGV[5] or '0')) end
+if verdict == 1 then
+  local now = now_ms()
+  bump_metrics(base, 'completed', 1, now)
+  local keep = tonumber(ARGV[5] or '0')
+  if keep > 0 then keep_outcome(base, ARGV[2], 'result', ARGV[4], ARGV[3], keep, now) end
+end
 return verdict

@@ -21,7 +21,6 @@ local cursor = ARGV[4] or ''
 if cursor == '' then cursor = 'f' end
 local deleted = 0
 local retired = {}
-local now = now_ms()
 -- Empty up to the remaining budget from one waiting set; true when the set is empty.
 local function empty_set(key)
   while budget > 0 do
@@ -52,7 +51,7 @@ local function finish(next_cursor)
       clean[#clean + 1] = retired[i + 1]
     end
   end
-  retire(base, clean, now)
+  retire(base, clean)
   -- One event per call (a slice), with how many jobs it deleted.
   if deleted > 0 then emit(base, 'drained', false, 'count', deleted) end
   return {deleted, next_cursor}

@@ -6,10 +6,13 @@
   ARGV[4] value           ms for 'in' / 'at'
   ARGV[5] replay_ms       how long a resend of this call may still come (0: none)
   ARGV[6] nonce           the call's nonce, the same on every resend ('' : none)
-  ARGV[7..] id, payload, id, payload, ...
-  Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' |
-    'replayed:scheduled' | 'kind' per job ('replayed': a resend whose first copy landed, see
-    admit.lua). An id named twice in one call: the Python side sends it once.
+  ARGV[7] flags           letters: 'r' a resend (every copy after the first), 'f' every id
+                          was minted by the client in this call (include/admit.lua); or ''
+  ARGV[8..] id, payload, id, payload, ...
+  Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'kind' per job; a resend
+    whose first copy landed answers that copy's verdicts, 'replayed' / 'replayed:scheduled'
+    for the admitted ones (admit.lua). An id named twice in one call: the Python side sends
+    it once.
   Flags: writes once
 ]]
 --@include common
@@ -17,24 +20,27 @@
 local base = ARGV[1]
 local g = ARGV[2]
 if g == '' then g = false end
+local replay_ms, nonce = tonumber(ARGV[5]), ARGV[6]
+local marked = replay_ms > 0 and nonce ~= ''
+local flags = ARGV[7]
+if marked and string.find(flags, 'r', 1, true) then
+  local again = find_many(base, nonce)
+  if again then return again end
+end
 local now = now_ms()
 local run_at = run_time(ARGV[3], ARGV[4], now)
-local replay_ms, nonce = tonumber(ARGV[5]), ARGV[6]
-local out, marks = {}, {}
-local added = 0
-for i = 7, #ARGV, 2 do
-  local id = ARGV[i]
-  local verdict = replayed(base, id, nonce, now)
-  if not verdict then verdict = admit(base, id, ARGV[i + 1], g, run_at, now) end
+local out = {}
+local added, admitted = 0, 0
+local fresh = string.find(flags, 'f', 1, true) ~= nil
+for i = 8, #ARGV, 2 do
+  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh)
   if verdict == 'enqueued' then added = added + 1 end
-  if replay_ms > 0 and nonce ~= '' and (verdict == 'enqueued' or verdict == 'scheduled') then
-    marks[#marks + 1] = marker(id, nonce, verdict)
-  end
+  if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
   out[#out + 1] = verdict
 end
--- After the admissions: the first write of the call is a row's HSET (see admit.lua).
-forget_expired(base, nonce, now)
 -- One ring/registry sync for the whole batch: every job went to the same waiting set.
 if added > 0 then touch(base, g, added) end
-if #marks > 0 then remember(base, marks, now + replay_ms) end
+-- After the admissions: the call's first write is a row's HSET (see admit.lua).
+-- A call that admitted nothing wrote nothing, and leaves nothing (its resend answers the same).
+if marked and admitted > 0 then mark_many(base, nonce, out, replay_ms) end
 return out

@@ -32,15 +32,12 @@ for i = 0, n - 1 do
   if g == '' then g = false end
   local jk = base .. 'job:' .. id
   if kids > 0 then
-    local attempts = rcall('HGET', base .. 'retired', id) or '0'
+    local attempts = retired_last(base, id)
     local fields = {'state', 'awaiting_children', 'attempts', attempts, 'payload', payload}
     if g then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
-    if attempts ~= '0' then
-      fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts
-      rcall('HDEL', base .. 'retired', id)
-      rcall('ZREM', base .. 'retired:at', id)
-    end
+    if attempts ~= '0' then fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts end
     rcall('HSET', jk, unpack(fields))
+    if attempts ~= '0' then unretire(base, id) end
     rcall('HSET', jk, 'children', kids)
     rcall('SET', jk .. ':deps', kids)
   else

@@ -27,6 +27,12 @@ if max == '' then
 else
   rcall('HSET', base .. 'grate', g, max .. ':' .. ARGV[4])
 end
+-- meta `grated` says some lane has a limit: the claims skip every lane-rate read without it.
+if rcall('EXISTS', base .. 'grate') == 1 then
+  rcall('HSET', KEYS[1], 'grated', '1')
+else
+  rcall('HDEL', KEYS[1], 'grated')
+end
 rcall('ZREM', base .. 'ratewait', g)
 touch(base, g, 0)
 return 1

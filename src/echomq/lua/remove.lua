@@ -33,6 +33,6 @@ rcall('ZREM', base .. 'dead', id)
 release_dedup(base, id, jk)
 flow_forget(jk)
 rcall('DEL', jk, jk .. ':logs')
-retire_one(base, id, row[3], now_ms())
+retire_one(base, id, row[3])
 emit_in(base, 'removed', id, g, 'state', row[1] or '')
 return 1

@@ -1,6 +1,7 @@
 --[[ reprocess: dead -> pending (a grouped job back to its lane, D6). attempts is kept (it
   is the token: a lower one would be handed out again); the stall count restarts, so a job
-  that died stalled gets max_stalled fresh stalls, not one.
+  that died stalled gets max_stalled fresh stalls, not one; and `floor` becomes attempts, so
+  the retry ceiling (attempts - floor >= max_attempts) gives it a fresh budget.
   KEYS[1] row       HASH  emq:{q}:job:<id>
   KEYS[2] dead      ZSET  emq:{q}:dead
   ARGV[1] base            emq:{q}:
@@ -12,11 +13,14 @@
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
 if rcall('EXISTS', jk) == 0 then return 0 end
-local row = hmget(jk, 'group')
+local row = hmget(jk, 'group', 'attempts')
 if not row then return redis.error_reply('EMQSTATE not a job row') end
 if rcall('ZREM', KEYS[2], id) == 0 then return redis.error_reply('EMQSTATE not dead') end
 local g = row[1]
 rcall('HDEL', jk, 'last_error', 'stalled')
+if row[2] and row[2] ~= '0' and string.match(row[2], '^[0-9]+$') then
+  rcall('HSET', jk, 'floor', row[2])
+end
 park(base, id, jk, g)
 touch(base, g, 1)
 emit_in(base, 'reprocessed', id, g)

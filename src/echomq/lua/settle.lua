@@ -12,7 +12,9 @@
                           which keep a result, then r (result, keep_result_ms) pairs (D17)
   ARGV[5..] id, token per complete; then id, token, delay_ms, max_attempts, error per retry
     (max_attempts may be 'max:keep_ms': a dead-letter then keeps its error, D17)
-  Returns {{complete verdict...}, {retry verdict...}, {{id, payload, attempts, group|nil}...}}
+  Returns {{complete verdict...}, {retry verdict...}, {{id, payload, attempts, group|nil}...},
+    wait}: wait is 0, or, when the claim part got nothing because a rate limit holds jobs
+    back, the ms until its window reopens (D21, include/lease.lua rate_wait)
     complete verdict: 1 | 0 (gone) | 'EMQSTALE ...'; retry verdict: 'scheduled' | 'dead' |
     0 (gone) | 'EMQSTALE ...'
   Flags: writes once
@@ -24,6 +26,9 @@
 --@include settle
 --@include lease
 local base = ARGV[1]
+-- One read of meta first: the pause flag for the claim part, and the events bound that every
+-- completion's emit would otherwise read (common.lua claim_gate).
+local paused = claim_gate(base)
 local nc, nr = string.match(ARGV[4], '^(%d+):?(%d*)$')
 nc, nr = tonumber(nc), tonumber(nr) or 0
 -- The last nr of the nc pairs keep a result (D17): their (result, keep_result_ms) pairs follow
@@ -35,8 +40,8 @@ if nr > 0 then
     results[ARGV[5 + 2 * (nc - nr + j - 1)]] = ARGV[5 + 2 * nc + 2 * (j - 1)]
   end
 end
-local i, completed = complete_many(base, ARGV, 5, nc, results)
 local now = now_ms()
+local i, completed = complete_many(base, ARGV, 5, nc, results, now)
 for j = 1, nr do
   local at = 5 + 2 * (nc - nr + j - 1)
   if completed[nc - nr + j] == 1 then
@@ -54,7 +59,9 @@ while i <= #ARGV do
 end
 local jobs = {}
 local n = tonumber(ARGV[3])
-if n > 0 and rcall('HEXISTS', KEYS[1], 'paused') == 0 then
-  claim_n(base, now + tonumber(ARGV[2]), n, jobs)
+local wait = 0
+if n > 0 and not paused then
+  claim_n(base, now + tonumber(ARGV[2]), n, jobs, now)
+  if #jobs == 0 then wait = rate_wait(base, now) end
 end
-return {completed, retried, jobs}
+return {completed, retried, jobs, wait}

@@ -14,13 +14,14 @@
 --@include compose
 local base = ARGV[1]
 local max_stalled = tonumber(ARGV[2])
-local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[3]))
+local now = now_ms()
+local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 local added = {}
 local recovered, died = {}, {}
 for _, id in ipairs(lapsed) do
   rcall('ZREM', KEYS[1], id)
   local jk = base .. 'job:' .. id
-  local row = hmget(jk, 'state', 'group') or {}
+  local row = hmget(jk, 'state', 'group', 'attempts') or {}
   local g = row[2]
   if g then
     free_slot(base, g)
@@ -38,10 +39,16 @@ for _, id in ipairs(lapsed) do
       rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
       rcall('HDEL', jk, 'lease_epoch')
       rcall('ZADD', KEYS[2], 0, id)
-      bump_metrics(base, 'failed', 1)
+      bump_metrics(base, 'failed', 1, now)
       emit_in(base, 'dead', id, g, 'error', 'stalled', 'stalled', stalled)
       release_dedup(base, id, jk)
-      flow_child_dead(base, id, flow_parent(jk), 'stalled')  -- D18 (include/compose.lua)
+      local flow = flow_parent(jk)  -- D18 (include/compose.lua)
+      if flow then flow_child_dead(base, id, flow, 'stalled') end
+      -- D17: the row holds no keep time, so, as cancel does, the outcome "stalled" is kept
+      -- for 60 s only for a waiter already waiting: it learns the job will never finish.
+      if rcall('EXISTS', base .. 'want:' .. id) == 1 then
+        keep_outcome(base, id, 'error', 'stalled', row[3], 60000, now)
+      end
       died[#died + 1] = id
     else
       park(base, id, jk, g)

@@ -1,8 +1,10 @@
 -- admit: the enqueue core, shared by enqueue and enqueue_many. Needs common.
 -- Order is normative: policy (kind) before existence (duplicate) before write.
 -- run_at: nil = now; else the server-clock ms at which the job becomes due.
+-- fresh: the client minted the id in this call, so no token was ever handed out for it and
+-- the retired record is not read (a minted id is unique: time, node and sequence).
 -- Returns the verdict: 'enqueued' | 'scheduled' | 'duplicate' | 'kind'.
-local function admit(base, id, payload, g, run_at, now)
+local function admit(base, id, payload, g, run_at, now, fresh)
   if string.sub(id, 1, 3) ~= 'JOB' then return 'kind' end
   local jk = base .. 'job:' .. id
   if rcall('EXISTS', jk) == 1 then return 'duplicate' end
@@ -12,7 +14,8 @@ local function admit(base, id, payload, g, run_at, now)
   -- A retired id continues its old count (common.lua, retire): no (id, token) pair is ever
   -- handed out twice. `floor` keeps the count it came back with, so max_attempts still
   -- gives the new incarnation its full budget.
-  local attempts = rcall('HGET', base .. 'retired', id) or '0'
+  local attempts = '0'
+  if not fresh then attempts = retired_last(base, id) end
   local fields = {'state', state, 'attempts', attempts, 'payload', payload}
   if g then
     fields[#fields + 1] = 'group'
@@ -27,8 +30,7 @@ local function admit(base, id, payload, g, run_at, now)
   -- other write first (a cleanup), Redis would let every later write of the script through.
   rcall('HSET', jk, unpack(fields))
   if attempts ~= '0' then
-    rcall('HDEL', base .. 'retired', id)
-    rcall('ZREM', base .. 'retired:at', id)
+    unretire(base, id)
   end
   if due then
     rcall('ZADD', waiting_key(base, g), 0, id)
@@ -49,42 +51,72 @@ local function run_time(mode, value, now)
 end
 
 -- Lost replies (no blind double admission): a client that may resend an enqueue whose reply
--- it lost sends every copy of one call with the same nonce. Each job the call admits leaves
--- the marker '<id>:<nonce>' in p..recent (a ZSET, score = the server ms until which a resend
--- may still come), and a resend that finds its marker answers 'replayed': the first copy
--- landed. That stays true after the job has completed and its row is gone, so a resend
--- never admits the job a second time; a new enqueue of a retired id (another nonce) is still
--- a new job. Expired markers are dropped by the next enqueue, after its admission (the
--- cleanup must not be the first write, see admit), and are ignored until then.
--- A job admitted as 'scheduled' leaves '<id>:<nonce>:s', so a resend answers what the first
--- copy answered ('replayed:scheduled'), even when its at_ms has passed since.
-local function forget_expired(base, nonce, now)
-  if nonce ~= '' then rcall('ZREMRANGEBYSCORE', base .. 'recent', '-inf', now) end
+-- it lost sends every copy of one call with the same nonce (12 hex digits), and flags the
+-- copies after the first as resends. The first copy of a call leaves a marker of what it
+-- admitted; only a resend looks for one, so the happy path pays one write and no read. A
+-- resend that finds the marker answers what the first copy answered ('replayed' for
+-- enqueued): the job is never admitted twice, even after it completed and its row is gone.
+-- A resend that finds none is the call's first landing and is admitted as usual. A new
+-- enqueue of a retired id (a new call, another nonce) is still a new job.
+--
+-- A single enqueue's marker is one field of a small HASH shared by the calls of one server
+-- second:   p..recent:<replay_ms>:<second>:<nonce[1..2]>
+--           field nonce[3..12] .. the id's last 4 characters, value 'e' | 's' (scheduled)
+-- The key expires as a whole (PEXPIREAT) replay_ms after its second ends, so no call trims
+-- markers one by one; with 256 keys a second, each stays small enough for the server's
+-- compact (listpack) hash encoding up to ~30k enqueues/s (docs/CAPACITY.md).
+-- An enqueue_many call leaves one STRING p..recent:<nonce> with every job's verdict.
+
+local function marker_key(base, nonce, replay_ms, second)
+  return base .. 'recent:' .. replay_ms .. ':' .. second .. ':' .. string.sub(nonce, 1, 2)
 end
 
-local function replayed(base, id, nonce, now)
-  if nonce == '' then return false end
-  local mark = base .. 'recent'
-  local until_ms = rcall('ZSCORE', mark, id .. ':' .. nonce)
-  if until_ms and tonumber(until_ms) > now then return 'replayed' end
-  until_ms = rcall('ZSCORE', mark, id .. ':' .. nonce .. ':s')
-  if until_ms and tonumber(until_ms) > now then return 'replayed:scheduled' end
+local function marker_field(id, nonce)
+  return string.sub(nonce, 3) .. string.sub(id, -4)
+end
+
+-- The first copy of a single enqueue admitted `verdict` ('enqueued' | 'scheduled').
+local function mark_one(base, id, nonce, verdict, now, replay_ms)
+  local second = math.floor(now / 1000)
+  local key = marker_key(base, nonce, replay_ms, second)
+  local v = 'e'
+  if verdict == 'scheduled' then v = 's' end
+  rcall('HSET', key, marker_field(id, nonce), v)
+  rcall('PEXPIREAT', key, (second + 1) * 1000 + replay_ms)
+end
+
+-- A resend of a single enqueue: what its first copy answered, or false when none landed.
+-- The first copy landed at most replay_ms ago: every second since then is looked at.
+--@lazy replays
+local function find_one(base, id, nonce, now, replay_ms)
+  local field = marker_field(id, nonce)
+  local last = math.floor(now / 1000)
+  for second = math.floor((now - replay_ms) / 1000), last do
+    local v = rcall('HGET', marker_key(base, nonce, replay_ms, second), field)
+    if v == 'e' then return 'replayed' end
+    if v == 's' then return 'replayed:scheduled' end
+  end
   return false
 end
+--@end
 
--- The marker of one admitted job: its verdict is in the name (see replayed).
-local function marker(id, nonce, verdict)
-  if verdict == 'scheduled' then return id .. ':' .. nonce .. ':s' end
-  return id .. ':' .. nonce
+-- enqueue_many: one code a job ('e' enqueued, 's' scheduled, 'd' duplicate, 'k' kind).
+--@lazy batch_replays
+local CODE = {enqueued = 'e', scheduled = 's', duplicate = 'd', kind = 'k'}
+local REPLAY = {e = 'replayed', s = 'replayed:scheduled', d = 'duplicate', k = 'kind'}
+
+local function mark_many(base, nonce, verdicts, replay_ms)
+  local codes = {}
+  for i, v in ipairs(verdicts) do codes[i] = CODE[v] or 'd' end
+  rcall('SET', base .. 'recent:' .. nonce, table.concat(codes), 'PX', replay_ms + 1000)
 end
 
-local function remember(base, marks, until_ms)
-  for i = 1, #marks, 1000 do
-    local args = {}
-    for j = i, math.min(i + 999, #marks) do
-      args[#args + 1] = until_ms
-      args[#args + 1] = marks[j]
-    end
-    rcall('ZADD', base .. 'recent', unpack(args))
-  end
+-- A resend of an enqueue_many call: the first copy's verdicts, or nil when none landed.
+local function find_many(base, nonce)
+  local codes = rcall('GET', base .. 'recent:' .. nonce)
+  if not codes then return nil end
+  local out = {}
+  for i = 1, #codes do out[i] = REPLAY[string.sub(codes, i, i)] end
+  return out
 end
+--@end

@@ -40,6 +40,18 @@ end
 -- D15/D16: emit (events) and bump_metrics, for every transition below and in the scripts.
 --@include observe
 
+-- One read of the queue's meta for a claim: the pause flag, the queue-wide rate limit
+-- (cached for queue_rate), whether lanes have rate limits (cached for any_lane_rated) and
+-- the events bound (cached for emit). True when paused.
+local function claim_gate(base)
+  local m = rcall('HMGET', base .. 'meta', 'paused', 'rate_max', 'rate_window_ms', 'events',
+    'grated')
+  events_bound = m[4] or false
+  seed_queue_rate(m[2], m[3])
+  lanes_rated = m[5] ~= false
+  return m[1] ~= false
+end
+
 -- A lane is serviceable when it is non-empty, not paused, below its concurrency limit and
 -- not held out by its rate limit (ratelimit.lua); the flat set when it is non-empty. The
 -- ring holds exactly the serviceable ones.
@@ -51,7 +63,7 @@ local function serviceable(base, g)
   if lim and tonumber(rcall('HGET', base .. 'gactive', g) or '0') >= tonumber(lim) then
     return false
   end
-  if rate_blocked(base, g) then return false end
+  if any_lane_rated(base) and rate_blocked(base, g) then return false end
   return true
 end
 
@@ -85,58 +97,59 @@ end
 -- Retired ids (no ABA on the token): a caller-chosen id may be enqueued again after its row
 -- was deleted. Its token is its attempts, so a re-admitted id restarting at 0 would hand out
 -- (id, 1) a second time and a stale holder of the first incarnation could settle the new one.
--- Every script that deletes a row with attempts > 0 records the id's last attempts in
--- p..retired (HASH id -> attempts) with its retirement time in p..retired:at (ZSET), and
--- admit continues from there. The record is bounded: at most RETIRED_MAX ids, none older
--- than RETIRED_MS; an id trimmed out of it restarts at 0 (docs/RELIABILITY.md).
-local RETIRED_MAX = 50000
-local RETIRED_MS = 3600000
-local RETIRED_TRIM = 100
+-- Every script that deletes a row with attempts > 0 records the id's last attempts, and
+-- admit continues from there (retired_last). The record is two generations of one HASH (id
+-- -> attempts): p..retired takes every retirement; once it holds RETIRED_GEN ids it becomes
+-- p..retired:old, dropping the generation before. So the last RETIRED_GEN retirements (up to
+-- twice that) are always remembered, for one HSET and one HLEN per settle call, and memory is
+-- bounded (about 64 B an id, 2 x RETIRED_GEN ids); an id older than that restarts at 0
+-- (docs/RELIABILITY.md).
+local RETIRED_GEN = 25000
 
 -- pairs: {id, attempts, id, attempts, ...} of deleted rows. The caller has already written
 -- (a ZREM/DEL): under noeviction these writes are never the script's first, so retiring a
 -- job is never refused for memory (it frees more than it keeps).
-local function retire(base, pairs_, now)
+local function retire(base, pairs_)
   if #pairs_ == 0 then return end
-  local rk, rt = base .. 'retired', base .. 'retired:at'
-  local stamps = {}
-  for i = 1, #pairs_, 2 do
-    stamps[#stamps + 1] = now
-    stamps[#stamps + 1] = pairs_[i]
-  end
+  local rk = base .. 'retired'
   for i = 1, #pairs_, 1000 do
     rcall('HSET', rk, unpack(pairs_, i, math.min(i + 999, #pairs_)))
-    rcall('ZADD', rt, unpack(stamps, i, math.min(i + 999, #stamps)))
   end
-  -- Trim: the expired ones (a bounded number per call), then the oldest beyond the cap.
-  local old = rcall('ZRANGEBYSCORE', rt, '-inf', now - RETIRED_MS, 'LIMIT', 0, RETIRED_TRIM)
-  if #old > 0 then
-    rcall('ZREM', rt, unpack(old))
-    rcall('HDEL', rk, unpack(old))
-  end
-  local over = rcall('ZCARD', rt) - RETIRED_MAX
-  while over > 0 do
-    local popped = rcall('ZPOPMIN', rt, math.min(over, 1000))
-    local gone = {}
-    for i = 1, #popped, 2 do gone[#gone + 1] = popped[i] end
-    if #gone == 0 then break end
-    rcall('HDEL', rk, unpack(gone))
-    over = over - #gone
+  -- The size is looked at on a big batch, or when the first id's last byte is a multiple of
+  -- 8 (about one small call in eight: ids end in a sequence): a generation may pass
+  -- RETIRED_GEN by what a few small calls retire, no more.
+  if #pairs_ < 64 and string.byte(pairs_[1], -1) % 8 ~= 0 then return end
+  if rcall('HLEN', rk) >= RETIRED_GEN then
+    -- UNLINK: the dropped generation is freed off the main thread (it may hold 25k fields).
+    rcall('UNLINK', base .. 'retired:old')
+    rcall('RENAME', rk, base .. 'retired:old')
   end
 end
 
 -- Record one deleted row's id when a token was ever handed out for it (attempts > 0).
 -- (A planted non-integer attempts is not carried over: only what claim could mint.)
-local function retire_one(base, id, attempts, now)
+local function retire_one(base, id, attempts)
   if type(attempts) == 'string' and attempts ~= '0' and string.match(attempts, '^[0-9]+$') then
-    retire(base, {id, attempts}, now)
+    retire(base, {id, attempts})
   end
+end
+
+-- The last token a retired id left ('0' when it is in neither generation). An admission that
+-- continues from it calls unretire after its own first write (see admit).
+local function retired_last(base, id)
+  return rcall('HGET', base .. 'retired', id) or rcall('HGET', base .. 'retired:old', id) or '0'
+end
+
+local function unretire(base, id)
+  rcall('HDEL', base .. 'retired', id)
+  rcall('HDEL', base .. 'retired:old', id)
 end
 
 -- Make the ring and the lane registry (D14) agree with the truth for one lane (or the flat
 -- set, g false). Recomputing from the sets, instead of patching per script, is what keeps
 -- "ring == serviceable lanes" exact across every transition. Returns inring, inserted.
-local function sync(base, g)
+-- known_inring: the caller just read that the lane is live in the ring (the claim's head).
+local function sync(base, g, known_inring)
   local key = g or FLAT
   if key ~= FLAT then
     if rcall('ZCARD', waiting_key(base, key)) > 0 then
@@ -148,7 +161,7 @@ local function sync(base, g)
   local ring = base .. 'ring'
   -- Membership is read from the SET beside the LIST (O(1)), not LPOS on the LIST (O(ring
   -- length)): with 100k lanes every lane transition would otherwise scan the ring.
-  local inring = rcall('SISMEMBER', base .. 'inring', key) == 1
+  local inring = known_inring or rcall('SISMEMBER', base .. 'inring', key) == 1
   if not inring and rcall('SCARD', base .. 'inring') == 0 and rcall('LLEN', ring) > 0 then
     -- A ring with entries but no live SET was written before the SETs existed (or damaged):
     -- adopt its entries once, so no lane gets a second entry.

@@ -3,6 +3,7 @@
 -- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms) and
 -- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner).
 
+--@lazy repeats
 local EPOCH_MS = 1672531200000
 local B62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
@@ -47,6 +48,7 @@ local function next_every(score, every, now)
   if score > now then return score end
   return score + every * (math.floor((now - score) / every) + 1)
 end
+--@end
 
 -- Flows (D18, same queue): a parent waits as `awaiting_children` (in no set) with
 -- job:<pid>:deps = children not yet settled. A child row carries `parent` and
@@ -63,12 +65,19 @@ local function flow_parent(jk)
   return f
 end
 
+-- The same, from a row that fence read wide (include/fence.lua): no second read of the row.
+local function flow_of(row)
+  if not row[7] and not row[9] then return nil end
+  return {row[7], row[8], row[9], row[10]}
+end
+
 -- A child whose parent is on another queue cannot touch the parent's keys (another cluster
 -- slot): its settle appends an entry to its OWN queue's outbox, in the same script, and the
 -- pump delivers it to the parent's queue (echomq/_compose.py deliver). Entries:
 --   done: parent_queue \0 parent_id \0 child_id \0 result (the rest, may hold NULs)
 --   fail: '' \0 'fail' \0 parent_queue \0 parent_id \0 child_id \0 policy \0 error
 -- (a queue name is never empty, so the two kinds never collide).
+--@lazy flows
 local function flow_outbox(base, f, id, kind, value)
   local entry
   if kind == 'done' then
@@ -140,3 +149,4 @@ end
 local function flow_forget(jk)
   rcall('DEL', jk .. ':deps', jk .. ':processed', jk .. ':failed', jk .. ':unsuccessful')
 end
+--@end

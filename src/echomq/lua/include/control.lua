@@ -10,6 +10,7 @@
 -- A waiter that takes the token puts it back (notify_rearm.lua), so every waiter, in every
 -- process, is woken by this one push and none of them polls.
 -- now (optional): the caller's clock read, so a batch reads TIME once.
+--@lazy outcomes
 local function keep_outcome(base, id, field, value, attempts, keep_ms, now)
   if not keep_ms or keep_ms <= 0 then return end
   local rk = base .. 'result:' .. id
@@ -23,21 +24,27 @@ local function keep_outcome(base, id, field, value, attempts, keep_ms, now)
     rcall('PEXPIRE', nk, keep_ms)
   end
 end
+--@end
 
 -- D20: a finishing job (completed, dead, removed, cancelled) releases the dedup key it holds.
 -- Only a simple key (no TTL) is released, and only while it still names this job: throttle
 -- and debounce keys live out their TTL. Call it before the row is deleted (reads `dedup`).
-local function release_dedup(base, id, jk)
-  -- pcall: a planted non-hash row must not fail the settle that carries it.
-  local did = redis.pcall('HGET', jk, 'dedup')
+-- release_dedup_of: the same, when the caller already read the row's `dedup` (did, or nil).
+local function release_dedup_of(base, id, did)
   if type(did) ~= 'string' then return end
   local dk = base .. 'de:' .. did
   if rcall('GET', dk) == id and rcall('PTTL', dk) == -1 then rcall('DEL', dk) end
 end
 
+local function release_dedup(base, id, jk)
+  -- pcall: a planted non-hash row must not fail the settle that carries it.
+  release_dedup_of(base, id, redis.pcall('HGET', jk, 'dedup'))
+end
+
 -- D20: the holder of dedup id `did`, or false when the key is free. A debounce key whose
 -- holder still waits (pending or scheduled) has the holder take this enqueue's payload and
 -- run time (run_at nil: now) in place: the refused enqueue is folded into the held job.
+--@lazy dedup_holds
 local function dedup_holder(base, did, mode, payload, run_at, now)
   local holder = rcall('GET', base .. 'de:' .. did)
   if not holder then return false end
@@ -62,13 +69,16 @@ local function dedup_holder(base, did, mode, payload, run_at, now)
   end
   return holder
 end
+--@end
 
 -- D20: the admitted job takes the dedup key (simple: no TTL, released by the settles).
+--@lazy dedups
 local function take_dedup(base, id, did, ttl_ms)
   local dk = base .. 'de:' .. did
   if ttl_ms > 0 then rcall('SET', dk, id, 'PX', ttl_ms) else rcall('SET', dk, id) end
   rcall('HSET', base .. 'job:' .. id, 'dedup', did)
 end
+--@end
 
 -- D22: whether the holder of an active job was asked to stop (row field `cancel`).
 local function cancel_flagged(jk)

@@ -9,8 +9,16 @@
 -- promote, delay(0) or reprocess, and each lease generation settles at most once (D13).
 -- Returns row {attempts, state, group, lease_epoch, floor}, or nil with an error text (nil,
 -- nil = gone). floor: the attempts a re-admitted id came back with (admit.lua), or nil.
-local function fence(jk, token, verb)
-  local row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
+-- wide: the row also carries what a finishing settle reads (row[6] dedup, row[7..10] the
+-- flow fields, see flow_of in compose.lua), so complete and retry read the row once.
+local function fence(jk, token, verb, wide)
+  local row
+  if wide then
+    row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor', 'dedup',
+      'parent', 'parent_policy', 'children', 'parent_queue')
+  else
+    row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
+  end
   if not row or not row[1] then return nil, nil end
   -- A never-claimed job holds attempts "0": no caller can own it, so "0" is never a token.
   if row[1] ~= token or token == '0' then

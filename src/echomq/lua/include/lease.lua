@@ -21,7 +21,10 @@ end
 local BRAND_MAX = 'AzL8n0Y58m7'
 local function branded(id)
   if #id ~= 14 or string.match(id, '^[A-Z][A-Z][A-Z][0-9A-Za-z]+$') == nil then return false end
-  for i = 1, 11 do
+  -- The first digit decides unless it is BRAND_MAX's own 'A': one comparison for most ids.
+  local first = string.byte(id, 4)
+  if first ~= 65 then return first < 65 end
+  for i = 2, 11 do
     local a, b = string.byte(id, i + 3), string.byte(BRAND_MAX, i)
     if a ~= b then return a < b end
   end
@@ -87,12 +90,13 @@ end
 -- How many jobs the ring head g may take in this turn: the rest of its weighted turn (the
 -- head lane is served gweight times in a row, then rotated; the turn lives in meta
 -- rr_lane/rr_n, so single and batch claims follow one schedule) and its limit headroom.
+-- Returns k, and the lane's weight and served count for charge (nil when alone).
 local function turn_room(base, g, want, alone)
-  local k = want
+  local k, w, served = want, nil, nil
   if not alone then
-    local w = tonumber(rcall('HGET', base .. 'gweight', g) or '1')
+    w = tonumber(rcall('HGET', base .. 'gweight', g) or '1')
     local turn = rcall('HMGET', base .. 'meta', 'rr_lane', 'rr_n')
-    local served = 0
+    served = 0
     if turn[1] == g then served = tonumber(turn[2]) end
     k = math.min(k, math.max(w - served, 1))
   end
@@ -105,23 +109,23 @@ local function turn_room(base, g, want, alone)
     local max = lane_rate(base, g)  -- D21: no more than the lane's window still allows
     if max then k = math.min(k, rate_left(base .. 'limiter:' .. g, max)) end
   end
-  return k
+  return k, w, served
 end
 
 -- Count `n` serves against the head g's turn; rotate it to the back when the turn is spent.
-local function charge(base, g, n)
+-- live: g is still in the ring after this claim's sync (then it is still its head, nothing
+-- else moved it); alone, w, served: what turn_room read before the lease (the lease moves no
+-- lane in or out of the ring).
+local function charge(base, g, n, live, alone, w, served)
   local ring = base .. 'ring'
   local meta = base .. 'meta'
-  if rcall('LINDEX', ring, 0) ~= g or rcall('SISMEMBER', base .. 'inring', g) == 0 then
+  if not live then
     -- g left the ring (emptied, paused, at its limit): its turn is over.
     rcall('HDEL', meta, 'rr_lane', 'rr_n')
     return
   end
-  if rcall('SCARD', base .. 'inring') == 1 then return end
-  local w = tonumber(rcall('HGET', base .. 'gweight', g) or '1')
-  local turn = rcall('HMGET', meta, 'rr_lane', 'rr_n')
-  local served = n
-  if turn[1] == g then served = tonumber(turn[2]) + n end
+  if alone then return end
+  served = served + n
   if served >= w then
     rcall('LMOVE', ring, ring, 'LEFT', 'RIGHT')
     rcall('HDEL', meta, 'rr_lane', 'rr_n')
@@ -152,6 +156,7 @@ end
 
 -- D21: lanes whose rate window has reopened (ratewait score <= now) come back to the ring.
 local function readmit_rated(base, now)
+  if not any_lane_rated(base) then return end  -- a lane leaves ratewait when its limit goes
   local due = rcall('ZRANGEBYSCORE', base .. 'ratewait', '-inf', now, 'LIMIT', 0, 100)
   for _, g in ipairs(due) do
     rcall('ZREM', base .. 'ratewait', g)
@@ -159,10 +164,25 @@ local function readmit_rated(base, now)
   end
 end
 
-local function claim_n(base, deadline, n, out)
+-- D21: what a claim that got nothing answers besides: the ms until the queue-wide window
+-- reopens when it is spent, else until the first rate-held lane is readmitted; 0 when no
+-- rate limit holds anything back (then the queue is empty or paused, or its lanes are full).
+local function rate_wait(base, now)
+  local qmax = queue_rate(base)
+  if qmax and rate_left(base .. 'limiter', qmax) <= 0 then
+    return math.max(rcall('PTTL', base .. 'limiter'), 1)
+  end
+  if any_lane_rated(base) then
+    local first = rcall('ZRANGE', base .. 'ratewait', 0, 0, 'WITHSCORES')
+    if #first > 0 then return math.max(tonumber(first[2]) - now, 1) end
+  end
+  return 0
+end
+
+local function claim_n(base, deadline, n, out, now)
   local ring = base .. 'ring'
   local got = 0
-  local now = now_ms()
+  now = now or now_ms()
   readmit_rated(base, now)
   -- D21: the queue-wide window caps every claim, lanes included.
   local qmax, qwindow = queue_rate(base)
@@ -170,20 +190,24 @@ local function claim_n(base, deadline, n, out)
   while got < n do
     local g = ring_head(base)
     if not g then break end
-    local leased = 0
-    if serviceable(base, g) then
-      local k = turn_room(base, g, n - got, rcall('SCARD', base .. 'inring') == 1)
+    local alone = rcall('SCARD', base .. 'inring') == 1
+    local leased, w, served = 0, nil, nil
+    -- The ring holds exactly the serviceable sets, so a live FLAT head has jobs (were it empty,
+    -- the lease finds none and the sync below drops it): only a lane is checked again.
+    if g == FLAT or serviceable(base, g) then
+      local k
+      k, w, served = turn_room(base, g, n - got, alone)
       if k > 0 then leased = lease_many(base, g, deadline, k, out) end
       if leased > 0 and g ~= FLAT then
         local max, window = lane_rate(base, g)
         if max then rate_charge(base .. 'limiter:' .. g, leased, window) end
       end
     end
-    if g == FLAT then sync(base, false) else sync(base, g) end
+    local live = sync(base, g ~= FLAT and g, true)
     if leased > 0 then
-      charge(base, g, leased)
+      charge(base, g, leased, live, alone, w, served)
       got = got + leased
-    elseif rcall('LINDEX', ring, 0) == g and rcall('SISMEMBER', base .. 'inring', g) == 1 then
+    elseif live then
       -- Defensive: a head that gave nothing must not be asked again in this call.
       rcall('LMOVE', ring, ring, 'LEFT', 'RIGHT')
     end

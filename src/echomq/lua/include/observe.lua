@@ -32,11 +32,17 @@ end
 
 -- Count n settles of kind ('completed' | 'failed') in the current server minute: O(1), the
 -- head is either this minute's element (summed in place) or a new element is pushed.
-local function bump_metrics(base, kind, n)
+-- now (optional): the caller's server-clock ms, so a settle reads TIME once.
+local function bump_metrics(base, kind, n, now)
   if n <= 0 then return end
   rcall('HINCRBY', base .. 'metrics:' .. kind, 'count', n)
   local key = base .. 'metrics:' .. kind .. ':data'
-  local minute = math.floor(tonumber(rcall('TIME')[1]) / 60)
+  local minute
+  if now then
+    minute = math.floor(now / 60000)
+  else
+    minute = math.floor(tonumber(rcall('TIME')[1]) / 60)
+  end
   local head = rcall('LINDEX', key, 0)
   if head then
     local sep = string.find(head, ':', 1, true)

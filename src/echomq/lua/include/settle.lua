@@ -7,19 +7,19 @@
 -- metrics:completed (once per batch). Returns 1 | 0 (gone) | text.
 -- result (optional): what a flow parent records for this child (D18, include/compose.lua).
 local function complete_one(base, id, jk, token, result)
-  local row, err = fence(jk, token, 'complete')
+  local row, err = fence(jk, token, 'complete', true)
   if err then return err end
   if not row then return 0 end
   -- No release(): the row is deleted just below, lease_epoch with it.
   if row[2] == 'active' then leave_active(base, id, row[3]) else leave_waiting(base, id, row[3]) end
-  release_dedup(base, id, jk)
-  local flow = flow_parent(jk)  -- D18 (include/compose.lua)
+  release_dedup_of(base, id, row[6])
+  local flow = flow_of(row)  -- D18 (include/compose.lua)
   if flow then
     flow_child_done(base, id, flow, result)
     if flow[3] then flow_forget(jk) end
   end
   rcall('DEL', jk, jk .. ':logs')
-  retire_one(base, id, row[1], now_ms())
+  retire_one(base, id, row[1])
   emit_in(base, 'completed', id, row[3], 'attempts', row[1])
   return 1
 end
@@ -28,30 +28,31 @@ end
 -- Returns 'scheduled' | 'dead' | 'removed' (cancelled with remove, D22) | 0 (gone) | text.
 -- keep_ms (optional, D17): a dead-letter keeps its error that long and wakes its waiters.
 local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text, now, keep_ms)
-  local row, err = fence(jk, token, 'retry')
+  local row, err = fence(jk, token, 'retry', true)
   if err then return err end
   if not row then return 0 end
   release(base, id, jk, row)
   -- D22, cancel(remove=True): the holder's "cancelled" settle removes the job instead of
   -- dead-lettering it (as remove.lua does); a kept outcome still tells its waiters why.
   if error_text == 'cancelled' and rcall('HGET', jk, 'cancel') == 'remove' then
-    release_dedup(base, id, jk)
+    release_dedup_of(base, id, row[6])
     flow_forget(jk)
     rcall('DEL', jk, jk .. ':logs')
-    retire_one(base, id, row[1], now)
+    retire_one(base, id, row[1])
     emit_in(base, 'removed', id, row[3], 'state', 'active', 'cancelled', '1')
-    keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now)
+    if keep_ms and keep_ms > 0 then keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now) end
     return 'removed'
   end
   -- The ceiling counts this incarnation's attempts: a re-admitted id came back with `floor`.
   if tonumber(row[1]) - tonumber(row[5] or '0') >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
     rcall('ZADD', base .. 'dead', 0, id)
-    bump_metrics(base, 'failed', 1)
+    bump_metrics(base, 'failed', 1, now)
     emit_in(base, 'dead', id, row[3], 'attempts', row[1], 'error', error_text)
-    release_dedup(base, id, jk)
-    keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now)
-    flow_child_dead(base, id, flow_parent(jk), error_text)  -- D18 (include/compose.lua)
+    release_dedup_of(base, id, row[6])
+    if keep_ms and keep_ms > 0 then keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now) end
+    local flow = flow_of(row)  -- D18 (include/compose.lua)
+    if flow then flow_child_dead(base, id, flow, error_text) end
     return 'dead'
   end
   rcall('HSET', jk, 'state', 'scheduled', 'last_error', error_text)
@@ -64,7 +65,7 @@ end
 -- jobs' ZREM active, the row DELs and the metric batched into one command each.
 -- Reads count (id, token) pairs from args at index i; returns the next index and verdicts.
 -- results (optional): id -> the result a completion passed (what a flow parent records).
-local function complete_many(base, args, i, count, results)
+local function complete_many(base, args, i, count, results, now)
   local verdicts, flat, rows, seen, ok, retired = {}, {}, {}, {}, 0, {}
   for _ = 1, count do
     local id = args[i]
@@ -72,7 +73,7 @@ local function complete_many(base, args, i, count, results)
     local row, err = nil, nil
     -- The DELs come at the end: an id named twice is gone by its second mention once the
     -- first completed it; a refused mention changed nothing, so the next one is fenced anew.
-    if not seen[id] then row, err = fence(jk, args[i + 1], 'complete') end
+    if not seen[id] then row, err = fence(jk, args[i + 1], 'complete', true) end
     if row then seen[id] = true end
     if err then
       verdicts[#verdicts + 1] = err
@@ -86,8 +87,8 @@ local function complete_many(base, args, i, count, results)
       else
         flat[#flat + 1] = id
       end
-      release_dedup(base, id, jk)
-      local flow = flow_parent(jk)  -- D18 (include/compose.lua)
+      release_dedup_of(base, id, row[6])
+      local flow = flow_of(row)  -- D18 (include/compose.lua)
       if flow then
         flow_child_done(base, id, flow, (results and results[id]) or '')
         if flow[3] then flow_forget(jk) end
@@ -109,8 +110,8 @@ local function complete_many(base, args, i, count, results)
   end
   if #rows > 0 then
     for j = 1, #rows, 2000 do rcall('DEL', unpack(rows, j, math.min(j + 1999, #rows))) end
-    bump_metrics(base, 'completed', ok)
-    retire(base, retired, now_ms())
+    bump_metrics(base, 'completed', ok, now)
+    retire(base, retired)
   end
   return i, verdicts
 end

@@ -1,0 +1,61 @@
+"""Log formats of ``echomq worker --log-format``: the text line, or one JSON object per line.
+
+The worker passes the structured fields of a job line with ``extra=`` (``queue``, ``job_id``,
+``task``, ``attempt``, ``max_attempts``, ``delay_ms``, ``duration_ms``, ``error``); the JSON
+formatter writes ``ts``, ``level``, ``logger``, ``msg``, every such field present, and
+``exc`` (the formatted traceback) when the line carries one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+from echomq.errors import InvalidArgument
+
+__all__ = ["TEXT_FORMAT", "JsonFormatter", "formatter"]
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
+
+# The attributes every LogRecord has: whatever else a record carries came from ``extra=``.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",  # 3.12+
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``ts`` (UTC, ISO 8601, ms), ``level``, ``logger``, ``msg``,
+    the record's ``extra=`` fields, and ``exc`` when it has ``exc_info``. A value JSON cannot
+    carry is written as its ``str()``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, timezone.utc)
+        out: dict[str, Any] = {
+            "ts": ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def formatter(kind: str) -> logging.Formatter:
+    """The formatter of ``--log-format`` ``kind`` (``text`` or ``json``)."""
+    if kind == "json":
+        return JsonFormatter()
+    if kind == "text":
+        return logging.Formatter(TEXT_FORMAT)
+    raise InvalidArgument(f"log format must be 'text' or 'json', got {kind!r}")

@@ -1,0 +1,347 @@
+"""The first hour with the ``echomq`` command (issue 14, items 5 and 6): every mistake is one
+``error: ...`` line, an unreachable server is named with the time waited, ``stats`` fits 80
+columns, ``job`` tells when and how often, ``remove`` and ``lanes`` exist, a queue that does
+not exist is said to, an app that fails to import shows where, and ``help(echomq)`` opens with
+a quick start. Real ``python -m echomq`` processes against the session server."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import pydoc
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq import ids
+from echomq.errors import InvalidArgument, ServerUnreachable
+from echomq.server import EmbeddedServer, free_port
+from procs import TESTS_DIR
+
+
+def run(*args: str, env: dict[str, str], cwd: Path = TESTS_DIR) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "echomq", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def env(url: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    clean["ECHOMQ_URL"] = url
+    clean["COLUMNS"] = "80"
+    return clean
+
+
+def one_error(done: subprocess.CompletedProcess[str], code: int) -> str:
+    """The single stderr line of a failed command (no traceback), after checking its code."""
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- 1. bad input
+
+
+def test_url_without_a_scheme_is_one_line(env: dict[str, str]) -> None:
+    done = run("--url", "localhost:6379", "stats", env=env)
+    assert one_error(done, 2) == (
+        "error: url 'localhost:6379' has no scheme: write redis://localhost:6379 "
+        "(or rediss://, unix://)"
+    )
+    env["ECHOMQ_URL"] = "http://u:secret@host/0"  # from the environment too, password masked
+    done = run("pause", "q1", env=env)
+    assert one_error(done, 2) == (
+        "error: url 'http://u:***@host/0' has the scheme 'http': echomq speaks redis://, "
+        "rediss:// (either with +cluster) and unix://"
+    )
+
+
+def test_a_url_without_a_scheme_is_refused_before_any_io() -> None:
+    with pytest.raises(InvalidArgument, match="has no scheme"):
+        echomq.Queue("q1", url="localhost:6379")
+
+
+def test_bad_log_level_is_one_line(env: dict[str, str]) -> None:
+    done = run("worker", "--log-level", "LOUD", "apps.basic:app", env=env)
+    assert one_error(done, 2) == (
+        "error: --log-level 'LOUD' is not a level: use DEBUG, INFO, WARNING, ERROR or "
+        "CRITICAL (or a number)"
+    )
+
+
+# --------------------------------------------------------------------------- 2. unreachable
+
+
+def test_producer_gives_up_with_server_unreachable() -> None:
+    port = free_port()
+    q = echomq.Queue("q1", url=f"redis://:hunter2@127.0.0.1:{port}/0", retry_for=0.3)
+    start = time.monotonic()
+    with pytest.raises(ServerUnreachable) as caught:
+        q.enqueue(b"x")
+    waited = time.monotonic() - start
+    q.close()
+    err = caught.value
+    assert 0.3 <= waited < 3, waited
+    # Still what outage handlers catch: redis-py's ConnectionError and the builtin one.
+    assert isinstance(err, redis.ConnectionError) and isinstance(err, ConnectionError)
+    assert isinstance(err, echomq.EchoMQError)
+    assert isinstance(err.__cause__, redis.ConnectionError)
+    assert err.url == f"redis://:***@127.0.0.1:{port}/0" and err.retry_for == 0.3
+    assert str(err).startswith(
+        f"cannot reach the server at redis://:***@127.0.0.1:{port}/0: gave up after "
+    )
+    assert "of retries (retry_for=0.3); last error: " in str(err)
+    assert "hunter2" not in str(err)
+
+
+def test_async_producer_gives_up_with_server_unreachable() -> None:
+    port = free_port()
+
+    async def go() -> ServerUnreachable:
+        aq = echomq.AsyncQueue("q1", url=f"redis://127.0.0.1:{port}/0", retry_for=0.2)
+        try:
+            await aq.enqueue(b"x")
+        except ServerUnreachable as exc:
+            return exc
+        finally:
+            await aq.aclose()
+        raise AssertionError("enqueue succeeded without a server")
+
+    err = asyncio.run(go())
+    assert err.url == f"redis://127.0.0.1:{port}/0" and err.waited_s >= 0.2
+
+
+def test_cli_names_the_unreachable_server(env: dict[str, str]) -> None:
+    port = free_port()
+    done = run("--url", f"redis://:hunter2@127.0.0.1:{port}/0", "enqueue", "q1", "x", env=env)
+    line = one_error(done, 2)
+    assert line.startswith(
+        f"error: cannot reach the server at redis://:***@127.0.0.1:{port}/0: "
+        "not retried (retry_for=0); last error: "
+    ), line
+    assert "Connection refused" in line and "hunter2" not in line
+
+
+# --------------------------------------------------------------------------- 3. stats width
+
+
+def test_stats_fits_80_columns_without_cutting_names(
+    env: dict[str, str], qname: str, r: redis.Redis
+) -> None:
+    long_name = (qname.replace("-", "") + "x" * 50)[:50]
+    q = echomq.Queue(long_name, url=env["ECHOMQ_URL"])
+    try:
+        q.enqueue(b"x")
+        q.enqueue(b"y", group="tenant-a")
+        done = run("stats", long_name, env=env)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert all(len(line) <= 80 for line in lines), lines
+        assert long_name in lines
+        fields = lines[lines.index(long_name) + 1]
+        assert fields == "  pending 2  active 0  schedule 0  dead 0  completed 0  failed 0  lanes 1"
+        wide = run("stats", long_name, env={**env, "COLUMNS": "200"})  # a table when it fits
+        row = next(line for line in wide.stdout.splitlines() if long_name in line)
+        assert [c.strip() for c in row.split("│") if c.strip()][:2] == [long_name, "2"]
+    finally:
+        q.pause()
+        q.obliterate(force=True)
+        q.close()
+
+
+# --------------------------------------------------------------------------- 4. job
+
+
+def test_job_shows_enqueued_attempts_and_errors(
+    env: dict[str, str], q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    e = q.enqueue(b"x")
+    job = q.claim(lease_ms=10_000)
+    assert job is not None and job.id == e.id
+    q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom: it broke")
+    done = run("job", qname, e.id, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    minted = dt.datetime.fromtimestamp(ids.decode_time_ms(e.id) / 1000, dt.timezone.utc)
+    stamp = minted.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert lines[:4] == [f"id: {e.id}", "place: dead", lines[2], "attempts: 1"]
+    assert re.fullmatch(rf"enqueued: {re.escape(stamp)} \(0m \d+s ago\)", lines[2]), lines[2]
+    assert "last_error: boom: it broke" in lines and "errors:" not in lines
+    # A per-attempt history, when the server keeps one on the row, is listed in order.
+    r.hset(f"emq:{{{qname}}}:job:{e.id}", "errors", json.dumps(["first", "second"]))
+    lines = run("job", qname, e.id, env=env).stdout.splitlines()
+    at = lines.index("errors:")
+    assert lines[at : at + 3] == ["errors:", "  1: first", "  2: second"]
+
+
+# --------------------------------------------------------------------------- 5. remove
+
+
+def test_remove_reports_each_id(env: dict[str, str], q: echomq.Queue, qname: str) -> None:
+    a, b = q.enqueue(b"a").id, q.enqueue(b"b", delay_ms=60_000).id
+    missing = ids.mint()
+    done = run("remove", qname, a, missing, b, env=env)
+    assert done.returncode == 1, done.stderr  # one was gone
+    assert done.stdout.splitlines() == [f"{a}: removed", f"{missing}: gone", f"{b}: removed"]
+    assert q.job_state(a) == "absent" and q.job_state(b) == "absent"
+    c = q.enqueue(b"c").id
+    assert run("remove", qname, c, env=env).stdout == f"{c}: removed\n"
+    d = q.enqueue(b"d").id
+    bad = run("remove", qname, d, "nope", env=env)  # a bad id: nothing is removed
+    assert one_error(bad, 2) == "error: job_key requires a valid branded id, got 'nope'"
+    assert q.job_state(d) == "pending"
+
+
+# --------------------------------------------------------------------------- 6. no such queue
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pause"],
+        ["resume"],
+        ["sweep"],
+        ["reprocess", "--all"],
+        ["cancel", "JOB0KHTOWnGLuC"],
+        ["remove", "JOB0KHTOWnGLuC"],
+        ["lanes"],
+    ],
+)
+def test_operator_commands_on_a_missing_queue_exit_1(
+    env: dict[str, str], qname: str, r: redis.Redis, args: list[str]
+) -> None:
+    done = run(args[0], qname, *args[1:], env=env)
+    hint = {"pause": " (--create pauses it anyway)", "resume": " (--create resumes it anyway)"}
+    assert one_error(done, 1) == (
+        f"error: queue {qname!r} does not exist on {env['ECHOMQ_URL']}{hint.get(args[0], '')}"
+    )
+    assert done.stdout == ""
+    assert list(r.scan_iter(match=f"emq:{{{qname}}}*")) == []  # nothing was written
+
+
+def test_pause_create_skips_the_check(env: dict[str, str], q: echomq.Queue, qname: str) -> None:
+    done = run("pause", qname, "--create", env=env)
+    assert (done.returncode, done.stdout) == (0, f"paused {qname}\n")
+    assert q.is_paused()
+    # Now it exists (its meta key holds the pause): the plain command works.
+    assert run("resume", qname, env=env).stdout == f"resumed {qname}\n"
+
+
+# --------------------------------------------------------------------------- 7. lanes
+
+
+def test_lanes_list_and_set(env: dict[str, str], q: echomq.Queue, qname: str) -> None:
+    q.enqueue(b"a", group="tenant-a")
+    job = q.claim(lease_ms=10_000)
+    assert job is not None and job.group == "tenant-a"
+    q.enqueue(b"b", group="tenant-a")
+    q.enqueue(b"c", group="tenant-b")
+    header = "lane      depth  active  limit  weight  paused"
+    done = run("lanes", qname, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        header,
+        "tenant-a      1       1      -       1      no",
+        "tenant-b      1       0      -       1      no",
+    ]
+    done = run("lanes", qname, "tenant-b", "--weight", "3", "--limit", "2", "--pause", env=env)
+    assert done.stdout.splitlines() == [header, "tenant-b      1       0      2       3     yes"]
+    q.pause_lane("tenant-a")
+    assert q.claim() is None  # tenant-b is paused (and tenant-a, to make sure)
+    q.resume_lane("tenant-a")
+    done = run("lanes", qname, "tenant-b", "--no-limit", "--resume", env=env)
+    assert done.stdout.splitlines() == [header, "tenant-b      1       0      -       3      no"]
+    # Bad input: one line, and nothing written (the weight stays 3).
+    bad = run("lanes", qname, "tenant-b", "--weight", "7", "--limit", "0", env=env)
+    assert one_error(bad, 2) == "error: --limit must be >= 1 (--no-limit removes the cap), got 0"
+    again = run("lanes", qname, "tenant-b", env=env).stdout.splitlines()
+    assert again == [header, "tenant-b      1       0      -       3      no"]
+    assert one_error(run("lanes", qname, "--weight", "2", env=env), 2) == (
+        "error: name the LANE to set"
+    )
+
+
+def test_lanes_set_create(env: dict[str, str], q: echomq.Queue, qname: str) -> None:
+    refused = run("lanes", qname, "vip", "--weight", "5", env=env)
+    assert one_error(refused, 1) == (
+        f"error: queue {qname!r} does not exist on {env['ECHOMQ_URL']} (--create sets it anyway)"
+    )
+    done = run("lanes", qname, "vip", "--weight", "5", "--create", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == "vip       0       0      -       5      no"
+
+
+# --------------------------------------------------------------------------- 8. import errors
+
+
+def test_an_app_that_raises_on_import_shows_its_traceback(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "badmod_x.py").write_text(
+        "import echomq\napp = echomq.App()\n\n\ndef setup():\n"
+        '    raise RuntimeError("config missing")\n\n\nsetup()\n'
+    )
+    done = run("worker", "badmod_x:app", env=env, cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert f'File "{tmp_path / "badmod_x.py"}", line 6, in setup' in done.stderr
+    assert 'raise RuntimeError("config missing")' in done.stderr
+    assert "cli.py" not in done.stderr and "importlib" not in done.stderr
+    assert lines[-1] == (
+        "error: importing 'badmod_x' raised RuntimeError: config missing (traceback above)"
+    )
+    missing = run("worker", "no_such_mod_x:app", env=env, cwd=tmp_path)
+    assert one_error(missing, 2) == (
+        f"error: cannot import 'no_such_mod_x': no module named 'no_such_mod_x' (from {tmp_path})"
+    )
+
+
+# --------------------------------------------------------------------------- 9. help(echomq)
+
+
+def test_help_opens_with_a_quick_start_that_runs(tmp_path: Path, monkeypatch: Any) -> None:
+    text = pydoc.render_doc(echomq, renderer=pydoc.plaintext)
+    description = text.split("DESCRIPTION\n", 1)[1]
+    assert description.lstrip().startswith("Quick start")
+    block = echomq.__doc__.split("::\n\n", 1)[1].split("\n\n", 1)[0]
+    code = [line[4:] for line in block.splitlines()]
+    assert len(code) == 5, code
+    # The five lines do what they say, against a server of their own.
+    srv = EmbeddedServer(tmp_path, appendonly=False).start()
+    try:
+        monkeypatch.setenv("ECHOMQ_URL", srv.url)
+        scope: dict[str, Any] = {}
+        exec("\n".join(code), scope)
+        with echomq.Queue("default", url=srv.url) as q:
+            assert q.counts()["pending"] == 1
+    finally:
+        srv.stop()
+    # The classes, functions and data it documents are the public names (__all__). pydoc
+    # lists every submodule file under PACKAGE CONTENTS whatever __all__ says; the private
+    # ones are marked by their leading "_" and the docstring says so.
+    body = text.split("CLASSES", 1)[1]
+    classes = re.findall(r"^    class (\w+)", body, flags=re.MULTILINE)
+    functions = re.findall(r"^    (\w+)\(", body.split("FUNCTIONS", 1)[1], flags=re.MULTILINE)
+    data = re.findall(r"^    (\w+) = ", body.split("DATA", 1)[1], flags=re.MULTILINE)
+    assert "Queue" in classes and "current_job" in functions and "WIRE_VERSION" in data
+    shown = {n for n in classes + functions + data if not (n.startswith("__") and n.endswith("__"))}
+    assert shown <= set(echomq.__all__), shown - set(echomq.__all__)
+    assert "private" in description.split("PACKAGE CONTENTS", 1)[0]
