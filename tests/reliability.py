@@ -169,16 +169,20 @@ def raw_violations(r: redis.Redis, queue: str) -> list[str]:
     out: list[str] = []
     rows: dict[str, dict[str, str]] = {}
     lanes: dict[str, set[str]] = {}
+    sides: list[str] = []  # a row's logs and errors: they go with the row
     for raw in r.scan_iter(match=p + "*", count=1000):
         key = raw.decode()
         rest = key[len(p) :]
-        if rest.startswith("job:") and not rest.endswith(":logs"):
+        if rest.startswith("job:") and rest.endswith((":logs", ":errors")):
+            sides.append(rest[4:].rsplit(":", 1)[0])
+        elif rest.startswith("job:") and rest.count(":") == 1:
             if r.type(key) != b"hash":
                 out.append(f"{key} is not a hash")
                 continue
             rows[rest[4:]] = {k.decode(): v.decode("latin-1") for k, v in r.hgetall(key).items()}
         elif rest.startswith("g:") and rest.endswith(":pending"):
             lanes[rest[2:-8]] = {m.decode() for m in r.zrange(key, 0, -1)}
+    out += [f"logs or errors of {jid}, which has no row" for jid in sides if jid not in rows]
     places: dict[str, list[str]] = {}
 
     def place(name: str, members: set[str]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import os
 import pydoc
 import re
@@ -183,12 +182,17 @@ def test_job_shows_enqueued_attempts_and_errors(
     stamp = minted.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     assert lines[:4] == [f"id: {e.id}", "place: dead", lines[2], "attempts: 1"]
     assert re.fullmatch(rf"enqueued: {re.escape(stamp)} \(0m \d+s ago\)", lines[2]), lines[2]
-    assert "last_error: boom: it broke" in lines and "errors:" not in lines
-    # A per-attempt history, when the server keeps one on the row, is listed in order.
-    r.hset(f"emq:{{{qname}}}:job:{e.id}", "errors", json.dumps(["first", "second"]))
+    assert "last_error: boom: it broke" in lines
+    # The errors of each attempt (the server keeps the last 10 beside the row), in order.
+    at = lines.index("errors:")
+    assert lines[at : at + 2] == ["errors:", "  attempt 1: boom: it broke"]
+    q.reprocess(e.id)
+    job = q.claim(lease_ms=10_000)
+    assert job is not None
+    q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="again")
     lines = run("job", qname, e.id, env=env).stdout.splitlines()
     at = lines.index("errors:")
-    assert lines[at : at + 3] == ["errors:", "  1: first", "  2: second"]
+    assert lines[at : at + 3] == ["errors:", "  attempt 1: boom: it broke", "  attempt 1: again"]
 
 
 # --------------------------------------------------------------------------- 5. remove
@@ -205,7 +209,8 @@ def test_remove_reports_each_id(env: dict[str, str], q: echomq.Queue, qname: str
     assert run("remove", qname, c, env=env).stdout == f"{c}: removed\n"
     d = q.enqueue(b"d").id
     bad = run("remove", qname, d, "nope", env=env)  # a bad id: nothing is removed
-    assert one_error(bad, 2) == "error: job_key requires a valid branded id, got 'nope'"
+    assert one_error(bad, 2).startswith("error: job_key requires a valid branded id, got 'nope': ")
+    assert "pass it as dedup= instead" in one_error(bad, 2)
     assert q.job_state(d) == "pending"
 
 

@@ -1635,3 +1635,20 @@ def test_complete_many_returns_the_refused_ids(anyq: Any, qname: str) -> None:
     assert anyq.complete_many([]) == []
     assert anyq.counts()["completed"] == 2
     assert anyq.check() == []
+
+
+def test_errors_keep_each_failed_attempt_and_go_with_the_row(anyq: Any, r: redis.Redis) -> None:
+    jid = anyq.enqueue(b"e").id
+    for n in range(1, 13):
+        job = anyq.claim()
+        assert job.id == jid
+        verdict = anyq.retry(jid, job.token, delay_ms=0, max_attempts=12, error=f"boom {n}")
+        if verdict == "scheduled":
+            anyq.promote()
+    assert verdict == "dead"
+    errors = anyq.errors(jid)
+    assert errors == [f"attempt {n}: boom {n}" for n in range(3, 13)]  # the last 10
+    anyq.remove(jid)
+    assert not r.exists(f"emq:{{{anyq.name}}}:job:{jid}:errors")
+    with pytest.raises(JobGone):
+        anyq.errors(jid)

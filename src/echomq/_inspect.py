@@ -279,6 +279,7 @@ class JobView:
     logs: list[bytes]
     events: list[_observe.Event]
     minted_ms: int | None
+    errors: list[str] = field(default_factory=list)  # of its failed attempts, the last 10
 
     def as_dict(self, payload: Any = None) -> dict[str, Any]:
         row = None
@@ -299,6 +300,7 @@ class JobView:
                 for e in self.events
             ],
             "minted_ms": self.minted_ms,
+            "errors": list(self.errors),
         }
 
 
@@ -311,11 +313,13 @@ def job_view(x: SyncExecutor, k: Keys, job_id: str, *, scan_events: int = 1000) 
         _p.get_job(k, job_id),
         _cmd(("LRANGE", jk + ":logs", 0, -1), list),
         _cmd(("XREVRANGE", _observe.events_key(k), "+", "-", "COUNT", scan_events), list),
+        _cmd(("LRANGE", jk + ":errors", 0, -1), list),
     ]
-    place, row, logs, raw = (_raise(r) for r in x.pipeline(calls))
+    place, row, logs, raw, errs = (_raise(r) for r in x.pipeline(calls))
     evs = [e for e in (_observe._entry(entry) for entry in reversed(raw or [])) if e.id == job_id]
     try:
         minted: int | None = ids.decode_time_ms(job_id)
     except ValueError:
         minted = None
-    return JobView(k.name, job_id, place, row, list(logs), evs, minted)
+    errors = [e.decode("utf-8", "replace") if isinstance(e, bytes) else str(e) for e in errs]
+    return JobView(k.name, job_id, place, row, list(logs), evs, minted, errors)

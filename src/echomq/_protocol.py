@@ -701,6 +701,20 @@ def logs(k: Keys, id: str) -> Call[list[bytes]]:
     return _call("logs", (jk, jk + ":logs"), (), decode)
 
 
+def errors(k: Keys, id: str) -> Call[list[str]]:
+    """The errors of the job's failed attempts, oldest first (the last 10, ``attempt N:
+    text``), kept in ``<row>:errors`` by retry and deleted with the row; JobGone without a
+    row. The logs script reads it: the same shape, a row and the LIST beside it."""
+
+    def decode(reply: Any) -> list[str]:
+        if reply is None:
+            raise JobGone(id)
+        return [_s(e) for e in reply]
+
+    jk = k.job(id)
+    return _call("logs", (jk, jk + ":errors"), (), decode)
+
+
 def get_job(k: Keys, id: str) -> Call[dict[str, str | bytes] | None]:
     def decode(reply: Any) -> dict[str, str | bytes] | None:
         if not reply:
@@ -920,6 +934,7 @@ __all__ += [
     "lanes",
     "limit_lane",
     "logs",
+    "errors",
     "obliterate",
     "pause",
     "pause_lane",

@@ -564,17 +564,9 @@ def _enqueued(job_id: str) -> str:
 
 
 def _errors_of(view: Any, row: dict[str, str | bytes]) -> list[str]:
-    """The errors of past attempts when the server keeps them: an ``errors`` list on the job
-    view, else an ``errors`` field of the row holding a JSON list of strings."""
-    found = getattr(view, "errors", None)
-    if found is None and "errors" in row:
-        try:
-            found = json.loads(row["errors"])
-        except ValueError:
-            found = [_show_value(row["errors"])]
-    if not isinstance(found, list):
-        return []
-    return [_show_value(e) if isinstance(e, str | bytes) else str(e) for e in found]
+    """The errors of the job's failed attempts, oldest first (the server keeps the last 10
+    beside the row, ``attempt N: text``; a reprocessed job counts its attempts afresh)."""
+    return [_show_value(e) for e in view.errors]
 
 
 @main.command()
@@ -599,8 +591,8 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
             errors = _errors_of(view, row)
             if errors:
                 click.echo("errors:")
-                for n, text in enumerate(errors, 1):
-                    click.echo(f"  {n}: {text}")
+                for text in errors:
+                    click.echo(f"  {text}")
         kept = q.result(job_id)
         if kept is not None:
             # D17: the outcome outlives the row for its TTL.

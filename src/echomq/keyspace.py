@@ -83,7 +83,12 @@ def check_lane(name: object) -> str:
 def check_id(job_id: object) -> str:
     """Return ``job_id`` if it is a well-formed branded id (any namespace), else raise."""
     if not ids.is_valid(job_id):
-        raise InvalidId(f"job_key requires a valid branded id, got {job_id!r}")
+        raise InvalidId(
+            f"job_key requires a valid branded id, got {job_id!r}: an id is 3 uppercase "
+            "letters and 11 base62 characters, such as JOB0cHOKr82zgG (echomq.ids.mint(), or "
+            "echomq.ids.encode('JOB', n) for an integer of yours); for one job per key of "
+            "your own, such as an order number, pass it as dedup= instead"
+        )
     assert isinstance(job_id, str)
     return job_id
 

@@ -351,6 +351,10 @@ class Queue:
         """The job's log lines, oldest first."""
         return self._x.run(_p.logs(self._k, id))
 
+    def errors(self, id: str) -> list[str]:
+        """The errors of the job's failed attempts, oldest first (the last 10)."""
+        return self._x.run(_p.errors(self._k, id))
+
     # -- events and metrics (D15, D16): see echomq._observe for the keys' layout
 
     def enable_events(self, maxlen: int = 10_000) -> None:
@@ -764,6 +768,10 @@ class AsyncQueue:
     async def logs(self, id: str) -> list[bytes]:
         """The job's log lines, oldest first."""
         return await self._x.run(_p.logs(self._k, id))
+
+    async def errors(self, id: str) -> list[str]:
+        """The errors of the job's failed attempts, oldest first (the last 10)."""
+        return await self._x.run(_p.errors(self._k, id))
 
     # -- events and metrics (D15, D16): see echomq._observe for the keys' layout
 

@@ -30,7 +30,7 @@ leave_waiting(base, id, g)
 if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 release_dedup(base, id, jk)
-rcall('DEL', jk, jk .. ':logs')
+rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
 local now = now_ms()
 retire_one(base, id, row[3])
 emit_in(base, 'cancelled', id, g)

@@ -34,7 +34,7 @@ local function empty_set(key)
         retired[#retired + 1] = att
       end
       release_dedup(base, popped[i], jk)
-      rcall('DEL', jk, jk .. ':logs')
+      rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
     end
     deleted = deleted + #popped / 2
     budget = budget - #popped / 2

@@ -32,7 +32,7 @@ rcall('ZREM', base .. 'schedule', id)
 rcall('ZREM', base .. 'dead', id)
 release_dedup(base, id, jk)
 flow_forget(jk)
-rcall('DEL', jk, jk .. ':logs')
+rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
 retire_one(base, id, row[3])
 emit_in(base, 'removed', id, g, 'state', row[1] or '')
 return 1

@@ -18,11 +18,13 @@ local function complete_one(base, id, jk, token, result)
     flow_child_done(base, id, flow, result)
     if flow[3] then flow_forget(jk) end
   end
-  rcall('DEL', jk, jk .. ':logs')
+  rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
   retire_one(base, id, row[1])
   emit_in(base, 'completed', id, row[3], 'attempts', row[1])
   return 1
 end
+
+local ERRORS_KEPT = 10  -- per job: the errors of its last attempts, in <row>:errors
 
 -- retry: fence, release, then dead at the attempt ceiling or scheduled at now + delay_ms.
 -- Returns 'scheduled' | 'dead' | 'removed' (cancelled with remove, D22) | 0 (gone) | text.
@@ -37,14 +39,19 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
   if error_text == 'cancelled' and rcall('HGET', jk, 'cancel') == 'remove' then
     release_dedup_of(base, id, row[6])
     flow_forget(jk)
-    rcall('DEL', jk, jk .. ':logs')
+    rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
     retire_one(base, id, row[1])
     emit_in(base, 'removed', id, row[3], 'state', 'active', 'cancelled', '1')
     if keep_ms and keep_ms > 0 then keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now) end
     return 'removed'
   end
   -- The ceiling counts this incarnation's attempts: a re-admitted id came back with `floor`.
-  if tonumber(row[1]) - tonumber(row[5] or '0') >= max_attempts then
+  local attempt = tonumber(row[1]) - tonumber(row[5] or '0')
+  -- The errors of its attempts, the last ERRORS_KEPT (echomq job shows them; the key goes
+  -- with the row).
+  rcall('RPUSH', jk .. ':errors', 'attempt ' .. attempt .. ': ' .. error_text)
+  rcall('LTRIM', jk .. ':errors', -ERRORS_KEPT, -1)
+  if attempt >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
     rcall('ZADD', base .. 'dead', 0, id)
     bump_metrics(base, 'failed', 1, now)
@@ -95,6 +102,7 @@ local function complete_many(base, args, i, count, results, now)
       end
       rows[#rows + 1] = jk
       rows[#rows + 1] = jk .. ':logs'
+      rows[#rows + 1] = jk .. ':errors'
       retired[#retired + 1] = id
       retired[#retired + 1] = row[1]
       emit_in(base, 'completed', id, row[3], 'attempts', row[1])
