@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 __all__ = ["SCRIPTS", "Script", "parse_flags"]
@@ -25,17 +26,26 @@ _FLAGS = re.compile(r"^\s*Flags:\s*(.*?)\s*$", re.M)
 _FLAG_PAIRS = (("reads", "writes"), ("replay", "once"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Script:
-    """One transition: its name, the source sent on EVAL, its SHA1, its KEYS count and the
-    traits its header's ``Flags:`` line declares."""
+    """One transition: its name, its KEYS count and the traits its header's ``Flags:`` line
+    declares (read at import, so no script ships unclassified), and the source sent on EVAL
+    with its SHA1, built on first use: inlining, shaking and lazifying every script at
+    import would cost each process (every CLI call) tens of ms for scripts it never runs."""
 
     name: str
-    source: str
-    sha: str
+    text: str = field(repr=False)  # the file as written, includes not yet inlined
     nkeys: int
     writes: bool
     replay: bool
+
+    @cached_property
+    def source(self) -> str:
+        return _lazify(_shake(_expand(self.text, _LUA)))
+
+    @cached_property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
 
 def parse_flags(name: str, header: str) -> tuple[bool, bool]:
@@ -138,10 +148,12 @@ def _lazify(source: str) -> str:
     return source
 
 
+_LUA = Path(__file__).parent / "lua"
+
+
 def _load() -> dict[str, Script]:
-    lua = Path(__file__).parent / "lua"
     scripts = {}
-    for entry in sorted(lua.glob("*.lua")):
+    for entry in sorted(_LUA.glob("*.lua")):
         name = entry.name[:-4]
         text = entry.read_text(encoding="utf-8")
         header = _HEADER.match(text)
@@ -149,9 +161,7 @@ def _load() -> dict[str, Script]:
             raise RuntimeError(f"lua/{entry.name} has no header contract")
         nkeys = len(_KEY_LINE.findall(header.group(1)))
         writes, replay = parse_flags(name, header.group(1))
-        source = _lazify(_shake(_expand(text, lua)))
-        sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
-        scripts[name] = Script(name, source, sha, nkeys, writes, replay)
+        scripts[name] = Script(name, text, nkeys, writes, replay)
     return scripts
 
 
