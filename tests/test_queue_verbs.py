@@ -1652,3 +1652,20 @@ def test_errors_keep_each_failed_attempt_and_go_with_the_row(anyq: Any, r: redis
     assert not r.exists(f"emq:{{{anyq.name}}}:job:{jid}:errors")
     with pytest.raises(JobGone):
         anyq.errors(jid)
+
+
+def test_a_completed_job_takes_its_errors_with_it(anyq: Any, r: redis.Redis) -> None:
+    """Both completion paths (complete, and the worker's batch settle) delete <row>:errors."""
+    for batch in (False, True):
+        jid = anyq.enqueue(b"e").id
+        job = anyq.claim()
+        assert anyq.retry(jid, job.token, delay_ms=0, max_attempts=3, error="once") == "scheduled"
+        anyq.promote()
+        job = anyq.claim()
+        assert anyq.errors(jid) == ["attempt 1: once"]
+        if batch:
+            assert anyq.settle(completed=[(jid, job.token)]).completed == [None]
+        else:
+            anyq.complete(jid, job.token)
+        row = f"emq:{{{anyq.name}}}:job:{jid}"
+        assert not r.exists(row, row + ":errors")

@@ -65,7 +65,7 @@ local function lease_many(base, g, deadline, k, out)
         else
           out[#out + 1] = {id, row[1] or '', att, lane}
         end
-        emit_in(base, 'active', id, lane, 'attempts', att)
+        if events_bound ~= false then emit_in(base, 'active', id, lane, 'attempts', att) end
         got = got + 1
       elseif hash and rcall('EXISTS', jk) == 1 then
         local why = 'malformed row: attempts is not an integer'

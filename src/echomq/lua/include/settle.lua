@@ -18,7 +18,7 @@ local function complete_one(base, id, jk, token, result)
     flow_child_done(base, id, flow, result)
     if flow[3] then flow_forget(jk) end
   end
-  rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
+  if row[1] == '1' then rcall('DEL', jk, jk .. ':logs') else rcall('DEL', jk, jk .. ':logs', jk .. ':errors') end
   retire_one(base, id, row[1])
   emit_in(base, 'completed', id, row[3], 'attempts', row[1])
   return 1
@@ -94,18 +94,21 @@ local function complete_many(base, args, i, count, results, now)
       else
         flat[#flat + 1] = id
       end
-      release_dedup_of(base, id, row[6])
-      local flow = flow_of(row)  -- D18 (include/compose.lua)
-      if flow then
+      -- The per-job work of features most jobs do not use is behind a plain test: this loop
+      -- runs once per job of the worker's batch.
+      if row[6] then release_dedup_of(base, id, row[6]) end
+      if row[7] or row[9] then
+        local flow = flow_of(row)  -- D18 (include/compose.lua)
         flow_child_done(base, id, flow, (results and results[id]) or '')
         if flow[3] then flow_forget(jk) end
       end
       rows[#rows + 1] = jk
       rows[#rows + 1] = jk .. ':logs'
-      rows[#rows + 1] = jk .. ':errors'
+      -- Only a retry writes <row>:errors, and a job that was retried has attempts > 1.
+      if row[1] ~= '1' then rows[#rows + 1] = jk .. ':errors' end
       retired[#retired + 1] = id
       retired[#retired + 1] = row[1]
-      emit_in(base, 'completed', id, row[3], 'attempts', row[1])
+      if events_bound ~= false then emit_in(base, 'completed', id, row[3], 'attempts', row[1]) end
       ok = ok + 1
       verdicts[#verdicts + 1] = 1
     end
