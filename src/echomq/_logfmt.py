@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from datetime import datetime, timezone
 from typing import Any
 
@@ -59,3 +60,21 @@ def formatter(kind: str) -> logging.Formatter:
     if kind == "text":
         return logging.Formatter(TEXT_FORMAT)
     raise InvalidArgument(f"log format must be 'text' or 'json', got {kind!r}")
+
+
+def log_startup(
+    log: logging.Logger, app: Any, queues: list[str], concurrency: int, url: str
+) -> None:
+    """The worker's first lines: who serves what, where (``url`` already masked), and the
+    tasks each queue has."""
+    log.info(
+        "worker %d serving %s with concurrency %d on %s (executor lua)",
+        os.getpid(), ", ".join(queues), concurrency, url,
+        extra={"url": url, "concurrency": concurrency, "executor": "lua"},
+    )  # fmt: skip
+    for name in queues:
+        tasks = sorted(t.name for t in app.tasks.values() if t.queue == name)
+        log.info(
+            "queue %s: tasks %s", name, ", ".join(tasks) or "(none)",
+            extra={"queue": name, "tasks": tasks},
+        )  # fmt: skip

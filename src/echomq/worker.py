@@ -25,7 +25,6 @@ import contextlib
 import functools
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -41,11 +40,13 @@ from echomq._connect import (
     parse_url,
 )
 from echomq._executor import AsyncExecutor
+from echomq._logfmt import log_startup
 from echomq._protocol import Job, Keys
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
+from echomq._strands import Strands, check_limit
 from echomq.errors import (
     DurabilityError,
     InvalidArgument,
@@ -107,14 +108,7 @@ class Worker:
         max_stranded: int | None = None,
     ) -> None:
         self._slots = Slots(concurrency, self._kick_all)  # checks concurrency
-        if max_stranded is None:
-            max_stranded = concurrency
-        if isinstance(max_stranded, bool) or not isinstance(max_stranded, int):
-            raise InvalidArgument(f"max_stranded must be an int >= 0, got {max_stranded!r}")
-        if not 0 <= max_stranded <= 1_000_000:
-            raise InvalidArgument(f"max_stranded must be in [0, 1000000], got {max_stranded}")
-        self.max_stranded = max_stranded
-        self._at_cap_logged = False
+        self.max_stranded = check_limit(concurrency if max_stranded is None else max_stranded)
         # An upper bound: beyond what the protocol carries every sweep call would be refused.
         if isinstance(beat_ms, bool) or not isinstance(beat_ms, int) or beat_ms < 10:
             raise InvalidArgument(f"beat_ms must be an int >= 10, got {beat_ms!r}")
@@ -138,6 +132,7 @@ class Worker:
         if otel is not None:  # echomq.otel.instrument(app): spans around each run
             self.hooks = _merge_hooks(otel.hooks(), self.hooks)
         self.stats = WorkerStats()
+        self._strands = Strands(self.max_stranded, self.stats, self._kick_all)
         self._loops: list[QueueLoop] = []
         self._runner = Runner(app, self.hooks, beat_ms)
         self._stopping = False
@@ -191,18 +186,7 @@ class Worker:
         for ql in self._loops:
             await ql.register(self._x, self.app)
         await self.hooks.call("on_startup", self)
-        shown = _redacted_text(url)
-        log.info(
-            "worker %d serving %s with concurrency %d on %s (executor lua)",
-            os.getpid(), ", ".join(self.queue_names), self.concurrency, shown,
-            extra={"url": shown, "concurrency": self.concurrency, "executor": "lua"},
-        )  # fmt: skip
-        for name in self.queue_names:
-            tasks = sorted(t.name for t in self.app.tasks.values() if t.queue == name)
-            log.info(
-                "queue %s: tasks %s", name, ", ".join(tasks) or "(none)",
-                extra={"queue": name, "tasks": tasks},
-            )  # fmt: skip
+        log_startup(log, self.app, self.queue_names, self.concurrency, _redacted_text(url))
         background = [asyncio.ensure_future(self._supervised(self._beat))]
         for ql in self._loops:
             ql.kick.set()
@@ -254,7 +238,7 @@ class Worker:
                 not self._stopping
                 and not ql.idle.is_set()
                 and (ql.full or not ql.turns)
-                and not self._stranded_cap()
+                and not self._strands.at_cap()
             ):
                 want = self._slots.acquire(share)
             if not ql.settles and want == 0:
@@ -390,50 +374,11 @@ class Worker:
         if settle is not None and not r.lost:
             ql.settles.append(settle)
         if r.thread is not None and not r.thread.done():
-            self._strand(r)
+            task = r.ctx.task if r.ctx is not None else "?"
+            self._strands.strand(r.thread, task, r.job.id, r.started)
         self._slots.release()  # kicks every pump: a claim, or this settle, may go out
         if self._drained is not None and not any(q.inflight for q in self._loops):
             self._drained.set()
-
-    def _strand(self, r: Running) -> None:
-        """A sync handler's thread outlives its run (a timeout, a lost lease, a hand-back):
-        its slot is freed now and the thread counted until it returns. Its late result is
-        ignored — the run already ended, its settle (if any) is queued once."""
-        assert r.thread is not None
-        self.stats.stranded_threads += 1
-        log.warning(
-            "task %s job %s: sync handler still running after %.1fs; its thread is stranded "
-            "(%d stranded, max_stranded %d)",
-            r.ctx.task if r.ctx is not None else "?", r.job.id,
-            time.monotonic() - r.started, self.stats.stranded_threads, self.max_stranded,
-        )  # fmt: skip
-        loop = asyncio.get_running_loop()
-
-        def returned(_: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker stopped
-                loop.call_soon_threadsafe(self._unstrand)
-
-        r.thread.add_done_callback(returned)
-
-    def _unstrand(self) -> None:
-        self.stats.stranded_threads -= 1
-        if not self._stranded_cap():
-            self._at_cap_logged = False
-        self._kick_all()
-
-    def _stranded_cap(self) -> bool:
-        """True while ``max_stranded`` threads are stranded: the worker claims nothing."""
-        n = self.stats.stranded_threads
-        if n == 0 or n < self.max_stranded:
-            return False
-        if not self._at_cap_logged:
-            self._at_cap_logged = True
-            log.error(
-                "%d sync handler threads are stranded (max_stranded %d): claiming nothing "
-                "until one returns",
-                n, self.max_stranded,
-            )  # fmt: skip
-        return True
 
     def _push_back(self, ql: QueueLoop, pushed: list[Settle]) -> None:
         assert self._x is not None
