@@ -163,3 +163,23 @@ def test_demo_quick_with_an_embedded_server(spawn: Spawner, home: Path, tmp_path
     assert rc == 0, out
     assert "started an embedded one" in out and "demo ok" in out
     assert pids_in(home) == []
+
+
+def test_the_readme_demo_command_runs(spawn: Spawner, home: Path, tmp_path: Path) -> None:
+    """The README's first command, ``scripts/demo``, as a newcomer runs it (here against the
+    test's server, with ``--quick``): it finds or makes the project venv, then runs the demo.
+    In CI the venv is the one scripts/check just made, so no install happens here."""
+    script = TESTS_DIR.parent / "scripts" / "demo"
+    env = spawn.env(ECHOMQ_HOME=str(home), COLUMNS="160")
+    done = subprocess.run(
+        ["bash", str(script), "--quick"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "demo ok" in done.stdout
+    assert "consistency check: clean" in done.stdout
