@@ -288,25 +288,14 @@ class Task(Generic[P, R]):
                 raise
             otel.end_send(span, None, None)
             return found
-        payloads = []
-        for i, (a, k) in enumerate(calls):
-            try:
-                payloads.append(self.payload(tuple(a), dict(k)))
-            except BadArguments as exc:
-                raise BadArguments(f"call {i}: {exc}") from exc
+        payloads = _each_call(calls, self.payload)
         return self.app.queue(self.queue).enqueue_many(payloads, group=group)
 
     def _wire_calls(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> list[tuple[Any, dict[str, Any]]]:
         """Each call checked and in builtins, for ``echomq.otel``'s payload builder."""
-        wired = []
-        for i, (a, k) in enumerate(calls):
-            try:
-                wired.append(self.to_wire(tuple(a), dict(k)))
-            except BadArguments as exc:
-                raise BadArguments(f"call {i}: {exc}") from exc
-        return wired
+        return _each_call(calls, self.to_wire)
 
     def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
         """A signature: this task with its call's arguments, for ``app.flow``
@@ -393,6 +382,21 @@ class BoundTask(Generic[P, R]):
         if otel is not None:
             otel.end_send(span, e, None)
         return TaskEnqueued(e.id, e.status, self.task)
+
+
+def _each_call(
+    calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
+    convert: Callable[[tuple[Any, ...], dict[str, Any]], R],
+) -> list[R]:
+    """``convert(args, kwargs)`` of each call of an ``enqueue_many``; a call that does not
+    bind names its index in the :class:`BadArguments` it raises."""
+    out = []
+    for i, (a, k) in enumerate(calls):
+        try:
+            out.append(convert(tuple(a), dict(k)))
+        except BadArguments as exc:
+            raise BadArguments(f"call {i}: {exc}") from exc
+    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
