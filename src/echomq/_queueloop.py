@@ -162,15 +162,22 @@ class QueueLoop:
         ]
         return _p.settle(self.keys, completed, retried, want, self.lease_ms)
 
-    def valid(self, settles: list[Settle]) -> list[Settle]:
-        """The settles the protocol accepts. One it refuses before any I/O (an id or token a
-        malformed row produced) is dropped with an error — its job's lease lapses and the
-        stall sweep takes it — instead of failing, and so blocking, every batch it rides in."""
+    def checked_call(
+        self, settles: list[Settle], want: int
+    ) -> tuple[list[Settle], Call[_p.Settled]]:
+        """The turn's ``settle`` call, built once, and the settles it carries. One the protocol
+        refuses before any I/O (an id or token a malformed row produced) is dropped with an
+        error — its job's lease lapses and the stall sweep takes it — instead of failing, and
+        so blocking, every batch it rides in."""
         try:
-            self.settle_call(settles, 0)
-            return settles
+            return settles, self.settle_call(settles, want)
         except (InvalidArgument, InvalidId):
             pass
+        good = self.valid(settles)
+        return good, self.settle_call(good, want)
+
+    def valid(self, settles: list[Settle]) -> list[Settle]:
+        """The settles the protocol accepts, each checked on its own (see checked_call)."""
         good = []
         for s in settles:
             try:

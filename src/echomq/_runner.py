@@ -142,6 +142,8 @@ class Runner:
         self.stopping = False
         # Inline handlers run inside the pump's turn; async job hooks need a loop task.
         self._inline_ok = not hooks.job_hooks_async
+        # Hooks are frozen: a worker without job hooks skips both awaits on every job.
+        self._job_hooks = bool(hooks.fns("before_job") or hooks.fns("after_job"))
 
     def start(self, queue: str, r: Running, done: Done) -> None:
         """Start one run; ``done(r, settle)`` is called exactly once when it ends (settle None:
@@ -194,7 +196,8 @@ class Runner:
         token = _current.set(r.ctx)
         error: BaseException | None = None
         try:
-            self.hooks.call_sync("before_job", r.ctx)
+            if self._job_hooks:
+                self.hooks.call_sync("before_job", r.ctx)
             value = task.fn(*args, **kwargs)
         except BaseException as exc:  # any failure is the run's, never the worker's
             error = exc
@@ -204,7 +207,8 @@ class Runner:
             settle = self._completed(r.job, task, value)
         else:
             settle = self.outcome(r.job, task, error)
-        self.hooks.call_sync("after_job", r.ctx, settle.outcome, error)
+        if self._job_hooks:
+            self.hooks.call_sync("after_job", r.ctx, settle.outcome, error)
         self._log_end(r, task, settle, error)
         return settle
 
@@ -220,8 +224,14 @@ class Runner:
         error: BaseException | None = None
         token = _current.set(r.ctx)
         try:
-            await self.hooks.call("before_job", r.ctx)
-            value = await self._invoke(task, r, args, kwargs)
+            if self._job_hooks:
+                await self.hooks.call("before_job", r.ctx)
+            if task.is_async and not task.timeout:
+                # Awaited right in this run's task (no wrapper coroutine, the common case): a
+                # BaseException of the handler lands in the except clauses below.
+                value = await task.fn(*args, **kwargs)
+            else:
+                value = await self._invoke(task, r, args, kwargs)
             settle = self._completed(r.job, task, value)
         except asyncio.CancelledError as exc:
             if r.cancelled and not r.lost:
@@ -247,10 +257,11 @@ class Runner:
                     settle = self.dead(r.job, "cancelled", task.keep_result_ms)
                 if r.lost:
                     settle = None
-                kind = settle.outcome if settle is not None else "lost"
                 if settle is not None:
                     self._log_end(r, task, settle, error)
-                await self.hooks.call("after_job", r.ctx, kind, error)
+                if self._job_hooks:
+                    kind = settle.outcome if settle is not None else "lost"
+                    await self.hooks.call("after_job", r.ctx, kind, error)
             finally:
                 _current.reset(token)
                 done(r, settle)
@@ -259,6 +270,8 @@ class Runner:
         self, task: Task[Any, Any], r: Running, args: list[Any], kwargs: dict[str, Any]
     ) -> Any:
         if task.is_async:
+            # wait_for runs it in a task of its own, where asyncio would re-raise a handler's
+            # SystemExit or KeyboardInterrupt into the event loop: _guard wraps them.
             run: Awaitable[Any] = _guard(task.fn(*args, **kwargs))
         elif task.inline:  # inline, but a job hook is async: a loop task, still no thread
             return task.fn(*args, **kwargs)

@@ -228,6 +228,8 @@ class Task(Generic[P, R]):
         p = self._params or self.params()
         if kwargs or not p.min_pos <= len(args) <= p.max_pos:  # else it binds (the fast check)
             p.check(self.name, args, kwargs)
+        elif tuple(map(type, args)) in p.as_is:  # the worker's hot path: nothing to convert
+            return args, kwargs
         return p.convert(self.name, args, kwargs)
 
     def _unserializable(
@@ -750,6 +752,7 @@ class _Params:
         "_hints",
         "_pos_hints",
         "_shapes",
+        "as_is",
         "fn",
         "keywords",
         "max_pos",
@@ -765,6 +768,10 @@ class _Params:
         self._hints: dict[str, Any] | None = None
         self._pos_hints: list[Any] = []  # the hint of each positional parameter, or None
         self._shapes: dict[tuple[int, tuple[str, ...]], bool] = {}  # call shapes that bind
+        # The types of positional-only calls that convert leaves as they are (every argument
+        # already its annotation's type, or not annotated): learnt by convert, so a worker
+        # pays for the conversion loop once per call shape, not once per job.
+        self.as_is: set[tuple[type, ...]] = set()
         try:
             sig: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):  # a builtin without one: calls are not checked
@@ -857,9 +864,13 @@ class _Params:
             return args, kwargs
         if not self.varargs:  # each positional argument is the parameter at its index
             args = list(args)
+            same = True
             for i, (v, h) in enumerate(zip(args, self._pos_hints, strict=False)):
                 if h is not None and not (type(v) is h and h in _AS_IS):
                     args[i] = _convert(task, self.positional[i], v, h)
+                    same = False
+            if same and not kwargs and len(self.as_is) < 64:
+                self.as_is.add(tuple(map(type, args)))
             if kwargs:
                 kwargs = {
                     k: _convert(task, k, v, hints[k]) if k in hints else v

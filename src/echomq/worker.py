@@ -256,8 +256,7 @@ class Worker:
             # D21 RateLimit: not a settle the batch script knows; each goes on its own call.
             self._push_back(ql, [s for s in settles if s.kind == "pushed"])
             settles = [s for s in settles if s.kind != "pushed"]
-        settles = ql.valid(settles)
-        call = ql.settle_call(settles, want)
+        settles, call = ql.checked_call(settles, want)
         try:
             try:
                 result = await self._x.call(call)
