@@ -112,8 +112,12 @@ local RETIRED_GEN = 25000
 local function retire(base, pairs_)
   if #pairs_ == 0 then return end
   local rk = base .. 'retired'
-  for i = 1, #pairs_, 1000 do
-    rcall('HSET', rk, unpack(pairs_, i, math.min(i + 999, #pairs_)))
+  if #pairs_ <= 1000 then
+    rcall('HSET', rk, unpack(pairs_))  -- a worker's batch: one command, no slicing
+  else
+    for i = 1, #pairs_, 1000 do
+      rcall('HSET', rk, unpack(pairs_, i, math.min(i + 999, #pairs_)))
+    end
   end
   -- The size is looked at on a big batch, or when the first id's last byte is a multiple of
   -- 8 (about one small call in eight: ids end in a sequence): a generation may pass

@@ -12,14 +12,16 @@
 -- wide: the row also carries what a finishing settle reads (row[6] dedup, row[7..10] the
 -- flow fields, see flow_of in compose.lua), so complete and retry read the row once.
 local function fence(jk, token, verb, wide)
+  -- redis.pcall, not the hmget helper (common.lua): this runs once per job of a worker's
+  -- batch, so it skips a call and a vararg copy; the nil-for-a-non-hash rule is the same.
   local row
   if wide then
-    row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor', 'dedup',
+    row = redis.pcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor', 'dedup',
       'parent', 'parent_policy', 'children', 'parent_queue')
   else
-    row = hmget(jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
+    row = redis.pcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
   end
-  if not row or not row[1] then return nil, nil end
+  if type(row) ~= 'table' or row.err or not row[1] then return nil, nil end
   -- A never-claimed job holds attempts "0": no caller can own it, so "0" is never a token.
   if row[1] ~= token or token == '0' then
     return nil, 'EMQSTALE ' .. verb .. ' token mismatch'

@@ -2,6 +2,7 @@
 
 -- Lua's unpack has a C-stack limit: commands with many arguments go in chunks.
 local function call_chunked(cmd, key, args, step)
+  if #args <= step then return rcall(cmd, key, unpack(args)) end
   for i = 1, #args, step do
     rcall(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
   end

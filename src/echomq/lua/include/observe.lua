@@ -45,14 +45,12 @@ local function bump_metrics(base, kind, n, now)
   end
   local head = rcall('LINDEX', key, 0)
   if head then
-    local sep = string.find(head, ':', 1, true)
-    local m = sep and tonumber(string.sub(head, 1, sep - 1))
-    if m and m >= minute then
-      local c = tonumber(string.sub(head, sep + 1)) or 0
-      rcall('LSET', key, 0, string.format('%d:%d', m, c + n))
+    local m, c = string.match(head, '^(%d+):(%d*)')
+    if m and tonumber(m) >= minute then
+      rcall('LSET', key, 0, m .. ':' .. ((tonumber(c) or 0) + n))
       return
     end
   end
-  rcall('LPUSH', key, string.format('%d:%d', minute, n))
+  rcall('LPUSH', key, minute .. ':' .. n)
   rcall('LTRIM', key, 0, 1439)
 end

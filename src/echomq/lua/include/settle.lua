@@ -114,13 +114,20 @@ local function complete_many(base, args, i, count, results, now)
     end
     i = i + 2
   end
-  if #flat > 0 then
+  -- Lua's unpack has a C-stack limit: a batch past 2000 goes in slices.
+  if #flat > 2000 then
     for j = 1, #flat, 2000 do
       rcall('ZREM', base .. 'active', unpack(flat, j, math.min(j + 1999, #flat)))
     end
+  elseif #flat > 0 then
+    rcall('ZREM', base .. 'active', unpack(flat))
   end
   if #rows > 0 then
-    for j = 1, #rows, 2000 do rcall('DEL', unpack(rows, j, math.min(j + 1999, #rows))) end
+    if #rows > 2000 then
+      for j = 1, #rows, 2000 do rcall('DEL', unpack(rows, j, math.min(j + 1999, #rows))) end
+    else
+      rcall('DEL', unpack(rows))
+    end
     bump_metrics(base, 'completed', ok, now)
     retire(base, retired)
   end
