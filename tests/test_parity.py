@@ -123,6 +123,7 @@ def test_lifecycle() -> None:
         "max_payload",
         "retry_for",
         "durable",
+        "executor",
     ]
 
 

@@ -248,6 +248,8 @@ ACL_COMMANDS = sorted(
         *("xadd", "xread", "pexpire", "pttl", "incrby", "decr"),
         # replay markers (per-second hashes that expire whole), the retired record's rotation
         *("pexpireat", "unlink", "rename"),
+        # executor="auto" reads MODULE LIST once to find the trafikey module (_native.py)
+        "module|list",
     }
 )
 # Sent by the client library rather than by echomq, so a short run may not show them: PING

@@ -41,7 +41,7 @@ try:
 except ImportError:  # redis-py < 7: no maintenance notifications, the pool always checks
     MaintNotificationsConfig = None  # type: ignore[assignment,misc]
 
-from echomq import _redispy
+from echomq import _native, _redispy
 from echomq._protocol import Call
 from echomq.errors import InvalidArgument, ServerUnreachable, from_reply
 
@@ -258,7 +258,8 @@ def parse_url(url: str) -> tuple[str, bool, int]:
     - cluster mode: the scheme ``redis+cluster://`` (``rediss+cluster://`` for TLS) or the
       query option ``cluster=true``; the host is any node of the cluster;
     - durable mode: ``durable=true`` (one replica) or ``durable=N`` (N replicas): every write
-      waits for N replica acknowledgements (see :mod:`echomq._durable`).
+      waits for N replica acknowledgements (see :mod:`echomq._durable`);
+    - the executor: ``executor=auto|lua|native`` (see :mod:`echomq._native`), taken off.
     """
     check_url(url)
     parts = urlsplit(url)
@@ -270,7 +271,10 @@ def parse_url(url: str) -> tuple[str, bool, int]:
         scheme, cluster = scheme[: -len("+cluster")], True
     flag = options.get("durable", "0")
     durable = 1 if flag in _TRUE else int(flag) if flag.isdigit() else 0
-    rest = urlencode([(k, v) for k, v in query if k not in ("cluster", "durable")])
+    # executor= is read by _native.url_executor (checked here so a bad value fails before
+    # any I/O); redis-py would refuse it as an unknown connection option.
+    _native.url_executor(url)
+    rest = urlencode([(k, v) for k, v in query if k not in ("cluster", "durable", "executor")])
     # Built by hand: urlunsplit drops the "//" of a URL with no host, and redis-py then
     # refuses "unix:/path" (it wants "unix:///path").
     plain = f"{scheme}://{parts.netloc}{parts.path}"
@@ -365,11 +369,19 @@ def map_error(exc: ResponseError) -> Exception:
     return err if err is not None else exc
 
 
-def script_args(call: Call[Any], use_eval: bool) -> tuple[Any, ...]:
-    """A script call on the wire: EVALSHA, or EVAL with the source (which caches it)."""
+def script_args(call: Call[Any], use_eval: bool, native: bool = False) -> tuple[Any, ...]:
+    """A script call on the wire: EVALSHA, or EVAL with the source (which caches it); with
+    ``native``, a script that has a twin in the trafikey module goes as its command, with
+    the same numkeys, keys and args (``_native.TWINS``)."""
     script = call.script
     assert script is not None
-    head = ("EVAL", script.source) if use_eval else ("EVALSHA", script.sha)
+    twin = _native.TWINS.get(script.name) if native else None
+    if twin is not None:
+        head: tuple[Any, ...] = (twin,)
+    elif use_eval:
+        head = ("EVAL", script.source)
+    else:
+        head = ("EVALSHA", script.sha)
     return (*head, len(call.keys), *call.keys, *call.args)
 
 

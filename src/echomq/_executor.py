@@ -21,7 +21,7 @@ import redis.asyncio
 from hiredis import pack_command
 from redis.exceptions import NoScriptError, ResponseError
 
-from echomq import _durable, _redispy
+from echomq import _durable, _native, _redispy
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
@@ -85,8 +85,13 @@ class _Executor:
         durable: int = 0,
         durable_timeout_ms: int = 2000,
         durable_aof: bool = False,
+        executor: str | None = None,
     ) -> None:
         check_bytes_client(client)
+        # Which executor runs the scripts that have a native twin: asked for here (None:
+        # ECHOMQ_EXECUTOR, else "auto"), decided at the first fence (MODULE LIST).
+        self.mode = _native.resolve_executor(executor)
+        self.native: bool | None = False if self.mode == "lua" else None
         self.client = client
         self.owned = owned
         self.retry_for = check_retry_for(retry_for)
@@ -98,6 +103,17 @@ class _Executor:
         self.durable_aof = durable_aof
         self._fence = Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
+
+    @property
+    def executor(self) -> str | None:
+        """``"lua"`` or ``"native"`` once decided (at the first call); None before."""
+        if self.native is None:
+            return None
+        return "native" if self.native else "lua"
+
+    def _module_lists(self, replies: Any) -> list[Any]:
+        # A cluster answers per primary ({node: reply}), or the bare reply when it has one.
+        return list(replies.values()) if isinstance(replies, dict) else [replies]
 
     def _durable_steps(self, call: Call[Any]) -> _durable.Steps:
         return _durable.steps(call, self.durable, self.durable_timeout_ms, self.durable_aof)
@@ -137,6 +153,22 @@ class SyncExecutor(_Executor):
     def fence(self) -> None:
         """Read ``{emq}:version``; claim it when absent; refuse a foreign value (D1)."""
         self._fence.through(self._command)
+        if self.native is None:
+            self._select()
+
+    def _select(self) -> None:
+        """Decide ``auto`` (or check ``native``): the module on every primary -> native."""
+        try:
+            if self._cluster:
+                # Every primary by node (a node flag is not honoured for every command).
+                primaries = self.client.get_primaries()  # type: ignore[attr-defined]
+                raw = self.client.execute_command("MODULE", "LIST", target_nodes=primaries)
+            else:
+                raw = self._command("MODULE", "LIST")
+        except ResponseError as exc:  # refused (ACL) or renamed: no module for us
+            self.native = _native.decide(self.mode, None, exc)
+            return
+        self.native = _native.decide(self.mode, self._module_lists(raw))
 
     # -- running calls
     def call(self, call: Call[T]) -> T:
@@ -164,7 +196,7 @@ class SyncExecutor(_Executor):
             except DurabilityError as exc:
                 raise _decoded_durability(call, exc) from None
         try:
-            reply = self._command(*script_args(call, False))
+            reply = self._command(*script_args(call, False, bool(self.native)))
         except NoScriptError:
             try:
                 reply = self._command(*script_args(call, True))
@@ -217,7 +249,7 @@ class SyncExecutor(_Executor):
 
     def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for args in _pipeline_args(calls, use_eval, self._cluster):
+        for args in _pipeline_args(calls, use_eval, self._cluster, bool(self.native)):
             pipe.execute_command(*args)
         return list(pipe.execute(raise_on_error=False))
 
@@ -265,6 +297,21 @@ class AsyncExecutor(_Executor):
 
     async def fence(self) -> None:
         await self._fence.athrough(self.client.execute_command)
+        if self.native is None:
+            await self._select()
+
+    async def _select(self) -> None:
+        """The asyncio twin of :meth:`SyncExecutor._select`."""
+        try:
+            if self._cluster:
+                primaries = self.client.get_primaries()  # type: ignore[attr-defined]
+                raw = await self.client.execute_command("MODULE", "LIST", target_nodes=primaries)
+            else:
+                raw = await self.client.execute_command("MODULE", "LIST")
+        except ResponseError as exc:
+            self.native = _native.decide(self.mode, None, exc)
+            return
+        self.native = _native.decide(self.mode, self._module_lists(raw))
 
     async def call(self, call: Call[T]) -> T:
         """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s."""
@@ -292,7 +339,7 @@ class AsyncExecutor(_Executor):
             except DurabilityError as exc:
                 raise _decoded_durability(call, exc) from None
         try:
-            reply = await client.execute_command(*script_args(call, False))
+            reply = await client.execute_command(*script_args(call, False, bool(self.native)))
         except NoScriptError:
             try:
                 reply = await client.execute_command(*script_args(call, True))
@@ -351,7 +398,7 @@ class AsyncExecutor(_Executor):
 
     async def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for args in _pipeline_args(calls, use_eval, self._cluster):
+        for args in _pipeline_args(calls, use_eval, self._cluster, bool(self.native)):
             pipe.execute_command(*args)
         return list(await pipe.execute(raise_on_error=False))
 
@@ -390,11 +437,12 @@ class AsyncExecutor(_Executor):
 
 
 def _pipeline_args(
-    calls: Sequence[Call[Any]], use_eval: bool, cluster: bool
+    calls: Sequence[Call[Any]], use_eval: bool, cluster: bool, native: bool = False
 ) -> list[tuple[Any, ...]]:
     """Command tuples for a pipeline. After a NOSCRIPT, the first call of each script is
     sent as EVAL (which caches it) and the rest as EVALSHA behind it on the same connection;
-    on a cluster the calls may go to several nodes, so each is sent as EVAL."""
+    on a cluster the calls may go to several nodes, so each is sent as EVAL. With
+    ``native``, a script with a twin goes as its EMQ.* command (it never meets NOSCRIPT)."""
     out = []
     loaded: set[str] = set()
     for call in calls:
@@ -403,7 +451,7 @@ def _pipeline_args(
             continue
         first = call.script.sha not in loaded
         loaded.add(call.script.sha)
-        out.append(script_args(call, use_eval and (first or cluster)))
+        out.append(script_args(call, use_eval and (first or cluster), native))
     return out
 
 

@@ -25,7 +25,7 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import _connect, _envelope, _executor, _inspect, ids, keyspace
+from echomq import _connect, _envelope, _executor, _inspect, _native, ids, keyspace
 from echomq import _protocol as _p
 from echomq.app import App
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, ServerUnreachable, StateError
@@ -82,10 +82,12 @@ def _errors(url: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _server_for(ctx: click.Context, *, purpose: str, app_url: str | None = None) -> Iterator[str]:
+def _server_for(
+    ctx: click.Context, *, purpose: str, app_url: str | None = None, args: list[str] | None = None
+) -> Iterator[str]:
     """The configured server (``--url``, then ``app_url`` — the loaded ``App(url=...)`` —,
     ``ECHOMQ_URL``, a recorded ``echomq server``), or when none is, a private embedded one
-    for the duration of the command."""
+    (started with the extra server ``args``) for the duration of the command."""
     found = _connect.configured(ctx.obj.get("url"), app_url)
     if found is not None:
         # logs the choice
@@ -93,7 +95,7 @@ def _server_for(ctx: click.Context, *, purpose: str, app_url: str | None = None)
         return
     directory = state_dir() / purpose
     try:
-        server = EmbeddedServer(directory).start()
+        server = EmbeddedServer(directory, args=args or ()).start()
     except NoServerBinary as exc:
         _fail(str(exc))
         raise  # unreachable; keeps type checkers quiet
@@ -429,16 +431,24 @@ def _discover_queues(client: Any) -> list[str]:
 _STATS = ("pending", "active", "schedule", "dead", "completed", "failed")
 
 
-def _stats_rows(url: str, names: list[str]) -> list[tuple[str, list[str]]]:
-    """Per queue: its name and its cells (the counts, lanes, paused), from one snapshot."""
+def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
+    """The executor serving the queues (``lua`` or ``native``, as a Queue on ``url`` would
+    pick it), and per queue: its name and its cells (the counts, lanes, paused), from one
+    snapshot."""
     client = _executor.sync_client(url)
     try:
         # An operator view fails fast: no retries (retry_for=0), one pipeline for all.
-        x = _executor.SyncExecutor(client, retry_for=0)
+        x = _executor.SyncExecutor(
+            client, retry_for=0, executor=_native.resolve_executor(None, url)
+        )
         views = _inspect.snapshot(x, names or _discover_queues(client), minutes=0)
+        if x.executor is None:
+            # Nothing ran (no queue): decide it as a call would, with MODULE LIST only (a
+            # fence would write {emq}:version on a server echomq never used).
+            x._select()
     finally:
         client.close()
-    return [
+    return x.executor or "lua", [
         (
             v.name,
             [f"{v.counts.get(k, 0):,}" for k in _STATS]
@@ -456,8 +466,8 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    title = f"echomq @ {_shown(url)}"
-    rows = _stats_rows(url, names)
+    executor, rows = _stats_rows(url, names)
+    title = f"echomq @ {_shown(url)} (executor: {executor})"
     table = Table(title=title, title_justify="left")
     for col in ("queue", *_STATS, "lanes", "paused"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
@@ -840,13 +850,22 @@ def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
     type=click.Path(file_okay=False),
     help="Data directory (default ./.echomq/server).",
 )
-def server(port: int | None, directory: str | None) -> None:
+@click.option(
+    "--native",
+    is_flag=True,
+    help="Load the trafikey module (built first when missing): the native executor.",
+)
+def server(port: int | None, directory: str | None, native: bool) -> None:
     """Run a private valkey-server/redis-server in the foreground (AOF on) for other
     processes to share; its URL is printed and recorded in ./.echomq/server.json."""
     data = Path(directory) if directory else state_dir() / "server"
+    args = ["--loadmodule", str(_module_or_build())] if native else []
     try:
-        srv = EmbeddedServer(data, port=port, die_with_parent=True).start()
+        srv = EmbeddedServer(data, port=port, die_with_parent=True, args=args).start()
     except NoServerBinary as exc:
+        _fail(str(exc))
+        return
+    except RuntimeError as exc:  # the server refused to start (e.g. the module failed to load)
         _fail(str(exc))
         return
     record = _record_server(srv)
@@ -854,6 +873,8 @@ def server(port: int | None, directory: str | None) -> None:
         f"echomq server: {srv.url} (unix socket {srv.socket_path}, data in {data}); Ctrl-C stops it"
     )
     click.echo(f"  export ECHOMQ_URL={srv.url}")
+    if native:
+        click.echo(f"  native executor: trafikey loaded from {args[1]}")
     stopping = []
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -887,10 +908,59 @@ def demo(
 
     if quick:
         jobs = min(jobs, 2_000)
-    with _server_for(ctx, purpose="demo") as url, _errors(url):
+    # The embedded server loads the native module when one is built (echomq module build).
+    built = _native.built_module()
+    args = ["--loadmodule", str(built)] if built is not None else None
+    with _server_for(ctx, purpose="demo", args=args) as url, _errors(url):
         sys.exit(
             run_demo(url, jobs=jobs, workers=workers, concurrency=concurrency, kill=not no_kill)
         )
+
+
+def _module_or_build() -> Path:
+    """The built trafikey module, built into the cache dir first when missing."""
+    found = _native.built_module()
+    if found is not None:
+        return found
+    click.echo(f"echomq: building trafikey into {_native.cache_dir()}", err=True)
+    try:
+        return _native.build()
+    except _native.ModuleBuildError as exc:
+        _fail(str(exc))
+        raise  # unreachable; keeps type checkers quiet
+
+
+@main.group()
+def module() -> None:
+    """Build and locate the trafikey server module (the native executor)."""
+
+
+@module.command("build")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False),
+    help="Directory for trafikey.so (default: the user cache dir, see `echomq module path`).",
+)
+def module_build(dest: str | None) -> None:
+    """Compile the module's C source (shipped with echomq) and print the --loadmodule line."""
+    try:
+        path = _native.build(dest)
+    except _native.ModuleBuildError as exc:
+        _fail(str(exc))
+        return
+    click.echo(f"built {path}", err=True)
+    click.echo(f"--loadmodule {path}")
+
+
+@module.command("path")
+def module_path() -> None:
+    """Print where the built module is (exit 1, naming the expected place, when not built)."""
+    found = _native.built_module()
+    if found is None:
+        where = _native.cache_dir() / f"{_native.MODULE_NAME}.so"
+        _fail(f"trafikey is not built (expected at {where}); run: echomq module build", code=1)
+        return
+    click.echo(str(found))
 
 
 # --------------------------------------------------------------------------- seeing inside

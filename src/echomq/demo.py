@@ -143,6 +143,13 @@ def run_demo(
         f"{len(plan):,} jobs for {len(TENANTS)} tenants (fair lanes; acme has weight 2), "
         f"~4% flaky, {poison_total} poison; {workers} workers x {concurrency}; server {url}"
     )
+    # Decided at the queue's first call (MODULE LIST): native when the server loads trafikey.
+    how = (
+        "the trafikey module runs the transitions it has, Lua the rest"
+        if q.executor == "native"
+        else "every transition runs as a Lua script"
+    )
+    console.print(f"executor: {q.executor} ({how})")
     procs = [_start_worker(url, i, concurrency, logdir) for i in range(workers)]
     killed: dict[str, Any] = {}
     t0 = time.monotonic()

@@ -20,7 +20,9 @@
     ├── DurabilityError     durable mode: the write applied, too few replicas acknowledged it
     ├── ServerUnreachable   (also ``redis.ConnectionError`` and ``ConnectionError``) the
     │                       server stayed unreachable for the whole ``retry_for``
-    └── VersionFenceError   ``{emq}:version`` holds another wire version
+    ├── VersionFenceError   ``{emq}:version`` holds another wire version
+    └── ExecutorUnavailable executor="native" on a server without the trafikey module (or
+                            another version of it); raised at the first connect
 
 Other connection errors of the driver (``redis.TimeoutError``, a ``redis.ConnectionError`` of
 a call that is never resent ...) propagate unchanged.
@@ -34,6 +36,7 @@ __all__ = [
     "BadArguments",
     "DurabilityError",
     "EchoMQError",
+    "ExecutorUnavailable",
     "InvalidArgument",
     "InvalidId",
     "JobFailed",
@@ -197,6 +200,11 @@ class VersionFenceError(EchoMQError):
         )
         self.found = found
         self.expected = expected
+
+
+class ExecutorUnavailable(EchoMQError):
+    """``executor="native"`` was asked for, and the server does not load the ``trafikey``
+    module at the version this client speaks (or refuses ``MODULE LIST``)."""
 
 
 _BY_WORD: dict[str, type[_WireError]] = {

@@ -24,6 +24,7 @@ from echomq._connect import (
     sync_client,
 )
 from echomq._executor import AsyncExecutor, SyncExecutor
+from echomq._native import resolve_executor
 from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq._waiters import ResultWaiters
 from echomq.errors import EchoMQError, InvalidArgument
@@ -72,6 +73,11 @@ class Queue:
         durable: replicas that must acknowledge every write (enqueue, settle, ...) before it
             returns (WAIT on the connection that wrote); ``DurabilityError`` when fewer do in
             time. Default: the URL's ``durable=`` option, else 0 (off).
+        executor: ``"auto"``, ``"lua"`` or ``"native"``: who runs the transitions that have
+            a twin in the trafikey server module. ``auto`` uses the module when every
+            primary loads it (read once, at the first connect), else Lua; ``native``
+            raises ``ExecutorUnavailable`` at the first call on a server without it.
+            Default: the URL's ``executor=`` option, else ``ECHOMQ_EXECUTOR``, else auto.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class Queue:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         retry_for: float = DEFAULT_RETRY_FOR,
         durable: int | None = None,
+        executor: str | None = None,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
@@ -92,11 +99,13 @@ class Queue:
             # The one resolution every entry point shares (see echomq._connect.resolve_url).
             url = resolve_url(url).url
         replicas = _durable(url, durable)
+        mode = resolve_executor(executor, url)  # checked before any client exists
         self._x = SyncExecutor(
             client if client is not None else sync_client(url),
             owned=owned,
             retry_for=retry_for,
             durable=replicas,
+            executor=mode,
         )
 
     @property
@@ -108,6 +117,12 @@ class Queue:
     def client(self) -> SyncClient:
         """The redis-py client this queue runs on."""
         return self._x.client
+
+    @property
+    def executor(self) -> str | None:
+        """``"lua"`` or ``"native"``: the executor serving this queue, decided at the first
+        call (None before it)."""
+        return self._x.executor
 
     def close(self) -> None:
         """Close the client if this queue created it."""
@@ -496,6 +511,7 @@ class AsyncQueue:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         retry_for: float = DEFAULT_RETRY_FOR,
         durable: int | None = None,
+        executor: str | None = None,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
@@ -505,11 +521,13 @@ class AsyncQueue:
             # The one resolution every entry point shares (see echomq._connect.resolve_url).
             url = resolve_url(url).url
         replicas = _durable(url, durable)
+        mode = resolve_executor(executor, url)  # checked before any client exists
         self._x = AsyncExecutor(
             client if client is not None else async_client(url),
             owned=owned,
             retry_for=retry_for,
             durable=replicas,
+            executor=mode,
         )
         self._waiters: ResultWaiters | None = None
 
@@ -522,6 +540,12 @@ class AsyncQueue:
     def client(self) -> AsyncClient:
         """The redis-py asyncio client this queue runs on."""
         return self._x.client
+
+    @property
+    def executor(self) -> str | None:
+        """``"lua"`` or ``"native"``: the executor serving this queue, decided at the first
+        call (None before it)."""
+        return self._x.executor
 
     async def aclose(self) -> None:
         """Close the client if this queue created it."""

@@ -1,0 +1,35 @@
+/* cmd_reprocess.c: EMQ.REPROCESS, the twin of reprocess.lua: dead -> pending (its lane). */
+#include "emq.h"
+
+/* KEYS row, dead; ARGV base id. */
+static void reprocess(emq *e) {
+    emq_sv id = emq_arg(e, 2), jk = emq_key_at(e, 1);
+    if (emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 0) {
+        RedisModule_ReplyWithLongLong(e->ctx, 0);
+        return;
+    }
+    static const char *fields[2] = {"group", "attempts"};
+    emq_sv row[2];
+    if (!emq_hmget(e, jk, 2, fields, row)) {
+        RedisModule_ReplyWithError(e->ctx, "EMQSTATE not a job row");
+        return;
+    }
+    if (emq_int(e, emq_call(e, "ZREM", 2, emq_key_at(e, 2), id)) == 0) {
+        RedisModule_ReplyWithError(e->ctx, "EMQSTATE not dead");
+        return;
+    }
+    emq_sv g = row[0];
+    emq_call(e, "HDEL", 3, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"));
+    if (row[1].p && !emq_eqs(row[1], "0") && emq_is_digits(row[1]))
+        emq_call(e, "HSET", 3, jk, EMQ_LIT("floor"), row[1]);
+    emq_park(e, id, jk, g);
+    emq_touch(e, g, 1);
+    emq_emit_in(e, "reprocessed", id, g, 0, NULL);
+    RedisModule_ReplyWithLongLong(e->ctx, 1);
+}
+
+emq_body emq_reprocess_shape(int nkeys, int nargs, const char **why) {
+    if (nkeys == 2 && nargs == 2) return reprocess;
+    *why = "ERR EMQ.REPROCESS takes 2 keys (row, dead) and 2 args (base, id)";
+    return NULL;
+}

@@ -1,0 +1,132 @@
+/* emq.h: the shared layer of trafikey, the C twin of src/echomq/lua/include/{common,observe,
+ * fence,ratelimit,control}.lua. Every command runs inside one call frame (struct emq): the
+ * parsed KEYS/ARGV, the queue base, and the per-call caches the Lua keeps in script-local
+ * variables (the events bound, whether lanes are rate limited).
+ *
+ * Errors: a server command that fails inside a transition (WRONGTYPE on a planted key, OOM)
+ * aborts the whole call, like redis.call raising inside a script: emq_fail() longjmps back
+ * to emq_run(), which replies with the error text. Writes already made stay made, exactly as
+ * with a script. All memory is the call's (AutoMemory + PoolAlloc), so the jump leaks nothing. */
+#ifndef TRAFIKEY_EMQ_H
+#define TRAFIKEY_EMQ_H
+
+#include <setjmp.h>
+#include <stddef.h>
+
+#include "rmapi.h"
+
+#define TRAFIKEY_VERSION 1
+
+/* A byte view. p == NULL is "absent": Lua's nil/false (a missing ARGV, a nil HGET). */
+typedef struct {
+    const char *p;
+    size_t n;
+} emq_sv;
+
+#define EMQ_LIT(s) ((emq_sv){(s), sizeof(s) - 1})
+#define EMQ_NONE ((emq_sv){NULL, 0})
+#define EMQ_FLAT EMQ_LIT("*")
+
+typedef struct emq {
+    RedisModuleCtx *ctx;
+    emq_sv *keys; /* KEYS[1..nkeys] at keys[0..] */
+    int nkeys;
+    emq_sv *args; /* ARGV[1..nargs] at args[0..] */
+    int nargs;
+    emq_sv base; /* ARGV[1] */
+    int events_known;
+    emq_sv events_bound; /* absent: events off */
+    int lanes_rated;     /* -1: not read yet */
+    jmp_buf fail;
+    const char *err;
+} emq;
+
+/* A transition's body: it replies itself (or fails through emq_fail). */
+typedef void (*emq_body)(emq *e);
+
+/* The whole EVAL-like frame: numkeys parsing, the base/hash-tag check (every KEY must start
+ * with ARGV[1], which holds a {tag}), the AutoMemory scope and the error jump. shape() picks
+ * the body from nkeys/nargs, or returns NULL with *why set to an error text. */
+typedef emq_body (*emq_shape)(int nkeys, int nargs, const char **why);
+int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape shape);
+
+/* ---- values ---- */
+emq_sv emq_arg(emq *e, int i); /* ARGV[i], 1-based; absent past the end */
+emq_sv emq_key_at(emq *e, int i); /* KEYS[i], 1-based */
+int emq_eq(emq_sv a, emq_sv b);
+int emq_eqs(emq_sv a, const char *lit);
+int emq_has_char(emq_sv s, char c);
+int emq_is_digits(emq_sv s); /* Lua '^[0-9]+$' */
+int emq_parse_ll(emq_sv s, long long *out); /* a strict decimal integer */
+long long emq_need_ll(emq *e, emq_sv s); /* emq_parse_ll or fail with ERR */
+emq_sv emq_fmt_ll(emq *e, long long v);
+emq_sv emq_sub(emq_sv s, long i, long j); /* Lua string.sub(s, i, j) */
+emq_sv emq_cat(emq *e, int n, ...);        /* join n emq_sv */
+emq_sv emq_key(emq *e, const char *suffix); /* base .. suffix */
+emq_sv emq_key2(emq *e, const char *suffix, emq_sv x); /* base .. suffix .. x */
+emq_sv emq_waiting_key(emq *e, emq_sv g); /* a lane's set, or pending for absent / '*' */
+void emq_fail(emq *e, const char *msg) __attribute__((noreturn));
+void emq_reply_sv(emq *e, emq_sv s);
+
+/* ---- server calls (replicated as effects: RedisModule_Call with '!') ---- */
+RedisModuleCallReply *emq_callv(emq *e, const char *cmd, int n, const emq_sv *args);
+RedisModuleCallReply *emq_call(emq *e, const char *cmd, int n, ...);
+long long emq_int(emq *e, RedisModuleCallReply *r);
+emq_sv emq_str(emq *e, RedisModuleCallReply *r); /* absent for a nil reply */
+/* HMGET that answers 0 for a key that is not a hash (hmget in common.lua); fields -> out. */
+int emq_hmget(emq *e, emq_sv key, int n, const char **fields, emq_sv *out);
+long long emq_now_ms(emq *e);
+
+/* ---- common.lua ---- */
+void emq_wake(emq *e, long long n);
+int emq_serviceable(emq *e, emq_sv g);
+void emq_ring_add(emq *e, emq_sv key);
+void emq_ring_remove(emq *e, emq_sv key);
+void emq_sync(emq *e, emq_sv g, int known_inring, int *inring, int *inserted);
+void emq_touch(emq *e, emq_sv g, long long added);
+void emq_retire(emq *e, const emq_sv *pairs, int n);
+void emq_retire_one(emq *e, emq_sv id, emq_sv attempts);
+emq_sv emq_retired_last(emq *e, emq_sv id);
+void emq_unretire(emq *e, emq_sv id);
+void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g);
+void emq_free_slot(emq *e, emq_sv g);
+long long emq_leave_active(emq *e, emq_sv id, emq_sv g);
+long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g);
+
+/* ---- ratelimit.lua ---- */
+int emq_any_lane_rated(emq *e);
+int emq_lane_rate(emq *e, emq_sv g, long long *max, long long *window);
+long long emq_rate_left(emq *e, emq_sv key, long long max);
+int emq_rate_blocked(emq *e, emq_sv g);
+
+/* ---- observe.lua ---- */
+void emq_emit(emq *e, const char *event, emq_sv id, int nextra, const emq_sv *extra);
+void emq_emit_in(emq *e, const char *event, emq_sv id, emq_sv g, int nextra,
+                 const emq_sv *extra);
+void emq_bump_metrics(emq *e, const char *kind, long long n, long long now);
+
+/* ---- fence.lua ---- row = {attempts, state, group, lease_epoch, floor}; wide adds
+ * {dedup, parent, parent_policy, children, parent_queue} (row[5..9]) for the finishing
+ * settles, so they read the row once (fence(..., wide) in the Lua). row must hold
+ * EMQ_ROW_WIDE entries when wide. */
+#define EMQ_FENCE_GONE 0
+#define EMQ_FENCE_OK 1
+#define EMQ_FENCE_STALE 2
+#define EMQ_ROW 5
+#define EMQ_ROW_WIDE 10
+int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_sv *row,
+              const char **err);
+long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]);
+void emq_rearm(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5], long long deadline);
+
+/* ---- control.lua ---- */
+int emq_cancel_flagged(emq *e, emq_sv jk);
+void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did);
+void emq_release_dedup(emq *e, emq_sv id, emq_sv jk); /* reads the row's dedup (pcall) */
+
+/* ---- command bodies / shapes ---- */
+emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why);
+emq_body emq_extend_shape(int nkeys, int nargs, const char **why);
+emq_body emq_reprocess_shape(int nkeys, int nargs, const char **why);
+
+#endif

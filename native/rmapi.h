@@ -1,0 +1,179 @@
+/* rmapi.h: our own declarations of the slice of the Redis/Valkey module API that trafikey
+ * uses, written from the documented API (no server header is vendored). Everything here
+ * exists in Redis 7.0 and Valkey 8: key specs (SetCommandInfo) are the newest thing used.
+ *
+ * How loading works: the server hands OnLoad a context whose first pointer is its GetApi
+ * function; rmapi_init() asks it for each function below by its exported name
+ * ("RedisModule_<Name>") and stores it in the matching pointer. */
+#ifndef TRAFIKEY_RMAPI_H
+#define TRAFIKEY_RMAPI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define REDISMODULE_OK 0
+#define REDISMODULE_ERR 1
+#define REDISMODULE_APIVER_1 1
+
+/* Reply types of RedisModule_CallReplyType (RESP2 replies: we never ask for RESP3). */
+#define REDISMODULE_REPLY_UNKNOWN (-1)
+#define REDISMODULE_REPLY_STRING 0
+#define REDISMODULE_REPLY_ERROR 1
+#define REDISMODULE_REPLY_INTEGER 2
+#define REDISMODULE_REPLY_ARRAY 3
+#define REDISMODULE_REPLY_NULL 4
+
+/* Key spec flags (what a command does with a key) and search types. */
+#define REDISMODULE_CMD_KEY_RO (1ULL << 0)
+#define REDISMODULE_CMD_KEY_RW (1ULL << 1)
+#define REDISMODULE_CMD_KEY_ACCESS (1ULL << 4)
+#define REDISMODULE_CMD_KEY_UPDATE (1ULL << 5)
+
+typedef enum {
+    REDISMODULE_KSPEC_BS_INVALID = 0,
+    REDISMODULE_KSPEC_BS_UNKNOWN,
+    REDISMODULE_KSPEC_BS_INDEX,
+    REDISMODULE_KSPEC_BS_KEYWORD
+} RedisModuleKeySpecBeginSearchType;
+
+typedef enum {
+    REDISMODULE_KSPEC_FK_OMITTED = 0,
+    REDISMODULE_KSPEC_FK_UNKNOWN,
+    REDISMODULE_KSPEC_FK_RANGE,
+    REDISMODULE_KSPEC_FK_KEYNUM
+} RedisModuleKeySpecFindKeysType;
+
+typedef struct RedisModuleCtx RedisModuleCtx;
+typedef struct RedisModuleString RedisModuleString;
+typedef struct RedisModuleCallReply RedisModuleCallReply;
+typedef struct RedisModuleCommand RedisModuleCommand;
+
+typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+/* The command-info structures: the server reads them through the sizes in the version
+ * record, so their layout must match the documented one field for field. */
+typedef struct {
+    int version;
+    size_t sizeof_historyentry;
+    size_t sizeof_keyspec;
+    size_t sizeof_arg;
+} RedisModuleCommandInfoVersion;
+
+typedef struct {
+    const char *since;
+    const char *changes;
+} RedisModuleCommandHistoryEntry;
+
+typedef struct {
+    const char *notes;
+    uint64_t flags;
+    RedisModuleKeySpecBeginSearchType begin_search_type;
+    union {
+        struct { int pos; } index;
+        struct { const char *keyword; int startfrom; } keyword;
+    } bs;
+    RedisModuleKeySpecFindKeysType find_keys_type;
+    union {
+        struct { int lastkey; int keystep; int limit; } range;
+        struct { int keynumidx; int firstkey; int keystep; } keynum;
+    } fk;
+} RedisModuleCommandKeySpec;
+
+typedef struct RedisModuleCommandArg {
+    const char *name;
+    int type;
+    int key_spec_index;
+    const char *token;
+    const char *summary;
+    const char *since;
+    int flags;
+    const char *deprecated_since;
+    struct RedisModuleCommandArg *subargs;
+} RedisModuleCommandArg;
+
+typedef struct {
+    const RedisModuleCommandInfoVersion *version;
+    const char *summary;
+    const char *complexity;
+    const char *since;
+    RedisModuleCommandHistoryEntry *history;
+    const char *tips;
+    int arity;
+    RedisModuleCommandKeySpec *key_specs;
+    RedisModuleCommandArg *args;
+} RedisModuleCommandInfo;
+
+/* The function pointers (defined once in rmapi.c-less style: RMAPI_DEFINE in trafikey.c). */
+#ifdef RMAPI_DEFINE
+#define RMAPI_EXTERN
+#else
+#define RMAPI_EXTERN extern
+#endif
+
+RMAPI_EXTERN int (*RedisModule_GetApi)(const char *name, void *out);
+RMAPI_EXTERN int (*RedisModule_SetModuleAttribs)(RedisModuleCtx *ctx, const char *name, int ver,
+                                                 int apiver);
+RMAPI_EXTERN int (*RedisModule_IsModuleNameBusy)(const char *name);
+RMAPI_EXTERN int (*RedisModule_CreateCommand)(RedisModuleCtx *ctx, const char *name,
+                                              RedisModuleCmdFunc fn, const char *flags,
+                                              int firstkey, int lastkey, int keystep);
+RMAPI_EXTERN RedisModuleCommand *(*RedisModule_GetCommand)(RedisModuleCtx *ctx, const char *name);
+RMAPI_EXTERN int (*RedisModule_SetCommandInfo)(RedisModuleCommand *command,
+                                               const RedisModuleCommandInfo *info);
+RMAPI_EXTERN void (*RedisModule_AutoMemory)(RedisModuleCtx *ctx);
+RMAPI_EXTERN long long (*RedisModule_Milliseconds)(void);
+RMAPI_EXTERN RedisModuleCallReply *(*RedisModule_Call)(RedisModuleCtx *ctx, const char *cmd,
+                                                        const char *fmt, ...);
+RMAPI_EXTERN int (*RedisModule_CallReplyType)(RedisModuleCallReply *reply);
+RMAPI_EXTERN long long (*RedisModule_CallReplyInteger)(RedisModuleCallReply *reply);
+RMAPI_EXTERN size_t (*RedisModule_CallReplyLength)(RedisModuleCallReply *reply);
+RMAPI_EXTERN RedisModuleCallReply *(*RedisModule_CallReplyArrayElement)(
+    RedisModuleCallReply *reply, size_t idx);
+RMAPI_EXTERN const char *(*RedisModule_CallReplyStringPtr)(RedisModuleCallReply *reply,
+                                                            size_t *len);
+RMAPI_EXTERN RedisModuleString *(*RedisModule_CreateString)(RedisModuleCtx *ctx, const char *ptr,
+                                                             size_t len);
+RMAPI_EXTERN const char *(*RedisModule_StringPtrLen)(const RedisModuleString *str, size_t *len);
+RMAPI_EXTERN int (*RedisModule_ReplyWithError)(RedisModuleCtx *ctx, const char *err);
+RMAPI_EXTERN int (*RedisModule_ReplyWithLongLong)(RedisModuleCtx *ctx, long long ll);
+RMAPI_EXTERN int (*RedisModule_ReplyWithStringBuffer)(RedisModuleCtx *ctx, const char *buf,
+                                                      size_t len);
+RMAPI_EXTERN int (*RedisModule_ReplyWithArray)(RedisModuleCtx *ctx, long len);
+RMAPI_EXTERN void *(*RedisModule_PoolAlloc)(RedisModuleCtx *ctx, size_t bytes);
+
+/* Fetch every pointer above through the server's GetApi and register the module's name.
+ * Returns REDISMODULE_ERR when a function is missing (too old a server) or the name is taken. */
+static inline int rmapi_init(RedisModuleCtx *ctx, const char *name, int ver, int apiver) {
+    void *getapi = ((void **)ctx)[0];
+    /* Converting an object pointer to a function pointer is what the API mandates here. */
+    *(void **)&RedisModule_GetApi = getapi;
+#define RMAPI_GET(fn)                                                                        \
+    if (RedisModule_GetApi("RedisModule_" #fn, (void *)&RedisModule_##fn) != REDISMODULE_OK) \
+        return REDISMODULE_ERR;
+    RMAPI_GET(SetModuleAttribs)
+    RMAPI_GET(IsModuleNameBusy)
+    RMAPI_GET(CreateCommand)
+    RMAPI_GET(GetCommand)
+    RMAPI_GET(SetCommandInfo)
+    RMAPI_GET(AutoMemory)
+    RMAPI_GET(Milliseconds)
+    RMAPI_GET(Call)
+    RMAPI_GET(CallReplyType)
+    RMAPI_GET(CallReplyInteger)
+    RMAPI_GET(CallReplyLength)
+    RMAPI_GET(CallReplyArrayElement)
+    RMAPI_GET(CallReplyStringPtr)
+    RMAPI_GET(CreateString)
+    RMAPI_GET(StringPtrLen)
+    RMAPI_GET(ReplyWithError)
+    RMAPI_GET(ReplyWithLongLong)
+    RMAPI_GET(ReplyWithStringBuffer)
+    RMAPI_GET(ReplyWithArray)
+    RMAPI_GET(PoolAlloc)
+#undef RMAPI_GET
+    if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;
+    RedisModule_SetModuleAttribs(ctx, name, ver, apiver);
+    return REDISMODULE_OK;
+}
+
+#endif

@@ -1,0 +1,62 @@
+/* trafikey: echomq's transitions as native commands (EMQ.*), replies byte-identical to the
+ * Lua scripts in src/echomq/lua. See README.md for the calling convention. */
+#define RMAPI_DEFINE
+#include "emq.h"
+
+static int cmd_enqueue(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return emq_run(ctx, argv, argc, emq_enqueue_shape);
+}
+
+static int cmd_extend(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return emq_run(ctx, argv, argc, emq_extend_shape);
+}
+
+static int cmd_reprocess(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return emq_run(ctx, argv, argc, emq_reprocess_shape);
+}
+
+static const struct {
+    const char *name;
+    RedisModuleCmdFunc fn;
+    const char *summary;
+} COMMANDS[] = {
+    {"emq.enqueue", cmd_enqueue, "enqueue.lua (2 keys) / enqueue_many.lua (1 key)"},
+    {"emq.extend", cmd_extend, "extend.lua (2 keys) / extend_many.lua (1 key)"},
+    {"emq.reprocess", cmd_reprocess, "reprocess.lua"},
+};
+
+static const RedisModuleCommandInfoVersion INFO_VERSION = {
+    1, sizeof(RedisModuleCommandHistoryEntry), sizeof(RedisModuleCommandKeySpec),
+    sizeof(RedisModuleCommandArg)};
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    if (rmapi_init(ctx, "trafikey", TRAFIKEY_VERSION, REDISMODULE_APIVER_1) != REDISMODULE_OK)
+        return REDISMODULE_ERR;
+    for (size_t i = 0; i < sizeof(COMMANDS) / sizeof(COMMANDS[0]); i++) {
+        /* deny-oom: under noeviction at maxmemory the call is refused whole, writing nothing. */
+        if (RedisModule_CreateCommand(ctx, COMMANDS[i].name, COMMANDS[i].fn, "write deny-oom", 0,
+                                      0, 0) != REDISMODULE_OK)
+            return REDISMODULE_ERR;
+        RedisModuleCommand *cmd = RedisModule_GetCommand(ctx, COMMANDS[i].name);
+        if (!cmd) return REDISMODULE_ERR;
+        /* Like EVAL: numkeys at index 1, the keys right after it. */
+        RedisModuleCommandKeySpec specs[2] = {{0}, {0}};
+        specs[0].flags = REDISMODULE_CMD_KEY_RW | REDISMODULE_CMD_KEY_ACCESS |
+                         REDISMODULE_CMD_KEY_UPDATE;
+        specs[0].begin_search_type = REDISMODULE_KSPEC_BS_INDEX;
+        specs[0].bs.index.pos = 1;
+        specs[0].find_keys_type = REDISMODULE_KSPEC_FK_KEYNUM;
+        specs[0].fk.keynum.keynumidx = 0;
+        specs[0].fk.keynum.firstkey = 1;
+        specs[0].fk.keynum.keystep = 1;
+        RedisModuleCommandInfo info = {0};
+        info.version = &INFO_VERSION;
+        info.summary = COMMANDS[i].summary;
+        info.arity = -3;
+        info.key_specs = specs;
+        if (RedisModule_SetCommandInfo(cmd, &info) != REDISMODULE_OK) return REDISMODULE_ERR;
+    }
+    return REDISMODULE_OK;
+}

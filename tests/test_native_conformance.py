@@ -1,0 +1,631 @@
+"""The native module trafikey against the Lua scripts it mirrors (native/README.md).
+
+Every differential test runs the same inputs through the script (EVAL, queue A) and through
+the EMQ.* command (queue B) of one server, then compares the replies and every key of both
+queues (names normalised; clock-derived scores within native_fixtures.TOLERANCE_MS)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq.server import EmbeddedServer, find_binary, free_port
+from native_fixtures import (
+    Pair,
+    base,
+    build,
+    call_native,
+    call_script,
+    command,
+    expand,
+    expand_args,
+    snapshot,
+)
+
+QA, QB = "natA", "natB"
+
+
+def jid(n: int) -> str:
+    """A JOB id (14 bytes, the shape the client mints)."""
+    return f"JOB{n:011d}"
+
+
+@pytest.fixture(scope="module")
+def module_path() -> Path:
+    return build()
+
+
+@pytest.fixture(scope="module")
+def nserver(
+    module_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(
+        tmp_path_factory.mktemp("native"), args=["--loadmodule", str(module_path)]
+    ).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(nserver.url)
+    for q in (QA, QB):
+        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
+        if keys:
+            client.delete(*keys)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def pair(r: redis.Redis) -> Pair:
+    return Pair(r, QA, QB)
+
+
+@pytest.fixture
+def both(nserver: EmbeddedServer) -> Iterator[Callable[[Callable[[echomq.Queue], Any]], Any]]:
+    """Apply one Queue API step to both queues (to build states); returns A's result."""
+    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
+
+    def run(step: Callable[[echomq.Queue], Any]) -> Any:
+        ra, rb = step(qa), step(qb)
+        assert repr(ra) == repr(rb)
+        return ra
+
+    yield run
+    qa.close()
+    qb.close()
+
+
+# ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
+
+
+def enq(
+    pair: Pair,
+    id: str,
+    payload: str | bytes = "p",
+    *,
+    group: str = "",
+    mode: str = "now",
+    value: str = "0",
+    flags: str = "",
+    replay_ms: str = "0",
+    nonce: str = "",
+    dedup: str = "",
+    dedup_mode: str = "simple",
+    ttl: str = "0",
+) -> Any:
+    args: list[str | bytes] = ["@", id, payload, group, mode, value, flags, replay_ms, nonce]
+    args += [dedup, dedup_mode, ttl]
+    return pair.run("enqueue", ["@job:" + id, "@meta"], args)
+
+
+def enq_many(
+    pair: Pair,
+    items: list[tuple[str, str]],
+    *,
+    group: str = "",
+    mode: str = "now",
+    value: str = "0",
+    replay_ms: str = "0",
+    nonce: str = "",
+    flags: str = "",
+) -> Any:
+    args: list[str | bytes] = ["@", group, mode, value, replay_ms, nonce, flags]
+    for i, p in items:
+        args += [i, p]
+    return pair.run("enqueue_many", ["@meta"], args)
+
+
+def ext(pair: Pair, id: str, token: int | str, lease: int = 30000) -> Any:
+    return pair.run("extend", ["@active", "@job:" + id], ["@", id, str(token), str(lease)])
+
+
+def ext_many(pair: Pair, pairs: list[tuple[str, int]], lease: int = 30000) -> Any:
+    args: list[str | bytes] = ["@", str(lease)]
+    for i, t in pairs:
+        args += [i, str(t)]
+    return pair.run("extend_many", ["@active"], args)
+
+
+def repro(pair: Pair, id: str) -> Any:
+    return pair.run("reprocess", ["@job:" + id, "@dead"], ["@", id])
+
+
+def now_ms(r: redis.Redis) -> int:
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+# ---- differential tests ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_enqueue_modes(pair: Pair, both: Any, r: redis.Redis, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    assert enq(pair, jid(1)) == ("ok", b"enqueued")
+    assert enq(pair, jid(2), group="g1") == ("ok", b"enqueued")
+    assert enq(pair, jid(3), b"bin\x00\r\n\xff", group="g1") == ("ok", b"enqueued")
+    assert enq(pair, jid(4), mode="in", value="60000") == ("ok", b"scheduled")
+    assert enq(pair, jid(5), mode="at", value=str(now_ms(r) + 90000), group="g2") == (
+        "ok",
+        b"scheduled",
+    )
+    assert enq(pair, jid(6), mode="at", value="1") == ("ok", b"enqueued")
+    assert enq(pair, jid(7), mode="in", value="-5") == ("ok", b"enqueued")
+    assert enq(pair, jid(1)) == ("ok", b"duplicate")
+    assert enq(pair, jid(4), group="g1") == ("ok", b"duplicate")
+    kind = enq(pair, "USR00000000001")
+    assert kind[0] == "err" and kind[1].startswith("EMQKIND")
+    assert enq(pair, "JO")[0] == "err"
+    assert enq(pair, jid(8), flags="f") == ("ok", b"enqueued")
+
+
+def test_enqueue_many_wakes_past_64(pair: Pair) -> None:
+    for n in range(70):
+        enq(pair, jid(100 + n))
+    enq_many(pair, [(jid(300 + n), "x") for n in range(70)], group="big")
+
+
+def test_replay_markers(pair: Pair) -> None:
+    nonce = "0123456789ab"
+    assert enq(pair, jid(1), replay_ms="5000", nonce=nonce) == ("ok", b"enqueued")
+    assert enq(pair, jid(1), flags="r", replay_ms="5000", nonce=nonce) == ("ok", b"replayed")
+    n2 = "ffeeddccbbaa"
+    assert enq(pair, jid(2), mode="in", value="9000", replay_ms="5000", nonce=n2) == (
+        "ok",
+        b"scheduled",
+    )
+    assert enq(pair, jid(2), flags="r", replay_ms="5000", nonce=n2) == (
+        "ok",
+        b"replayed:scheduled",
+    )
+    # A resend whose first copy never landed is admitted.
+    assert enq(pair, jid(3), flags="r", replay_ms="5000", nonce="aaaaaaaaaaaa") == (
+        "ok",
+        b"enqueued",
+    )
+    # Duplicates leave no marker.
+    assert enq(pair, jid(3), replay_ms="5000", nonce="bbbbbbbbbbbb") == ("ok", b"duplicate")
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_dedup(pair: Pair, both: Any, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    assert enq(pair, jid(1), dedup="s1") == ("ok", b"enqueued")
+    assert enq(pair, jid(2), dedup="s1") == ("ok", b"deduplicated:" + jid(1).encode())
+    assert enq(pair, jid(3), dedup="t1", dedup_mode="throttle", ttl="60000") == ("ok", b"enqueued")
+    assert enq(pair, jid(4), dedup="t1", dedup_mode="throttle", ttl="60000")[1].startswith(
+        b"deduplicated:"
+    )
+    assert enq(pair, jid(5), "v1", group="g", dedup="d1", dedup_mode="debounce", ttl="60000") == (
+        "ok",
+        b"enqueued",
+    )
+    # Debounce: the waiting holder takes the payload and the later run time (leaves its lane).
+    enq(
+        pair, jid(6), "v2", mode="in", value="30000", dedup="d1", dedup_mode="debounce", ttl="60000"
+    )
+    enq(
+        pair, jid(7), "v3", mode="in", value="40000", dedup="d1", dedup_mode="debounce", ttl="60000"
+    )
+    enq(pair, jid(8), "v4", dedup="d1", dedup_mode="debounce", ttl="60000")
+    # A simple key whose holder's row is gone is free again.
+    pair.r.delete(base(QA) + "job:" + jid(1), base(QB) + "job:" + jid(1))
+    assert enq(pair, jid(9), dedup="s1") == ("ok", b"enqueued")
+
+
+def test_readmission_of_retired_id(pair: Pair, both: Any) -> None:
+    enq(pair, jid(1), group="g")
+    job = both(lambda q: q.claim())
+    both(lambda q: q.complete(job.id, job.token))
+    pair.check()
+    assert enq(pair, jid(1), group="g") == ("ok", b"enqueued")
+    # 'f' (freshly minted) does not read the retired record.
+    enq(pair, jid(2))
+    for j in both(lambda q: q.claim_batch(2)):
+        both(lambda q, j=j: q.complete(j.id, j.token))
+    assert enq(pair, jid(2), flags="f") == ("ok", b"enqueued")
+    assert enq(pair, jid(1)) == ("ok", b"enqueued")
+
+
+def test_enqueue_many(pair: Pair, both: Any) -> None:
+    both(lambda q: q.enable_events(100))
+    items = [(jid(1), "a"), ("USR00000000001", "b"), (jid(2), "c")]
+    assert enq_many(pair, items) == ("ok", [b"enqueued", b"kind", b"enqueued"])
+    assert enq_many(pair, [(jid(2), "x"), (jid(3), "y")], group="g") == (
+        "ok",
+        [b"duplicate", b"enqueued"],
+    )
+    assert enq_many(pair, [(jid(4), "x")], mode="in", value="5000", group="g")[1] == [b"scheduled"]
+    nonce = "0123456789ab"
+    got = enq_many(pair, [(jid(5), "x"), (jid(1), "y")], replay_ms="5000", nonce=nonce)
+    assert got == ("ok", [b"enqueued", b"duplicate"])
+    again = enq_many(pair, [(jid(5), "x"), (jid(1), "y")], replay_ms="5000", nonce=nonce, flags="r")
+    assert again == ("ok", [b"replayed", b"duplicate"])
+    assert enq_many(pair, [], replay_ms="5000", nonce="ffffffffffff") == ("ok", [])
+    enq_many(pair, [(jid(9), "x")], mode="at", value="1", flags="f")
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_extend(pair: Pair, both: Any, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    enq(pair, jid(1), group="g")
+    enq(pair, jid(2))
+    both(lambda q: q.limit_lane("g", 1))
+    j1 = both(lambda q: q.claim())
+    assert ext(pair, j1.id, j1.token, 60000) == ("ok", 1)
+    stale = ext(pair, j1.id, j1.token + 1)
+    assert stale == ("err", "EMQSTALE extend token mismatch")
+    assert ext(pair, j1.id, 0)[1] == "EMQSTALE extend token mismatch"
+    assert ext(pair, jid(99), 1) == ("ok", 0)
+    assert ext(pair, jid(2), 0)[0] == "err"
+    # Lapsed and reaped, nobody claimed it since: extend re-arms it into active.
+    j2 = both(lambda q: q.claim(lease_ms=1))
+    time.sleep(0.02)
+    both(lambda q: q.reap())
+    pair.check()
+    assert ext(pair, j2.id, j2.token) == ("ok", 1)
+    # A lane job reaped and re-armed takes its lane slot again.
+    both(lambda q: q.extend(j1.id, j1.token, lease_ms=1))
+    time.sleep(0.02)
+    both(lambda q: q.reap())
+    assert ext(pair, j1.id, j1.token) == ("ok", 1)
+    # A released job: lease settled.
+    both(lambda q: q.delay(j1.id, j1.token, 0))
+    assert ext(pair, j1.id, j1.token) == ("err", "EMQSTALE extend lease settled")
+
+
+def test_extend_many(pair: Pair, both: Any) -> None:
+    both(lambda q: q.enable_events(100))
+    for n in range(1, 5):
+        enq(pair, jid(n), group="g" if n % 2 else "")
+    jobs = both(lambda q: q.claim_batch(4, lease_ms=1))
+    time.sleep(0.02)
+    both(lambda q: q.reap())
+    enq(pair, jid(5))
+    k5 = both(lambda q: q.claim())
+    both(lambda q: q.cancel(k5.id))
+    pairs = [(j.id, j.token) for j in jobs] + [(k5.id, k5.token), (jid(9), 1), (jid(1), 7)]
+    got = ext_many(pair, pairs)
+    assert got[0] == "ok" and jid(9).encode() in got[1] and jid(1).encode() in got[1]
+    assert got[1][-1] == b"!" + k5.id.encode()
+    # An odd ARGV: the last id has no token and fails, like the script's nil compare.
+    assert pair.run("extend_many", ["@active"], ["@", "1000", jobs[0].id]) == (
+        "ok",
+        [jobs[0].id.encode()],
+    )
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_reprocess(pair: Pair, both: Any, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    enq(pair, jid(1), group="g")
+    enq(pair, jid(2))
+    for _ in range(2):
+        j = both(lambda q: q.claim())
+        both(lambda q, j=j: q.retry(j.id, j.token, delay_ms=0, max_attempts=1, error="boom"))
+    pair.check()
+    assert repro(pair, jid(1)) == ("ok", 1)
+    assert repro(pair, jid(2)) == ("ok", 1)
+    assert repro(pair, jid(2)) == ("err", "EMQSTATE not dead")
+    assert repro(pair, jid(3)) == ("ok", 0)
+    pair.r.set(base(QA) + "job:" + jid(4), "x")
+    pair.r.set(base(QB) + "job:" + jid(4), "x")
+    assert repro(pair, jid(4)) == ("err", "EMQSTATE not a job row")
+
+
+def test_randomized(pair: Pair, both: Any) -> None:
+    rng = random.Random(20261201)
+    ids = [jid(n) for n in range(1, 13)]
+    groups = ["", "", "g1", "g2"]
+    tokens: dict[str, int] = {}
+    both(lambda q: q.enable_events(1000))
+    for step in range(400):
+        roll = rng.random()
+        i = rng.choice(ids)
+        if roll < 0.3:
+            mode = rng.choice(["now", "now", "in", "at"])
+            value = {"now": "0", "in": str(rng.choice([-10, 0, 5000])), "at": "1"}[mode]
+            kw: dict[str, Any] = {"group": rng.choice(groups), "mode": mode, "value": value}
+            if rng.random() < 0.3:
+                kw.update(replay_ms="5000", nonce=f"{rng.randrange(4):012x}")
+                kw["flags"] = rng.choice(["", "r"])
+            if rng.random() < 0.2:
+                kw.update(
+                    dedup=f"d{rng.randrange(3)}",
+                    dedup_mode=rng.choice(["simple", "throttle", "debounce"]),
+                    ttl="60000",
+                )
+                if kw["dedup_mode"] == "simple":
+                    kw["ttl"] = "0"
+            enq(pair, i, f"p{step}", **kw)
+        elif roll < 0.4:
+            items = [(rng.choice(ids), f"m{step}") for _ in range(rng.randrange(4))]
+            items = list(dict(items).items())
+            enq_many(
+                pair,
+                items,
+                group=rng.choice(groups),
+                nonce=f"{rng.randrange(3):012x}",
+                replay_ms="5000",
+                flags=rng.choice(["", "r"]),
+            )
+        elif roll < 0.55:
+            ext(pair, i, tokens.get(i, rng.randrange(3)), rng.choice([1, 30000]))
+        elif roll < 0.62:
+            ext_many(
+                pair, [(k, tokens.get(k, 1)) for k in rng.sample(ids, 3)], rng.choice([1, 30000])
+            )
+        elif roll < 0.7:
+            repro(pair, i)
+        elif roll < 0.82:
+            lease = rng.choice([1, 30000])
+            job = both(lambda q, lease=lease: q.claim(lease_ms=lease))
+            if job:
+                tokens[job.id] = job.token
+        elif roll < 0.88 and tokens:
+            k = rng.choice(sorted(tokens))
+            both(
+                lambda q, k=k: _quiet(
+                    lambda: q.retry(k, tokens[k], delay_ms=0, max_attempts=1, error="x")
+                )
+            )
+        elif roll < 0.93 and tokens:
+            k = rng.choice(sorted(tokens))
+            both(lambda q, k=k: _quiet(lambda: q.complete(k, tokens[k])))
+        else:
+            time.sleep(0.005)
+            both(lambda q: (q.reap(), q.promote()))
+        pair.check(f"step {step}")
+    assert pair.calls > 150
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except echomq.EchoMQError as exc:
+        return type(exc).__name__
+
+
+# ---- keys, cross-slot, fuzz --------------------------------------------------------------
+
+
+def test_getkeys_and_cross_slot(r: redis.Redis, module_path: Path) -> None:
+    keys = r.command_getkeys("EMQ.ENQUEUE", "2", "emq:{a}:job:J", "emq:{a}:meta", "emq:{a}:", "J")
+    assert [k if isinstance(k, str) else k.decode() for k in keys] == [
+        "emq:{a}:job:J",
+        "emq:{a}:meta",
+    ]
+    assert len(r.command_getkeys("EMQ.EXTEND", "1", "k", "a")) == 1
+    mods = {m[b"name"]: m[b"ver"] for m in r.module_list()}
+    assert mods[b"trafikey"] == 1
+    before = snapshot(r, QB)
+    b = base(QB)
+    cases: list[tuple[list[str], list[str | bytes]]] = [
+        ([b + "job:" + jid(1), "emq:{other}:meta"], [b, jid(1), "p", "", "now", "0"]),
+        (["emq:{other}:job:x", b + "meta"], [b, jid(1), "p", "", "now", "0"]),
+        ([b + "job:x", b + "meta"], ["emq:nohashtag:", jid(1), "p", "", "now", "0"]),
+        ([b + "job:x", b + "meta"], ["emq:{}:", jid(1), "p", "", "now", "0"]),
+    ]
+    for keys_, args in cases:
+        kind, msg = call_native(r, "enqueue", keys_, args)
+        assert kind == "err" and ("base" in msg or "hash tag" in msg), msg
+    assert snapshot(r, QB) == before == {}
+
+
+def test_fuzz(r: redis.Redis) -> None:
+    rng = random.Random(7)
+    verbs = ["EMQ.ENQUEUE", "EMQ.EXTEND", "EMQ.REPROCESS"]
+    b = base(QB)
+    pool: list[bytes] = [
+        b"-1",
+        b"0",
+        b"1",
+        b"2",
+        b"3",
+        b"99999999999999999999",
+        b"x",
+        b"",
+        b"now",
+        b"in",
+        b"at",
+        b"JOB00000000001",
+        b.encode(),
+        b"r",
+        b"f",
+    ]
+    deadline = time.monotonic() + 6
+    n = 0
+    while time.monotonic() < deadline and n < 3000:
+        n += 1
+        verb = rng.choice(verbs)
+        argc = rng.randrange(0, 16)
+        args: list[bytes] = []
+        for _ in range(argc):
+            pick = rng.random()
+            if pick < 0.5:
+                args.append(rng.choice(pool))
+            elif pick < 0.7:
+                args.append(
+                    (b + rng.choice(["job:JOB00000000001", "meta", "active", "dead"])).encode()
+                )
+            else:
+                args.append(os.urandom(rng.randrange(0, 20)))
+        if rng.random() < 0.6 and args:
+            args[0] = str(rng.choice([-1, 0, 1, 2, 3, 50, 2**40])).encode()
+        if rng.random() < 0.6 and len(args) > 3:
+            k = int(args[0]) if re.fullmatch(rb"-?\d+", args[0]) else 0
+            if 0 <= k < len(args) - 1:
+                args[1 + k] = b.encode()
+                for j in range(1, 1 + k):
+                    args[j] = b.encode() + args[j]
+        with contextlib.suppress(redis.ResponseError):
+            command(r, verb, *args)
+    assert r.ping()
+    assert n > 100
+
+
+# ---- replication ---------------------------------------------------------------------------
+
+
+def test_replica_without_module(
+    nserver: EmbeddedServer, pair: Pair, both: Any, tmp_path: Path
+) -> None:
+    replica = EmbeddedServer(
+        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
+    ).start()
+    try:
+        rr = redis.Redis(port=replica.port)
+        deadline = time.monotonic() + 10
+        while rr.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "replica did not sync"
+            time.sleep(0.05)
+        assert b"trafikey" not in {m[b"name"] for m in rr.module_list()}
+        both(lambda q: q.enable_events(100))
+        for n in range(1, 6):
+            enq(pair, jid(n), group="g" if n % 2 else "", replay_ms="5000", nonce=f"{n:012x}")
+        enq(pair, jid(6), mode="in", value="5000", dedup="d", dedup_mode="throttle", ttl="9000")
+        enq_many(pair, [(jid(7), "a"), (jid(8), "b")], group="g", replay_ms="5000", nonce="ab" * 6)
+        jobs = both(lambda q: q.claim_batch(3, lease_ms=1))
+        time.sleep(0.02)
+        both(lambda q: q.reap())
+        ext_many(pair, [(j.id, j.token) for j in jobs])
+        j = jobs[0]
+        both(lambda q: q.retry(j.id, j.token, delay_ms=0, max_attempts=1, error="e"))
+        repro(pair, j.id)
+        assert command(pair.r, "WAIT", 1, 5000) == 1
+        for q in (QA, QB):
+            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
+            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
+            for key in primary:
+                # A hashtable's DUMP order depends on the process's hash seed: compare those
+                # by content, everything else byte for byte.
+                if pair.r.object("encoding", key) == b"hashtable":
+                    assert pair.r.type(key) == rr.type(key) == b"set", key
+                    assert rr.smembers(key) == pair.r.smembers(key), key
+                else:
+                    assert rr.dump(key) == pair.r.dump(key), key
+                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
+        rr.close()
+    finally:
+        replica.stop()
+
+
+# ---- valgrind ----------------------------------------------------------------------------
+
+
+def test_valgrind(tmp_path: Path) -> None:
+    so = build("debug")
+    port = free_port()
+    log = tmp_path / "valgrind.log"
+    cmd = [
+        "valgrind", "--error-exitcode=1", "--leak-check=full",
+        "--errors-for-leak-kinds=definite", f"--log-file={log}",
+        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port, socket_timeout=30)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "valgrind server did not start"
+                time.sleep(0.2)
+        p = Pair(r, QA, QB)
+        for n in range(1, 30):
+            enq(
+                p,
+                jid(n),
+                group="g" if n % 3 == 0 else "",
+                replay_ms="5000",
+                nonce=f"{n:012x}",
+                dedup=f"d{n % 4}",
+                dedup_mode="debounce",
+                ttl="5000",
+            )
+        enq(p, "USR00000000001")
+        enq_many(
+            p,
+            [(jid(40 + n), "x") for n in range(20)] + [("bad", "y")],
+            group="g2",
+            replay_ms="5000",
+            nonce="abcdefabcdef",
+        )
+        ext_many(p, [(jid(n), 1) for n in range(1, 20)])
+        ext(p, jid(1), 1)
+        repro(p, jid(1))
+        for verb in ("EMQ.ENQUEUE", "EMQ.EXTEND", "EMQ.REPROCESS"):
+            for args in ([], ["x"], ["-1"], ["1", "k"], ["2", "a", "b", "c"], ["1", "{x}k", "{x}"]):
+                with contextlib.suppress(redis.ResponseError):
+                    command(r, verb, *args)
+        r.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    finally:
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
+
+
+def test_lane_limits_pauses_and_rates(pair: Pair, both: Any) -> None:
+    """sync's other branches: a paused lane, a lane at its limit, a rate-held lane (ratewait)."""
+    both(lambda q: q.enable_events(100))
+    both(lambda q: q.pause_lane("p"))
+    assert enq(pair, jid(1), group="p") == ("ok", b"enqueued")
+    both(lambda q: q.limit_lane("l", 1))
+    enq(pair, jid(2), group="l")
+    both(lambda q: q.rate_limit_lane("r", 1, 60000))
+    enq(pair, jid(3), group="r")
+    both(lambda q: q.claim_batch(3))
+    pair.check()
+    # The lanes are out of the ring now: their enqueues take the not-serviceable branch.
+    assert enq(pair, jid(4), group="l") == ("ok", b"enqueued")
+    assert enq(pair, jid(5), group="r") == ("ok", b"enqueued")
+    assert enq_many(pair, [(jid(6), "x"), (jid(7), "y")], group="r")[1] == [b"enqueued"] * 2
+    assert enq(pair, jid(8), group="p") == ("ok", b"enqueued")
+    both(lambda q: q.resume_lane("p"))
+    assert enq(pair, jid(9), group="p") == ("ok", b"enqueued")
+    # A ring written before the inring SET existed is adopted by sync.
+    for q in (QA, QB):
+        pair.r.delete(base(q) + "inring", base(q) + "ringstale")
+    assert enq(pair, jid(10)) == ("ok", b"enqueued")
+
+
+def test_server_error_midway(pair: Pair) -> None:
+    """A command failing inside the transition (a planted key of the wrong type) aborts the
+    call on both executors after the same writes; only the error text differs (documented)."""
+    for q in (QA, QB):
+        pair.r.set(base(q) + "wake", "planted")
+    keys, args = ["@job:" + jid(1), "@meta"], ["@", jid(1), "p", "", "now", "0"]
+    ra = call_script(pair.r, "enqueue", expand(keys, QA), expand_args(args, QA))
+    rb = call_native(pair.r, "enqueue", expand(keys, QB), expand_args(args, QB))
+    assert ra[0] == rb[0] == "err"
+    assert "WRONGTYPE" in ra[1] and rb[1].startswith("WRONGTYPE")
+    pair.check()
