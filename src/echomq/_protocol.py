@@ -262,8 +262,12 @@ def _int_reply(reply: Any) -> int:
 
 
 def _job(reply: Sequence[Any]) -> Job:
-    jid, payload, token, group = reply[:4]
-    floor = int(reply[4]) if len(reply) > 4 and reply[4] else 0
+    if len(reply) == 4:  # no floor: the common case, unpacked without a slice
+        jid, payload, token, group = reply
+        floor = 0
+    else:
+        jid, payload, token, group = reply[:4]
+        floor = int(reply[4]) if reply[4] else 0
     return Job(
         _s(jid),
         payload if payload is not None else b"",

@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from echomq import _envelope
@@ -65,10 +65,10 @@ class Running:
     child: Child | None = None  # an isolated run's child process (@app.task(isolate=True))
     cancelled: bool = False  # D22: the job was cancelled; its settle dead-letters it
     begun: float = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
+    key: tuple[str, int] = field(init=False)  # (id, token): how the worker tracks the run
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.job.id, self.job.token)
+    def __post_init__(self) -> None:
+        self.key = (self.job.id, self.job.token)
 
     def lose(self) -> None:
         """Another run owns the job now (or it was handed back): cancel, never settle."""
@@ -232,7 +232,10 @@ class Runner:
                 value = await task.fn(*args, **kwargs)
             else:
                 value = await self._invoke(task, r, args, kwargs)
-            settle = self._completed(r.job, task, value)
+            if task.keep_result_ms:
+                settle = self._completed(r.job, task, value)
+            else:  # the common case, inline: nothing to serialize
+                settle = Settle(r.job.id, r.job.token, "completed")
         except asyncio.CancelledError as exc:
             if r.cancelled and not r.lost:
                 # Our own cancel (D22), not the worker's teardown: the run ends here, dead.
@@ -299,7 +302,11 @@ class Runner:
         """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
         settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
         kind = settle.kind
-        if kind in ("completed", "pushed") and not jlog.isEnabledFor(logging.DEBUG):
+        # Completions are logged only for runs that began with DEBUG on (r.begun set): one
+        # level check a job, in start().
+        if kind == "completed" and not r.begun:
+            return
+        if kind == "pushed" and not jlog.isEnabledFor(logging.DEBUG):
             return
         job = r.job
         queue = r.ctx.queue if r.ctx is not None else ""
