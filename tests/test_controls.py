@@ -574,3 +574,15 @@ def test_a_limited_claim_answers_the_ms_until_its_window_reopens(
     s = q.settle(n=5)
     assert s.jobs == [] and 0 < s.rate_limited_ms <= 4_000
     assert q.settle(n=0).rate_limited_ms == 0  # no claim asked: nothing to report
+
+
+def test_rate_limit_ttl_zero_means_a_claim_is_served(q: echomq.Queue) -> None:
+    """rate_limit_ttl answers 0 only once the window has reopened: PTTL reads 0 in the last
+    millisecond of a spent counter, and a claim in that millisecond still found the lane
+    rate-held (it answered [] right after a 0). Many short windows, each claimed at once."""
+    for i in range(60):
+        q.enqueue(f"a{i}", group="a")
+    q.rate_limit_lane("a", 2, 40)
+    for _ in range(25):
+        assert [j.group for j in q.claim_batch(20)] == ["a", "a"]
+        wait_for(lambda: q.rate_limit_ttl("a") == 0, timeout=5, interval=0.0005)

@@ -7,9 +7,13 @@
 ]]
 --@include common
 local base, g = ARGV[1], ARGV[2]
+-- A spent window answers at least 1 ms while its counter exists: PTTL says 0 in the last
+-- millisecond before the key expires, and a claim in that millisecond still finds it spent.
 local function spent(key, max)
   if not max or rate_left(key, max) > 0 then return 0 end
-  return math.max(rcall('PTTL', key), 0)
+  local ttl = rcall('PTTL', key)
+  if ttl == -1 then return 0 end  -- a counter without a TTL (not ours): nothing to wait for
+  return math.max(ttl, 1)
 end
 if g == '' or g == '*' then
   local wait = spent(base .. 'limiter', queue_rate(base))
