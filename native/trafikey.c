@@ -2,6 +2,8 @@
  * Lua scripts in src/echomq/lua. See README.md for the calling convention. */
 #define RMAPI_DEFINE
 #include "emq.h"
+#include "settle.h"
+#include "lease.h"
 
 static int cmd_enqueue(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return emq_run(ctx, argv, argc, emq_enqueue_shape);
@@ -15,6 +17,24 @@ static int cmd_reprocess(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     return emq_run(ctx, argv, argc, emq_reprocess_shape);
 }
 
+static int cmd_claim(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return emq_run(ctx, argv, argc, emq_claim_shape);
+}
+
+static int cmd_settle_verbs(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
+                            emq_shape shape) {
+    return emq_run(ctx, argv, argc, shape);
+}
+static int cmd_complete(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return cmd_settle_verbs(ctx, argv, argc, emq_complete_shape);
+}
+static int cmd_retry(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return cmd_settle_verbs(ctx, argv, argc, emq_retry_shape);
+}
+static int cmd_sweep(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return cmd_settle_verbs(ctx, argv, argc, emq_sweep_shape);
+}
+
 static const struct {
     const char *name;
     RedisModuleCmdFunc fn;
@@ -23,6 +43,10 @@ static const struct {
     {"emq.enqueue", cmd_enqueue, "enqueue.lua (2 keys) / enqueue_many.lua (1 key)"},
     {"emq.extend", cmd_extend, "extend.lua (2 keys) / extend_many.lua (1 key)"},
     {"emq.reprocess", cmd_reprocess, "reprocess.lua"},
+    {"emq.complete", cmd_complete, "complete.lua"},
+    {"emq.retry", cmd_retry, "retry.lua"},
+    {"emq.sweep", cmd_sweep, "sweep_stalled.lua"},
+    {"emq.claim", cmd_claim, "claim.lua (3 keys, 2 args) / claim_batch.lua (3 keys, 3 args)"},
 };
 
 static const RedisModuleCommandInfoVersion INFO_VERSION = {

@@ -24,6 +24,11 @@ VERB = {
     "extend": "EMQ.EXTEND",
     "extend_many": "EMQ.EXTEND",
     "reprocess": "EMQ.REPROCESS",
+    "complete": "EMQ.COMPLETE",
+    "retry": "EMQ.RETRY",
+    "sweep_stalled": "EMQ.SWEEP",
+    "claim": "EMQ.CLAIM",
+    "claim_batch": "EMQ.CLAIM",
 }
 
 # Scores that are server-clock times (leases, delays, rate windows): compared within this.

@@ -1,0 +1,57 @@
+/* cmd_settle_verbs.c: EMQ.COMPLETE (complete.lua) and EMQ.RETRY (retry.lua). */
+#include "settle.h"
+
+#include <string.h>
+
+static void reply_verdict(emq *e, emq_verdict v, int error_if_emq) {
+    if (!v.text) {
+        RedisModule_ReplyWithLongLong(e->ctx, v.n);
+    } else if (error_if_emq && v.text[0] == 'E' && v.text[1] == 'M' && v.text[2] == 'Q') {
+        RedisModule_ReplyWithError(e->ctx, v.text);
+    } else {
+        RedisModule_ReplyWithStringBuffer(e->ctx, v.text, strlen(v.text));
+    }
+}
+
+/* complete.lua: KEYS active, row; ARGV base id token result [keep_result_ms]. */
+static void complete(emq *e) {
+    /* keep_result_ms is checked before anything is written (the Lua's tonumber would raise
+     * after the completion on a malformed value). */
+    long long keep = e->nargs >= 5 ? emq_need_ll(e, emq_arg(e, 5)) : 0;
+    emq_sv id = emq_arg(e, 2), token = emq_arg(e, 3), result = emq_arg(e, 4);
+    emq_verdict v = emq_complete_one(e, id, emq_key_at(e, 2), token, result);
+    if (!v.text && v.n == 1) {
+        long long now = emq_now_ms(e);
+        emq_bump_metrics(e, "completed", 1, now);
+        if (keep > 0) emq_keep_outcome(e, id, "result", result, token, keep, now);
+    }
+    /* Every text complete_one returns is an EMQSTALE refusal: an error reply. */
+    reply_verdict(e, v, 1);
+}
+
+/* retry.lua: KEYS active, schedule, dead, row; ARGV base id token delay_ms max_attempts
+ * error [keep_ms]. The numbers are checked before the fence (see README: a gone job with a
+ * malformed number answers ERR here, 0 in the Lua). */
+static void retry(emq *e) {
+    long long delay = emq_need_ll(e, emq_arg(e, 4));
+    long long max = emq_need_ll(e, emq_arg(e, 5));
+    long long keep = e->nargs >= 7 ? emq_need_ll(e, emq_arg(e, 7)) : 0;
+    long long now = emq_now_ms(e);
+    emq_verdict v = emq_retry_one(e, emq_arg(e, 2), emq_key_at(e, 4), emq_arg(e, 3), delay, max,
+                                  emq_arg(e, 6), now, keep);
+    reply_verdict(e, v, 1);
+}
+
+emq_body emq_complete_shape(int nkeys, int nargs, const char **why) {
+    if (nkeys == 2 && (nargs == 4 || nargs == 5)) return complete;
+    *why = "ERR EMQ.COMPLETE takes 2 keys (active, row) and 4 or 5 args (base, id, token, "
+           "result [, keep_result_ms])";
+    return NULL;
+}
+
+emq_body emq_retry_shape(int nkeys, int nargs, const char **why) {
+    if (nkeys == 4 && (nargs == 6 || nargs == 7)) return retry;
+    *why = "ERR EMQ.RETRY takes 4 keys (active, schedule, dead, row) and 6 or 7 args (base, "
+           "id, token, delay_ms, max_attempts, error [, keep_ms])";
+    return NULL;
+}

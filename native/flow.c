@@ -1,0 +1,109 @@
+/* flow.c: flows (D18) as the settles see them; see flow.h. Each function issues the commands
+ * of its Lua twin in compose.lua, in the same order. */
+#include "flow.h"
+
+#include <string.h>
+
+static const char *FLOW_FIELDS[4] = {"parent", "parent_policy", "children", "parent_queue"};
+
+int emq_flow_parent(emq *e, emq_sv jk, emq_flow *f) {
+    emq_sv v[4];
+    /* hmget (pcall): a planted non-hash row is "no flow", it fails nothing. */
+    if (!emq_hmget(e, jk, 4, FLOW_FIELDS, v)) return 0;
+    if (!v[0].p && !v[2].p) return 0;
+    f->parent = v[0];
+    f->policy = v[1];
+    f->children = v[2];
+    f->parent_queue = v[3];
+    return 1;
+}
+
+int emq_flow_of(const emq_sv *row, emq_flow *f) {
+    if (!row[6].p && !row[8].p) return 0;
+    f->parent = row[6];
+    f->policy = row[7];
+    f->children = row[8];
+    f->parent_queue = row[9];
+    return 1;
+}
+
+static int cross_queue(const emq_flow *f) { return f->parent_queue.p && f->parent_queue.n > 0; }
+
+/* The entry layouts are in compose.lua (flow_outbox); NUL separates the fields. */
+static void flow_outbox(emq *e, const emq_flow *f, emq_sv id, int done, emq_sv value) {
+    emq_sv nul = {"\0", 1}, entry;
+    if (done) {
+        entry = emq_cat(e, 7, f->parent_queue, nul, f->parent, nul, id, nul, value);
+    } else {
+        emq_sv policy = f->policy.p ? f->policy : EMQ_LIT("fp");
+        entry = emq_cat(e, 11, (emq_sv){"\0fail\0", 6}, f->parent_queue, nul, f->parent, nul,
+                        id, nul, policy, nul, value, EMQ_LIT(""));
+    }
+    emq_call(e, "RPUSH", 2, emq_key(e, "flow:outbox"), entry);
+}
+
+static void flow_release(emq *e, emq_sv pid) {
+    static const char *fields[2] = {"state", "group"};
+    emq_sv pk = emq_key2(e, "job:", pid), p[2];
+    if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+    emq_call(e, "HSET", 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
+    emq_call(e, "ZADD", 3, emq_waiting_key(e, p[1]), EMQ_LIT("0"), pid);
+    emq_touch(e, p[1], 1);
+}
+
+static void flow_settled(emq *e, emq_sv pid, const char *hash, emq_sv id, emq_sv value) {
+    emq_sv pk = emq_key2(e, "job:", pid);
+    emq_sv hk = emq_cat(e, 3, pk, EMQ_LIT(":"), (emq_sv){hash, strlen(hash)});
+    if (emq_int(e, emq_call(e, "HSETNX", 3, hk, id, value)) == 1) {
+        if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
+            flow_release(e, pid);
+    }
+}
+
+void emq_flow_child_done(emq *e, emq_sv id, const emq_flow *f, emq_sv result) {
+    if (!f || !f->parent.p) return;
+    emq_sv value = result.p ? result : EMQ_LIT("");
+    if (cross_queue(f))
+        flow_outbox(e, f, id, 1, value);
+    else
+        flow_settled(e, f->parent, "processed", id, value);
+}
+
+void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_text) {
+    static const char *fields[2] = {"state", "group"};
+    emq_flow cur, *f = NULL;
+    if (fin) {
+        cur = *fin;
+        f = &cur;
+    }
+    emq_sv err = error_text.p ? error_text : EMQ_LIT("");
+    int depth = 0;
+    while (f && f->parent.p && depth < 16) {
+        if (cross_queue(f)) {
+            flow_outbox(e, f, id, 0, err);
+            return;
+        }
+        emq_sv pid = f->parent, pk = emq_key2(e, "job:", pid);
+        if (emq_eqs(f->policy, "id")) {
+            flow_settled(e, pid, "unsuccessful", id, err);
+            return;
+        }
+        if (emq_int(e, emq_call(e, "HSETNX", 3, emq_cat(e, 2, pk, EMQ_LIT(":failed")), id, err)) ==
+            0)
+            return;
+        emq_sv p[2];
+        if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+        err = emq_cat(e, 3, EMQ_LIT("child "), id, EMQ_LIT(" failed"));
+        emq_call(e, "HSET", 5, pk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), err);
+        emq_call(e, "ZADD", 3, emq_key(e, "dead"), EMQ_LIT("0"), pid);
+        id = pid;
+        f = emq_flow_parent(e, pk, &cur) ? &cur : NULL;
+        depth++;
+    }
+}
+
+void emq_flow_forget(emq *e, emq_sv jk) {
+    emq_call(e, "DEL", 4, emq_cat(e, 2, jk, EMQ_LIT(":deps")),
+             emq_cat(e, 2, jk, EMQ_LIT(":processed")), emq_cat(e, 2, jk, EMQ_LIT(":failed")),
+             emq_cat(e, 2, jk, EMQ_LIT(":unsuccessful")));
+}

@@ -1,0 +1,23 @@
+/* flow.h: the C twins of the flow (D18) functions of src/echomq/lua/include/compose.lua that
+ * the settles use: flow_parent, flow_of, flow_outbox, cross_queue, flow_release,
+ * flow_settled, flow_child_done, flow_child_dead, flow_forget. Owned by cmd_settle_verbs.c /
+ * cmd_sweep.c (part 2, N3); EMQ.SETTLE reuses them through settle.h. */
+#ifndef TRAFIKEY_FLOW_H
+#define TRAFIKEY_FLOW_H
+
+#include "emq.h"
+
+/* A row's flow fields, {parent, policy, children, parent_queue} in the Lua (absent = nil). */
+typedef struct {
+    emq_sv parent, policy, children, parent_queue;
+} emq_flow;
+
+/* flow_parent(jk): reads the row; 1 and *f when the row is in a flow, else 0. */
+int emq_flow_parent(emq *e, emq_sv jk, emq_flow *f);
+/* flow_of(row): the same from a row fence read wide (EMQ_ROW_WIDE entries). */
+int emq_flow_of(const emq_sv *row, emq_flow *f);
+void emq_flow_child_done(emq *e, emq_sv id, const emq_flow *f, emq_sv result);
+void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *f, emq_sv error_text);
+void emq_flow_forget(emq *e, emq_sv jk);
+
+#endif

@@ -1,0 +1,355 @@
+/* lease.c: the claim core (see lease.h), the twin of include/lease.lua plus claim_gate
+ * (common.lua) and the queue-wide part of ratelimit.lua that emq.c does not carry
+ * (queue_rate, rate_charge). Each function names the Lua one it mirrors and issues the same
+ * commands in the same order. */
+#include "lease.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void emq_lease_init(emq_lease *out) { memset(out, 0, sizeof(*out)); }
+
+static void push_job(emq *e, emq_lease *out, emq_job j) {
+    if (out->n == out->cap) {
+        long long cap = out->cap ? out->cap * 2 : 16;
+        emq_job *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_job) * (size_t)cap);
+        if (out->n) memcpy(grown, out->jobs, sizeof(emq_job) * (size_t)out->n);
+        out->jobs = grown;
+        out->cap = cap;
+    }
+    out->jobs[out->n++] = j;
+}
+
+/* ------------------------------------------------------------------ ratelimit.lua (queue) */
+
+/* seed_queue_rate: a rate_max that is not an integer reads as "no limit", as the Lua's
+ * tonumber(nil-ish) leaves qmax nil. A window that is not an integer is kept as -1: the
+ * script would raise at rate_charge's PEXPIRE, and so does rate_charge below. */
+static void seed_queue_rate(emq_lease *c, emq_sv max, emq_sv window) {
+    c->qrate_known = 1;
+    c->qrated = 0;
+    if (max.p && emq_parse_ll(max, &c->qmax)) {
+        c->qrated = 1;
+        if (!emq_parse_ll(window, &c->qwindow)) c->qwindow = -1;
+    }
+}
+
+static void queue_rate(emq *e, emq_lease *c) {
+    if (c->qrate_known) return;
+    static const char *fields[2] = {"rate_max", "rate_window_ms"};
+    emq_sv v[2];
+    emq_hmget(e, emq_key(e, "meta"), 2, fields, v);
+    seed_queue_rate(c, v[0], v[1]);
+}
+
+static void rate_charge(emq *e, emq_sv key, long long n, long long window) {
+    if (emq_int(e, emq_call(e, "INCRBY", 2, key, emq_fmt_ll(e, n))) == n) {
+        if (window < 0)
+            emq_fail(e, "ERR Lua redis() command arguments must be strings or integers");
+        emq_call(e, "PEXPIRE", 2, key, emq_fmt_ll(e, window));
+    }
+}
+
+/* ------------------------------------------------------------------ common.lua claim_gate */
+
+int emq_claim_gate(emq *e, emq_lease *out) {
+    static const char *fields[5] = {"paused", "rate_max", "rate_window_ms", "events", "grated"};
+    emq_sv m[5];
+    emq_sv args[6] = {emq_key(e, "meta")};
+    for (int i = 0; i < 5; i++) args[i + 1] = (emq_sv){fields[i], strlen(fields[i])};
+    /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
+    RedisModuleCallReply *r = emq_callv(e, "HMGET", 6, args);
+    for (int i = 0; i < 5; i++) m[i] = emq_str(e, RedisModule_CallReplyArrayElement(r, (size_t)i));
+    e->events_bound = m[3];
+    e->events_known = 1;
+    seed_queue_rate(out, m[1], m[2]);
+    e->lanes_rated = m[4].p != NULL;
+    return m[0].p != NULL;
+}
+
+/* ------------------------------------------------------------------ lease.lua */
+
+/* integer_text: a token a client can hold, at most 15 decimal digits. */
+static int integer_text(emq_sv s) { return s.p && s.n <= 15 && emq_is_digits(s); }
+
+/* branded (D2): 3 uppercase letters and 11 base62 digits, at most BRAND_MAX; compared byte by
+ * byte, as the Lua does (ASCII: digits < upper < lower, the base62 order). */
+static int branded(emq_sv id) {
+    static const char BRAND_MAX[] = "AzL8n0Y58m7";
+    if (id.n != 14) return 0;
+    for (int i = 0; i < 3; i++)
+        if (id.p[i] < 'A' || id.p[i] > 'Z') return 0;
+    for (int i = 3; i < 14; i++) {
+        char c = id.p[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z')))
+            return 0;
+    }
+    unsigned char first = (unsigned char)id.p[3];
+    if (first != 'A') return first < 'A';
+    for (int i = 1; i < 11; i++) {
+        unsigned char a = (unsigned char)id.p[3 + i], b = (unsigned char)BRAND_MAX[i];
+        if (a != b) return a < b;
+    }
+    return 1;
+}
+
+/* redis.log(redis.LOG_WARNING, ...): RedisModule_Log is looked up per use, since rmapi.h
+ * (shared, not ours) does not carry it and the module keeps no globals. */
+typedef void (*log_fn)(RedisModuleCtx *ctx, const char *level, const char *fmt, ...);
+
+static void log_dropped(emq *e, emq_sv id, emq_sv wk) {
+    log_fn lg = NULL;
+    if (RedisModule_GetApi("RedisModule_Log", (void *)&lg) != 0 || !lg) return;
+    lg(e->ctx, "warning", "echomq: dropped %.*s from %.*s: not a hash", (int)id.n, id.p,
+       (int)wk.n, wk.p);
+}
+
+/* lease_many: lease up to k of the oldest jobs of waiting set g (a lane or "*"). */
+static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, emq_lease *out) {
+    static const char *fields[3] = {"payload", "attempts", "floor"};
+    emq_sv wk = emq_waiting_key(e, g);
+    emq_sv lane = emq_eqs(g, "*") ? EMQ_NONE : g;
+    emq_sv dl = emq_fmt_ll(e, deadline);
+    long long got = 0;
+    /* ZADD active's arguments, filled as the Lua fills `scored`. */
+    emq_sv *scored = NULL;
+    long long ns = 0, cap = 0;
+    while (got < k) {
+        RedisModuleCallReply *popped = emq_call(e, "ZPOPMIN", 2, wk, emq_fmt_ll(e, k - got));
+        size_t len = RedisModule_CallReplyLength(popped);
+        if (len == 0) break;
+        for (size_t i = 0; i + 1 < len; i += 2) {
+            emq_sv id = emq_str(e, RedisModule_CallReplyArrayElement(popped, i));
+            emq_sv jk = emq_key2(e, "job:", id);
+            emq_sv row[3];
+            int hash = emq_hmget(e, jk, 3, fields, row);
+            long long att = 0;
+            int ok = hash && integer_text(row[1]) && branded(id) && emq_parse_ll(row[1], &att);
+            if (ok) {
+                att += 1;
+                emq_sv a = emq_fmt_ll(e, att);
+                emq_call(e, "HSET", 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                         EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
+                if (ns + 2 > cap) {
+                    long long nc = cap ? cap * 2 : 32;
+                    emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(nc + 1));
+                    if (ns) memcpy(grown + 1, scored + 1, sizeof(emq_sv) * (size_t)ns);
+                    scored = grown;
+                    cap = nc;
+                }
+                /* scored[0] is kept free for the key of the chunked ZADD. */
+                scored[1 + ns++] = dl;
+                scored[1 + ns++] = id;
+                emq_job j = {id, row[0].p ? row[0] : EMQ_LIT(""), att, lane, row[2]};
+                push_job(e, out, j);
+                emq_sv extra[2] = {EMQ_LIT("attempts"), a};
+                emq_emit_in(e, "active", id, lane, 2, extra);
+                got++;
+            } else if (hash && emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 1) {
+                emq_sv why = branded(id) ? EMQ_LIT("malformed row: attempts is not an integer")
+                                         : EMQ_LIT("malformed row: the id is not a branded job id");
+                emq_call(e, "HSET", 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
+                         why);
+                emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
+                emq_call(e, "ZADD", 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+                emq_bump_metrics(e, "failed", 1, 0);
+                emq_sv extra[2] = {EMQ_LIT("error"), why};
+                emq_emit(e, "dead", id, 2, extra);
+            } else if (emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 1) {
+                log_dropped(e, id, wk);
+            }
+        }
+    }
+    if (got > 0) {
+        /* call_chunked('ZADD', active, scored, 2000) */
+        emq_sv active = emq_key(e, "active");
+        for (long long i = 0; i < ns; i += 2000) {
+            long long m = ns - i < 2000 ? ns - i : 2000;
+            emq_sv saved = scored[i];
+            scored[i] = active; /* the slot before this chunk: a pair already sent, or [0] */
+            emq_callv(e, "ZADD", (int)m + 1, scored + i);
+            scored[i] = saved;
+        }
+        if (lane.p) emq_call(e, "HINCRBY", 3, emq_key(e, "gactive"), lane, emq_fmt_ll(e, got));
+    }
+    return got;
+}
+
+static long long num_or(emq_sv s, long long dflt) {
+    long long v;
+    return emq_parse_ll(s, &v) ? v : dflt;
+}
+
+/* turn_room: how many jobs the ring head g may take in this turn. */
+static long long turn_room(emq *e, emq_sv g, long long want, int alone, long long *w,
+                           long long *served) {
+    long long k = want;
+    if (!alone) {
+        *w = num_or(emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "gweight"), g)), 1);
+        emq_sv turn[2];
+        emq_sv args[3] = {emq_key(e, "meta"), EMQ_LIT("rr_lane"), EMQ_LIT("rr_n")};
+        RedisModuleCallReply *r = emq_callv(e, "HMGET", 3, args);
+        for (int i = 0; i < 2; i++)
+            turn[i] = emq_str(e, RedisModule_CallReplyArrayElement(r, (size_t)i));
+        *served = 0;
+        if (emq_eq(turn[0], g)) *served = num_or(turn[1], 0);
+        long long room = *w - *served > 1 ? *w - *served : 1;
+        if (room < k) k = room;
+    }
+    if (!emq_eqs(g, "*")) {
+        emq_sv lim = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "glimit"), g));
+        if (lim.p) {
+            emq_sv act = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "gactive"), g));
+            long long room = num_or(lim, 0) - num_or(act, 0);
+            if (room < k) k = room;
+        }
+        long long max, window;
+        if (emq_lane_rate(e, g, &max, &window)) {
+            long long left = emq_rate_left(e, emq_key2(e, "limiter:", g), max);
+            if (left < k) k = left;
+        }
+    }
+    return k;
+}
+
+/* charge: count n serves against the head g's turn; rotate it when the turn is spent. */
+static void charge(emq *e, emq_sv g, long long n, int live, int alone, long long w,
+                   long long served) {
+    emq_sv ring = emq_key(e, "ring"), meta = emq_key(e, "meta");
+    if (!live) {
+        emq_call(e, "HDEL", 3, meta, EMQ_LIT("rr_lane"), EMQ_LIT("rr_n"));
+        return;
+    }
+    if (alone) return;
+    served += n;
+    if (served >= w) {
+        emq_call(e, "LMOVE", 4, ring, ring, EMQ_LIT("LEFT"), EMQ_LIT("RIGHT"));
+        emq_call(e, "HDEL", 3, meta, EMQ_LIT("rr_lane"), EMQ_LIT("rr_n"));
+    } else {
+        emq_call(e, "HSET", 5, meta, EMQ_LIT("rr_lane"), g, EMQ_LIT("rr_n"), emq_fmt_ll(e, served));
+    }
+}
+
+/* ring_head: the live head of the ring, dropping the stale entries before it. */
+static emq_sv ring_head(emq *e) {
+    emq_sv ring = emq_key(e, "ring"), inring = emq_key(e, "inring");
+    emq_sv stale = emq_key(e, "ringstale");
+    for (;;) {
+        emq_sv g = emq_str(e, emq_call(e, "LINDEX", 2, ring, EMQ_LIT("0")));
+        if (!g.p) return EMQ_NONE;
+        if (emq_int(e, emq_call(e, "SISMEMBER", 2, inring, g)) == 1) return g;
+        emq_call(e, "LPOP", 1, ring);
+        if (emq_int(e, emq_call(e, "SREM", 2, stale, g)) == 0 && emq_serviceable(e, g))
+            emq_ring_add(e, g);
+    }
+}
+
+/* readmit_rated (D21): lanes whose window reopened come back to the ring. */
+static void readmit_rated(emq *e, long long now) {
+    if (!emq_any_lane_rated(e)) return;
+    emq_sv rw = emq_key(e, "ratewait");
+    RedisModuleCallReply *due = emq_call(e, "ZRANGEBYSCORE", 6, rw, EMQ_LIT("-inf"),
+                                         emq_fmt_ll(e, now), EMQ_LIT("LIMIT"), EMQ_LIT("0"),
+                                         EMQ_LIT("100"));
+    size_t len = RedisModule_CallReplyLength(due);
+    for (size_t i = 0; i < len; i++) {
+        emq_sv g = emq_str(e, RedisModule_CallReplyArrayElement(due, i));
+        emq_call(e, "ZREM", 2, rw, g);
+        emq_touch(e, g, 0);
+    }
+}
+
+long long emq_rate_wait_in(emq *e, long long now, emq_lease *c) {
+    queue_rate(e, c);
+    if (c->qrated) {
+        emq_sv lk = emq_key(e, "limiter");
+        if (emq_rate_left(e, lk, c->qmax) <= 0) {
+            long long pttl = emq_int(e, emq_call(e, "PTTL", 1, lk));
+            return pttl > 1 ? pttl : 1;
+        }
+    }
+    if (emq_any_lane_rated(e)) {
+        RedisModuleCallReply *first = emq_call(e, "ZRANGE", 4, emq_key(e, "ratewait"),
+                                               EMQ_LIT("0"), EMQ_LIT("0"), EMQ_LIT("WITHSCORES"));
+        if (RedisModule_CallReplyLength(first) > 0) {
+            emq_sv s = emq_str(e, RedisModule_CallReplyArrayElement(first, 1));
+            char buf[64];
+            size_t n = s.n < sizeof buf - 1 ? s.n : sizeof buf - 1;
+            memcpy(buf, s.p, n);
+            buf[n] = '\0';
+            /* tonumber(score) - now, then Lua's number -> integer reply (truncation). */
+            double left = strtod(buf, NULL) - (double)now;
+            long long ms = (long long)left;
+            return ms > 1 ? ms : 1;
+        }
+    }
+    return 0;
+}
+
+long long emq_rate_wait(emq *e, long long now) {
+    emq_lease c;
+    emq_lease_init(&c);
+    return emq_rate_wait_in(e, now, &c);
+}
+
+long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, long long now) {
+    emq_sv ring = emq_key(e, "ring");
+    long long got = 0;
+    if (now <= 0) now = emq_now_ms(e);
+    readmit_rated(e, now);
+    queue_rate(e, out);
+    if (out->qrated) {
+        long long left = emq_rate_left(e, emq_key(e, "limiter"), out->qmax);
+        if (left < 0) left = 0;
+        if (left < n) n = left;
+    }
+    while (got < n) {
+        emq_sv g = ring_head(e);
+        if (!g.p) break;
+        int flat = emq_eqs(g, "*");
+        int alone = emq_int(e, emq_call(e, "SCARD", 1, emq_key(e, "inring"))) == 1;
+        long long leased = 0, w = 1, served = 0;
+        if (flat || emq_serviceable(e, g)) {
+            long long k = turn_room(e, g, n - got, alone, &w, &served);
+            if (k > 0) leased = lease_many(e, g, deadline, k, out);
+            if (leased > 0 && !flat) {
+                long long max, window;
+                if (emq_lane_rate(e, g, &max, &window))
+                    rate_charge(e, emq_key2(e, "limiter:", g), leased, window);
+            }
+        }
+        int live;
+        emq_sync(e, flat ? EMQ_NONE : g, 1, &live, NULL);
+        if (leased > 0) {
+            charge(e, g, leased, live, alone, w, served);
+            got += leased;
+        } else if (live) {
+            emq_call(e, "LMOVE", 4, ring, ring, EMQ_LIT("LEFT"), EMQ_LIT("RIGHT"));
+        }
+    }
+    if (out->qrated && got > 0) rate_charge(e, emq_key(e, "limiter"), got, out->qwindow);
+    return got;
+}
+
+/* ------------------------------------------------------------------ replies */
+
+typedef int (*null_fn)(RedisModuleCtx *ctx);
+
+void emq_reply_job(emq *e, const emq_job *j) {
+    /* Lua false -> a nil bulk. rmapi.h (shared) has no ReplyWithNull: looked up here, before
+     * the reply is started, so a failure cannot leave half an array. */
+    null_fn reply_null = NULL;
+    if (!j->group.p &&
+        (RedisModule_GetApi("RedisModule_ReplyWithNull", (void *)&reply_null) != 0 || !reply_null))
+        emq_fail(e, "ERR the server lacks RedisModule_ReplyWithNull");
+    RedisModule_ReplyWithArray(e->ctx, j->floor.p ? 5 : 4);
+    emq_reply_sv(e, j->id);
+    emq_reply_sv(e, j->payload);
+    RedisModule_ReplyWithLongLong(e->ctx, j->attempts);
+    if (j->group.p)
+        emq_reply_sv(e, j->group);
+    else
+        reply_null(e->ctx);
+    if (j->floor.p) emq_reply_sv(e, j->floor);
+}

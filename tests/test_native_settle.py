@@ -1,0 +1,830 @@
+"""trafikey's EMQ.COMPLETE, EMQ.RETRY and EMQ.SWEEP against complete.lua, retry.lua and
+sweep_stalled.lua (native/README.md).
+
+Every differential test runs the same inputs through the script (EVAL, queue A) and through
+the EMQ.* command (queue B) of one server, then compares the replies and every key of both
+queues (names normalised; clock-derived scores within native_fixtures.TOLERANCE_MS). States
+are built with the Queue API (the scripts) on both queues."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq._compose import FlowJob
+from echomq.server import EmbeddedServer, find_binary, free_port
+from native_fixtures import (
+    TOLERANCE_MS,
+    Pair,
+    Reply,
+    base,
+    build,
+    call_native,
+    call_script,
+    command,
+    diff,
+    expand,
+    expand_args,
+    snapshot,
+)
+
+QA, QB = "setA", "setB"
+
+
+def jid(n: int) -> str:
+    """A JOB id (14 bytes, the shape the client mints)."""
+    return f"JOB{n:011d}"
+
+
+@pytest.fixture(scope="module")
+def module_path() -> Path:
+    return build()
+
+
+@pytest.fixture(scope="module")
+def nserver(
+    module_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(
+        tmp_path_factory.mktemp("native_settle"), args=["--loadmodule", str(module_path)]
+    ).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(nserver.url)
+    for q in (QA, QB, QA + "P", QB + "P"):
+        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
+        if keys:
+            client.delete(*keys)
+    yield client
+    client.close()
+
+
+class SettlePair(Pair):
+    """A Pair whose keyspace check also forgives a kept outcome's finished_ms (a server-clock
+    time read by each executor) within the tolerance, as clock-derived scores are."""
+
+    def check(self, what: str = "") -> None:
+        sa, sb = snapshot(self.r, self.a), snapshot(self.r, self.b)
+        settle_clock(sa, sb)
+        d = diff(sa, sb)
+        assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
+
+
+def settle_clock(sa: dict[str, Any], sb: dict[str, Any]) -> None:
+    for name in set(sa) & set(sb):
+        if ":result:" not in name or sa[name][0] != "hash" or sb[name][0] != "hash":
+            continue
+        fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
+        if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
+            sb[name][1][b"finished_ms"] = fa
+
+
+@pytest.fixture
+def pair(r: redis.Redis) -> Pair:
+    return SettlePair(r, QA, QB)
+
+
+# Applies one Queue API step to both queues (Any: mypy cannot type the steps' lambdas with
+# default arguments).
+Both = Any
+
+
+@pytest.fixture
+def both(nserver: EmbeddedServer) -> Iterator[Both]:
+    """Apply one Queue API step to both queues (to build states); returns A's result."""
+    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
+
+    def run(step: Callable[[echomq.Queue], Any]) -> Any:
+        ra, rb = step(qa), step(qb)
+        assert repr(ra) == repr(rb)
+        return ra
+
+    yield run
+    qa.close()
+    qb.close()
+
+
+# ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
+
+
+def enq(pair: Pair, id: str, *, group: str = "", dedup: str = "") -> Reply:
+    args: list[str | bytes] = ["@", id, "p", group, "now", "0", "", "0", "", dedup, "simple", "0"]
+    return pair.run("enqueue", ["@job:" + id, "@meta"], args)
+
+
+def comp(
+    pair: Pair, id: str, token: int | str, result: str | bytes = "res", keep: int | None = None
+) -> Reply:
+    args: list[str | bytes] = ["@", id, str(token), result]
+    if keep is not None:
+        args.append(str(keep))
+    return pair.run("complete", ["@active", "@job:" + id], args)
+
+
+def retr(
+    pair: Pair,
+    id: str,
+    token: int | str,
+    *,
+    delay: int = 0,
+    max_attempts: int = 3,
+    error: str = "boom",
+    keep: int | None = None,
+) -> Reply:
+    args: list[str | bytes] = ["@", id, str(token), str(delay), str(max_attempts), error]
+    if keep is not None:
+        args.append(str(keep))
+    return pair.run("retry", ["@active", "@schedule", "@dead", "@job:" + id], args)
+
+
+def sweep(pair: Pair, max_stalled: int = 1, limit: int = 100) -> Reply:
+    return pair.run("sweep_stalled", ["@active", "@dead"], ["@", str(max_stalled), str(limit)])
+
+
+def want(r: redis.Redis, id: str) -> None:
+    """What a waiter does before it blocks (echomq._control.want): the marker want:<id>."""
+    for q in (QA, QB):
+        r.set(base(q) + "want:" + id, "1", px=60000)
+
+
+def lapse() -> None:
+    """Let the 1 ms leases just handed out lapse."""
+    time.sleep(0.02)
+
+
+# ---- complete ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_complete(pair: Pair, both: Both, r: redis.Redis, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    enq(pair, jid(1))
+    enq(pair, jid(2), group="g")
+    enq(pair, jid(3))
+    j1 = both(lambda q: q.claim())
+    assert comp(pair, j1.id, j1.token + 1) == ("err", "EMQSTALE complete token mismatch")
+    assert comp(pair, j1.id, 0) == ("err", "EMQSTALE complete token mismatch")
+    assert comp(pair, j1.id, j1.token) == ("ok", 1)
+    assert comp(pair, j1.id, j1.token) == ("ok", 0)  # gone
+    assert comp(pair, jid(99), 1) == ("ok", 0)
+    # A lane job frees its slot (leave_active + touch).
+    both(lambda q: q.limit_lane("g", 1))
+    j2 = both(lambda q: q.claim())
+    assert j2.id == jid(2)
+    assert comp(pair, j2.id, j2.token, "x", 0) == ("ok", 1)
+    # Completed after a reap (D5: pending, lease generation still open).
+    j3 = both(lambda q: q.claim(lease_ms=1))
+    lapse()
+    assert both(lambda q: q.reap()) == 1
+    assert comp(pair, j3.id, j3.token) == ("ok", 1)
+    # A released job (retry -> promote -> claim again): the old token is settled.
+    enq(pair, jid(4))
+    j4 = both(lambda q: q.claim())
+    both(lambda q: q.delay(j4.id, j4.token, 0))
+    assert comp(pair, j4.id, j4.token) == ("err", "EMQSTALE complete lease settled")
+    # A planted non-hash row: gone.
+    for q in (QA, QB):
+        r.set(base(q) + "job:" + jid(5), "x")
+    assert comp(pair, jid(5), 1) == ("ok", 0)
+
+
+def test_complete_kept_result_and_waiter(pair: Pair, both: Both, r: redis.Redis) -> None:
+    both(lambda q: q.enable_events(100))
+    for n in (1, 2, 3):
+        enq(pair, jid(n))
+    j1 = both(lambda q: q.claim())
+    assert comp(pair, j1.id, j1.token, b"\x00bin\xff", 60000) == ("ok", 1)  # nobody waits
+    j2 = both(lambda q: q.claim())
+    want(r, j2.id)
+    assert comp(pair, j2.id, j2.token, "kept", 60000) == ("ok", 1)  # a waiter: notify:<id>
+    assert r.llen(base(QB) + "notify:" + j2.id) == 1
+    assert r.hget(base(QB) + "result:" + j2.id, "result") == b"kept"
+    # A retried job (attempts 2) completes: its <row>:errors goes with the row.
+    j3 = both(lambda q: q.claim())
+    retr(pair, j3.id, j3.token)
+    both(lambda q: q.promote())
+    j3 = both(lambda q: q.claim())
+    assert j3.token == 2
+    assert comp(pair, j3.id, j3.token, "r", 5000) == ("ok", 1)
+    assert not r.exists(base(QB) + "job:" + j3.id + ":errors")
+    # Malformed keep_result_ms: ERR before anything is written (documented difference).
+    enq(pair, jid(4))
+    j4 = both(lambda q: q.claim())
+    before = snapshot(r, QB)
+    kind, msg = call_native(
+        r, "complete", expand(["@active", "@job:" + j4.id], QB), [base(QB), j4.id, "1", "r", "x"]
+    )
+    assert (kind, msg) == ("err", "a numeric argument is not an integer")
+    assert not diff(before, snapshot(r, QB))
+
+
+def test_dedup_release(pair: Pair, both: Both) -> None:
+    both(lambda q: q.enable_events(100))
+    enq(pair, jid(1), dedup="d1")
+    enq(pair, jid(2), dedup="d2")
+    enq(pair, jid(3), dedup="d3", group="g")
+    dedup = {jid(n): f"de:d{n}" for n in (1, 2, 3)}
+    j1 = both(lambda q: q.claim())
+    assert pair.r.get(base(QB) + dedup[j1.id]) == j1.id.encode()
+    assert comp(pair, j1.id, j1.token) == ("ok", 1)  # released on complete
+    assert pair.r.get(base(QB) + dedup[j1.id]) is None
+    j2 = both(lambda q: q.claim())
+    assert retr(pair, j2.id, j2.token, max_attempts=1) == ("ok", b"dead")  # released on dead
+    assert pair.r.get(base(QB) + dedup[j2.id]) is None
+    j3 = both(lambda q: q.claim(lease_ms=1))
+    lapse()
+    assert sweep(pair) == ("ok", [[], [j3.id.encode()]])  # released on a stall death
+    assert pair.r.get(base(QB) + dedup[j3.id]) is None
+
+
+# ---- retry -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_retry(pair: Pair, both: Both, r: redis.Redis, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    enq(pair, jid(1))
+    enq(pair, jid(2), group="g")
+    j = both(lambda q: q.claim())
+    assert retr(pair, j.id, j.token + 1) == ("err", "EMQSTALE retry token mismatch")
+    assert retr(pair, j.id, j.token, delay=5000) == ("ok", b"scheduled")
+    assert retr(pair, j.id, j.token) == ("err", "EMQSTALE retry lease settled")
+    assert retr(pair, jid(99), 1) == ("ok", 0)
+    both(lambda q: q.limit_lane("g", 1))
+    g = both(lambda q: q.claim())
+    assert g.id == jid(2)
+    # Three attempts with a ceiling of 3: scheduled, scheduled, dead; errors kept per attempt.
+    for attempt in (1, 2, 3):
+        want_verdict = b"dead" if attempt == 3 else b"scheduled"
+        assert retr(pair, g.id, g.token, error=f"e{attempt}") == ("ok", want_verdict)
+        if attempt < 3:
+            both(lambda q: q.promote())
+            g = both(lambda q: q.claim())
+    assert r.lrange(base(QB) + "job:" + jid(2) + ":errors", 0, -1) == [
+        b"attempt 1: e1",
+        b"attempt 2: e2",
+        b"attempt 3: e3",
+    ]
+    # More than 10 attempts: LTRIM keeps the last 10.
+    enq(pair, jid(3))
+    for _ in range(12):
+        k = both(lambda q: q.claim())
+        retr(pair, k.id, k.token, max_attempts=100)
+        both(lambda q: q.promote())
+    assert r.llen(base(QB) + "job:" + jid(3) + ":errors") == 10
+    # Retry after a reap (pending) releases from the waiting set.
+    enq(pair, jid(4), group="h")
+    k = both(lambda q: q.claim(lease_ms=1))
+    while k.id != jid(4):
+        both(lambda q, k=k: q.complete(k.id, k.token))
+        k = both(lambda q: q.claim(lease_ms=1))
+    lapse()
+    both(lambda q: q.reap())
+    assert retr(pair, k.id, k.token, delay=0) == ("ok", b"scheduled")
+
+
+def test_retry_floor_keep_and_cancel(pair: Pair, both: Both, r: redis.Redis) -> None:
+    both(lambda q: q.enable_events(100))
+    # A re-admitted id comes back with floor = its last attempts: the ceiling counts anew.
+    enq(pair, jid(1))
+    j = both(lambda q: q.claim())
+    assert retr(pair, j.id, j.token, max_attempts=1, error="first") == ("ok", b"dead")
+    both(lambda q: q.remove(j.id))
+    enq(pair, jid(1))
+    pair.check()
+    j = both(lambda q: q.claim())
+    assert j.token == 2
+    assert retr(pair, j.id, j.token, max_attempts=2) == ("ok", b"scheduled")
+    both(lambda q: q.promote())
+    j = both(lambda q: q.claim())
+    assert retr(pair, j.id, j.token, max_attempts=2) == ("ok", b"dead")
+    # keep_ms: a dead-letter keeps its error, and wakes a waiter.
+    enq(pair, jid(2))
+    j2 = both(lambda q: q.claim())
+    want(r, j2.id)
+    assert retr(pair, j2.id, j2.token, max_attempts=1, error="kept", keep=9000) == (
+        "ok",
+        b"dead",
+    )
+    assert r.hget(base(QB) + "result:" + j2.id, "error") == b"kept"
+    assert r.llen(base(QB) + "notify:" + j2.id) == 1
+    # keep_ms on a scheduled retry writes no outcome.
+    enq(pair, jid(3))
+    j3 = both(lambda q: q.claim())
+    assert retr(pair, j3.id, j3.token, keep=9000) == ("ok", b"scheduled")
+    # D22: cancel with remove, then the holder's "cancelled" settle removes the job.
+    enq(pair, jid(4), dedup="d4")
+    both(lambda q: q.promote())
+    j4 = both(lambda q: q.claim())
+    while j4.id != jid(4):
+        both(lambda q, j4=j4: q.complete(j4.id, j4.token))
+        j4 = both(lambda q: q.claim())
+    assert both(lambda q: q.cancel(j4.id, remove=True)) == "signalled"
+    want(r, j4.id)
+    assert retr(pair, j4.id, j4.token, error="cancelled", keep=9000) == ("ok", b"removed")
+    assert not r.exists(base(QB) + "job:" + j4.id)
+    assert r.hget(base(QB) + "result:" + j4.id, "error") == b"cancelled"
+    # A cancel without remove: "cancelled" dead-letters as any error does.
+    enq(pair, jid(5))
+    j5 = both(lambda q: q.claim())
+    both(lambda q: q.cancel(j5.id))
+    assert retr(pair, j5.id, j5.token, error="cancelled", max_attempts=1) == ("ok", b"dead")
+    # Malformed numbers: ERR before anything is written.
+    enq(pair, jid(6))
+    j6 = both(lambda q: q.claim())
+    before = snapshot(r, QB)
+    keys = expand(["@active", "@schedule", "@dead", "@job:" + j6.id], QB)
+    for bad in (["1e3", "3", "x"], ["0", "", "x"], ["0", "3", "x", "k"]):
+        got = call_native(r, "retry", keys, [base(QB), j6.id, str(j6.token), *bad])
+        assert got == ("err", "a numeric argument is not an integer")
+    assert not diff(before, snapshot(r, QB))
+
+
+# ---- flows (D18) -------------------------------------------------------------------------
+
+
+def test_flow_parent(pair: Pair, both: Both) -> None:
+    both(lambda q: q.enable_events(1000))
+    tree = FlowJob(
+        "root",
+        id=jid(100),
+        children=[
+            FlowJob(
+                "mid",
+                id=jid(110),
+                group="g",
+                children=[FlowJob("leaf1", id=jid(111)), FlowJob("leaf2", id=jid(112))],
+            ),
+            FlowJob("c2", id=jid(120), fail_parent=False),
+            FlowJob("c3", id=jid(130)),
+        ],
+    )
+    both(lambda q: q.add_flow(tree))
+    pair.check("after add_flow")
+    jobs = {}
+    for _ in range(4):
+        j = both(lambda q: q.claim())
+        jobs[j.id] = j
+    assert set(jobs) == {jid(111), jid(112), jid(120), jid(130)}
+    l1, l2 = jobs[jid(111)], jobs[jid(112)]
+    assert comp(pair, l1.id, l1.token, "v1") == ("ok", 1)
+    assert comp(pair, l2.id, l2.token, "v2") == ("ok", 1)  # mid becomes pending (lane g)
+    c2 = jobs[jid(120)]
+    assert retr(pair, c2.id, c2.token, max_attempts=1, error="ign") == ("ok", b"dead")
+    mid = both(lambda q: q.claim())
+    assert mid.id == jid(110)
+    # The mid node completes: it records under root, and its own flow keys go (flow_forget).
+    assert comp(pair, mid.id, mid.token, "m") == ("ok", 1)
+    c3 = jobs[jid(130)]
+    assert comp(pair, c3.id, c3.token, "v3") == ("ok", 1)  # root released
+    root = both(lambda q: q.claim())
+    assert root.id == jid(100)
+    assert comp(pair, root.id, root.token) == ("ok", 1)
+
+
+def test_flow_child_death_kills_up_the_tree(pair: Pair, both: Both) -> None:
+    both(lambda q: q.enable_events(1000))
+    tree = FlowJob(
+        "root",
+        id=jid(200),
+        children=[FlowJob("mid", id=jid(210), children=[FlowJob("leaf", id=jid(211))])],
+    )
+    both(lambda q: q.add_flow(tree))
+    leaf = both(lambda q: q.claim())
+    assert retr(pair, leaf.id, leaf.token, max_attempts=1, error="bad") == ("ok", b"dead")
+    assert pair.r.hget(base(QB) + "job:" + jid(200), "state") == b"dead"
+    # The same through a stall death.
+    tree2 = FlowJob("root", id=jid(300), children=[FlowJob("leaf", id=jid(301))])
+    both(lambda q: q.add_flow(tree2))
+    leaf2 = both(lambda q: q.claim(lease_ms=1))
+    assert leaf2.id == jid(301)
+    lapse()
+    assert sweep(pair) == ("ok", [[], [jid(301).encode()]])
+    assert pair.r.hget(base(QB) + "job:" + jid(300), "state") == b"dead"
+
+
+def test_flow_cross_queue_outbox(nserver: EmbeddedServer, r: redis.Redis) -> None:
+    """Children whose parent is on another queue append to their own queue's outbox. The
+    rows and the entries name the parent queue, which differs between A (setA) and B (setB):
+    the keyspaces are compared with that name swapped in A's values, everything else as
+    usual."""
+    qs = {q: echomq.Queue(q, url=nserver.url) for q in (QA, QB)}
+    try:
+        for q, queue in qs.items():
+            queue.enable_events(100)
+            kids = [FlowJob(p, id=jid(401 + n), queue=q + "P") for n, p in enumerate("cde")]
+            queue.add_flow(FlowJob("root", id=jid(400), children=kids))
+        pair = Pair(r, QA + "P", QB + "P")
+        check_swapped(pair)
+        claimed = {}
+        for q in (QA, QB):
+            child = echomq.Queue(q + "P", url=nserver.url)
+            claimed[q] = [claim_one(child) for _ in range(3)]
+            child.close()
+        ja = claimed[QA]
+        assert [j.id for j in ja] == [j.id for j in claimed[QB]]
+        assert run_swapped(pair, "complete", ja[0].id, [str(ja[0].token), "res"]) == ("ok", 1)
+        got = run_swapped(pair, "retry", ja[1].id, [str(ja[1].token), "0", "1", "err"])
+        assert got == ("ok", b"dead")
+        time.sleep(0.02)
+        for q in (QA, QB):  # the third child stalls to death: a fail entry too
+            r.zadd(base(q + "P") + "active", {ja[2].id: 1})
+        keys, args = ["@active", "@dead"], ["@", "1", "100"]
+        ra = call_script(r, "sweep_stalled", expand(keys, pair.a), expand_args(args, pair.a))
+        rb = call_native(r, "sweep_stalled", expand(keys, pair.b), expand_args(args, pair.b))
+        assert ra == rb == ("ok", [[], [ja[2].id.encode()]])
+        check_swapped(pair)
+        assert r.llen(base(QB + "P") + "flow:outbox") == 3
+    finally:
+        for queue in qs.values():
+            queue.close()
+
+
+def claim_one(q: echomq.Queue) -> echomq.Job:
+    job = q.claim()
+    assert job is not None
+    return job
+
+
+def _swap(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.replace(QA.encode(), QB.encode())
+    if isinstance(value, dict):
+        return {_swap(k): _swap(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_swap(v) for v in value)
+    if isinstance(value, set):
+        return {_swap(v) for v in value}
+    return value
+
+
+def check_swapped(pair: Pair) -> None:
+    sa = {name: _swap(v) for name, v in snapshot(pair.r, pair.a).items()}
+    sb = snapshot(pair.r, pair.b)
+    settle_clock(sa, sb)
+    d = diff(sa, sb)
+    assert not d, "\n".join(d[:20])
+
+
+def run_swapped(pair: Pair, script: str, id: str, rest: list[str]) -> Reply:
+    """One call on both queues, then the keyspaces compared with the parent queue swapped."""
+    if script == "complete":
+        keys = ["@active", "@job:" + id]
+    else:
+        keys = ["@active", "@schedule", "@dead", "@job:" + id]
+    args: list[str | bytes] = ["@", id, *rest]
+    ra = call_script(pair.r, script, expand(keys, pair.a), expand_args(args, pair.a))
+    rb = call_native(pair.r, script, expand(keys, pair.b), expand_args(args, pair.b))
+    assert ra == rb
+    check_swapped(pair)
+    return ra
+
+
+# ---- sweep -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_sweep(pair: Pair, both: Both, r: redis.Redis, events: bool) -> None:
+    if events:
+        both(lambda q: q.enable_events(100))
+    for n in range(1, 5):
+        enq(pair, jid(n), group="g" if n % 2 == 0 else "")
+    both(lambda q: q.limit_lane("g", 1))
+    assert sweep(pair, 2) == ("ok", [[], []])  # nothing active: a no-op
+    both(lambda q: q.claim_batch(3, lease_ms=1))
+    lapse()
+    got = sweep(pair, 2, 2)  # limit 2: the rest waits for the next call
+    assert len(got[1][0]) == 2 and got[1][1] == []
+    got = sweep(pair, 2)
+    assert len(got[1][0]) == 1
+    # Again: each is at max_stalled now, dead with last_error "stalled".
+    both(lambda q: q.claim_batch(4, lease_ms=1))
+    lapse()
+    got = sweep(pair, 2)
+    assert got[0] == "ok" and len(got[1][1]) >= 1
+    # A lane job's slot is freed and the lane re-enters the ring.
+    assert r.hget(base(QB) + "gactive", "g") is None
+    # A planted non-integer stall count restarts at 1; a planted non-hash row is dropped.
+    enq(pair, jid(9))
+    j9 = both(lambda q: q.claim(lease_ms=1))
+    for q in (QA, QB):
+        r.hset(base(q) + "job:" + j9.id, "stalled", "x")
+        r.zadd(base(q) + "active", {"ghost": 1})
+        r.set(base(q) + "job:ghost", "x")
+    lapse()
+    sweep(pair, 3)
+
+
+def test_sweep_waiter_on_stall_death(pair: Pair, both: Both, r: redis.Redis) -> None:
+    both(lambda q: q.enable_events(100))
+    enq(pair, jid(1))
+    enq(pair, jid(2))
+    both(lambda q: q.claim_batch(2, lease_ms=1))
+    want(r, jid(1))
+    lapse()
+    assert sweep(pair, 1) == ("ok", [[], [jid(1).encode(), jid(2).encode()]])
+    assert r.hget(base(QB) + "result:" + jid(1), "error") == b"stalled"
+    assert 0 < r.pttl(base(QB) + "result:" + jid(1)) <= 60000
+    assert not r.exists(base(QB) + "result:" + jid(2))
+
+
+LUA_PAIRS_ORDER = """
+local t = {}
+for i = 1, #ARGV do t[ARGV[i]] = (t[ARGV[i]] or 0) + 1 end
+local out = {}
+for k, _ in pairs(t) do out[#out + 1] = k end
+return out
+"""
+
+
+@pytest.mark.parametrize("nlanes", [3, 7, 13, 40])
+def test_sweep_ring_order_is_luas_pairs_order(
+    pair: Pair, both: Both, r: redis.Redis, nlanes: int
+) -> None:
+    """touch_all walks its table with pairs(): the lanes re-enter the ring in Lua 5.1's hash
+    order, not in the order the sweep met them. The module replays that order (cmd_sweep.c),
+    so the ring ends identical; this test says so explicitly: the ring after the sweep is
+    the order pairs() gives for the lanes met, on both executors."""
+    lanes = [f"lane{n}" for n in range(nlanes)] + ["x", "queue-with-a-long-lane-name-" * 2]
+    n = 0
+    for g in lanes:
+        both(lambda q, g=g: q.limit_lane(g, 1))
+        for _ in range(2):
+            n += 1
+            enq(pair, jid(n), group=g)
+    enq(pair, jid(999))  # the flat set too: key '*'
+    met: list[str] = []
+    while True:
+        j = both(lambda q: q.claim(lease_ms=1))
+        if j is None:
+            break
+        met.append(j.group or "*")
+        if len(met) == len(lanes) + 1:
+            break
+    # Every lane is at its limit and out of the ring; the flat job is active.
+    lapse()
+    got = sweep(pair, 5)
+    assert got[0] == "ok" and len(got[1][0]) == len(met)
+    keys: list[bytes] = r.eval(LUA_PAIRS_ORDER, 0, *met)
+    lua_order = [k.decode() for k in keys]
+    for q in (QA, QB):
+        raw: list[bytes] = r.lrange(base(q) + "ring", 0, -1)  # type: ignore[assignment]
+        ring = [k.decode() for k in raw]
+        assert ring == lua_order, (q, ring, lua_order, met)
+    if nlanes >= 7:
+        assert lua_order != met  # the order really is the hash order, not first met
+
+
+# ---- randomized, fuzz ----------------------------------------------------------------------
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except echomq.EchoMQError as exc:
+        return type(exc).__name__
+
+
+def test_randomized(pair: Pair, both: Both) -> None:
+    rng = random.Random(20261202)
+    ids = [jid(n) for n in range(1, 15)]
+    groups = ["", "", "g1", "g2", "g3"]
+    tokens: dict[str, int] = {}
+    both(lambda q: q.enable_events(2000))
+    both(lambda q: q.limit_lane("g1", 1))
+    for step in range(500):
+        roll = rng.random()
+        i = rng.choice(ids)
+        if roll < 0.25:
+            enq(pair, i, group=rng.choice(groups), dedup=rng.choice(["", "", "d1", "d2"]))
+        elif roll < 0.42:
+            lease = rng.choice([1, 1, 30000])
+            job = both(lambda q, lease=lease: q.claim(lease_ms=lease))
+            if job:
+                tokens[job.id] = job.token
+        elif roll < 0.57:
+            tok = tokens.get(i, rng.randrange(3))
+            if rng.random() < 0.2:
+                tok += rng.choice([-1, 1])
+            keep = rng.choice([None, 0, 5000])
+            if keep and rng.random() < 0.5:
+                want(pair.r, i)
+            comp(pair, i, tok, f"r{step}", keep)
+        elif roll < 0.72:
+            tok = tokens.get(i, rng.randrange(3))
+            retr(
+                pair,
+                i,
+                tok,
+                delay=rng.choice([0, 0, 10000]),
+                max_attempts=rng.choice([1, 2, 3]),
+                error=rng.choice(["e", "cancelled"]),
+                keep=rng.choice([None, 0, 5000]),
+            )
+        elif roll < 0.82:
+            time.sleep(0.005)
+            sweep(pair, rng.choice([1, 2, 3]), rng.choice([1, 100]))
+        elif roll < 0.86:
+            k, rm = rng.choice(ids), rng.random() < 0.5
+            both(lambda q, k=k, rm=rm: _quiet(lambda: q.cancel(k, remove=rm)))
+        elif roll < 0.9:
+            both(lambda q: (q.promote(), q.reap()))
+        elif roll < 0.94:
+            k = rng.choice(ids)
+            both(lambda q, k=k: _quiet(lambda: q.reprocess(k)))
+        else:
+            time.sleep(0.005)
+        pair.check(f"step {step}")
+    assert pair.calls > 250
+
+
+def test_fuzz(r: redis.Redis) -> None:
+    rng = random.Random(11)
+    verbs = ["EMQ.COMPLETE", "EMQ.RETRY", "EMQ.SWEEP"]
+    b = base(QB)
+    pool: list[bytes] = [
+        b"-1", b"0", b"1", b"2", b"3", b"99999999999999999999", b"x", b"", b"cancelled",
+        b"JOB00000000001", b.encode(), b"active", b"1e3",
+    ]  # fmt: skip
+    for n in (1, 2):  # some live state for the commands to chew on
+        r.hset(b + f"job:JOB0000000000{n}", mapping={"attempts": "1", "state": "active",
+                                                     "lease_epoch": "1", "group": "g"})  # fmt: skip
+        r.zadd(b + "active", {f"JOB0000000000{n}": 1})
+    deadline = time.monotonic() + 6
+    n = 0
+    while time.monotonic() < deadline and n < 3000:
+        n += 1
+        verb = rng.choice(verbs)
+        args: list[bytes] = []
+        for _ in range(rng.randrange(0, 14)):
+            pick = rng.random()
+            if pick < 0.5:
+                args.append(rng.choice(pool))
+            elif pick < 0.7:
+                args.append((b + rng.choice(["job:JOB00000000001", "active", "dead"])).encode())
+            else:
+                args.append(os.urandom(rng.randrange(0, 20)))
+        if rng.random() < 0.6 and args:
+            args[0] = str(rng.choice([-1, 0, 1, 2, 4, 50, 2**40])).encode()
+        if rng.random() < 0.6 and len(args) > 3:
+            k = int(args[0]) if re.fullmatch(rb"-?\d+", args[0]) else 0
+            if 0 <= k < len(args) - 1:
+                args[1 + k] = b.encode()
+                for j in range(1, 1 + k):
+                    args[j] = b.encode() + args[j]
+        with contextlib.suppress(redis.ResponseError):
+            command(r, verb, *args)
+    assert r.ping()
+    assert n > 100
+
+
+# ---- replication ---------------------------------------------------------------------------
+
+
+def test_replica_without_module(
+    nserver: EmbeddedServer, pair: Pair, both: Both, tmp_path: Path
+) -> None:
+    replica = EmbeddedServer(
+        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
+    ).start()
+    try:
+        rr = redis.Redis(port=replica.port)
+        deadline = time.monotonic() + 10
+        while rr.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "replica did not sync"
+            time.sleep(0.05)
+        assert b"trafikey" not in {m[b"name"] for m in rr.module_list()}
+        both(lambda q: q.enable_events(100))
+        for n in range(1, 9):
+            enq(pair, jid(n), group="g" if n % 2 else "", dedup=f"d{n}")
+        both(lambda q: q.add_flow(FlowJob("root", id=jid(50), children=[FlowJob("c", id=jid(51))])))
+        jobs = [both(lambda q: q.claim()) for _ in range(5)]
+        comp(pair, jobs[0].id, jobs[0].token, "r", 9000)
+        retr(pair, jobs[1].id, jobs[1].token, max_attempts=1, keep=9000)
+        retr(pair, jobs[2].id, jobs[2].token, delay=100)
+        both(lambda q: q.cancel(jobs[3].id, remove=True))
+        retr(pair, jobs[3].id, jobs[3].token, error="cancelled")
+        both(lambda q: q.claim_batch(5, lease_ms=1))
+        lapse()
+        sweep(pair, 1, 2)
+        sweep(pair, 2)
+        assert command(pair.r, "WAIT", 1, 5000) == 1
+        for q in (QA, QB):
+            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
+            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
+            for key in primary:
+                # A hashtable's DUMP order depends on the process's hash seed: compare those
+                # by content, everything else byte for byte.
+                if pair.r.object("encoding", key) == b"hashtable":
+                    kind = pair.r.type(key)
+                    assert rr.type(key) == kind, key
+                    if kind == b"set":
+                        assert rr.smembers(key) == pair.r.smembers(key), key
+                    else:
+                        assert rr.hgetall(key) == pair.r.hgetall(key), key
+                else:
+                    assert rr.dump(key) == pair.r.dump(key), key
+                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
+        rr.close()
+    finally:
+        replica.stop()
+
+
+# ---- valgrind ----------------------------------------------------------------------------
+
+
+def test_valgrind(tmp_path: Path) -> None:
+    so = build("debug")
+    port = free_port()
+    log = tmp_path / "valgrind.log"
+    cmd = [
+        "valgrind", "--error-exitcode=1", "--leak-check=full",
+        "--errors-for-leak-kinds=definite", f"--log-file={log}",
+        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    calls = 0
+    try:
+        r = redis.Redis(port=port, socket_timeout=60)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "valgrind server did not start"
+                time.sleep(0.2)
+        p = SettlePair(r, QA, QB)
+        qa, qb = (
+            echomq.Queue(QA, url=f"redis://127.0.0.1:{port}"),
+            echomq.Queue(QB, url=f"redis://127.0.0.1:{port}"),
+        )
+        try:
+            for q in (qa, qb):
+                q.enable_events(100)
+                q.limit_lane("g", 2)
+                q.add_flow(FlowJob("root", id=jid(500), children=[FlowJob("c", id=jid(501))]))
+            for n in range(1, 121):
+                enq(p, jid(n), group="g" if n % 3 == 0 else "", dedup=f"d{n}" if n % 4 else "")
+            claims = 0
+            for n in range(100):
+                ja, jb = (
+                    qa.claim(lease_ms=1 if n % 4 == 0 else 30000),
+                    qb.claim(lease_ms=1 if n % 4 == 0 else 30000),
+                )
+                if ja is None:
+                    break
+                assert jb is not None and ja.id == jb.id
+                claims += 1
+                if n % 4 == 1:
+                    comp(p, ja.id, ja.token, "r", 5000 if n % 8 == 1 else None)
+                elif n % 4 == 2:
+                    retr(p, ja.id, ja.token, max_attempts=1 if n % 8 == 2 else 3, keep=5000)
+                elif n % 4 == 3:
+                    comp(p, ja.id, ja.token + 1)
+            assert claims > 60
+            time.sleep(0.05)
+            sweep(p, 1, 3)
+            sweep(p, 2)
+        finally:
+            qa.close()
+            qb.close()
+        calls = p.calls
+        for verb in ("EMQ.COMPLETE", "EMQ.RETRY", "EMQ.SWEEP"):
+            for args in ([], ["x"], ["-1"], ["1", "k"], ["2", "a", "b", "c"], ["1", "{x}k", "{x}"]):
+                with contextlib.suppress(redis.ResponseError):
+                    command(r, verb, *args)
+                calls += 1
+        r.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    finally:
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
+    assert calls > 100
