@@ -208,9 +208,12 @@ def test_auto_with_module_runs_twins_natively(native_srv: EmbeddedServer) -> Non
         assert _calls(r, "emq.enqueue") == enq0 + 1
         # the enqueue went as EMQ.ENQUEUE: only the version fence's commands, no script
         assert _calls(r, "evalsha") + _calls(r, "eval") == evalsha0
-        # a verb without a twin (claim) still runs as a script
+        cl0 = _calls(r, "emq.claim")
         job = q.claim(lease_ms=5_000)
         assert job is not None and job.id == sent.id and job.payload == b"hello"
+        assert _calls(r, "emq.claim") == cl0 + 1
+        # a verb without a twin (pause_lane) still runs as a script
+        q.pause_lane("g2")
         assert _calls(r, "evalsha") + _calls(r, "eval") > evalsha0
         q.extend(job.id, job.token, lease_ms=10_000)
         assert _calls(r, "emq.extend") == ext0 + 1
@@ -219,7 +222,9 @@ def test_auto_with_module_runs_twins_natively(native_srv: EmbeddedServer) -> Non
         assert _calls(r, "emq.reprocess") == rep0 + 1
         again = q.claim(lease_ms=5_000)
         assert again is not None and again.id == job.id
+        co0 = _calls(r, "emq.complete")
         q.complete(again.id, again.token)
+        assert _calls(r, "emq.complete") == co0 + 1
         assert q.counts()["completed"] == 1
         # a pipeline (enqueue_many) carries the twin too
         before = _calls(r, "emq.enqueue")

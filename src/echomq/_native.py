@@ -46,16 +46,20 @@ MODULE_NAME = "trafikey"
 # not used (its commands may take other arguments or reply differently).
 MODULE_VERSION = 1
 
-# Script name -> native command. The module is written in stages: this table holds only the
-# twins that exist today; the lead extends it as commands land (claim/claim_batch ->
-# EMQ.CLAIM, complete -> EMQ.COMPLETE, retry -> EMQ.RETRY, sweep_stalled -> EMQ.SWEEP,
-# settle -> EMQ.SETTLE). A script not listed here always runs as Lua.
+# Script name -> native command: every script with a twin in the module (the batch forms are
+# told apart by numkeys/nargs, as the scripts' KEYS shapes differ). A script not listed here
+# (reap, promote, the admin verbs ...) always runs as Lua.
 TWINS: dict[str, str] = {
     "enqueue": "EMQ.ENQUEUE",
     "enqueue_many": "EMQ.ENQUEUE",
+    "claim": "EMQ.CLAIM",
+    "claim_batch": "EMQ.CLAIM",
     "extend": "EMQ.EXTEND",
     "extend_many": "EMQ.EXTEND",
+    "complete": "EMQ.COMPLETE",
+    "retry": "EMQ.RETRY",
     "reprocess": "EMQ.REPROCESS",
+    "sweep_stalled": "EMQ.SWEEP",
 }
 
 EXECUTORS = ("auto", "lua", "native")
