@@ -107,13 +107,7 @@ class _Executor:
     @property
     def executor(self) -> str | None:
         """``"lua"`` or ``"native"`` once decided (at the first call); None before."""
-        if self.native is None:
-            return None
-        return "native" if self.native else "lua"
-
-    def _module_lists(self, replies: Any) -> list[Any]:
-        # A cluster answers per primary ({node: reply}), or the bare reply when it has one.
-        return list(replies.values()) if isinstance(replies, dict) else [replies]
+        return None if self.native is None else "native" if self.native else "lua"
 
     def _durable_steps(self, call: Call[Any]) -> _durable.Steps:
         return _durable.steps(call, self.durable, self.durable_timeout_ms, self.durable_aof)
@@ -134,10 +128,11 @@ class SyncExecutor(_Executor):
         self._direct = not self._cluster and hasattr(client, "connection_pool")
         self._fence.install(client)
 
-    def _command(self, *args: Any) -> Any:
-        """One command and its reply: on the thread's own connection when direct."""
-        if not self._direct:
-            return self.client.execute_command(*args)
+    def _command(self, *args: Any, **options: Any) -> Any:
+        """One command and its reply: on the thread's own connection when direct (and no
+        redis-py option, such as a cluster's target_nodes, asks for its wrapper)."""
+        if options or not self._direct:
+            return self.client.execute_command(*args, **options)
         conn = thread_connection(self.client.connection_pool)  # type: ignore[attr-defined]
         try:
             # hiredis packs the command in C; no health-check PING in front of it (the
@@ -158,17 +153,12 @@ class SyncExecutor(_Executor):
 
     def _select(self) -> None:
         """Decide ``auto`` (or check ``native``): the module on every primary -> native."""
+        nodes = _native.module_list_nodes(self.client, self._cluster)
         try:
-            if self._cluster:
-                # Every primary by node (a node flag is not honoured for every command).
-                primaries = self.client.get_primaries()  # type: ignore[attr-defined]
-                raw = self.client.execute_command("MODULE", "LIST", target_nodes=primaries)
-            else:
-                raw = self._command("MODULE", "LIST")
+            raw = self._command(*_native.MODULE_LIST, **nodes)
         except ResponseError as exc:  # refused (ACL) or renamed: no module for us
-            self.native = _native.decide(self.mode, None, exc)
-            return
-        self.native = _native.decide(self.mode, self._module_lists(raw))
+            raw = exc
+        self.native = _native.decide_from(self.mode, raw)
 
     # -- running calls
     def call(self, call: Call[T]) -> T:
@@ -302,16 +292,12 @@ class AsyncExecutor(_Executor):
 
     async def _select(self) -> None:
         """The asyncio twin of :meth:`SyncExecutor._select`."""
+        nodes = _native.module_list_nodes(self.client, self._cluster)
         try:
-            if self._cluster:
-                primaries = self.client.get_primaries()  # type: ignore[attr-defined]
-                raw = await self.client.execute_command("MODULE", "LIST", target_nodes=primaries)
-            else:
-                raw = await self.client.execute_command("MODULE", "LIST")
+            raw = await self.client.execute_command(*_native.MODULE_LIST, **nodes)
         except ResponseError as exc:
-            self.native = _native.decide(self.mode, None, exc)
-            return
-        self.native = _native.decide(self.mode, self._module_lists(raw))
+            raw = exc
+        self.native = _native.decide_from(self.mode, raw)
 
     async def call(self, call: Call[T]) -> T:
         """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s."""

@@ -63,14 +63,19 @@ def formatter(kind: str) -> logging.Formatter:
 
 
 def log_startup(
-    log: logging.Logger, app: Any, queues: list[str], concurrency: int, url: str
+    log: logging.Logger,
+    app: Any,
+    queues: list[str],
+    concurrency: int,
+    url: str,
+    executor: str = "lua",
 ) -> None:
-    """The worker's first lines: who serves what, where (``url`` already masked), and the
-    tasks each queue has."""
+    """The worker's first lines: who serves what, where (``url`` already masked), which
+    executor runs the transitions (decided at the first fence), and each queue's tasks."""
     log.info(
-        "worker %d serving %s with concurrency %d on %s (executor lua)",
-        os.getpid(), ", ".join(queues), concurrency, url,
-        extra={"url": url, "concurrency": concurrency, "executor": "lua"},
+        "worker %d serving %s with concurrency %d on %s (executor %s)",
+        os.getpid(), ", ".join(queues), concurrency, url, executor,
+        extra={"url": url, "concurrency": concurrency, "executor": executor},
     )  # fmt: skip
     for name in queues:
         tasks = sorted(t.name for t in app.tasks.values() if t.queue == name)

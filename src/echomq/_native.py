@@ -123,6 +123,23 @@ def loaded_version(reply: Any) -> int | None:
     return None
 
 
+MODULE_LIST = ("MODULE", "LIST")
+
+
+def module_list_nodes(client: Any, cluster: bool) -> dict[str, Any]:
+    """execute_command's node choice for MODULE LIST: every primary on a cluster (a node
+    flag is not honoured for every command by redis-py's cluster clients), else none."""
+    return {"target_nodes": client.get_primaries()} if cluster else {}
+
+
+def decide_from(mode: str, raw: Any) -> bool:
+    """:func:`decide` on what MODULE LIST gave: the error reply it raised, a cluster's
+    ``{node: reply}`` (one reply per primary), or one server's reply."""
+    if isinstance(raw, BaseException):
+        return decide(mode, None, raw)
+    return decide(mode, list(raw.values()) if isinstance(raw, dict) else [raw])
+
+
 def decide(mode: str, replies: list[Any] | None, refused: BaseException | None = None) -> bool:
     """Whether the native executor serves: ``replies`` holds one MODULE LIST reply per
     primary (None, with ``refused``, when the server would not answer it). ``auto`` falls

@@ -10,15 +10,16 @@ entry that gives the newer run its heartbeat).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from echomq import _compose
 from echomq import _control as _ctl
 from echomq import _protocol as _p
-from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget
+from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
 from echomq._executor import AsyncExecutor
 from echomq._protocol import Call, Keys
 from echomq._runner import Running, Settle
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["QueueLoop", "WorkerStats", "applied", "cancel_tasks", "first_fence"]
 
 log = logging.getLogger("echomq.worker")
+
+# How often an idle worker looks at a queue's rate limits when it has none (D21).
+_RATE_RECHECK_S = 5.0
 
 
 @dataclass
@@ -89,6 +93,41 @@ class QueueLoop:
     turns: set[asyncio.Future[None]] = field(default_factory=set)  # settle calls in flight
     full: bool = False  # the last claim got all it asked for: the queue has a backlog
     failures: int = 0
+    # The waker's state (park): when to read the rate limits again, what they held back.
+    check_at: float = 0.0
+    held: int = 0  # ms until the queue-wide window reopens
+    lane_held: int = 0  # ms until the first rate-held lane is readmitted
+    woke: bool = False  # the last park ended on a wake token
+    park_failures: int = 0
+
+    def turn_done(self, turn: asyncio.Future[None]) -> None:
+        """A settle call ended: its turn slot is free, and settles may be waiting for it."""
+        self.turns.discard(turn)
+        self.kick.set()
+
+    async def park(self, x: AsyncExecutor, beat_ms: int) -> None:
+        """One idle wait of the worker's waker: a blocking pop of the wake list, at most a
+        beat. D21: a spent queue-wide window is slept out (claims would find nothing); a
+        rate-held lane shortens the park to its readmission, when claims resume. The rate
+        limits are read every _RATE_RECHECK_S while the queue has none (an idle worker's
+        traffic stays one round trip a beat), after a wake token (the claim it caused may
+        have found the queue rate-held), and before every park while one holds."""
+        loop = asyncio.get_running_loop()
+        try:
+            if self.woke or self.held or self.lane_held or loop.time() >= self.check_at:
+                self.held, self.lane_held = await x.call(_ctl.idle_wait_ms(self.keys))
+                self.check_at = loop.time() + _RATE_RECHECK_S
+            if self.held > 0:
+                await asyncio.sleep(min(self.held, beat_ms) / 1000)
+                self.woke = False
+            else:
+                wait = min(self.lane_held, beat_ms) if self.lane_held > 0 else beat_ms
+                self.woke = await x.call(_p.wake_wait(self.keys, wait))
+            self.park_failures = 0
+        except Exception as exc:  # a network error or a reply (BUSY ...): wait, then claim
+            self.park_failures += 1
+            log.warning("wake wait failed (%s)", exc)
+            await asyncio.sleep(backoff_delay(self.park_failures, base=0.1, cap=2.0))
 
     def track(self, r: Running) -> Running | None:
         """Add a run; returns the older run of the same id it displaces (still running and
@@ -291,6 +330,12 @@ async def first_fence(x: AsyncExecutor, stopping: Callable[[], bool]) -> None:
                 raise
             log.warning("server unreachable at startup (%s); retrying", exc)
             await asyncio.sleep(delay)
+
+
+async def quiet(aw: Awaitable[Any]) -> None:
+    """Await a best-effort call (an early promote): the beat does the same work anyway."""
+    with contextlib.suppress(Exception):
+        await aw
 
 
 async def cancel_tasks(tasks: Sequence[asyncio.Future[Any]]) -> None:

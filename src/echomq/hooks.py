@@ -67,6 +67,16 @@ class Hooks:
         found: tuple[Callable[..., Any], ...] = getattr(self, name)
         return found
 
+    def around(self, inner: Hooks) -> Hooks:
+        """``inner``'s hooks inside these (tracing's): this before_job runs first and this
+        after_job last, so inner's per-job work happens inside them (a consumer span)."""
+        return Hooks(
+            on_startup=inner.fns("on_startup"),
+            on_shutdown=inner.fns("on_shutdown"),
+            before_job=self.fns("before_job") + inner.fns("before_job"),
+            after_job=inner.fns("after_job") + self.fns("after_job"),
+        )
+
     @property
     def job_hooks_async(self) -> bool:
         """Whether any per-job hook must be awaited."""

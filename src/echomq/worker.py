@@ -25,11 +25,10 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
@@ -41,8 +40,9 @@ from echomq._connect import (
 )
 from echomq._executor import AsyncExecutor
 from echomq._logfmt import log_startup
+from echomq._native import resolve_executor
 from echomq._protocol import Job, Keys
-from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence
+from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
@@ -64,9 +64,6 @@ log = logging.getLogger("echomq.worker")
 # Errors after which the worker backs off and tries again (the executor's transient set).
 _NETWORK_ERRORS = (*TRANSIENT, OSError)
 
-
-# How often an idle worker looks at a queue's rate limits when it has none (D21).
-_RATE_RECHECK_S = 5.0
 
 # Settle calls a queue keeps in flight: while the server runs one turn's settle-and-claim,
 # the worker runs the jobs the other turn brought, so neither side waits for the other.
@@ -130,7 +127,7 @@ class Worker:
         self.hooks = hooks or Hooks()
         otel = getattr(app, "_otel", None)
         if otel is not None:  # echomq.otel.instrument(app): spans around each run
-            self.hooks = _merge_hooks(otel.hooks(), self.hooks)
+            self.hooks = otel.hooks().around(self.hooks)
         self.stats = WorkerStats()
         self._strands = Strands(self.max_stranded, self.stats, self._kick_all)
         self._loops: list[QueueLoop] = []
@@ -169,7 +166,8 @@ class Worker:
             self._stop_event.set()
         url = self.url or self.app.url
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
-        self._x = AsyncExecutor(async_client(url), owned=True, durable=durable)
+        executor = resolve_executor(None, url)  # the URL's executor=, else ECHOMQ_EXECUTOR
+        self._x = AsyncExecutor(async_client(url), owned=True, durable=durable, executor=executor)
         # Refuse a foreign deployment before taking any job.
         await first_fence(self._x, lambda: self._stopping)
         # Room for every slot's thread and every stranded one: a run never waits in the pool
@@ -186,7 +184,10 @@ class Worker:
         for ql in self._loops:
             await ql.register(self._x, self.app)
         await self.hooks.call("on_startup", self)
-        log_startup(log, self.app, self.queue_names, self.concurrency, _redacted_text(url))
+        log_startup(
+            log, self.app, self.queue_names, self.concurrency, _redacted_text(url),
+            self._x.executor or "lua",
+        )  # fmt: skip
         background = [asyncio.ensure_future(self._supervised(self._beat))]
         for ql in self._loops:
             ql.kick.set()
@@ -246,7 +247,7 @@ class Worker:
             settles, ql.settles = ql.settles, []
             turn = asyncio.ensure_future(self._turn(ql, settles, want))
             ql.turns.add(turn)
-            turn.add_done_callback(functools.partial(_turn_done, ql))
+            turn.add_done_callback(ql.turn_done)
 
     async def _turn(self, ql: QueueLoop, settles: list[Settle], want: int) -> None:
         """One settle-and-claim call. It owns ``want`` slots and ``settles`` until it ends:
@@ -316,37 +317,13 @@ class Worker:
             log.error("%s: %s: %s", what, type(exc).__name__, exc)  # redis-py's repr drops the text
 
     async def _waker(self, ql: QueueLoop) -> None:
-        """Park on the wake list while the queue is empty; kick the pump on a token or a beat."""
+        """Park on the wake list while the queue is empty; claim on a token or a beat."""
         assert self._x is not None
-        failures = 0
-        loop = asyncio.get_running_loop()
-        # D21: when to look at the queue's rate limits again. A queue with none is looked at
-        # every _RATE_RECHECK_S while idle (not before every park: an idle worker's traffic
-        # stays one round trip per beat), and right after a wake token (the claim it caused
-        # may have found the queue rate-held); a rate-held queue before every park.
-        check_at, held, lane = 0.0, 0, 0
-        woke: bool = False
         while True:
             await ql.idle.wait()
             if self._stopping:
                 return
-            try:
-                # A spent queue-wide window is slept out (claims would find nothing); a
-                # rate-held lane shortens the park to its readmission, when claims resume.
-                if woke or held or lane or loop.time() >= check_at:
-                    held, lane = await self._x.call(_ctl.idle_wait_ms(ql.keys))
-                    check_at = loop.time() + _RATE_RECHECK_S
-                if held > 0:
-                    await asyncio.sleep(min(held, self.beat_ms) / 1000)
-                    woke = False
-                else:
-                    wait = min(lane, self.beat_ms) if lane > 0 else self.beat_ms
-                    woke = await self._x.call(_p.wake_wait(ql.keys, wait))
-                failures = 0
-            except Exception as exc:  # a network error or a reply (BUSY ...): wait, claim
-                failures += 1
-                log.warning("wake wait failed (%s)", exc)
-                await asyncio.sleep(backoff_delay(failures, base=0.1, cap=2.0))
+            await ql.park(self._x, self.beat_ms)
             ql.idle.clear()
             # Claim from here rather than waking the pump: one event-loop hop less between
             # a producer's wake token and the claim (the enqueue -> start latency).
@@ -387,7 +364,7 @@ class Worker:
 
     def _promote_soon(self, ql: QueueLoop) -> None:
         if self._x is not None and not self._stopping:  # best effort: the beat promotes too
-            fut = asyncio.ensure_future(_quiet(self._x.call(_p.promote(ql.keys, 1000))))
+            fut = asyncio.ensure_future(quiet(self._x.call(_p.promote(ql.keys, 1000))))
             self._side_tasks.add(fut)
             fut.add_done_callback(self._side_tasks.discard)
 
@@ -466,24 +443,3 @@ class Worker:
                 settles, ql.settles = ql.settles, []
                 if settles:
                     await self._turn(ql, settles, 0)
-
-
-def _turn_done(ql: QueueLoop, turn: asyncio.Future[None]) -> None:
-    ql.turns.discard(turn)
-    ql.kick.set()  # a turn slot is free: settles may be waiting for it
-
-
-async def _quiet(aw: Awaitable[Any]) -> None:
-    with contextlib.suppress(Exception):
-        await aw
-
-
-def _merge_hooks(tracing: Hooks, user: Hooks) -> Hooks:
-    """The user's hooks inside the tracing ones: the consumer span opens before the user's
-    before_job and closes after the user's after_job, so their work is inside it."""
-    return Hooks(
-        on_startup=user.fns("on_startup"),
-        on_shutdown=user.fns("on_shutdown"),
-        before_job=tracing.fns("before_job") + user.fns("before_job"),
-        after_job=user.fns("after_job") + tracing.fns("after_job"),
-    )
