@@ -186,12 +186,10 @@ class SyncExecutor(_Executor):
             except DurabilityError as exc:
                 raise _decoded_durability(call, exc) from None
         try:
-            reply = self._command(*script_args(call, False, bool(self.native)))
-        except NoScriptError:
             try:
+                reply = self._command(*script_args(call, False, bool(self.native)))
+            except NoScriptError:  # EVAL loads it; an error reply to that is mapped below
                 reply = self._command(*script_args(call, True))
-            except ResponseError as exc:
-                raise map_error(exc) from None
         except ResponseError as exc:
             raise map_error(exc) from None
         return call.decode(reply)
@@ -325,12 +323,10 @@ class AsyncExecutor(_Executor):
             except DurabilityError as exc:
                 raise _decoded_durability(call, exc) from None
         try:
-            reply = await client.execute_command(*script_args(call, False, bool(self.native)))
-        except NoScriptError:
             try:
+                reply = await client.execute_command(*script_args(call, False, bool(self.native)))
+            except NoScriptError:  # EVAL loads it; an error reply to that is mapped below
                 reply = await client.execute_command(*script_args(call, True))
-            except ResponseError as exc:
-                raise map_error(exc) from None
         except ResponseError as exc:
             raise map_error(exc) from None
         return call.decode(reply)
