@@ -19,13 +19,10 @@ Whatever a handler raises is a failure of that run, settled by the task's policy
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import sys
 import time
 import traceback
-import types
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -174,26 +171,8 @@ class Runner:
             # A trivial sync handler runs right here in the pump's turn: no thread handoff
             # and no event-loop task per job.
             done(r, self._run_inline(r, task, args, kwargs))
-        elif _EAGER and task.is_async and not task.timeout:
-            self._start_eager(r, self._execute(r, task, args, kwargs, done))
         else:
             r.fut = asyncio.ensure_future(self._execute(r, task, args, kwargs, done))
-
-    @staticmethod
-    def _start_eager(r: Running, run: Coroutine[Any, Any, None]) -> None:
-        """Run an async handler's first step right here, as Python 3.12's eager tasks do: a
-        handler that returns without waiting on anything (a cache hit, a no-op) ends in this
-        step and never costs an event-loop task. One that waits goes on in a task of its own
-        from where it stopped. The step runs in a copy of the context, which the task then
-        keeps, so the run's context variables (current_job) never leak into the pump's."""
-        ctx = contextvars.copy_context()
-        try:
-            waiting = ctx.run(run.send, None)
-        except StopIteration:
-            return  # it ended: _execute has called done()
-        loop = asyncio.get_running_loop()
-        # The task runs in ctx itself (not a copy): _execute resets its context variable there.
-        r.fut = loop.create_task(_resumed(run, waiting), context=ctx)  # type: ignore[call-arg,unused-ignore]
 
     def prepare(self, job: Job) -> tuple[Task[Any, Any], list[Any], dict[str, Any]] | Settle:
         """The task and arguments of a job, or the dead-letter settle of a job no handler can
@@ -452,33 +431,6 @@ class Runner:
         except Exception as exc:  # an unserializable return value fails the run
             return self.outcome(job, task, exc)
         return Settle(job.id, job.token, "completed", result=data, keep_ms=task.keep_result_ms)
-
-
-# create_task(context=...) is 3.11+: on 3.10 every async run is a task from its start.
-_EAGER = sys.version_info >= (3, 11)
-
-
-@types.coroutine
-def _resumed(run: Coroutine[Any, Any, None], waiting: Any) -> Generator[Any, Any, None]:
-    """The rest of a run started by Runner._start_eager: each future the run waits on is
-    handed to the task driving this generator, and what the task sends or throws in (a
-    result, a cancel) goes on to the run, as ``await`` would pass it."""
-    while True:
-        try:
-            sent = yield waiting
-        except GeneratorExit:
-            run.close()
-            raise
-        except BaseException as exc:
-            try:
-                waiting = run.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                waiting = run.send(sent)
-            except StopIteration:
-                return
 
 
 async def _guard(aw: Awaitable[T]) -> T:
