@@ -52,6 +52,24 @@ class WorkerStats:
     # A gauge, not a counter: sync handler threads running now past their run's end.
     stranded_threads: int = 0
 
+    def count_call(self, settles: list[Settle], result: _p.Settled, queue: str) -> list[int]:
+        """Count one settle call's verdicts (in the order settle_call sent them); returns the
+        promote delays of its accepted short retries."""
+        done, again = iter(result.completed), iter(result.retried)
+        promote = []
+        verdict: Any
+        for s in settles:
+            if s.kind == "completed":
+                verdict = next(done)
+                if verdict is None:  # accepted: the common case, counted inline
+                    self.completed += 1
+                    continue
+            else:
+                verdict = next(again)
+            if self.count(s, verdict, queue) and s.promote_ms:
+                promote.append(s.promote_ms)
+        return promote
+
     def count(self, s: Settle, verdict: Any, queue: str = "") -> bool:
         """Count the server's verdict on one settle; True when it was an accepted retry."""
         if isinstance(verdict, (StaleToken, JobGone)):
@@ -79,6 +97,10 @@ class WorkerStats:
         return False
 
 
+def _unset_finish(r: Running, settle: Settle | None) -> None:
+    raise RuntimeError("QueueLoop.finish is set by the worker that runs the queue")
+
+
 @dataclass(eq=False)
 class QueueLoop:
     """One queue's state inside the worker."""
@@ -92,6 +114,8 @@ class QueueLoop:
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # parked: the waker waits
     turns: set[asyncio.Future[None]] = field(default_factory=set)  # settle calls in flight
     full: bool = False  # the last claim got all it asked for: the queue has a backlog
+    # The worker's _finish for this queue's runs (one callable, built once by the worker).
+    finish: Callable[[Running, Settle | None], None] = field(default=_unset_finish)
     failures: int = 0
     # The waker's state (park): when to read the rate limits again, what they held back.
     check_at: float = 0.0

@@ -180,7 +180,9 @@ class Worker:
         kw = {} if self.app.max_payload is None else {"max_payload": self.app.max_payload}
         for name in self.queue_names:
             leases = [t.lease_ms for t in self.app.tasks.values() if t.queue == name]
-            self._loops.append(QueueLoop(Keys(name, **kw), max(leases, default=30_000)))
+            ql = QueueLoop(Keys(name, **kw), max(leases, default=30_000))
+            ql.finish = functools.partial(self._finish, ql)  # one callable for all its runs
+            self._loops.append(ql)
         for ql in self._loops:
             await ql.register(self._x, self.app)
         await self.hooks.call("on_startup", self)
@@ -293,21 +295,9 @@ class Worker:
                 # The slots this queue did not use go to the other queues' pumps (the release
                 # kicks them), which may have found none free while this claim was in flight.
                 self._slots.release(want - len(jobs))
-        self._count_settled(ql, settles, result)
-
-    def _count_settled(self, ql: QueueLoop, settles: list[Settle], result: _p.Settled) -> None:
-        """Account for one settle call's verdicts, in the order _settle_call sent them."""
-        done = iter(result.completed)
-        again = iter(result.retried)
-        for s in settles:
-            verdict = next(done) if s.kind == "completed" else next(again)
-            self._count_settle(s, verdict, ql)
-
-    def _count_settle(self, s: Settle, result: Any, ql: QueueLoop | None = None) -> None:
-        queue = ql.keys.name if ql is not None else ""
-        if self.stats.count(s, result, queue) and ql is not None and s.promote_ms:
-            # Timed from the reply, so the job is due (server clock) when the promote runs.
-            asyncio.get_running_loop().call_later(s.promote_ms / 1000, self._promote_soon, ql)
+        for ms in self.stats.count_call(settles, result, ql.keys.name):
+            # A short retry: promoted this long after the reply, when it is due (server clock).
+            asyncio.get_running_loop().call_later(ms / 1000, self._promote_soon, ql)
 
     def _fatal_or_log(self, exc: BaseException, what: str = "claim failed") -> None:
         if isinstance(exc, VersionFenceError):
@@ -340,7 +330,7 @@ class Worker:
             self.stats.lost += 1
             log.warning("job %s: claimed again (token %d); older run lost", job.id, job.token)
             older.lose()
-        self._runner.start(ql.keys.name, r, functools.partial(self._finish, ql))
+        self._runner.start(ql.keys.name, r, ql.finish)
 
     def _finish(self, ql: QueueLoop, r: Running, settle: Settle | None) -> None:
         """A run ended (``settle`` None: nothing to settle). Frees its slot at once — even
@@ -353,7 +343,8 @@ class Worker:
             task = r.ctx.task if r.ctx is not None else "?"
             self._strands.strand(r.thread, task, r.job.id, r.started)
         self._slots.release()  # kicks every pump: a claim, or this settle, may go out
-        if self._drained is not None and not any(q.inflight for q in self._loops):
+        # At shutdown, the wait for in-flight runs ends with the last of them.
+        if self._stopping and not any(q.inflight for q in self._loops) and self._drained:
             self._drained.set()
 
     def _push_back(self, ql: QueueLoop, pushed: list[Settle]) -> None:

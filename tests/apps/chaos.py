@@ -1,7 +1,7 @@
 """The app of the reliability tests (chaos, server crash, dropped connections, TLS, ACL).
 
 Its one task, ``chaos.run(n)``, appends ``id:token:pid:n`` to a history list when a run
-starts; and this module wraps ``Worker._count_settle`` so every settle verdict the server
+starts; and this module wraps ``WorkerStats.count_call`` so every settle verdict the server
 sent is recorded too: ``settled`` (accepted: completed, scheduled or dead), each entry
 ``id:token:kind:pid``, and ``refused`` (``StaleToken``/``JobGone``), each
 ``id:token:kind:pid:stale|gone``. The product code is not changed: the wrapper only
@@ -33,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq import App, JobGone, StaleToken, current_job
-from echomq.worker import Worker
+from echomq.worker import WorkerStats
 
 QUEUE = os.environ.get("EMQ_TEST_QUEUE", "unset")
 LEASE_MS = int(os.environ.get("EMQ_TEST_LEASE_MS", "30000"))
@@ -83,10 +83,10 @@ async def run(n: int) -> None:
         raise RuntimeError(f"job {n} fails its first attempt")
 
 
-_count_settle = Worker._count_settle
+_count_call = WorkerStats.count_call
 
 
-def _recording_count_settle(self: Worker, s: Any, result: Any, ql: Any = None) -> None:
+def _record(s: Any, result: Any) -> None:
     entry = f"{s.job_id}:{s.token}:{s.kind}:{PID}"
     try:
         if result is None or result in ("scheduled", "dead"):
@@ -96,7 +96,14 @@ def _recording_count_settle(self: Worker, s: Any, result: Any, ql: Any = None) -
             books().rpush(PREFIX + "refused", f"{entry}:{why}")
     except redis.RedisError as exc:  # the server is down (the crash test): say so, go on
         print(f"BOOKKEEPING LOST {entry}: {exc!r}", flush=True)
-    _count_settle(self, s, result, ql)
 
 
-Worker._count_settle = _recording_count_settle  # type: ignore[method-assign]
+def _recording_count_call(self: WorkerStats, settles: Any, result: Any, queue: str) -> Any:
+    # The verdicts in the order settle_call sent them: completions, then retries.
+    done, again = iter(result.completed), iter(result.retried)
+    for s in settles:
+        _record(s, next(done) if s.kind == "completed" else next(again))
+    return _count_call(self, settles, result, queue)
+
+
+WorkerStats.count_call = _recording_count_call  # type: ignore[method-assign]
