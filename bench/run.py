@@ -40,6 +40,7 @@ if str(BENCH) not in sys.path:
 
 SYSTEMS = [
     "echomq",
+    "echomq_native",
     "rq",
     "arq",
     "saq",
@@ -60,6 +61,7 @@ METRICS = [
     ("p99", "latency p99 ms", False),
 ]
 BEST = (50, 200)  # echomq's extra concurrency settings
+ECHOMQ = ("echomq", "echomq_native")  # measured at those settings too, and verified
 LAT_KEY = "bench:lat"
 
 
@@ -176,12 +178,19 @@ class Bench:
             del sys.modules[mod]
         log(f"echomq source: {self.echomq_source}")
 
-    def start_server(self) -> None:
+    def start_server(self, native: bool = False) -> None:
+        """The bench's server; with ``native`` (echomq_native is measured) it loads the
+        trafikey module, built from the work tree's native/ with make."""
         import redis
 
         from echomq.server import EmbeddedServer
 
-        self.server = EmbeddedServer(self.tmp / "redis", appendonly=False).start()
+        args: list[str] = []
+        if native:
+            subprocess.run(["make", "-s", "-C", str(ROOT / "native")], check=True)
+            args = ["--loadmodule", str(ROOT / "native" / "trafikey.so")]
+            log(f"bench server loads {args[1]}")
+        self.server = EmbeddedServer(self.tmp / "redis", appendonly=False, args=args).start()
         self.url = self.server.url
         self.r = redis.Redis.from_url(self.url)
         self.env = dict(os.environ)
@@ -285,12 +294,12 @@ class Bench:
             self.note(name, f"{tag}: all jobs done before the first poll; rate includes start-up")
             return n / (done - spawned)
         finally:
-            if name == "echomq":
-                self.verify_echomq(n, tag)
+            if name in ECHOMQ:
+                self.verify_echomq(n, tag if name == "echomq" else f"{name}-{tag}", name)
             self.stop(w, name)
 
-    def verify_echomq(self, n: int, tag: str) -> None:
-        ok, text = self.mods["echomq"].verify(self.url, n)
+    def verify_echomq(self, n: int, tag: str, name: str = "echomq") -> None:
+        ok, text = self.mods[name].verify(self.url, n)
         self.verifications.append(f"{'ok' if ok else 'FAILED'} {tag}: {text}")
         if not ok:
             self.verify_failures += 1
@@ -361,7 +370,7 @@ class Bench:
                 name, "c10", rnd, attempt("c10", lambda: self.processed(name, n, 10, f"c10-{tag}"))
             )
         # 3. echomq at its larger settings
-        if name == "echomq":
+        if name in ECHOMQ:
             bn = a.best_n
             for c in a.best:
                 self.fresh()
@@ -374,10 +383,11 @@ class Bench:
         res = attempt("latency", lambda: self.latency(name, lat_c, f"lat-{tag}"))
         self.put(name, "p50", rnd, res[0] if res else None)
         self.put(name, "p99", rnd, res[1] if res else None)
-        # 5. echomq's limit rows
+        # 5. echomq's limit rows (the EVALSHA one is the Lua path's only)
         if name == "echomq":
             self.put(name, "evalsha", rnd, attempt("evalsha", self.evalsha))
-            self.put(name, "lifecycle", rnd, attempt("lifecycle", self.lifecycle))
+        if name in ECHOMQ:
+            self.put(name, "lifecycle", rnd, attempt("lifecycle", lambda: self.lifecycle(name)))
 
     def evalsha(self) -> float | None:
         from echomq import _protocol
@@ -407,9 +417,9 @@ class Bench:
             raise RuntimeError("the claim script claimed something on an empty queue")
         return float(found[-1])
 
-    def lifecycle(self) -> float:
+    def lifecycle(self, name: str = "echomq") -> float:
         self.fresh()
-        rate, text = self.mods["echomq"].lifecycle_loop(self.url, self.args.lifecycle_n)
+        rate, text = self.mods[name].lifecycle_loop(self.url, self.args.lifecycle_n)
         ok = text.startswith("ok")
         self.verifications.append(f"{'ok' if ok else 'FAILED'} lifecycle: {text}")
         if not ok:
@@ -621,24 +631,30 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
     ]
     if "echomq" in names:
         e = b.data.get("echomq", {})
-        best = {c: med(e.get(f"c{c}")) for c in a.best}
+        shown = [n for n in ECHOMQ if n in names]
         lines += [
             "### echomq at larger concurrency",
             "",
             f"The `-c {'/'.join(map(str, a.best))}` runs use N={a.best_n} so that they last long "
             "enough to time (c=1 and c=10 use N as above).",
             "",
-            "| setting | processed/s (median) | per round |",
-            "|---|---:|---|",
+            "| setting | "
+            + " | ".join(f"{label(b, n)} (median) | per round" for n in shown)
+            + " |",
+            "|---|" + "---:|---|" * len(shown),
         ]
-        for c, v in [(1, med(e.get("c1"))), (10, med(e.get("c10"))), *best.items()]:
-            rounds = ", ".join(fmt(x) for x in e.get(f"c{c}", []))
-            lines.append(f"| `-c {c}` | {fmt(v)} | {rounds} |")
-        good = {c: v for c, v in best.items() if v}
-        if good:
-            c = max(good, key=lambda k: good[k])
-            lines.append("")
-            lines.append(f"Best setting: `-c {c}` at {fmt(good[c])} jobs/s.")
+        for c in (1, 10, *a.best):
+            cells = []
+            for n in shown:
+                rounds = b.data.get(n, {}).get(f"c{c}", [])
+                cells.append(f"{fmt(med(rounds))} | {', '.join(fmt(x) for x in rounds)}")
+            lines.append(f"| `-c {c}` | " + " | ".join(cells) + " |")
+        for n in shown:
+            good = {c: med(b.data.get(n, {}).get(f"c{c}")) for c in a.best}
+            good = {c: v for c, v in good.items() if v}
+            if good:
+                c = max(good, key=lambda k: good[k])
+                lines += ["", f"Best setting of {label(b, n)}: `-c {c}` at {fmt(good[c])} jobs/s."]
         lines += [
             "",
             "## Limit rows (echomq)",
@@ -652,6 +668,11 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
             f"`_protocol` Calls, pipelined 100 at a time, N={a.lifecycle_n}) | "
             f"{fmt(med(e.get('lifecycle')))} | "
             f"{', '.join(fmt(x) for x in e.get('lifecycle', []))} |",
+            *(
+                f"| the same, {label(b, n)} | {fmt(med(b.data.get(n, {}).get('lifecycle')))} | "
+                f"{', '.join(fmt(x) for x in b.data.get(n, {}).get('lifecycle', []))} |"
+                for n in shown[1:]
+            ),
             "",
             f"redis-benchmark command: `{getattr(b, 'evalsha_cmd', 'n/a')}` (after SCRIPT LOAD "
             "of `echomq._scripts.SCRIPTS['claim'].source`).",
@@ -812,8 +833,10 @@ def main(argv: list[str] | None = None) -> int:
     ok: list[str] = []
     try:
         b.pin_echomq()
-        b.start_server()
+        b.start_server(native="echomq_native" in names)
         ok = b.load(names)
+        if "echomq_native" in names and "echomq" in b.mods:
+            b.mods["echomq"].EXECUTOR = "lua"  # type: ignore[attr-defined]  # asked for: the module is loaded
         if "echomq" in b.mods:
             where = Path(b.mods["echomq"].echomq.__file__).resolve()
             log(f"echomq imported from {where}")

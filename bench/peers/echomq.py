@@ -32,8 +32,19 @@ def version() -> str:
     return echomq.__version__
 
 
+# The executor this adapter asks for (the URL's executor=): None leaves URLs as they are (no
+# module on the bench's server, or an older echomq under --echomq-rev); run.py sets "lua" when
+# the server loads the native module, and peers/echomq_native.py runs this file with "native".
+EXECUTOR: str | None = None
+
+
+def _with_executor(url: str) -> str:
+    return f"{url}?executor={EXECUTOR}" if EXECUTOR else url
+
+
 def _bound(url: str) -> echomq.App:
     """The module's app, pointed at ``url`` (its connection is opened untimed)."""
+    url = _with_executor(url)
     if app.url != url:
         app.close()
         app.url = url
@@ -53,8 +64,9 @@ def enqueue_bulk(url: str, n: int) -> float:
 
 
 def worker_cmd(url: str, concurrency: int) -> list[str]:
+    at = ["--url", _with_executor(url)] if EXECUTOR else []
     return [
-        sys.executable, "-m", "echomq", "worker", "peers.echomq:app",
+        sys.executable, "-m", "echomq", *at, "worker", "peers.echomq:app",
         "-q", QUEUE, "-c", str(concurrency), "--log-level", "WARNING",
     ]  # fmt: skip
 
@@ -63,6 +75,7 @@ _queues: dict[str, echomq.Queue] = {}
 
 
 def _queue(url: str) -> echomq.Queue:
+    url = _with_executor(url)
     q = _queues.get(url)
     if q is None:
         q = _queues[url] = echomq.Queue(QUEUE, url=url)
@@ -95,7 +108,7 @@ def latency_send(url: str, r: Any, rate: float, seconds: float) -> int:
 def lifecycle_loop(url: str, n: int, batch: int = 100) -> tuple[float, str]:
     """enqueue -> claim -> complete built from ``_protocol`` Calls, pipelined ``batch`` at a
     time (three round trips per batch); returns (lifecycles/s, verification text)."""
-    q = echomq.Queue(QUEUE, url=url)
+    q = echomq.Queue(QUEUE, url=_with_executor(url))
     k = _protocol.Keys(QUEUE)
     payload = noop.payload((0,), {})
     q.counts()
