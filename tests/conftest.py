@@ -12,13 +12,15 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 import redis.asyncio
 
 import echomq
+from echomq import _native
+from echomq._scripts import SCRIPTS
 from echomq.server import EmbeddedServer
 
 # procs.py holds the subprocess helpers and the `spawn` fixture every process test uses;
@@ -39,14 +41,109 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer 
 
 
 @pytest.fixture(scope="session")
-def url(server: EmbeddedServer | None) -> str:
+def session_url(server: EmbeddedServer | None) -> str:
     return os.environ.get("ECHOMQ_TEST_URL") or (server.url if server else "")
 
 
+# --------------------------------------------------------------------------- both executors
+# A test module with `pytestmark = pytest.mark.executors` runs each test that reaches a server
+# (through `url`/`redis_url`) twice: [lua] on the session server, [native] on one session
+# server that loads trafikey, with `?executor=native` in `url` and ECHOMQ_EXECUTOR=native (so
+# a Queue built from a raw client is native too). `@pytest.mark.executors("lua")` on one test
+# keeps it on the Lua leg only (a test about EVAL/EVALSHA itself).
+
+LEGS = ("lua", "native")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "executors(*legs): run the test on the lua and native executors"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("executors")
+    if marker is None or not {"url", "redis_url"} & set(metafunc.fixturenames):
+        return  # a test that never reaches a server has nothing to compare
+    legs = [leg for leg in LEGS if leg in (marker.args or LEGS)]
+    metafunc.parametrize("executor", legs, indirect=True, ids=legs)
+
+
+@pytest.fixture(scope="session")
+def module_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """trafikey.so built once a session by make -C on a copy of native/ (the tree another
+    helper may be editing is never written to, and a rebuild there cannot change the file a
+    running server mapped). A failed build is an error of every test using it, never a skip."""
+    return _native.build(tmp_path_factory.mktemp("trafikey"))
+
+
+@pytest.fixture(scope="session")
+def module_server(
+    tmp_path_factory: pytest.TempPathFactory, module_so: Path
+) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(
+        tmp_path_factory.mktemp("redis-native"),
+        appendonly=False,
+        args=["--loadmodule", str(module_so)],
+    ).start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
-def r(url: str) -> Iterator[redis.Redis]:
+def executor(request: pytest.FixtureRequest) -> str | None:
+    """The leg of an `executors`-marked test; None for every other test."""
+    return cast("str | None", getattr(request, "param", None))
+
+
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest, executor: str | None, session_url: str) -> str:
+    """The leg's server, with no echomq option (for raw redis clients)."""
+    if executor != "native":
+        return session_url
+    srv: EmbeddedServer = request.getfixturevalue("module_server")
+    return srv.url
+
+
+@pytest.fixture
+def url(executor: str | None, redis_url: str) -> str:
+    return redis_url + "?executor=native" if executor == "native" else redis_url
+
+
+@pytest.fixture(autouse=True)
+def _executor_leg(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Pins ECHOMQ_EXECUTOR to the leg, and on the native leg proves no twin ran as Lua.
+
+    The check: SCRIPT FLUSH before the test, and after it SCRIPT EXISTS of every script that
+    has a native twin (_native.TWINS) must be all false. EVALSHA -> NOSCRIPT -> EVAL is the
+    only way a script runs from the Lua executor, and EVAL caches the script, so a twin that
+    went as Lua on this leg leaves its sha behind. Two round trips a test; it cannot be
+    fooled by a queue's reported `executor`, and it follows TWINS as twins are added."""
+    leg = getattr(getattr(request.node, "callspec", None), "params", {}).get("executor")
+    if leg is None:
+        yield
+        return
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("ECHOMQ_EXECUTOR", leg)
+    if leg != "native":
+        yield
+        return
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    shas = {name: SCRIPTS[name].sha for name in sorted(_native.TWINS)}
+    try:
+        client.script_flush()
+        yield
+        cached = client.script_exists(*shas.values())
+        ran_as_lua = [name for name, hit in zip(shas, cached, strict=True) if hit]
+        assert not ran_as_lua, f"on the native leg these twins ran as Lua scripts: {ran_as_lua}"
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
     """A raw client for asserting wire state (bytes replies)."""
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(redis_url)
     client.script_flush()
     yield client
     client.close()

@@ -16,6 +16,9 @@ from conftest import SyncOverAsync, snapshot
 from echomq import ids
 from echomq.errors import InvalidArgument, InvalidId, KindError, PayloadTooLarge
 
+# Every test that reaches a server runs on both executors (tests/conftest.py).
+pytestmark = pytest.mark.executors
+
 LANE = "PRT0KHTOWnGLuC"
 LANE_B = "tenant-b"
 ABSENT = "JOB0KHTOWnGLuC"  # well-formed, never enqueued

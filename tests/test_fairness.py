@@ -17,6 +17,9 @@ import echomq
 from conftest import wait_for
 from echomq import keyspace
 
+# Every test that reaches a server runs on both executors (tests/conftest.py).
+pytestmark = pytest.mark.executors
+
 LONG = 60_000  # no lease lapses during a test
 Claimer = Callable[[echomq.Queue, int], list[echomq.Job]]
 

@@ -11,6 +11,9 @@ import pytest
 import echomq
 from echomq import _protocol
 
+# Every test that reaches a server runs on both executors (tests/conftest.py).
+pytestmark = pytest.mark.executors
+
 # Lifecycle methods differ by design (close / aclose, __enter__ / __aenter__).
 LIFECYCLE = {"close", "aclose"}
 

@@ -28,6 +28,9 @@ from echomq.errors import (
 )
 from echomq.server import EmbeddedServer
 
+# Every test that reaches a server runs on both executors (tests/conftest.py).
+pytestmark = pytest.mark.executors
+
 LANE = "PRT0KHTOWnGLuC"
 LANE_B = "tenant-b"
 Enqueued = echomq.Enqueued
@@ -354,6 +357,7 @@ def test_claim_of_only_ghosts_is_empty(anyq: Any, r: redis.Redis, qname: str) ->
     assert r.exists(K(qname, "job:" + ghost), K(qname, "pending"), K(qname, "ring")) == 0
 
 
+@pytest.mark.executors("lua")  # counts EVALSHA calls; the twin is one EMQ.CLAIM
 def test_claim_reads_pause_inside_the_script(
     anyq: Any, r: redis.Redis, qname: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1441,6 +1445,7 @@ def test_script_flush_between_calls(anyq: Any, r: redis.Redis, qname: str) -> No
     assert anyq.check() == []
 
 
+@pytest.mark.executors("lua")  # about EVALSHA -> NOSCRIPT -> EVAL itself
 def test_error_mapping_is_identical_on_eval_and_evalsha(
     anyq: Any, r: redis.Redis, qname: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1562,10 +1567,10 @@ def test_fence_reruns_after_a_reconnect(fr: redis.Redis, fence_url: str, kind: s
         fr.set(VERSION, echomq.WIRE_VERSION)
 
 
-def test_fence_server_runs_apart(fence_url: str, url: str) -> None:
+def test_fence_server_runs_apart(fence_url: str, redis_url: str) -> None:
     # The fence tests above must never touch the session server's version key.
-    assert fence_url != url
-    client = redis.Redis.from_url(url)
+    assert fence_url != redis_url
+    client = redis.Redis.from_url(redis_url)
     try:
         assert client.get(VERSION) in (None, echomq.WIRE_VERSION.encode())
     finally:

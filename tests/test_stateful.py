@@ -59,6 +59,9 @@ import echomq
 from echomq import Enqueued, JobGone, KindError, StaleToken, StateError, _protocol, keyspace
 from reliability import raw_violations
 
+# Every test that reaches a server runs on both executors (tests/conftest.py).
+pytestmark = pytest.mark.executors
+
 LANES = ("la", "lb", "lc")
 GROUPS = st.sampled_from((None, *LANES))
 LANE = st.sampled_from(LANES)
@@ -800,8 +803,8 @@ class QueueMachine(RuleBasedStateMachine):
 # ~40 s on a quiet machine, several minutes on a loaded one. A timeout inside hypothesis is
 # reported as a flaky strategy, so it gets room of its own.
 @pytest.mark.timeout(900)
-def test_protocol_state_machine(url: str) -> None:
-    client = redis.Redis.from_url(url)
+def test_protocol_state_machine(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
     client.script_flush()  # the NOSCRIPT -> EVAL path runs too
     try:
         run_state_machine_as_test(
@@ -826,8 +829,8 @@ def test_protocol_state_machine(url: str) -> None:
 
 
 @pytest.fixture
-def sm(url: str) -> Iterator[QueueMachine]:
-    client = redis.Redis.from_url(url)
+def sm(redis_url: str) -> Iterator[QueueMachine]:
+    client = redis.Redis.from_url(redis_url)
     machine = QueueMachine(client)
     machine.server_agrees_with_model()
     yield machine
