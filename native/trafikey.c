@@ -4,6 +4,7 @@
 #include "emq.h"
 #include "settle.h"
 #include "lease.h"
+#include "cmd_settle.h"
 
 static int cmd_enqueue(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return emq_run(ctx, argv, argc, emq_enqueue_shape);
@@ -34,6 +35,9 @@ static int cmd_retry(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
 static int cmd_sweep(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return cmd_settle_verbs(ctx, argv, argc, emq_sweep_shape);
 }
+static int cmd_settle(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return emq_run(ctx, argv, argc, emq_settle_shape);
+}
 
 static const struct {
     const char *name;
@@ -47,6 +51,7 @@ static const struct {
     {"emq.retry", cmd_retry, "retry.lua"},
     {"emq.sweep", cmd_sweep, "sweep_stalled.lua"},
     {"emq.claim", cmd_claim, "claim.lua (3 keys, 2 args) / claim_batch.lua (3 keys, 3 args)"},
+    {"emq.settle", cmd_settle, "settle.lua (5 keys)"},
 };
 
 static const RedisModuleCommandInfoVersion INFO_VERSION = {

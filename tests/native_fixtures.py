@@ -29,6 +29,7 @@ VERB = {
     "sweep_stalled": "EMQ.SWEEP",
     "claim": "EMQ.CLAIM",
     "claim_batch": "EMQ.CLAIM",
+    "settle": "EMQ.SETTLE",
 }
 
 # Scores that are server-clock times (leases, delays, rate windows): compared within this.

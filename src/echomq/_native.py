@@ -60,6 +60,7 @@ TWINS: dict[str, str] = {
     "retry": "EMQ.RETRY",
     "reprocess": "EMQ.REPROCESS",
     "sweep_stalled": "EMQ.SWEEP",
+    "settle": "EMQ.SETTLE",
 }
 
 EXECUTORS = ("auto", "lua", "native")

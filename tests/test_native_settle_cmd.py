@@ -1,0 +1,721 @@
+"""trafikey's EMQ.SETTLE against settle.lua (the worker's round trip; native/README.md).
+
+Every differential test runs the same inputs through the script (EVAL, queue A) and through
+EMQ.SETTLE (queue B) of one server, then compares the replies (the `wait` element, a time,
+within native_fixtures.TOLERANCE_MS) and every key of both queues (names normalised;
+clock-derived scores and a kept outcome's finished_ms within the same tolerance)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq._compose import FlowJob
+from echomq.server import EmbeddedServer, find_binary, free_port
+from native_fixtures import (
+    TOLERANCE_MS,
+    Pair,
+    Reply,
+    base,
+    build,
+    call_native,
+    call_script,
+    command,
+    diff,
+    expand,
+    expand_args,
+    snapshot,
+)
+
+QA, QB = "stlA", "stlB"
+SETTLE_KEYS = ["@meta", "@ring", "@active", "@schedule", "@dead"]
+
+# (id, token) of a held job; a retry is (id, token, delay_ms, max_attempts['max:keep'], error).
+Held = tuple[str, int | str]
+Retry = tuple[str, int | str, int | str, str, str]
+
+
+def jid(n: int) -> str:
+    """A JOB id (14 bytes, the shape the client mints)."""
+    return f"JOB{n:011d}"
+
+
+@pytest.fixture(scope="module")
+def module_path() -> Path:
+    return build()
+
+
+@pytest.fixture(scope="module")
+def nserver(
+    module_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(
+        tmp_path_factory.mktemp("nsettle"), args=["--loadmodule", str(module_path)]
+    ).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(nserver.url)
+    for q in (QA, QB):
+        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
+        if keys:
+            client.delete(*keys)
+    yield client
+    client.close()
+
+
+class SettlePair(Pair):
+    """A Pair whose keyspace check forgives a kept outcome's finished_ms (each executor's
+    clock read) within the tolerance, as it does clock-derived scores."""
+
+    def check(self, what: str = "") -> None:
+        sa, sb = snapshot(self.r, self.a), snapshot(self.r, self.b)
+        for name in set(sa) & set(sb):
+            if ":result:" not in name or sa[name][0] != "hash" or sb[name][0] != "hash":
+                continue
+            fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
+            if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
+                sb[name][1][b"finished_ms"] = fa
+        d = diff(sa, sb)
+        assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
+
+
+@pytest.fixture
+def pair(r: redis.Redis) -> SettlePair:
+    return SettlePair(r, QA, QB)
+
+
+# Applies one Queue API step to both queues (Any: mypy cannot type the steps' lambdas with
+# default arguments).
+Both = Any
+
+
+@pytest.fixture
+def both(nserver: EmbeddedServer) -> Iterator[Both]:
+    """Apply one Queue API step to both queues (to build states); returns A's result."""
+    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
+
+    def run(step: Callable[[echomq.Queue], Any]) -> Any:
+        ra, rb = step(qa), step(qb)
+        assert repr(ra) == repr(rb)
+        return ra
+
+    yield run
+    qa.close()
+    qb.close()
+
+
+# ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
+
+
+def enq(pair: Pair, id: str, *, group: str = "", dedup: str = "") -> Reply:
+    args: list[str | bytes] = ["@", id, "p" + id, group, "now", "0", "", "0", "", dedup, "simple"]
+    return pair.run("enqueue", ["@job:" + id, "@meta"], [*args, "0"])
+
+
+def enq_many(pair: Pair, ids: list[str], *, group: str = "") -> Reply:
+    args: list[str | bytes] = ["@", group, "now", "0", "0", "", ""]
+    for i in ids:
+        args += [i, "p" + i]
+    return pair.run("enqueue_many", ["@meta"], args)
+
+
+def settle_args(
+    n: int | str,
+    completes: Sequence[Held] = (),
+    kept: Sequence[tuple[str | bytes, int | str]] = (),
+    retries: Sequence[Retry] = (),
+    lease: int | str = 30000,
+) -> list[str | bytes]:
+    """settle.lua's ARGV: the last len(kept) completes keep a result ('c:r')."""
+    spec = f"{len(completes)}:{len(kept)}" if kept else str(len(completes))
+    args: list[str | bytes] = ["@", str(lease), str(n), spec]
+    for i, t in completes:
+        args += [i, str(t)]
+    for res, keep in kept:
+        args += [res, str(keep)]
+    for i, t, d, m, err in retries:
+        args += [i, str(t), str(d), m, err]
+    return args
+
+
+def run_settle(pair: Pair, args: list[str | bytes]) -> Reply:
+    """One settle on both queues: replies equal (wait within the tolerance), keyspaces equal."""
+    ra = call_script(pair.r, "settle", expand(SETTLE_KEYS, pair.a), expand_args(args, pair.a))
+    rb = call_native(pair.r, "settle", expand(SETTLE_KEYS, pair.b), expand_args(args, pair.b))
+    pair.calls += 1
+    if ra[0] == rb[0] == "ok":
+        assert ra[1][:3] == rb[1][:3], f"settle {args}: script {ra!r} != native {rb!r}"
+        assert abs(ra[1][3] - rb[1][3]) <= TOLERANCE_MS, (ra, rb)
+        assert (ra[1][3] == 0) == (rb[1][3] == 0), (ra, rb)
+    else:
+        assert ra == rb, f"settle {args}: script {ra!r} != native {rb!r}"
+    pair.check(f"after settle {args[:12]!r}")
+    return ra
+
+
+def settle(pair: Pair, n: int | str, **kw: Any) -> Any:
+    kind, value = run_settle(pair, settle_args(n, **kw))
+    assert kind == "ok", value
+    return value
+
+
+def held_of(value: Any) -> list[Held]:
+    return [(j[0].decode(), j[2]) for j in value[2]]
+
+
+def plant(pair: Pair, *cmd: str) -> None:
+    """The same raw command on both queues ('@' in an argument = the queue's base)."""
+    for q in (pair.a, pair.b):
+        command(pair.r, *[base(q) + c[1:] if c.startswith("@") else c for c in cmd])
+
+
+def want(r: redis.Redis, id: str) -> None:
+    """What a waiter does before it blocks: the marker want:<id>."""
+    for q in (QA, QB):
+        r.set(base(q) + "want:" + id, "1", px=60000)
+
+
+# ---- differential tests ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 10, 50])
+@pytest.mark.parametrize("lanes", [False, True])
+def test_worker_loop(pair: Pair, both: Both, k: int, lanes: bool) -> None:
+    """settle(n=k), then settle(completed=held, n=k) until the queue is drained."""
+    both(lambda q: q.enable_events(10000))
+    total = 120
+    if lanes:
+        both(lambda q: q.weight_lane("a", 2))
+        for g, lo, hi in (("a", 0, 50), ("b", 50, 90), ("", 90, 120)):
+            enq_many(pair, [jid(n) for n in range(lo, hi)], group=g)
+    else:
+        enq_many(pair, [jid(n) for n in range(total)])
+    value = settle(pair, k)
+    held = held_of(value)
+    done: list[str] = []
+    rounds = 0
+    while held:
+        value = settle(pair, k, completes=held)
+        assert value[0] == [1] * len(held) and value[1] == [] and value[3] == 0
+        done += [i for i, _t in held]
+        held = held_of(value)
+        rounds += 1
+        assert len(held) <= k
+    assert sorted(done) == [jid(n) for n in range(total)]
+    assert rounds >= total // k
+    assert pair.r.hget(base(QB) + "metrics:completed", "count") == str(total).encode()
+    assert pair.r.xlen(base(QB) + "events") > total
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_mixed_settles(pair: Pair, both: Both, r: redis.Redis, events: bool) -> None:
+    """Completes (flat, lane, reaped, stale, gone, named twice, dedup), kept results,
+    scheduled retries and dead-letters keeping their errors, in one call."""
+    if events:
+        both(lambda q: q.enable_events(1000))
+    enq(pair, jid(1), dedup="d1")
+    enq(pair, jid(2), group="g")
+    enq_many(pair, [jid(n) for n in range(3, 12)])
+    enq_many(pair, [jid(n) for n in range(12, 16)], group="h")
+    got = held_of(settle(pair, 20))
+    tok = dict(got)
+    assert len(tok) == 15
+    # A reaped flat job and a reaped lane job: the pending branch of the fence.
+    enq(pair, jid(20))
+    enq(pair, jid(21), group="g")
+    reaped = held_of(settle(pair, 5, lease=1))
+    assert {i for i, _ in reaped} == {jid(20), jid(21)}
+    time.sleep(0.02)
+    both(lambda q: q.reap())
+    pair.check("after reap")
+    tok.update(dict(reaped))
+    want(r, jid(5))
+    want(r, jid(8))
+    value = settle(
+        pair,
+        3,
+        completes=[
+            (jid(1), tok[jid(1)]),  # dedup released
+            (jid(2), tok[jid(2)]),  # lane
+            (jid(20), tok[jid(20)]),  # reaped, pending
+            (jid(21), tok[jid(21)]),  # reaped, in its lane
+            (jid(3), 7),  # stale token
+            (jid(99), 1),  # gone
+            (jid(4), tok[jid(4)]),
+            (jid(4), tok[jid(4)]),  # named twice: gone by its second mention
+            (jid(12), 5),  # stale, then ...
+            (jid(12), tok[jid(12)]),  # ... the right token completes it
+            (jid(5), tok[jid(5)]),  # kept, a waiter
+            (jid(6), tok[jid(6)]),  # kept, no waiter
+            (jid(3), 9),  # stale and kept: nothing kept
+        ],
+        kept=[(b"r5\x00\xff", 60000), ("r6", 5000), ("r3", 5000)],
+        retries=[
+            (jid(7), tok[jid(7)], 0, "3", "e7"),  # scheduled
+            (jid(8), tok[jid(8)], 0, "1:60000", "e8"),  # dead, error kept, a waiter
+            (jid(9), tok[jid(9)], 500, "1", "e9"),  # dead, nothing kept
+            (jid(13), tok[jid(13)], 100, "2:", "e13"),  # lane, scheduled
+            (jid(14), 3, 0, "1", "x"),  # stale
+            (jid(98), 1, 0, "1", "x"),  # gone
+            (jid(4), tok[jid(4)], 0, "1", "x"),  # completed just before: gone
+        ],
+    )
+    assert value[0] == [
+        1, 1, 1, 1, b"EMQSTALE complete token mismatch", 0, 1, 0,
+        b"EMQSTALE complete token mismatch", 1, 1, 1, b"EMQSTALE complete token mismatch",
+    ]  # fmt: skip
+    assert value[1] == [b"scheduled", b"dead", b"dead", b"scheduled",
+                        b"EMQSTALE retry token mismatch", 0, 0]  # fmt: skip
+    # Everything left is held or scheduled: the claim part finds nothing, no rate wait.
+    assert value[2] == [] and value[3] == 0
+    assert r.hget(base(QB) + "result:" + jid(5), "result") == b"r5\x00\xff"
+    assert r.llen(base(QB) + "notify:" + jid(5)) == 1
+    assert r.hget(base(QB) + "result:" + jid(8), "error") == b"e8"
+    assert not r.exists(base(QB) + "result:" + jid(3))
+    assert not r.exists(base(QB) + "result:" + jid(9))
+    # A retried job comes back with attempts 2 and completes: its <row>:errors goes too.
+    time.sleep(0.15)  # past jid(13)'s 100 ms delay
+    both(lambda q: q.promote())
+    pair.check("after promote")
+    again = held_of(settle(pair, 10))
+    assert dict(again).get(jid(7)) == 2 and jid(13) in dict(again)
+    settle(pair, 0, completes=again, kept=[("last", 1000)])
+    assert not r.exists(base(QB) + "job:" + jid(7) + ":errors")
+
+
+def test_cancel_remove_and_floor(pair: Pair, both: Both, r: redis.Redis) -> None:
+    both(lambda q: q.enable_events(100))
+    enq_many(pair, [jid(n) for n in range(1, 4)])
+    tok = dict(held_of(settle(pair, 3)))
+    both(lambda q: q.cancel(jid(1), remove=True))
+    pair.check("after cancel")
+    value = settle(
+        pair,
+        0,
+        retries=[
+            (jid(1), tok[jid(1)], 0, "3:5000", "cancelled"),
+            (jid(2), tok[jid(2)], 0, "3", "x"),
+        ],
+    )
+    assert value[1] == [b"removed", b"scheduled"]
+    assert not r.exists(base(QB) + "job:" + jid(1))
+    assert r.hget(base(QB) + "result:" + jid(1), "error") == b"cancelled"
+
+
+def test_flows(pair: Pair, both: Both) -> None:
+    """Flow children settled in batches: kept results are what the parents record."""
+    both(lambda q: q.enable_events(1000))
+    tree = FlowJob(
+        "root",
+        id=jid(100),
+        children=[
+            FlowJob(
+                "mid",
+                id=jid(110),
+                group="g",
+                children=[FlowJob("leaf1", id=jid(111)), FlowJob("leaf2", id=jid(112))],
+            ),
+            FlowJob("c2", id=jid(120), fail_parent=False),
+            FlowJob("c3", id=jid(130)),
+        ],
+    )
+    both(lambda q: q.add_flow(tree))
+    pair.check("after add_flow")
+    tok = dict(held_of(settle(pair, 10)))
+    assert set(tok) == {jid(111), jid(112), jid(120), jid(130)}
+    # leaf1 keeps no result (the parent records ''), leaf2 keeps one; c2 dies (ignored).
+    value = settle(
+        pair,
+        10,
+        completes=[(jid(111), tok[jid(111)]), (jid(112), tok[jid(112)])],
+        kept=[("v2", 60000)],
+        retries=[(jid(120), tok[jid(120)], 0, "1", "ign")],
+    )
+    assert held_of(value) == [(jid(110), 1)]
+    value = settle(
+        pair, 10, completes=[(jid(110), 1), (jid(130), tok[jid(130)])], kept=[("m", 1), ("v3", 1)]
+    )
+    assert held_of(value) == [(jid(100), 1)]
+    settle(pair, 10, completes=[(jid(100), 1)])
+    # A child's death walks up the tree.
+    tree2 = FlowJob("root", id=jid(200), children=[FlowJob("mid", id=jid(210),
+                    children=[FlowJob("leaf", id=jid(211))])])  # fmt: skip
+    both(lambda q: q.add_flow(tree2))
+    leaf = held_of(settle(pair, 1))
+    assert leaf == [(jid(211), 1)]
+    settle(pair, 1, retries=[(jid(211), 1, 0, "1", "bad")])
+    assert pair.r.hget(base(QB) + "job:" + jid(200), "state") == b"dead"
+
+
+def test_paused_queue(pair: Pair, both: Both) -> None:
+    enq_many(pair, [jid(n) for n in range(1, 6)])
+    held = held_of(settle(pair, 2))
+    both(lambda q: q.pause())
+    value = settle(pair, 3, completes=held)
+    assert value == [[1, 1], [], [], 0]
+    # Paused: lease_ms is never read (the Lua converts it only when it claims).
+    assert settle(pair, 3, lease="x") == [[], [], [], 0]
+    both(lambda q: q.resume())
+    assert len(settle(pair, 10)[2]) == 3
+
+
+def test_rate_limit_wait(pair: Pair, both: Both) -> None:
+    both(lambda q: q.rate_limit(2, 60000))
+    enq_many(pair, [jid(n) for n in range(1, 6)])
+    value = settle(pair, 5)
+    assert len(value[2]) == 2 and value[3] == 0
+    value = settle(pair, 5, completes=held_of(value))
+    assert value[0] == [1, 1] and value[2] == [] and 55000 < value[3] <= 60000
+    # A lane rate limit holding its lane back: the wait comes from the ratewait set.
+    both(lambda q: q.rate_limit(100, 60000))
+    both(lambda q: q.rate_limit_lane("g", 1, 30000))
+    enq_many(pair, [jid(n) for n in range(10, 13)], group="g")
+    value = settle(pair, 5)
+    assert [j[3] for j in value[2]].count(b"g") == 1 and len(value[2]) == 4  # + 3 flat jobs
+    value = settle(pair, 5, completes=held_of(value))
+    assert value[2] == [] and 25000 < value[3] <= 30000
+    assert settle(pair, 0)[3] == 0  # n = 0 never claims, never waits
+
+
+def test_big_batches(pair: Pair, both: Both) -> None:
+    """Past 2000 pairs: the ZREM active and the row DELs go in slices of 2000."""
+    ids = [jid(n) for n in range(2300)]
+    for lo in range(0, 2300, 500):
+        enq_many(pair, ids[lo : lo + 500])
+    enq_many(pair, [jid(n) for n in range(5000, 5100)], group="g")
+    held = held_of(settle(pair, 2400))
+    assert len(held) == 2400
+    value = settle(pair, 0, completes=[*held, (jid(1), 1)], kept=[("k", 1000)])
+    assert value[0] == [1] * 2400 + [0]
+    assert pair.r.zcard(base(QB) + "active") == 0
+
+
+def test_malformed_refused_before_any_write(pair: Pair, r: redis.Redis) -> None:
+    enq_many(pair, [jid(n) for n in range(1, 4)])
+    held = held_of(settle(pair, 2))
+    (i1, t1), (i2, t2) = held
+    b = base(QB)
+    keys = expand(SETTLE_KEYS, QB)
+    ok_pair = [i1, str(t1)]
+    bad: list[list[str | bytes]] = [
+        [b, "1000", "x", "1", *ok_pair],  # n
+        [b, "1000", "1e1", "1", *ok_pair],
+        [b, "y", "1", "1", *ok_pair],  # lease_ms (claims)
+        [b, "99999999999999999999", "1", "0"],
+        [b, "9223372036854775807", "1", "0"],  # now + lease_ms overflows
+        [b, "1000", "1", "x", *ok_pair],  # completes spec
+        [b, "1000", "1", ":1", *ok_pair],
+        [b, "1000", "1", "1:2", *ok_pair, "r", "1"],  # r > c
+        [b, "1000", "1", "2", *ok_pair],  # too few pairs
+        [b, "1000", "1", "1", *ok_pair, "extra"],  # not whole retries
+        [b, "1000", "1", "1:1", *ok_pair, "r", "soon"],  # keep_result_ms
+        [b, "1000", "1", "1", *ok_pair, i2, str(t2), "later", "3", "e"],  # delay_ms
+        [b, "1000", "1", "1", *ok_pair, i2, str(t2), "0", "three", "e"],  # max_attempts
+        [b, "1000", "1", "1", *ok_pair, i2, str(t2), "0", "3:x", "e"],
+        [b, "1000", "1", "1", *ok_pair, i2, str(t2), "9223372036854775807", "3", "e"],
+        [b, "1000", "1", "99999999999999999999999", *ok_pair],
+        [b, "1000", "9999999999999999999", "0"],  # 19 digits past LLONG_MAX: not a wrap
+        [b, "1000", "1", "1", *ok_pair, i2, str(t2), "0", "9999999999999999999", "e"],
+    ]
+    before = snapshot(r, QB)
+    for args in bad:
+        kind, msg = call_native(r, "settle", keys, args)
+        assert kind == "err" and msg.startswith(("a numeric", "EMQ.SETTLE")), (args, msg)
+    assert not diff(before, snapshot(r, QB))
+    short: list[tuple[list[str], list[str | bytes]]] = [
+        (keys[:4], [b, "1", "1", "0"]),
+        (keys, [b, "1", "1"]),
+    ]
+    for ks, sargs in short:
+        kind, msg = call_native(r, "settle", ks, sargs)
+        assert kind == "err" and "EMQ.SETTLE takes 5 keys" in msg
+    # Another slot's key: refused by the frame, nothing written.
+    kind, msg = call_native(r, "settle", [*keys[:4], "emq:{x}:dead"], [b, "1", "1", "0"])
+    assert kind == "err"
+    assert not diff(before, snapshot(r, QB))
+    # The script refuses a malformed n too (raising after its writes, which is why the module
+    # checks first): the same calls still agree on well-formed input afterwards.
+    pair.check()
+
+
+def test_non_hash_meta_fails_like_the_script(pair: Pair) -> None:
+    """The gate's HMGET fails first, in both, before any write; the module's text is the
+    server's own, without EVAL's '@user_script' suffix (native/README.md)."""
+    plant(pair, "SET", "@meta", "x")
+    plant(pair, "ZADD", "@active", "1", jid(1))
+    args = settle_args(1, completes=[(jid(1), 1)])
+    ka, ma = call_script(pair.r, "settle", expand(SETTLE_KEYS, QA), expand_args(args, QA))
+    kb, mb = call_native(pair.r, "settle", expand(SETTLE_KEYS, QB), expand_args(args, QB))
+    assert ka == kb == "err" and ma.startswith(mb) and mb.startswith("WRONGTYPE"), (ma, mb)
+    pair.check()
+
+
+def test_randomized(pair: Pair, both: Both) -> None:
+    """A seeded mix of worker settles (completes, retries, dead-letters, kept outcomes,
+    stale and gone pairs) with enqueues, lanes, pauses, rate limits, reaps and promotes."""
+    rng = random.Random(4242)
+    # A bound the test never reaches: an approximate (~) trim cuts at stream node boundaries,
+    # which depend on the entries' byte sizes, i.e. on their timestamps, so two queues fed
+    # at slightly different times could trim differently.
+    both(lambda q: q.enable_events(100000))
+    held: dict[str, int | str] = {}
+    nxt = 0
+    seen = {"jobs": 0, "wait": 0, "stale": 0, "dead": 0, "kept": 0}
+    deadline = time.monotonic() + 7
+    step = 0
+    while time.monotonic() < deadline and step < 400:
+        step += 1
+        roll = rng.random()
+        if roll < 0.25:
+            g = rng.choice(["", "", "a", "b", "c"])
+            m = rng.randrange(1, 8)
+            enq_many(pair, [jid(nxt + i) for i in range(m)], group=g)
+            nxt += m
+        elif roll < 0.85:
+            ids = list(held)
+            rng.shuffle(ids)
+            cut = rng.randrange(0, len(ids) + 1)
+            comps: list[Held] = [(i, held[i]) for i in ids[:cut]]
+            rets: list[Retry] = []
+            for i in ids[cut:]:
+                if rng.random() < 0.5:
+                    mx = rng.choice(["1", "1", "2", "3", "1:5000", "2:"])
+                    rets.append((i, held[i], rng.choice([0, 0, 5, 40]), mx, f"err{step}"))
+            if rng.random() < 0.2 and comps:
+                comps.append((comps[0][0], rng.choice([held[comps[0][0]], 99])))
+            if rng.random() < 0.1:
+                comps.append((jid(10**6 + step), 1))
+                seen["stale"] += 1
+            nk = rng.randrange(0, min(len(comps), 3) + 1)
+            kept = [(f"res{step}-{j}", rng.choice([0, 2000])) for j in range(nk)]
+            seen["kept"] += nk
+            n = rng.choice([0, 1, 3, 8])
+            lease = rng.choice([30000, 30000, 1])
+            value = settle(pair, n, completes=comps, kept=kept, retries=rets, lease=lease)
+            for i, _t in comps:
+                held.pop(i, None)
+            for ret in rets:
+                held.pop(ret[0], None)
+            seen["dead"] += value[1].count(b"dead")
+            seen["jobs"] += len(value[2])
+            seen["wait"] += value[3] > 0
+            held.update(dict(held_of(value)))
+        elif roll < 0.93:
+            admin = rng.randrange(5)
+            g = rng.choice(["a", "b", "c"])
+            if admin == 0:
+                both(lambda q, g=g: q.pause_lane(g))
+            elif admin == 1:
+                both(lambda q, g=g: q.resume_lane(g))
+            # Windows outlast the test (a window that expires between the two queues' calls
+            # would make their counters differ); clearing a limit stands in for reopening.
+            elif admin == 2:
+                if rng.random() < 0.5:
+                    both(lambda q, g=g: q.rate_limit_lane(g, 2, 60000))
+                else:
+                    both(lambda q, g=g: q.clear_rate_limit(g))
+            elif admin == 3:
+                qmax = rng.choice([3, 50, 50, 0, 0])
+                if qmax:
+                    both(lambda q, m=qmax: q.rate_limit(m, 60000))
+                else:
+                    both(lambda q: q.clear_rate_limit())
+            else:
+                pause = rng.random() < 0.2
+                both(lambda q, pause=pause: q.pause() if pause else q.resume())
+        else:
+            time.sleep(0.005)
+            both(lambda q: (q.reap(), q.promote()))
+        if not 0.25 <= roll < 0.85:  # a settle (and an enqueue) checked itself already
+            pair.check(f"step {step}")
+    # Time-bounded (a loaded machine makes fewer steps): floors that still show the mix.
+    assert pair.calls > 60
+    assert seen["jobs"] > 25 and seen["dead"] > 1 and seen["kept"] > 5, seen
+
+
+# ---- fuzz, replica, valgrind -------------------------------------------------------------
+
+
+def test_fuzz(r: redis.Redis) -> None:
+    rng = random.Random(17)
+    b = base(QB)
+    for n in range(1, 30):
+        command(r, "EMQ.ENQUEUE", 2, f"{b}job:{jid(n)}", b + "meta", b, jid(n), "p",
+                rng.choice(["", "g"]), "now", "0")  # fmt: skip
+    keys = [(b + k).encode() for k in ("meta", "ring", "active", "schedule", "dead")]
+    pool: list[bytes] = [
+        b"-1", b"0", b"1", b"2", b"3", b"1:1", b"2:1", b"1:", b"3:5000", b"50",
+        b"99999999999999999999", b"9223372036854775807", b"x", b"", b"1.5", b"cancelled",
+        jid(1).encode(), jid(2).encode(), jid(3).encode(), b.encode(),
+    ]  # fmt: skip
+    deadline = time.monotonic() + 5
+    n = 0
+    while time.monotonic() < deadline and n < 3000:
+        n += 1
+        argc = rng.randrange(0, 22)
+        args: list[bytes] = []
+        for _ in range(argc):
+            pick = rng.random()
+            if pick < 0.7:
+                args.append(rng.choice(pool))
+            else:
+                args.append(os.urandom(rng.randrange(0, 20)))
+        if rng.random() < 0.8 and len(args) > 9:
+            args[0:6] = [b"5", *keys]
+            args[6] = b.encode()
+        with contextlib.suppress(redis.ResponseError):
+            command(r, "EMQ.SETTLE", *args)
+        if n % 150 == 0:
+            command(r, "EMQ.ENQUEUE", 2, f"{b}job:{jid(n)}", b + "meta", b, jid(n), "p", "",
+                    "now", "0")  # fmt: skip
+            command(r, "HSET", f"{b}job:{jid(n % 7)}", "attempts", rng.choice(["x", "1", "2"]))
+    assert r.ping()
+    assert n > 100
+
+
+def test_replica_without_module(
+    nserver: EmbeddedServer, pair: Pair, both: Both, tmp_path: Path
+) -> None:
+    replica = EmbeddedServer(
+        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
+    ).start()
+    try:
+        rr = redis.Redis(port=replica.port)
+        deadline = time.monotonic() + 10
+        while rr.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "replica did not sync"
+            time.sleep(0.05)
+        both(lambda q: q.enable_events(100))
+        both(lambda q: q.rate_limit_lane("b", 2, 60000))
+        enq_many(pair, [jid(n) for n in range(1, 8)], group="a")
+        enq_many(pair, [jid(n) for n in range(8, 12)], group="b")
+        enq(pair, jid(12), dedup="d")
+        held = held_of(settle(pair, 6))
+        want(pair.r, held[0][0])
+        value = settle(
+            pair,
+            20,
+            completes=held[:3],
+            kept=[("kept", 60000)],
+            retries=[(i, t, 0, "1:60000", "e") for i, t in held[3:]],
+        )
+        settle(pair, 5, completes=held_of(value))
+        assert command(pair.r, "WAIT", 1, 5000) == 1
+        for q in (QA, QB):
+            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
+            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
+            for key in primary:
+                if pair.r.object("encoding", key) == b"hashtable":
+                    assert rr.smembers(key) == pair.r.smembers(key), key
+                else:
+                    assert rr.dump(key) == pair.r.dump(key), key
+                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
+        rr.close()
+    finally:
+        replica.stop()
+
+
+def test_valgrind(tmp_path: Path) -> None:
+    so = build("debug")
+    port = free_port()
+    log = tmp_path / "valgrind.log"
+    cmd = [
+        "valgrind", "--error-exitcode=1", "--leak-check=full",
+        "--errors-for-leak-kinds=definite", f"--log-file={log}",
+        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port, socket_timeout=60)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "valgrind server did not start"
+                time.sleep(0.2)
+        # Queue B only, no keyspace comparison (the differential tests do that): the point is
+        # a few hundred EMQ.SETTLE calls through every path under valgrind, quickly.
+        b = base(QB)
+        keys = expand(SETTLE_KEYS, QB)
+        qb = echomq.Queue(QB, url=f"redis://127.0.0.1:{port}")
+        qb.enable_events(100000)
+        qb.weight_lane("a", 3)
+        qb.rate_limit_lane("c", 30, 60000)
+        for lane in ("", "a", "c"):
+            ids = [jid(1000 * len(lane) + 100 * ord(lane[:1] or "x") + n) for n in range(60)]
+            command(r, "EMQ.ENQUEUE", 1, b + "meta", b, lane, "now", "0", "0", "", "",
+                    *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
+        command(r, "EMQ.ENQUEUE", 2, b + "job:" + jid(1), b + "meta", b, jid(1), "p", "", "now",
+                "0", "", "0", "", "d", "simple", "0")  # fmt: skip
+        want(r, jid(1))
+
+        def vsettle(args: list[str | bytes]) -> Any:
+            return command(r, "EMQ.SETTLE", 5, *keys, *[b if a == "@" else a for a in args])
+
+        held = held_of(vsettle(settle_args(5)))
+        calls, fresh = 1, 0
+        while calls < 300:
+            if not held:
+                qb.promote()
+                held = held_of(vsettle(settle_args(5)))
+                calls += 1
+                if not held:
+                    fresh += 1
+                    ids = [jid(500000 + 100 * fresh + n) for n in range(20)]
+                    command(r, "EMQ.ENQUEUE", 1, b + "meta", b, "", "now", "0", "0", "", "",
+                            *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
+                    continue
+            half = len(held) // 2 + 1
+            comps, rets = held[:half], held[half:]
+            value = vsettle(
+                settle_args(
+                    (calls % 7) + 1,
+                    completes=[*comps, (jid(999999), 1), (comps[0][0], 99)],
+                    kept=[("k", 1000)] if calls % 3 == 0 else [],
+                    retries=[(i, t, 0, "2:1000" if calls % 2 else "1", "e") for i, t in rets],
+                )
+            )
+            calls += 1
+            held = held_of(value)
+        assert calls >= 300
+        # Malformed calls, refused before any write.
+        for bad in (settle_args("x"), settle_args(1, completes=[(jid(2), 1)], kept=[("r", "y")])):
+            with contextlib.suppress(redis.ResponseError):
+                vsettle(bad)
+        junk = ["5", "{x}a", "{x}b", "{x}c", "{x}d", "{x}e", "{x}", "1", "1", "2:1"]
+        for args in ([], ["x"], ["5", "a", "b", "c", "d", "e"], junk):
+            with contextlib.suppress(redis.ResponseError):
+                command(r, "EMQ.SETTLE", *args)
+        qb.close()
+        r.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    finally:
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
