@@ -400,7 +400,7 @@ def test_randomized(pair: Pair, both: Any) -> None:
     tokens: dict[str, int] = {}
     seen = {"job": 0, "wait": 0, "empty": 0}
     both(lambda q: q.enable_events(1000))
-    for step in range(450):
+    for step in range(200):
         roll = rng.random()
         i = rng.choice(ids)
         if roll < 0.25:
@@ -455,9 +455,9 @@ def test_randomized(pair: Pair, both: Any) -> None:
             time.sleep(0.005)
             both(lambda q: (q.reap(), q.promote()))
         pair.check(f"step {step}")
-    assert pair.calls > 150
+    assert pair.calls > 70
     # The sequence reaches every kind of reply.
-    assert seen["job"] > 25 and seen["wait"] > 3 and seen["empty"] > 3, seen
+    assert seen["job"] > 25 and seen["wait"] > 3 and seen["empty"] > 1, seen
 
 
 # ---- fuzz, replica, valgrind -------------------------------------------------------------
@@ -570,13 +570,13 @@ def test_valgrind(tmp_path: Path) -> None:
             q.rate_limit_lane("c", 20, 60000)
         for lane in ("", "a", "b", "c"):
             enq_many(p, [(jid(1000 * len(lane) + 100 * ord(lane[:1] or "x") + n), "x")
-                         for n in range(80)], group=lane)  # fmt: skip
+                         for n in range(25)], group=lane)  # fmt: skip
         plant(p, "HSET", "@job:" + jid(1000 + 100 * ord("a")), "attempts", "x")
         plant(p, "ZADD", "@pending", "0", "JOBzzzzzzzzzzz")
         plant(p, "HSET", "@job:JOBzzzzzzzzzzz", "attempts", "0")
         plant(p, "SET", "@job:" + jid(7), "s")
         plant(p, "ZADD", "@pending", "0", jid(7))
-        for k in range(150):
+        for k in range(45):  # small: every call is compared, under valgrind (<~20 s)
             claim(p, 60000)
             if k % 10 == 0:
                 claim_b(p, 7)

@@ -611,7 +611,7 @@ def test_randomized(pair: Pair, both: Both) -> None:
     tokens: dict[str, int] = {}
     both(lambda q: q.enable_events(2000))
     both(lambda q: q.limit_lane("g1", 1))
-    for step in range(500):
+    for step in range(220):
         roll = rng.random()
         i = rng.choice(ids)
         if roll < 0.25:
@@ -654,7 +654,7 @@ def test_randomized(pair: Pair, both: Both) -> None:
         else:
             time.sleep(0.005)
         pair.check(f"step {step}")
-    assert pair.calls > 250
+    assert pair.calls > 110
 
 
 def test_fuzz(r: redis.Redis) -> None:
@@ -784,10 +784,10 @@ def test_valgrind(tmp_path: Path) -> None:
                 q.enable_events(100)
                 q.limit_lane("g", 2)
                 q.add_flow(FlowJob("root", id=jid(500), children=[FlowJob("c", id=jid(501))]))
-            for n in range(1, 121):
+            for n in range(1, 49):  # small: every call is compared, under valgrind (<~20 s)
                 enq(p, jid(n), group="g" if n % 3 == 0 else "", dedup=f"d{n}" if n % 4 else "")
             claims = 0
-            for n in range(100):
+            for n in range(40):
                 ja, jb = (
                     qa.claim(lease_ms=1 if n % 4 == 0 else 30000),
                     qb.claim(lease_ms=1 if n % 4 == 0 else 30000),
@@ -802,7 +802,7 @@ def test_valgrind(tmp_path: Path) -> None:
                     retr(p, ja.id, ja.token, max_attempts=1 if n % 8 == 2 else 3, keep=5000)
                 elif n % 4 == 3:
                     comp(p, ja.id, ja.token + 1)
-            assert claims > 60
+            assert claims > 25
             time.sleep(0.05)
             sweep(p, 1, 3)
             sweep(p, 2)
@@ -827,4 +827,4 @@ def test_valgrind(tmp_path: Path) -> None:
     text = log.read_text()
     assert rc == 0, text[-4000:]
     assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
-    assert calls > 100
+    assert calls > 60

@@ -803,14 +803,16 @@ class QueueMachine(RuleBasedStateMachine):
 # ~40 s on a quiet machine, several minutes on a loaded one. A timeout inside hypothesis is
 # reported as a flaky strategy, so it gets room of its own.
 @pytest.mark.timeout(900)
-def test_protocol_state_machine(redis_url: str) -> None:
+def test_protocol_state_machine(redis_url: str, executor: str | None) -> None:
     client = redis.Redis.from_url(redis_url)
     client.script_flush()  # the NOSCRIPT -> EVAL path runs too
     try:
         run_state_machine_as_test(
             lambda: QueueMachine(client),
             settings=settings(
-                max_examples=60,
+                # The native leg replays the same machine with fewer examples: the suite's
+                # time, and the differential tests of tests/test_native_*.py cover it too.
+                max_examples=25 if executor == "native" else 60,
                 stateful_step_count=50,
                 deadline=None,
                 # No example database: a stored example replayed against a changed machine
