@@ -387,9 +387,11 @@ def test_every_verb_under_hostile_arguments(
     name=NAMES,
     max_payload=st.one_of(st.integers(-2, 2**70), NUMBERS),
 )
-def test_queue_construction_under_hostile_arguments(url: str, name: Any, max_payload: Any) -> None:
+def test_queue_construction_under_hostile_arguments(
+    session_url: str, name: Any, max_payload: Any
+) -> None:
     try:
-        q = echomq.Queue(name, url=url, max_payload=max_payload)
+        q = echomq.Queue(name, url=session_url, max_payload=max_payload)
     except (EchoMQError, ValueError):
         return
     assert re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name) and name != "emq"
