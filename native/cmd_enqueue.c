@@ -16,7 +16,7 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
                          long long run_at, long long now, int fresh) {
     if (!is_job(id)) return "kind";
     emq_sv jk = emq_key2(e, "job:", id);
-    if (emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 1) return "duplicate";
+    if (emq_exists(e, jk) == 1) return "duplicate";
     int due = !has_run_at || run_at <= now;
     emq_sv attempts = EMQ_LIT("0");
     if (!fresh) attempts = emq_retired_last(e, id);
@@ -38,15 +38,15 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
         f[n++] = EMQ_LIT("floor");
         f[n++] = attempts;
     }
-    emq_callv(e, "HSET", n, f);
+    emq_hsetv(e, n, f);
     if (carried) emq_unretire(e, id);
     if (due) {
-        emq_call(e, "ZADD", 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
+        emq_zadd(e, 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
         emq_emit_in(e, "enqueued", id, g, 0, NULL);
         return "enqueued";
     }
     emq_sv at = emq_fmt_ll(e, run_at);
-    emq_call(e, "ZADD", 3, emq_key(e, "schedule"), at, id);
+    emq_zadd(e, 3, emq_key(e, "schedule"), at, id);
     emq_sv extra[2] = {EMQ_LIT("run_at"), at};
     emq_emit_in(e, "scheduled", id, g, 2, extra);
     return "scheduled";
@@ -85,7 +85,7 @@ static void mark_one(emq *e, emq_sv id, emq_sv nonce, const char *verdict, long 
     long long second = floor_div(now, 1000);
     emq_sv key = marker_key(e, nonce, replay_ms, second);
     emq_sv v = strcmp(verdict, "scheduled") == 0 ? EMQ_LIT("s") : EMQ_LIT("e");
-    emq_call(e, "HSET", 3, key, marker_field(e, id, nonce), v);
+    emq_hset(e, 3, key, marker_field(e, id, nonce), v);
     emq_call(e, "PEXPIREAT", 2, key, emq_fmt_ll(e, (second + 1) * 1000 + replay_ms));
 }
 
@@ -93,7 +93,7 @@ static const char *find_one(emq *e, emq_sv id, emq_sv nonce, long long now, long
     emq_sv field = marker_field(e, id, nonce);
     long long last = floor_div(now, 1000);
     for (long long s = floor_div(now - replay_ms, 1000); s <= last; s++) {
-        emq_sv v = emq_str(e, emq_call(e, "HGET", 2, marker_key(e, nonce, replay_ms, s), field));
+        emq_sv v = emq_hget(e, marker_key(e, nonce, replay_ms, s), field);
         if (emq_eqs(v, "e")) return "replayed";
         if (emq_eqs(v, "s")) return "replayed:scheduled";
     }
@@ -108,7 +108,7 @@ static emq_sv dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int 
     emq_sv holder = emq_str(e, emq_call(e, "GET", 1, dk));
     if (!holder.p) return EMQ_NONE;
     emq_sv jk = emq_key2(e, "job:", holder);
-    if (emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 0 &&
+    if (emq_exists(e, jk) == 0 &&
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
         return EMQ_NONE;
     if (!emq_eqs(mode, "debounce")) return holder;
@@ -116,16 +116,16 @@ static emq_sv dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int 
     emq_sv row[2];
     if (!emq_hmget(e, jk, 2, fields, row)) return holder;
     if (!emq_eqs(row[0], "pending") && !emq_eqs(row[0], "scheduled")) return holder;
-    emq_call(e, "HSET", 3, jk, EMQ_LIT("payload"), payload);
+    emq_hset(e, 3, jk, EMQ_LIT("payload"), payload);
     int due = !has_run_at || run_at <= now;
     if (emq_eqs(row[0], "scheduled")) {
-        emq_call(e, "ZADD", 3, emq_key(e, "schedule"), emq_fmt_ll(e, has_run_at ? run_at : now),
+        emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, has_run_at ? run_at : now),
                  holder);
     } else if (!due &&
                emq_str(e, emq_call(e, "ZSCORE", 2, emq_waiting_key(e, row[1]), holder)).p) {
         emq_leave_waiting(e, holder, row[1]);
-        emq_call(e, "HSET", 3, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"));
-        emq_call(e, "ZADD", 3, emq_key(e, "schedule"), emq_fmt_ll(e, run_at), holder);
+        emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"));
+        emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, run_at), holder);
     }
     return holder;
 }
@@ -136,7 +136,7 @@ static void take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms) {
         emq_call(e, "SET", 4, dk, id, EMQ_LIT("PX"), emq_fmt_ll(e, ttl_ms));
     else
         emq_call(e, "SET", 2, dk, id);
-    emq_call(e, "HSET", 3, emq_key2(e, "job:", id), EMQ_LIT("dedup"), did);
+    emq_hset(e, 3, emq_key2(e, "job:", id), EMQ_LIT("dedup"), did);
 }
 
 /* enqueue.lua: KEYS row, meta; ARGV base id payload group mode value [flags replay_ms nonce

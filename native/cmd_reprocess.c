@@ -4,7 +4,7 @@
 /* KEYS row, dead; ARGV base id. */
 static void reprocess(emq *e) {
     emq_sv id = emq_arg(e, 2), jk = emq_key_at(e, 1);
-    if (emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 0) {
+    if (emq_exists(e, jk) == 0) {
         RedisModule_ReplyWithLongLong(e->ctx, 0);
         return;
     }
@@ -14,14 +14,14 @@ static void reprocess(emq *e) {
         RedisModule_ReplyWithError(e->ctx, "EMQSTATE not a job row");
         return;
     }
-    if (emq_int(e, emq_call(e, "ZREM", 2, emq_key_at(e, 2), id)) == 0) {
+    if (emq_zrem(e, 2, emq_key_at(e, 2), id) == 0) {
         RedisModule_ReplyWithError(e->ctx, "EMQSTATE not dead");
         return;
     }
     emq_sv g = row[0];
     emq_call(e, "HDEL", 3, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"));
     if (row[1].p && !emq_eqs(row[1], "0") && emq_is_digits(row[1]))
-        emq_call(e, "HSET", 3, jk, EMQ_LIT("floor"), row[1]);
+        emq_hset(e, 3, jk, EMQ_LIT("floor"), row[1]);
     emq_park(e, id, jk, g);
     emq_touch(e, g, 1);
     emq_emit_in(e, "reprocessed", id, g, 0, NULL);

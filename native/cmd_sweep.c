@@ -149,7 +149,7 @@ static void sweep(emq *e) {
     static const char *fields[3] = {"state", "group", "attempts"};
     for (size_t i = 0; i < len; i++) {
         emq_sv id = ids[i], jk = emq_key2(e, "job:", id);
-        emq_call(e, "ZREM", 2, active, id);
+        emq_zrem(e, 2, active, id);
         emq_sv row[3] = {EMQ_NONE, EMQ_NONE, EMQ_NONE};
         if (!emq_hmget(e, jk, 3, fields, row)) row[0] = row[1] = row[2] = EMQ_NONE;
         emq_sv g = row[1];
@@ -163,14 +163,14 @@ static void sweep(emq *e) {
         long long stalled;
         if (!pcall_hincrby(e, jk, &stalled)) {
             stalled = 1;
-            emq_call(e, "HSET", 3, jk, EMQ_LIT("stalled"), EMQ_LIT("1"));
+            emq_hset(e, 3, jk, EMQ_LIT("stalled"), EMQ_LIT("1"));
         }
         emq_sv st = emq_fmt_ll(e, stalled);
         if (stalled >= max_stalled) {
-            emq_call(e, "HSET", 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
+            emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                      EMQ_LIT("stalled"));
             emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-            emq_call(e, "ZADD", 3, dead, EMQ_LIT("0"), id);
+            emq_zadd(e, 3, dead, EMQ_LIT("0"), id);
             emq_bump_metrics(e, "failed", 1, now);
             emq_sv extra[4] = {EMQ_LIT("error"), EMQ_LIT("stalled"), EMQ_LIT("stalled"), st};
             emq_emit_in(e, "dead", id, g, 4, extra);
@@ -179,7 +179,7 @@ static void sweep(emq *e) {
             if (emq_flow_parent(e, jk, &flow)) emq_flow_child_dead(e, id, &flow, EMQ_LIT("stalled"));
             /* D17: the row holds no keep time; as cancel does, "stalled" is kept 60 s, only for
              * a waiter already waiting. */
-            if (emq_int(e, emq_call(e, "EXISTS", 1, emq_key2(e, "want:", id))) == 1)
+            if (emq_exists(e, emq_key2(e, "want:", id)) == 1)
                 emq_keep_outcome(e, id, "error", EMQ_LIT("stalled"), row[2], 60000, now);
             died[ndied++] = id;
         } else {

@@ -25,6 +25,15 @@ static int has_tag(emq_sv b) {
 }
 
 int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape shape) {
+    /* getkeys-api: the server (cluster slot check, COMMAND GETKEYS, ACL) asks for the keys
+     * exactly as EVAL declares them: numkeys at argv[1], the keys right after. A malformed
+     * numkeys names no key; the call itself then answers ERR. */
+    if (RedisModule_IsKeysPositionRequest(ctx)) {
+        long long n;
+        if (argc >= 2 && emq_parse_ll(sv_of(argv[1]), &n) && n >= 0 && n <= (long long)argc - 2)
+            for (int i = 0; i < (int)n; i++) RedisModule_KeyAtPos(ctx, 2 + i);
+        return REDISMODULE_OK;
+    }
     RedisModule_AutoMemory(ctx);
     if (argc < 2) return RedisModule_ReplyWithError(ctx, "ERR wrong number of arguments");
     long long nk;
@@ -213,15 +222,336 @@ emq_sv emq_str(emq *e, RedisModuleCallReply *r) {
     return v;
 }
 
-int emq_hmget(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
-    emq_sv args[16];
-    args[0] = key;
-    for (int i = 0; i < n; i++) args[i + 1] = (emq_sv){fields[i], strlen(fields[i])};
-    /* redis.pcall in the Lua: a planted non-hash key answers "no row", it fails nothing. */
-    RedisModuleCallReply *r = raw_callv(e, "HMGET", n + 1, args);
-    if (!r || RedisModule_CallReplyType(r) != REDISMODULE_REPLY_ARRAY) return 0;
-    for (int i = 0; i < n; i++) out[i] = emq_str(e, RedisModule_CallReplyArrayElement(r, (size_t)i));
+/* ------------------------------------------------------------------ key API reads */
+
+static const char WRONGTYPE[] = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/* A read handle; NULL (type EMPTY) when the key does not exist. The caller closes it
+ * before any later write through RedisModule_Call can touch the same key. */
+static RedisModuleKey *open_read(emq *e, emq_sv key) {
+    return RedisModule_OpenKey(e->ctx, RedisModule_CreateString(e->ctx, key.p, key.n),
+                               REDISMODULE_READ);
+}
+
+static void close_key(RedisModuleKey *k) {
+    if (k) RedisModule_CloseKey(k);
+}
+
+/* The value of a returned string, copied into the call's pool (the string itself is the
+ * AutoMemory's, but a copy keeps the view valid whatever the caller frees). */
+static emq_sv pooled(emq *e, RedisModuleString *s) {
+    if (!s) return EMQ_NONE;
+    size_t n;
+    const char *p = RedisModule_StringPtrLen(s, &n);
+    char *buf = RedisModule_PoolAlloc(e->ctx, n ? n : 1);
+    if (n) memcpy(buf, p, n);
+    return (emq_sv){buf, n};
+}
+
+long long emq_exists(emq *e, emq_sv key) {
+    RedisModuleKey *k = open_read(e, key);
+    int t = RedisModule_KeyType(k);
+    close_key(k);
+    return t != REDISMODULE_KEYTYPE_EMPTY;
+}
+
+long long emq_card(emq *e, emq_sv key, int type) {
+    RedisModuleKey *k = open_read(e, key);
+    int t = RedisModule_KeyType(k);
+    long long n = 0;
+    if (t != REDISMODULE_KEYTYPE_EMPTY) {
+        if (t != type) {
+            close_key(k);
+            emq_fail(e, WRONGTYPE);
+        }
+        n = (long long)RedisModule_ValueLength(k);
+    }
+    close_key(k);
+    return n;
+}
+
+/* Reads n fields of a hash; returns 0 (out untouched) for a key that exists and is not a
+ * hash, 1 otherwise (absent fields, or an absent key: every out EMQ_NONE). */
+static int hash_fields(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
+    RedisModuleKey *k = open_read(e, key);
+    int t = RedisModule_KeyType(k);
+    if (t != REDISMODULE_KEYTYPE_EMPTY && t != REDISMODULE_KEYTYPE_HASH) {
+        close_key(k);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        RedisModuleString *v = NULL;
+        if (k) RedisModule_HashGet(k, REDISMODULE_HASH_CFIELDS, fields[i], &v, NULL);
+        out[i] = pooled(e, v);
+    }
+    close_key(k);
     return 1;
+}
+
+emq_sv emq_hget(emq *e, emq_sv key, emq_sv field) {
+    /* CFIELDS wants a C string: the field is copied with its terminator. */
+    char *f = RedisModule_PoolAlloc(e->ctx, field.n + 1);
+    memcpy(f, field.p, field.n);
+    f[field.n] = '\0';
+    const char *fields[1] = {f};
+    emq_sv out[1];
+    /* A field with a NUL byte cannot be named as a C string: ask the server instead. */
+    if (memchr(field.p, '\0', field.n))
+        return emq_hget(e, key, field);
+    if (!hash_fields(e, key, 1, fields, out)) emq_fail(e, WRONGTYPE);
+    return out[0];
+}
+
+void emq_hmget_strict(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
+    if (!hash_fields(e, key, n, fields, out)) emq_fail(e, WRONGTYPE);
+}
+
+int emq_hmget(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
+    /* redis.pcall in the Lua: a planted non-hash key answers "no row", it fails nothing. */
+    return hash_fields(e, key, n, fields, out);
+}
+
+emq_sv emq_lindex(emq *e, emq_sv key, long idx) {
+    RedisModuleKey *k = open_read(e, key);
+    int t = RedisModule_KeyType(k);
+    emq_sv v = EMQ_NONE;
+    if (t != REDISMODULE_KEYTYPE_EMPTY) {
+        if (t != REDISMODULE_KEYTYPE_LIST) {
+            close_key(k);
+            emq_fail(e, WRONGTYPE);
+        }
+        long len = (long)RedisModule_ValueLength(k);
+        /* ListGet answers NULL (and sets errno) out of range, as LINDEX answers nil. */
+        if ((idx >= 0 && idx < len) || (idx < 0 && -idx <= len))
+            v = pooled(e, RedisModule_ListGet(k, idx));
+    }
+    close_key(k);
+    return v;
+}
+
+/* ------------------------------------------------------------------ key API writes */
+
+static RedisModuleString **strings_of(emq *e, int n, const emq_sv *args) {
+    RedisModuleString **av = RedisModule_PoolAlloc(e->ctx, sizeof(*av) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++) av[i] = RedisModule_CreateString(e->ctx, args[i].p, args[i].n);
+    return av;
+}
+
+/* A write handle on a key that is empty or of the given type; WRONGTYPE (nothing written)
+ * otherwise, as the command would answer. Closing a written key signals it modified
+ * (WATCH, client-side caching), as the command would. */
+static RedisModuleKey *open_write(emq *e, RedisModuleString *name, int type) {
+    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
+    int t = RedisModule_KeyType(k);
+    if (t != REDISMODULE_KEYTYPE_EMPTY && t != type) {
+        close_key(k);
+        emq_fail(e, WRONGTYPE);
+    }
+    return k;
+}
+
+void emq_hsetv(emq *e, int n, const emq_sv *args) {
+    if (n < 3 || n % 2 == 0) {
+        emq_hsetv(e, n, args); /* the server's own arity error */
+        return;
+    }
+    RedisModuleString **av = strings_of(e, n, args);
+    RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_HASH);
+    for (int i = 1; i < n; i += 2)
+        RedisModule_HashSet(k, REDISMODULE_HASH_NONE, av[i], av[i + 1], NULL);
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "HSET", "v", av, (size_t)n);
+}
+
+void emq_zaddv(emq *e, int n, const emq_sv *args) {
+    if (n < 3 || n % 2 == 0) {
+        emq_zaddv(e, n, args);
+        return;
+    }
+    /* Every score checked before the first write: a flag or a non-integer score (none on
+     * the hot paths) goes to the server whole. */
+    double *sc = RedisModule_PoolAlloc(e->ctx, sizeof(double) * (size_t)n);
+    for (int i = 1; i < n; i += 2) {
+        long long v;
+        if (!emq_parse_ll(args[i], &v) || v > (1LL << 53) || v < -(1LL << 53)) {
+            emq_zaddv(e, n, args);
+            return;
+        }
+        sc[i] = (double)v;
+    }
+    RedisModuleString **av = strings_of(e, n, args);
+    RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_ZSET);
+    for (int i = 1; i < n; i += 2) RedisModule_ZsetAdd(k, sc[i], av[i + 1], NULL);
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "ZADD", "v", av, (size_t)n);
+}
+
+long long emq_zremv(emq *e, int n, const emq_sv *args) {
+    if (n < 2) return emq_int(e, emq_callv(e, "ZREM", n, args));
+    RedisModuleString **av = strings_of(e, n, args);
+    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, av[0], REDISMODULE_READ);
+    int t = RedisModule_KeyType(k);
+    if (t == REDISMODULE_KEYTYPE_EMPTY) {
+        close_key(k);
+        return 0;
+    }
+    if (t != REDISMODULE_KEYTYPE_ZSET) {
+        close_key(k);
+        emq_fail(e, WRONGTYPE);
+    }
+    int present = 0;
+    double score;
+    for (int i = 1; i < n && !present; i++)
+        present = RedisModule_ZsetScore(k, av[i], &score) == REDISMODULE_OK;
+    close_key(k);
+    if (!present) return 0;
+    k = RedisModule_OpenKey(e->ctx, av[0], REDISMODULE_READ | REDISMODULE_WRITE);
+    long long removed = 0;
+    for (int i = 1; i < n; i++) {
+        int deleted = 0;
+        /* ZsetRem deletes the key when the set empties, as ZREM does. */
+        if (RedisModule_KeyType(k) == REDISMODULE_KEYTYPE_ZSET)
+            RedisModule_ZsetRem(k, av[i], &deleted);
+        removed += deleted;
+    }
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "ZREM", "v", av, (size_t)n);
+    return removed;
+}
+
+long long emq_delv(emq *e, int n, const emq_sv *keys) {
+    if (n < 1) return emq_int(e, emq_callv(e, "DEL", n, keys));
+    RedisModuleString **av = strings_of(e, n, keys);
+    long long removed = 0;
+    for (int i = 0; i < n; i++) {
+        RedisModuleKey *k = RedisModule_OpenKey(e->ctx, av[i], REDISMODULE_READ);
+        int t = RedisModule_KeyType(k);
+        close_key(k);
+        if (t == REDISMODULE_KEYTYPE_EMPTY) continue;
+        k = RedisModule_OpenKey(e->ctx, av[i], REDISMODULE_READ | REDISMODULE_WRITE);
+        RedisModule_DeleteKey(k);
+        close_key(k);
+        removed++;
+    }
+    /* DEL propagates only when it removed something (the server's dirty rule). */
+    if (removed) RedisModule_Replicate(e->ctx, "DEL", "v", av, (size_t)n);
+    return removed;
+}
+
+long long emq_zrem(emq *e, int n, ...) {
+    emq_sv args[16];
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) args[i] = va_arg(ap, emq_sv);
+    va_end(ap);
+    return emq_zremv(e, n, args);
+}
+
+long long emq_del(emq *e, int n, ...) {
+    emq_sv args[16];
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) args[i] = va_arg(ap, emq_sv);
+    va_end(ap);
+    return emq_delv(e, n, args);
+}
+
+long long emq_hincrby(emq *e, emq_sv key, emq_sv field, long long by) {
+    emq_sv by_s = emq_fmt_ll(e, by);
+    char *f = RedisModule_PoolAlloc(e->ctx, field.n + 1);
+    memcpy(f, field.p, field.n);
+    f[field.n] = '\0';
+    const char *fields[1] = {f};
+    emq_sv old[1] = {EMQ_NONE};
+    long long v = 0;
+    int fast = !memchr(field.p, '\0', field.n) && hash_fields(e, key, 1, fields, old);
+    if (fast && old[0].p)
+        fast = emq_parse_ll(old[0], &v) && emq_eq(emq_fmt_ll(e, v), old[0]);
+    if (fast) fast = (by >= 0) ? v <= (1LL << 62) - by : v >= -(1LL << 62) - by;
+    if (!fast) return emq_int(e, emq_call(e, "HINCRBY", 3, key, field, by_s));
+    emq_sv nv = emq_fmt_ll(e, v + by);
+    RedisModuleString *kn = RedisModule_CreateString(e->ctx, key.p, key.n);
+    RedisModuleString *fn = RedisModule_CreateString(e->ctx, field.p, field.n);
+    RedisModuleKey *k = open_write(e, kn, REDISMODULE_KEYTYPE_HASH);
+    RedisModule_HashSet(k, REDISMODULE_HASH_NONE, fn,
+                        RedisModule_CreateString(e->ctx, nv.p, nv.n), NULL);
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "HINCRBY", "ssb", kn, fn, by_s.p, by_s.n);
+    return v + by;
+}
+
+void emq_lset(emq *e, emq_sv key, long idx, emq_sv value) {
+    RedisModuleString *kn = RedisModule_CreateString(e->ctx, key.p, key.n);
+    RedisModuleString *val = RedisModule_CreateString(e->ctx, value.p, value.n);
+    RedisModuleKey *k = open_write(e, kn, REDISMODULE_KEYTYPE_LIST);
+    int ok = RedisModule_KeyType(k) == REDISMODULE_KEYTYPE_LIST &&
+             RedisModule_ListSet(k, idx, val) == REDISMODULE_OK;
+    close_key(k);
+    if (!ok) {
+        /* Not there any more: the server's own answer (ERR no such key / index). */
+        emq_sv i = emq_fmt_ll(e, idx);
+        emq_call(e, "LSET", 3, key, i, value);
+        return;
+    }
+    char ib[24];
+    int il = snprintf(ib, sizeof ib, "%ld", idx);
+    RedisModule_Replicate(e->ctx, "LSET", "sbs", kn, ib, (size_t)il, val);
+}
+
+long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out) {
+    *out = NULL;
+    if (count <= 0) return 0;
+    RedisModuleString *kn = RedisModule_CreateString(e->ctx, key.p, key.n);
+    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, kn, REDISMODULE_READ);
+    int t = RedisModule_KeyType(k);
+    close_key(k);
+    if (t == REDISMODULE_KEYTYPE_EMPTY) return 0;
+    if (t != REDISMODULE_KEYTYPE_ZSET) emq_fail(e, WRONGTYPE);
+    k = RedisModule_OpenKey(e->ctx, kn, REDISMODULE_READ | REDISMODULE_WRITE);
+    long long len = (long long)RedisModule_ValueLength(k);
+    long long m = count < len ? count : len;
+    RedisModuleString **mem = RedisModule_PoolAlloc(e->ctx, sizeof(*mem) * (size_t)(m + 1));
+    emq_sv *ids = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(m + 1));
+    long long got = 0;
+    /* The lowest first, ties by member, as ZPOPMIN: the score-range iterator's order. */
+    RedisModule_ZsetFirstInScoreRange(k, -1.0 / 0.0, 1.0 / 0.0, 0, 0);
+    while (got < m) {
+        double score;
+        RedisModuleString *el = RedisModule_ZsetRangeCurrentElement(k, &score);
+        if (!el) break;
+        mem[got] = el;
+        ids[got] = pooled(e, el);
+        got++;
+        if (!RedisModule_ZsetRangeNext(k)) break;
+    }
+    RedisModule_ZsetRangeStop(k);
+    for (long long i = 0; i < got; i++) {
+        int deleted = 0;
+        if (RedisModule_KeyType(k) == REDISMODULE_KEYTYPE_ZSET)
+            RedisModule_ZsetRem(k, mem[i], &deleted);
+    }
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "ZPOPMIN", "sl", kn, count);
+    *out = ids;
+    return got;
+}
+
+void emq_hset(emq *e, int n, ...) {
+    emq_sv args[16];
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) args[i] = va_arg(ap, emq_sv);
+    va_end(ap);
+    emq_hsetv(e, n, args);
+}
+
+void emq_zadd(emq *e, int n, ...) {
+    emq_sv args[16];
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) args[i] = va_arg(ap, emq_sv);
+    va_end(ap);
+    emq_zaddv(e, n, args);
 }
 
 /* The server clock (D10). The scripts read TIME (sec * 1000 + usec / 1000): the same
@@ -239,8 +569,16 @@ void emq_wake(emq *e, long long n) {
     emq_sv args[65];
     args[0] = emq_key(e, "wake");
     for (int i = 1; i <= n; i++) args[i] = EMQ_LIT("1");
-    if (emq_int(e, emq_callv(e, "LPUSH", (int)n + 1, args)) > 64)
-        emq_call(e, "LTRIM", 3, args[0], EMQ_LIT("0"), EMQ_LIT("63"));
+    /* LPUSH, then LTRIM 0 63 past 64 entries: as pushes at the head and pops at the tail
+     * through the key API, replicated as those two commands. */
+    RedisModuleString **av = strings_of(e, (int)n + 1, args);
+    RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_LIST);
+    for (int i = 1; i <= n; i++) RedisModule_ListPush(k, REDISMODULE_LIST_HEAD, av[i]);
+    long long len = (long long)RedisModule_ValueLength(k);
+    for (long long i = len; i > 64; i--) RedisModule_ListPop(k, REDISMODULE_LIST_TAIL);
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "LPUSH", "v", av, (size_t)n + 1);
+    if (len > 64) RedisModule_Replicate(e->ctx, "LTRIM", "scc", av[0], "0", "63");
 }
 
 static double num_or0(emq_sv s) {
@@ -250,12 +588,12 @@ static double num_or0(emq_sv s) {
 }
 
 int emq_serviceable(emq *e, emq_sv g) {
-    if (emq_int(e, emq_call(e, "ZCARD", 1, emq_waiting_key(e, g))) == 0) return 0;
+    if (emq_zcard(e, emq_waiting_key(e, g)) == 0) return 0;
     if (emq_eqs(g, "*")) return 1;
     if (emq_int(e, emq_call(e, "SISMEMBER", 2, emq_key(e, "paused"), g)) == 1) return 0;
-    emq_sv lim = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "glimit"), g));
+    emq_sv lim = emq_hget(e, emq_key(e, "glimit"), g);
     if (lim.p) {
-        emq_sv act = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "gactive"), g));
+        emq_sv act = emq_hget(e, emq_key(e, "gactive"), g);
         if (num_or0(act) >= num_or0(lim)) return 0;
     }
     if (emq_any_lane_rated(e) && emq_rate_blocked(e, g)) return 0;
@@ -272,11 +610,11 @@ void emq_ring_add(emq *e, emq_sv key) {
 void emq_ring_remove(emq *e, emq_sv key) {
     emq_sv ring = emq_key(e, "ring");
     emq_call(e, "SREM", 2, emq_key(e, "inring"), key);
-    if (emq_int(e, emq_call(e, "SCARD", 1, emq_key(e, "inring"))) == 0) {
-        emq_call(e, "DEL", 2, ring, emq_key(e, "ringstale"));
-    } else if (emq_eq(emq_str(e, emq_call(e, "LINDEX", 2, ring, EMQ_LIT("0"))), key)) {
+    if (emq_scard(e, emq_key(e, "inring")) == 0) {
+        emq_del(e, 2, ring, emq_key(e, "ringstale"));
+    } else if (emq_eq(emq_lindex(e, ring, 0), key)) {
         emq_call(e, "LPOP", 1, ring);
-    } else if (emq_eq(emq_str(e, emq_call(e, "LINDEX", 2, ring, EMQ_LIT("-1"))), key)) {
+    } else if (emq_eq(emq_lindex(e, ring, -1), key)) {
         emq_call(e, "RPOP", 1, ring);
     } else {
         emq_call(e, "SADD", 2, emq_key(e, "ringstale"), key);
@@ -287,21 +625,21 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
     emq_sv key = g.p ? g : EMQ_FLAT;
     int flat = emq_eqs(key, "*");
     if (!flat) {
-        if (emq_int(e, emq_call(e, "ZCARD", 1, emq_waiting_key(e, key))) > 0)
+        if (emq_zcard(e, emq_waiting_key(e, key)) > 0)
             emq_call(e, "SADD", 2, emq_key(e, "lanes"), key);
         else
             emq_call(e, "SREM", 2, emq_key(e, "lanes"), key);
     }
     emq_sv ring = emq_key(e, "ring"), inr = emq_key(e, "inring");
     int inring = known_inring || emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
-    if (!inring && emq_int(e, emq_call(e, "SCARD", 1, inr)) == 0 &&
-        emq_int(e, emq_call(e, "LLEN", 1, ring)) > 0) {
+    if (!inring && emq_scard(e, inr) == 0 &&
+        emq_llen(e, ring) > 0) {
         /* A ring written before the SETs existed: adopt its entries once. */
         RedisModuleCallReply *all = emq_call(e, "LRANGE", 3, ring, EMQ_LIT("0"), EMQ_LIT("-1"));
         size_t len = RedisModule_CallReplyLength(all);
         for (size_t i = 0; i < len; i++)
             emq_call(e, "SADD", 2, inr, emq_str(e, RedisModule_CallReplyArrayElement(all, i)));
-        emq_call(e, "DEL", 1, emq_key(e, "ringstale"));
+        emq_del(e, 1, emq_key(e, "ringstale"));
         inring = emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
     }
     int ins = 0, live = 0;
@@ -313,7 +651,7 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
         }
     } else {
         if (inring) emq_ring_remove(e, key);
-        if (!flat && emq_int(e, emq_call(e, "ZCARD", 1, emq_waiting_key(e, key))) > 0) {
+        if (!flat && emq_zcard(e, emq_waiting_key(e, key)) > 0) {
             /* D21: a lane whose window is spent waits in ratewait for its readmission. */
             long long max, window;
             if (emq_lane_rate(e, key, &max, &window)) {
@@ -322,7 +660,7 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
                     !emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, "ratewait"), key)).p) {
                     long long pttl = emq_int(e, emq_call(e, "PTTL", 1, lk));
                     long long at = emq_now_ms(e) + (pttl > 1 ? pttl : 1);
-                    emq_call(e, "ZADD", 3, emq_key(e, "ratewait"), emq_fmt_ll(e, at), key);
+                    emq_zadd(e, 3, emq_key(e, "ratewait"), emq_fmt_ll(e, at), key);
                 }
             }
         }
@@ -333,7 +671,7 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
 
 void emq_touch(emq *e, emq_sv g, long long added) {
     if (!g.p && added > 0 &&
-        emq_int(e, emq_call(e, "ZCARD", 1, emq_key(e, "pending"))) > added) {
+        emq_zcard(e, emq_key(e, "pending")) > added) {
         /* The flat set was non-empty before: '*' is in the ring already. */
         emq_wake(e, added);
         return;
@@ -341,7 +679,7 @@ void emq_touch(emq *e, emq_sv g, long long added) {
     int inring, inserted;
     emq_sync(e, g, 0, &inring, &inserted);
     if (inserted)
-        emq_wake(e, emq_int(e, emq_call(e, "ZCARD", 1, emq_waiting_key(e, g))));
+        emq_wake(e, emq_zcard(e, emq_waiting_key(e, g)));
     else if (inring)
         emq_wake(e, added);
 }
@@ -356,7 +694,7 @@ void emq_retire(emq *e, const emq_sv *pairs, int n) {
         int m = n - i < 1000 ? n - i : 1000;
         args[0] = rk;
         for (int j = 0; j < m; j++) args[1 + j] = pairs[i + j];
-        emq_callv(e, "HSET", m + 1, args);
+        emq_hsetv(e, m + 1, args);
     }
     /* Look at the size on a big batch, or about one small call in eight (the first id's
      * last byte: ids end in a sequence). */
@@ -364,7 +702,7 @@ void emq_retire(emq *e, const emq_sv *pairs, int n) {
         if (pairs[0].n == 0) emq_fail(e, "ERR empty id");
         if ((unsigned char)pairs[0].p[pairs[0].n - 1] % 8 != 0) return;
     }
-    if (emq_int(e, emq_call(e, "HLEN", 1, rk)) >= RETIRED_GEN) {
+    if (emq_hlen(e, rk) >= RETIRED_GEN) {
         emq_call(e, "UNLINK", 1, emq_key(e, "retired:old"));
         emq_call(e, "RENAME", 2, rk, emq_key(e, "retired:old"));
     }
@@ -378,9 +716,9 @@ void emq_retire_one(emq *e, emq_sv id, emq_sv attempts) {
 }
 
 emq_sv emq_retired_last(emq *e, emq_sv id) {
-    emq_sv v = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "retired"), id));
+    emq_sv v = emq_hget(e, emq_key(e, "retired"), id);
     if (v.p) return v;
-    v = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "retired:old"), id));
+    v = emq_hget(e, emq_key(e, "retired:old"), id);
     if (v.p) return v;
     return EMQ_LIT("0");
 }
@@ -391,18 +729,18 @@ void emq_unretire(emq *e, emq_sv id) {
 }
 
 void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g) {
-    emq_call(e, "ZADD", 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
-    emq_call(e, "HSET", 3, jk, EMQ_LIT("state"), EMQ_LIT("pending"));
+    emq_zadd(e, 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
+    emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("pending"));
 }
 
 void emq_free_slot(emq *e, emq_sv g) {
     emq_sv ga = emq_key(e, "gactive");
-    if (emq_int(e, emq_call(e, "HINCRBY", 3, ga, g, EMQ_LIT("-1"))) <= 0)
+    if (emq_hincrby(e, ga, g, -1) <= 0)
         emq_call(e, "HDEL", 2, ga, g);
 }
 
 long long emq_leave_active(emq *e, emq_sv id, emq_sv g) {
-    long long n = emq_int(e, emq_call(e, "ZREM", 2, emq_key(e, "active"), id));
+    long long n = emq_zrem(e, 2, emq_key(e, "active"), id);
     if (n == 1 && g.p) {
         emq_free_slot(e, g);
         emq_touch(e, g, 0);
@@ -411,7 +749,7 @@ long long emq_leave_active(emq *e, emq_sv id, emq_sv g) {
 }
 
 long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g) {
-    long long n = emq_int(e, emq_call(e, "ZREM", 2, emq_waiting_key(e, g), id));
+    long long n = emq_zrem(e, 2, emq_waiting_key(e, g), id);
     emq_sync(e, g, 0, NULL, NULL);
     return n;
 }
@@ -427,7 +765,7 @@ int emq_any_lane_rated(emq *e) {
 
 int emq_lane_rate(emq *e, emq_sv g, long long *max, long long *window) {
     if (!emq_any_lane_rated(e)) return 0;
-    emq_sv spec = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "grate"), g));
+    emq_sv spec = emq_hget(e, emq_key(e, "grate"), g);
     if (!spec.p) return 0;
     const char *colon = memchr(spec.p, ':', spec.n);
     if (!colon) return 0;
@@ -457,7 +795,7 @@ int emq_rate_blocked(emq *e, emq_sv g) {
 
 void emq_emit(emq *e, const char *event, emq_sv id, int nextra, const emq_sv *extra) {
     if (!e->events_known) {
-        e->events_bound = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "meta"), EMQ_LIT("events")));
+        e->events_bound = emq_hget(e, emq_key(e, "meta"), EMQ_LIT("events"));
         e->events_known = 1;
     }
     if (!e->events_bound.p) return;
@@ -500,11 +838,10 @@ static long long floor_div(long long a, long long b) {
 void emq_bump_metrics(emq *e, const char *kind, long long n, long long now) {
     if (n <= 0) return;
     emq_sv k = (emq_sv){kind, strlen(kind)};
-    emq_call(e, "HINCRBY", 3, emq_cat(e, 3, e->base, EMQ_LIT("metrics:"), k), EMQ_LIT("count"),
-             emq_fmt_ll(e, n));
+    emq_hincrby(e, emq_cat(e, 3, e->base, EMQ_LIT("metrics:"), k), EMQ_LIT("count"), n);
     emq_sv key = emq_cat(e, 4, e->base, EMQ_LIT("metrics:"), k, EMQ_LIT(":data"));
     long long minute = floor_div(now > 0 ? now : emq_now_ms(e), 60000);
-    emq_sv head = emq_str(e, emq_call(e, "LINDEX", 2, key, EMQ_LIT("0")));
+    emq_sv head = emq_lindex(e, key, 0);
     if (head.p) {
         const char *sep = memchr(head.p, ':', head.n);
         long long m, c;
@@ -513,7 +850,7 @@ void emq_bump_metrics(emq *e, const char *kind, long long n, long long now) {
             if (!emq_parse_ll(rest, &c)) c = 0;
             char buf[48];
             int len = snprintf(buf, sizeof buf, "%lld:%lld", m, c + n);
-            emq_call(e, "LSET", 3, key, EMQ_LIT("0"), emq_cat(e, 1, (emq_sv){buf, (size_t)len}));
+            emq_lset(e, key, 0, emq_cat(e, 1, (emq_sv){buf, (size_t)len}));
             return;
         }
     }
@@ -556,13 +893,13 @@ long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]) {
 
 void emq_rearm(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5], long long deadline) {
     if (emq_eqs(row[1], "pending")) {
-        if (row[2].p) emq_call(e, "HINCRBY", 3, emq_key(e, "gactive"), row[2], EMQ_LIT("1"));
+        if (row[2].p) emq_hincrby(e, emq_key(e, "gactive"), row[2], 1);
         emq_leave_waiting(e, id, row[2]);
-        emq_call(e, "HSET", 3, jk, EMQ_LIT("state"), EMQ_LIT("active"));
+        emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("active"));
         emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("rearmed"), EMQ_LIT("1")};
         emq_emit_in(e, "active", id, row[2], 4, extra);
     }
-    emq_call(e, "ZADD", 3, emq_key(e, "active"), emq_fmt_ll(e, deadline), id);
+    emq_zadd(e, 3, emq_key(e, "active"), emq_fmt_ll(e, deadline), id);
 }
 
 /* ------------------------------------------------------------------ control.lua */
@@ -583,5 +920,5 @@ void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did) {
     emq_sv dk = emq_key2(e, "de:", did);
     if (emq_eq(emq_str(e, emq_call(e, "GET", 1, dk)), id) &&
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
-        emq_call(e, "DEL", 1, dk);
+        emq_del(e, 1, dk);
 }

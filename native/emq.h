@@ -77,6 +77,38 @@ emq_sv emq_str(emq *e, RedisModuleCallReply *r); /* absent for a nil reply */
 int emq_hmget(emq *e, emq_sv key, int n, const char **fields, emq_sv *out);
 long long emq_now_ms(emq *e);
 
+/* ---- reads through the key API (no RedisModule_Call): the same answers, and the same
+ * WRONGTYPE failure, as the command named; nothing to replicate. ---- */
+long long emq_exists(emq *e, emq_sv key);                       /* EXISTS key */
+long long emq_card(emq *e, emq_sv key, int type);               /* ZCARD/SCARD/HLEN/LLEN */
+emq_sv emq_hget(emq *e, emq_sv key, emq_sv field);              /* HGET */
+void emq_hmget_strict(emq *e, emq_sv key, int n, const char **fields, emq_sv *out); /* HMGET */
+emq_sv emq_lindex(emq *e, emq_sv key, long idx);                /* LINDEX */
+/* ---- writes through the key API, replicated as the plain command (RedisModule_Replicate,
+ * in order with the RedisModule_Call effects): args[0] is the key, then what the command
+ * takes. ZADD: plain "score member" pairs, integer scores (else it goes through emq_callv). */
+void emq_hsetv(emq *e, int n, const emq_sv *args);
+void emq_zaddv(emq *e, int n, const emq_sv *args);
+/* ZREM / DEL: the number removed; nothing is opened for writing (so no WATCH is touched)
+ * and nothing replicated when there is nothing to remove, as the commands do. */
+long long emq_zremv(emq *e, int n, const emq_sv *args);
+long long emq_delv(emq *e, int n, const emq_sv *keys);
+long long emq_zrem(emq *e, int n, ...);
+long long emq_del(emq *e, int n, ...);
+void emq_hset(emq *e, int n, ...);
+/* HINCRBY key field by: the new value. A stored value that is not a canonical integer, or
+ * an overflow, goes to the server (its own error text). */
+long long emq_hincrby(emq *e, emq_sv key, emq_sv field, long long by);
+/* LSET key index value (the index must exist: callers read it just before). */
+void emq_lset(emq *e, emq_sv key, long idx, emq_sv value);
+/* ZPOPMIN key count: the members popped (lowest first) into *out; their number. */
+long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out);
+void emq_zadd(emq *e, int n, ...);
+#define emq_zcard(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_ZSET)
+#define emq_scard(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_SET)
+#define emq_hlen(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_HASH)
+#define emq_llen(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_LIST)
+
 /* ---- common.lua ---- */
 void emq_wake(emq *e, long long n);
 int emq_serviceable(emq *e, emq_sv g);

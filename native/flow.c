@@ -46,8 +46,8 @@ static void flow_release(emq *e, emq_sv pid) {
     static const char *fields[2] = {"state", "group"};
     emq_sv pk = emq_key2(e, "job:", pid), p[2];
     if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
-    emq_call(e, "HSET", 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
-    emq_call(e, "ZADD", 3, emq_waiting_key(e, p[1]), EMQ_LIT("0"), pid);
+    emq_hset(e, 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
+    emq_zadd(e, 3, emq_waiting_key(e, p[1]), EMQ_LIT("0"), pid);
     emq_touch(e, p[1], 1);
 }
 
@@ -94,8 +94,8 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
         emq_sv p[2];
         if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
         err = emq_cat(e, 3, EMQ_LIT("child "), id, EMQ_LIT(" failed"));
-        emq_call(e, "HSET", 5, pk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), err);
-        emq_call(e, "ZADD", 3, emq_key(e, "dead"), EMQ_LIT("0"), pid);
+        emq_hset(e, 5, pk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), err);
+        emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), pid);
         id = pid;
         f = emq_flow_parent(e, pk, &cur) ? &cur : NULL;
         depth++;
@@ -103,7 +103,7 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
 }
 
 void emq_flow_forget(emq *e, emq_sv jk) {
-    emq_call(e, "DEL", 4, emq_cat(e, 2, jk, EMQ_LIT(":deps")),
+    emq_del(e, 4, emq_cat(e, 2, jk, EMQ_LIT(":deps")),
              emq_cat(e, 2, jk, EMQ_LIT(":processed")), emq_cat(e, 2, jk, EMQ_LIT(":failed")),
              emq_cat(e, 2, jk, EMQ_LIT(":unsuccessful")));
 }

@@ -56,11 +56,8 @@ static void rate_charge(emq *e, emq_sv key, long long n, long long window) {
 int emq_claim_gate(emq *e, emq_lease *out) {
     static const char *fields[5] = {"paused", "rate_max", "rate_window_ms", "events", "grated"};
     emq_sv m[5];
-    emq_sv args[6] = {emq_key(e, "meta")};
-    for (int i = 0; i < 5; i++) args[i + 1] = (emq_sv){fields[i], strlen(fields[i])};
     /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    RedisModuleCallReply *r = emq_callv(e, "HMGET", 6, args);
-    for (int i = 0; i < 5; i++) m[i] = emq_str(e, RedisModule_CallReplyArrayElement(r, (size_t)i));
+    emq_hmget_strict(e, emq_key(e, "meta"), 5, fields, m);
     e->events_bound = m[3];
     e->events_known = 1;
     seed_queue_rate(out, m[1], m[2]);
@@ -116,11 +113,11 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
     emq_sv *scored = NULL;
     long long ns = 0, cap = 0;
     while (got < k) {
-        RedisModuleCallReply *popped = emq_call(e, "ZPOPMIN", 2, wk, emq_fmt_ll(e, k - got));
-        size_t len = RedisModule_CallReplyLength(popped);
+        emq_sv *popped;
+        long long len = emq_zpopmin(e, wk, k - got, &popped);
         if (len == 0) break;
-        for (size_t i = 0; i + 1 < len; i += 2) {
-            emq_sv id = emq_str(e, RedisModule_CallReplyArrayElement(popped, i));
+        for (long long i = 0; i < len; i++) {
+            emq_sv id = popped[i];
             emq_sv jk = emq_key2(e, "job:", id);
             emq_sv row[3];
             int hash = emq_hmget(e, jk, 3, fields, row);
@@ -129,7 +126,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             if (ok) {
                 att += 1;
                 emq_sv a = emq_fmt_ll(e, att);
-                emq_call(e, "HSET", 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
                          EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
                 if (ns + 2 > cap) {
                     long long nc = cap ? cap * 2 : 32;
@@ -146,17 +143,17 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
                 emq_sv extra[2] = {EMQ_LIT("attempts"), a};
                 emq_emit_in(e, "active", id, lane, 2, extra);
                 got++;
-            } else if (hash && emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 1) {
+            } else if (hash && emq_exists(e, jk) == 1) {
                 emq_sv why = branded(id) ? EMQ_LIT("malformed row: attempts is not an integer")
                                          : EMQ_LIT("malformed row: the id is not a branded job id");
-                emq_call(e, "HSET", 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
+                emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                          why);
                 emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-                emq_call(e, "ZADD", 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+                emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
                 emq_bump_metrics(e, "failed", 1, 0);
                 emq_sv extra[2] = {EMQ_LIT("error"), why};
                 emq_emit(e, "dead", id, 2, extra);
-            } else if (emq_int(e, emq_call(e, "EXISTS", 1, jk)) == 1) {
+            } else if (emq_exists(e, jk) == 1) {
                 log_dropped(e, id, wk);
             }
         }
@@ -168,10 +165,10 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             long long m = ns - i < 2000 ? ns - i : 2000;
             emq_sv saved = scored[i];
             scored[i] = active; /* the slot before this chunk: a pair already sent, or [0] */
-            emq_callv(e, "ZADD", (int)m + 1, scored + i);
+            emq_zaddv(e, (int)m + 1, scored + i);
             scored[i] = saved;
         }
-        if (lane.p) emq_call(e, "HINCRBY", 3, emq_key(e, "gactive"), lane, emq_fmt_ll(e, got));
+        if (lane.p) emq_hincrby(e, emq_key(e, "gactive"), lane, got);
     }
     return got;
 }
@@ -186,21 +183,19 @@ static long long turn_room(emq *e, emq_sv g, long long want, int alone, long lon
                            long long *served) {
     long long k = want;
     if (!alone) {
-        *w = num_or(emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "gweight"), g)), 1);
+        *w = num_or(emq_hget(e, emq_key(e, "gweight"), g), 1);
         emq_sv turn[2];
-        emq_sv args[3] = {emq_key(e, "meta"), EMQ_LIT("rr_lane"), EMQ_LIT("rr_n")};
-        RedisModuleCallReply *r = emq_callv(e, "HMGET", 3, args);
-        for (int i = 0; i < 2; i++)
-            turn[i] = emq_str(e, RedisModule_CallReplyArrayElement(r, (size_t)i));
+        static const char *rr[2] = {"rr_lane", "rr_n"};
+        emq_hmget_strict(e, emq_key(e, "meta"), 2, rr, turn);
         *served = 0;
         if (emq_eq(turn[0], g)) *served = num_or(turn[1], 0);
         long long room = *w - *served > 1 ? *w - *served : 1;
         if (room < k) k = room;
     }
     if (!emq_eqs(g, "*")) {
-        emq_sv lim = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "glimit"), g));
+        emq_sv lim = emq_hget(e, emq_key(e, "glimit"), g);
         if (lim.p) {
-            emq_sv act = emq_str(e, emq_call(e, "HGET", 2, emq_key(e, "gactive"), g));
+            emq_sv act = emq_hget(e, emq_key(e, "gactive"), g);
             long long room = num_or(lim, 0) - num_or(act, 0);
             if (room < k) k = room;
         }
@@ -227,7 +222,7 @@ static void charge(emq *e, emq_sv g, long long n, int live, int alone, long long
         emq_call(e, "LMOVE", 4, ring, ring, EMQ_LIT("LEFT"), EMQ_LIT("RIGHT"));
         emq_call(e, "HDEL", 3, meta, EMQ_LIT("rr_lane"), EMQ_LIT("rr_n"));
     } else {
-        emq_call(e, "HSET", 5, meta, EMQ_LIT("rr_lane"), g, EMQ_LIT("rr_n"), emq_fmt_ll(e, served));
+        emq_hset(e, 5, meta, EMQ_LIT("rr_lane"), g, EMQ_LIT("rr_n"), emq_fmt_ll(e, served));
     }
 }
 
@@ -236,7 +231,7 @@ static emq_sv ring_head(emq *e) {
     emq_sv ring = emq_key(e, "ring"), inring = emq_key(e, "inring");
     emq_sv stale = emq_key(e, "ringstale");
     for (;;) {
-        emq_sv g = emq_str(e, emq_call(e, "LINDEX", 2, ring, EMQ_LIT("0")));
+        emq_sv g = emq_lindex(e, ring, 0);
         if (!g.p) return EMQ_NONE;
         if (emq_int(e, emq_call(e, "SISMEMBER", 2, inring, g)) == 1) return g;
         emq_call(e, "LPOP", 1, ring);
@@ -255,7 +250,7 @@ static void readmit_rated(emq *e, long long now) {
     size_t len = RedisModule_CallReplyLength(due);
     for (size_t i = 0; i < len; i++) {
         emq_sv g = emq_str(e, RedisModule_CallReplyArrayElement(due, i));
-        emq_call(e, "ZREM", 2, rw, g);
+        emq_zrem(e, 2, rw, g);
         emq_touch(e, g, 0);
     }
 }
@@ -308,7 +303,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         emq_sv g = ring_head(e);
         if (!g.p) break;
         int flat = emq_eqs(g, "*");
-        int alone = emq_int(e, emq_call(e, "SCARD", 1, emq_key(e, "inring"))) == 1;
+        int alone = emq_scard(e, emq_key(e, "inring")) == 1;
         long long leased = 0, w = 1, served = 0;
         if (flat || emq_serviceable(e, g)) {
             long long k = turn_room(e, g, n - got, alone, &w, &served);

@@ -48,6 +48,22 @@ typedef struct RedisModuleString RedisModuleString;
 typedef struct RedisModuleCallReply RedisModuleCallReply;
 typedef struct RedisModuleCommand RedisModuleCommand;
 
+typedef struct RedisModuleKey RedisModuleKey;
+
+/* The key API: open modes, key types, HashGet flags. */
+#define REDISMODULE_READ (1 << 0)
+#define REDISMODULE_WRITE (1 << 1)
+#define REDISMODULE_KEYTYPE_EMPTY 0
+#define REDISMODULE_KEYTYPE_STRING 1
+#define REDISMODULE_KEYTYPE_LIST 2
+#define REDISMODULE_KEYTYPE_HASH 3
+#define REDISMODULE_KEYTYPE_SET 4
+#define REDISMODULE_KEYTYPE_ZSET 5
+#define REDISMODULE_LIST_HEAD 0
+#define REDISMODULE_LIST_TAIL 1
+#define REDISMODULE_HASH_NONE 0
+#define REDISMODULE_HASH_CFIELDS (1 << 2)
+
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* The command-info structures: the server reads them through the sizes in the version
@@ -140,6 +156,36 @@ RMAPI_EXTERN int (*RedisModule_ReplyWithStringBuffer)(RedisModuleCtx *ctx, const
                                                       size_t len);
 RMAPI_EXTERN int (*RedisModule_ReplyWithArray)(RedisModuleCtx *ctx, long len);
 RMAPI_EXTERN void *(*RedisModule_PoolAlloc)(RedisModuleCtx *ctx, size_t bytes);
+/* The key API (reads on the hot paths: no fake client, no argv, no reply object). */
+RMAPI_EXTERN RedisModuleKey *(*RedisModule_OpenKey)(RedisModuleCtx *ctx, RedisModuleString *name,
+                                                     int mode);
+RMAPI_EXTERN void (*RedisModule_CloseKey)(RedisModuleKey *key);
+RMAPI_EXTERN int (*RedisModule_KeyType)(RedisModuleKey *key);
+RMAPI_EXTERN size_t (*RedisModule_ValueLength)(RedisModuleKey *key);
+RMAPI_EXTERN int (*RedisModule_HashGet)(RedisModuleKey *key, int flags, ...);
+RMAPI_EXTERN RedisModuleString *(*RedisModule_ListGet)(RedisModuleKey *key, long index);
+RMAPI_EXTERN int (*RedisModule_HashSet)(RedisModuleKey *key, int flags, ...);
+RMAPI_EXTERN int (*RedisModule_ZsetAdd)(RedisModuleKey *key, double score, RedisModuleString *ele,
+                                        int *flagsptr);
+RMAPI_EXTERN int (*RedisModule_ZsetRem)(RedisModuleKey *key, RedisModuleString *ele,
+                                        int *deleted);
+RMAPI_EXTERN int (*RedisModule_ZsetScore)(RedisModuleKey *key, RedisModuleString *ele,
+                                          double *score);
+RMAPI_EXTERN int (*RedisModule_DeleteKey)(RedisModuleKey *key);
+RMAPI_EXTERN int (*RedisModule_ListPush)(RedisModuleKey *key, int where, RedisModuleString *ele);
+RMAPI_EXTERN RedisModuleString *(*RedisModule_ListPop)(RedisModuleKey *key, int where);
+RMAPI_EXTERN int (*RedisModule_ZsetFirstInScoreRange)(RedisModuleKey *key, double min, double max,
+                                                       int minex, int maxex);
+RMAPI_EXTERN RedisModuleString *(*RedisModule_ZsetRangeCurrentElement)(RedisModuleKey *key,
+                                                                       double *score);
+RMAPI_EXTERN int (*RedisModule_ZsetRangeNext)(RedisModuleKey *key);
+RMAPI_EXTERN void (*RedisModule_ZsetRangeStop)(RedisModuleKey *key);
+RMAPI_EXTERN int (*RedisModule_ListSet)(RedisModuleKey *key, long index, RedisModuleString *value);
+RMAPI_EXTERN int (*RedisModule_Replicate)(RedisModuleCtx *ctx, const char *cmdname,
+                                          const char *fmt, ...);
+/* getkeys-api: the server asks the command itself where its keys are (cluster routing). */
+RMAPI_EXTERN int (*RedisModule_IsKeysPositionRequest)(RedisModuleCtx *ctx);
+RMAPI_EXTERN void (*RedisModule_KeyAtPos)(RedisModuleCtx *ctx, int pos);
 
 /* Fetch every pointer above through the server's GetApi and register the module's name.
  * Returns REDISMODULE_ERR when a function is missing (too old a server) or the name is taken. */
@@ -170,6 +216,27 @@ static inline int rmapi_init(RedisModuleCtx *ctx, const char *name, int ver, int
     RMAPI_GET(ReplyWithStringBuffer)
     RMAPI_GET(ReplyWithArray)
     RMAPI_GET(PoolAlloc)
+    RMAPI_GET(IsKeysPositionRequest)
+    RMAPI_GET(OpenKey)
+    RMAPI_GET(CloseKey)
+    RMAPI_GET(KeyType)
+    RMAPI_GET(ValueLength)
+    RMAPI_GET(HashGet)
+    RMAPI_GET(ListGet)
+    RMAPI_GET(HashSet)
+    RMAPI_GET(ZsetAdd)
+    RMAPI_GET(ZsetRem)
+    RMAPI_GET(ZsetScore)
+    RMAPI_GET(DeleteKey)
+    RMAPI_GET(ListPush)
+    RMAPI_GET(ListPop)
+    RMAPI_GET(ZsetFirstInScoreRange)
+    RMAPI_GET(ZsetRangeCurrentElement)
+    RMAPI_GET(ZsetRangeNext)
+    RMAPI_GET(ZsetRangeStop)
+    RMAPI_GET(ListSet)
+    RMAPI_GET(Replicate)
+    RMAPI_GET(KeyAtPos)
 #undef RMAPI_GET
     if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;
     RedisModule_SetModuleAttribs(ctx, name, ver, apiver);

@@ -13,12 +13,12 @@ void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv
     if (keep_ms <= 0) return;
     emq_sv rk = emq_key2(e, "result:", id), ms = emq_fmt_ll(e, keep_ms);
     /* DEL: a reprocessed job's earlier outcome must not leave its other field behind. */
-    emq_call(e, "DEL", 1, rk);
-    emq_call(e, "HSET", 7, rk, (emq_sv){field, strlen(field)}, value, EMQ_LIT("attempts"),
+    emq_del(e, 1, rk);
+    emq_hset(e, 7, rk, (emq_sv){field, strlen(field)}, value, EMQ_LIT("attempts"),
              attempts.p ? attempts : EMQ_LIT("0"), EMQ_LIT("finished_ms"),
              emq_fmt_ll(e, now > 0 ? now : emq_now_ms(e)));
     emq_call(e, "PEXPIRE", 2, rk, ms);
-    if (emq_int(e, emq_call(e, "EXISTS", 1, emq_key2(e, "want:", id))) == 1) {
+    if (emq_exists(e, emq_key2(e, "want:", id)) == 1) {
         emq_sv nk = emq_key2(e, "notify:", id);
         emq_call(e, "RPUSH", 2, nk, EMQ_LIT("1"));
         emq_call(e, "PEXPIRE", 2, nk, ms);
@@ -47,9 +47,9 @@ emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv 
     }
     emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
     if (emq_eqs(row[0], "1"))
-        emq_call(e, "DEL", 2, jk, logs);
+        emq_del(e, 2, jk, logs);
     else
-        emq_call(e, "DEL", 3, jk, logs, emq_cat(e, 2, jk, EMQ_LIT(":errors")));
+        emq_del(e, 3, jk, logs, emq_cat(e, 2, jk, EMQ_LIT(":errors")));
     emq_retire_one(e, id, row[0]);
     emq_sv extra[2] = {EMQ_LIT("attempts"), row[0]};
     emq_emit_in(e, "completed", id, row[2], 2, extra);
@@ -76,10 +76,10 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
     emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs")), errs = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
     /* D22, cancel(remove=True): the holder's "cancelled" settle removes the job. */
     if (emq_eqs(error_text, "cancelled") &&
-        emq_eqs(emq_str(e, emq_call(e, "HGET", 2, jk, EMQ_LIT("cancel"))), "remove")) {
+        emq_eqs(emq_hget(e, jk, EMQ_LIT("cancel")), "remove")) {
         emq_release_dedup_of(e, id, row[5]);
         emq_flow_forget(e, jk);
-        emq_call(e, "DEL", 3, jk, logs, errs);
+        emq_del(e, 3, jk, logs, errs);
         emq_retire_one(e, id, row[0]);
         emq_sv extra[4] = {EMQ_LIT("state"), EMQ_LIT("active"), EMQ_LIT("cancelled"), EMQ_LIT("1")};
         emq_emit_in(e, "removed", id, row[2], 4, extra);
@@ -92,9 +92,9 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
              emq_cat(e, 4, EMQ_LIT("attempt "), emq_fmt_ll(e, attempt), EMQ_LIT(": "), error_text));
     emq_call(e, "LTRIM", 3, errs, EMQ_LIT(ERRORS_KEPT), EMQ_LIT("-1"));
     if (attempt >= max_attempts) {
-        emq_call(e, "HSET", 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
+        emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                  error_text);
-        emq_call(e, "ZADD", 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+        emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
         emq_bump_metrics(e, "failed", 1, now);
         emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("error"), error_text};
         emq_emit_in(e, "dead", id, row[2], 4, extra);
@@ -104,9 +104,9 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
         if (emq_flow_of(row, &flow)) emq_flow_child_dead(e, id, &flow, error_text);
         return v_text("dead");
     }
-    emq_call(e, "HSET", 5, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"), EMQ_LIT("last_error"),
+    emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"), EMQ_LIT("last_error"),
              error_text);
-    emq_call(e, "ZADD", 3, emq_key(e, "schedule"), emq_fmt_ll(e, now + delay_ms), id);
+    emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, now + delay_ms), id);
     emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("delay_ms"), emq_fmt_ll(e, delay_ms)};
     emq_emit_in(e, "retried", id, row[2], 4, extra);
     return v_text("scheduled");
@@ -140,7 +140,9 @@ static void del_sliced(emq *e, const char *cmd, emq_sv first, const emq_sv *item
         emq_sv *av = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(m + 1));
         if (k) av[0] = first;
         memcpy(av + k, items + j, sizeof(emq_sv) * (size_t)m);
-        emq_callv(e, cmd, m + k, av);
+        if (!strcmp(cmd, "ZREM")) emq_zremv(e, m + k, av);
+        else if (!strcmp(cmd, "DEL")) emq_delv(e, m + k, av);
+        else emq_callv(e, cmd, m + k, av);
     }
 }
 

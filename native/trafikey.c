@@ -64,9 +64,12 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
     if (rmapi_init(ctx, "trafikey", TRAFIKEY_VERSION, REDISMODULE_APIVER_1) != REDISMODULE_OK)
         return REDISMODULE_ERR;
     for (size_t i = 0; i < sizeof(COMMANDS) / sizeof(COMMANDS[0]); i++) {
-        /* deny-oom: under noeviction at maxmemory the call is refused whole, writing nothing. */
-        if (RedisModule_CreateCommand(ctx, COMMANDS[i].name, COMMANDS[i].fn, "write deny-oom", 0,
-                                      0, 0) != REDISMODULE_OK)
+        /* deny-oom: under noeviction at maxmemory the call is refused whole, writing nothing.
+         * getkeys-api: Redis 7.0 slot-checks a module command (CROSSSLOT, MOVED, ASK) only
+         * when it can list its keys through the module; the key spec alone is not used for
+         * routing there. emq_run answers the position request. */
+        if (RedisModule_CreateCommand(ctx, COMMANDS[i].name, COMMANDS[i].fn, "write deny-oom getkeys-api",
+                                      0, 0, 0) != REDISMODULE_OK)
             return REDISMODULE_ERR;
         RedisModuleCommand *cmd = RedisModule_GetCommand(ctx, COMMANDS[i].name);
         if (!cmd) return REDISMODULE_ERR;
