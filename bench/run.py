@@ -256,11 +256,14 @@ class Bench:
 
     # ------------------------------------------------------------------ measurements
 
-    def processed(self, name: str, n: int, c: int, tag: str) -> float:
-        """N jobs wait in the queue; start one worker; jobs/s from the broker's own view of
-        completion: the jobs completed between the first observed progress and the last."""
+    def processed(self, name: str, n: int, c: int | str, tag: str) -> float:
+        """N jobs wait in the queue; start one worker (``c`` may be ``"CxP"``: P worker
+        processes of concurrency C); jobs/s from the broker's own view of completion: the jobs
+        completed between the first observed progress and the last."""
         mod = self.mods[name]
-        w = self.spawn(name, c, tag)
+        conc, _, procs = str(c).partition("x")
+        ws = [self.spawn(name, int(conc), f"{tag}-p{i}") for i in range(int(procs or 1))]
+        w = ws[0]
         spawned = time.monotonic()
         first: tuple[float, int] | None = None
         last_rem, last_change = n, spawned
@@ -280,8 +283,9 @@ class Bench:
                         break
                 if rem != last_rem:
                     last_rem, last_change = rem, now
-                if not w.alive():
-                    raise RuntimeError(f"worker exited ({w.proc.returncode}): {w.tail()}")
+                for w in ws:
+                    if not w.alive():
+                        raise RuntimeError(f"worker exited ({w.proc.returncode}): {w.tail()}")
                 if now - last_change > self.args.stall_timeout:
                     raise RuntimeError(
                         f"no progress for {self.args.stall_timeout:.0f}s ({rem} of {n} left): "
@@ -296,7 +300,8 @@ class Bench:
         finally:
             if name in ECHOMQ:
                 self.verify_echomq(n, tag if name == "echomq" else f"{name}-{tag}", name)
-            self.stop(w, name)
+            for w in ws:
+                self.stop(w, name)
 
     def verify_echomq(self, n: int, tag: str, name: str = "echomq") -> None:
         ok, text = self.mods[name].verify(self.url, n)
@@ -636,7 +641,8 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
             "### echomq at larger concurrency",
             "",
             f"The `-c {'/'.join(map(str, a.best))}` runs use N={a.best_n} so that they last long "
-            "enough to time (c=1 and c=10 use N as above).",
+            "enough to time (c=1 and c=10 use N as above); `CxP` is P worker processes of "
+            "`-c C` each.",
             "",
             "| setting | "
             + " | ".join(f"{label(b, n)} (median) | per round" for n in shown)
@@ -774,7 +780,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="~5 s echomq-only run (CI)")
     p.add_argument("--rate", type=float, default=100.0, help="latency run: jobs/s")
     p.add_argument("--lat-seconds", type=float, default=5.0, help="latency run: seconds")
-    p.add_argument("--best", default=",".join(map(str, BEST)), help="echomq's extra -c values")
+    p.add_argument(
+        "--best",
+        default=",".join(map(str, BEST)),
+        help="echomq's extra settings: -c values, or CxP for P worker processes of -c C",
+    )
     p.add_argument(
         "--best-n", type=int, default=None, help="jobs for echomq's larger -c runs (max(N, 50000))"
     )
@@ -794,7 +804,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         a.lat_seconds, a.evalsha_n, a.lifecycle_n = 0.5, 5_000, 1_000
         a.best = "50"
         a.stall_timeout = 20.0
-    a.best = [int(x) for x in str(a.best).split(",") if x.strip()]
+    # An entry is a concurrency, or CxP: P worker processes of concurrency C each.
+    a.best = [x.strip() for x in str(a.best).split(",") if x.strip()]
+    bad = [x for x in a.best if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*)?", x)]
+    if bad:
+        p.error(f"--best takes concurrencies or CxP (P processes), got {bad}")
     if a.best_n is None:
         a.best_n = a.n if a.smoke else max(a.n, 50_000)
     return a
