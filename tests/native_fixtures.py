@@ -1,18 +1,27 @@
 """Helpers for the native-module conformance tests: build trafikey, and run one transition
 through both executors (the Lua script on queue A, the EMQ.* command on queue B of the same
-server) so replies and keyspaces can be compared."""
+server) so replies and keyspaces can be compared.
+
+It also holds what every test_native_* module shares: the module fixtures (made by
+`differential_fixtures` and assigned to names in the test module, so pytest finds them there
+and each module keeps its own server), the replica and the valgrind server launchers."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import redis
 
+import echomq
 from echomq._scripts import SCRIPTS
+from echomq.server import EmbeddedServer, find_binary, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "native"
@@ -198,3 +207,205 @@ class Pair:
 
 def expand_args(args: Sequence[str | bytes], queue: str) -> list[str | bytes]:
     return [base(queue) + a[1:] if isinstance(a, str) and a.startswith("@") else a for a in args]
+
+
+class SettlePair(Pair):
+    """A Pair whose keyspace check also forgives a kept outcome's finished_ms (a server-clock
+    time read by each executor) within the tolerance, as clock-derived scores are."""
+
+    def check(self, what: str = "") -> None:
+        sa, sb = snapshot(self.r, self.a), snapshot(self.r, self.b)
+        settle_clock(sa, sb)
+        d = diff(sa, sb)
+        assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
+
+
+def settle_clock(sa: dict[str, Any], sb: dict[str, Any]) -> None:
+    """Make B's finished_ms of a kept outcome A's when they are within the tolerance."""
+    for name in set(sa) & set(sb):
+        if ":result:" not in name or sa[name][0] != "hash" or sb[name][0] != "hash":
+            continue
+        fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
+        if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
+            sb[name][1][b"finished_ms"] = fa
+
+
+def quiet(fn: Callable[[], Any]) -> Any:
+    """fn's result, or the name of the EchoMQError it raised (randomized walks compare these)."""
+    try:
+        return fn()
+    except echomq.EchoMQError as exc:
+        return type(exc).__name__
+
+
+def jid(n: int) -> str:
+    """A JOB id (14 bytes, the shape the client mints)."""
+    return f"JOB{n:011d}"
+
+
+# Applies one Queue API step to both queues (Any: mypy cannot type the steps' lambdas with
+# default arguments).
+Both = Any
+
+
+def differential_fixtures(
+    qa: str,
+    qb: str,
+    *,
+    tmp_name: str,
+    clean: Sequence[str] = (),
+    pair_class: type[Pair] = Pair,
+) -> tuple[Any, Any, Any, Any, Any]:
+    """The fixtures module_path, nserver, r, pair and both of one test module: a
+    module-scoped server with trafikey loaded, a client on it (queues qa, qb and `clean`
+    emptied before each test), a pair_class on qa/qb, and `both` (a Queue API step applied to
+    both queues). A test module assigns them to those names:
+
+        module_path, nserver, r, pair, both = differential_fixtures(QA, QB, tmp_name="x")
+
+    (a factory rather than imports: imported fixtures read as unused imports and shadowed
+    names to the linter, and each module passes its own queues)."""
+
+    @pytest.fixture(scope="module")
+    def module_path() -> Path:
+        return build()
+
+    @pytest.fixture(scope="module")
+    def nserver(
+        module_path: Path, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[EmbeddedServer]:
+        with loaded_server(tmp_path_factory.mktemp(tmp_name), module_path) as srv:
+            yield srv
+
+    @pytest.fixture
+    def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
+        client = redis.Redis.from_url(nserver.url)
+        empty_queues(client, (qa, qb, *clean))
+        yield client
+        client.close()
+
+    @pytest.fixture
+    def pair(r: redis.Redis) -> Pair:
+        return pair_class(r, qa, qb)
+
+    @pytest.fixture
+    def both(nserver: EmbeddedServer) -> Iterator[Both]:
+        """Apply one Queue API step to both queues (to build states); returns A's result."""
+        queue_a, queue_b = echomq.Queue(qa, url=nserver.url), echomq.Queue(qb, url=nserver.url)
+
+        def run(step: Callable[[echomq.Queue], Any]) -> Any:
+            ra, rb = step(queue_a), step(queue_b)
+            assert repr(ra) == repr(rb)
+            return ra
+
+        yield run
+        queue_a.close()
+        queue_b.close()
+
+    return module_path, nserver, r, pair, both
+
+
+@contextlib.contextmanager
+def loaded_server(directory: Path, so: Path) -> Iterator[EmbeddedServer]:
+    """An EmbeddedServer with the module `so` loaded, stopped on exit."""
+    srv = EmbeddedServer(directory, args=["--loadmodule", str(so)]).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def empty_queues(client: redis.Redis, queues: Sequence[str]) -> None:
+    """Delete every key of these queues (tests share one module-scoped server)."""
+    for q in queues:
+        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
+        if keys:
+            client.delete(*keys)
+
+
+@contextlib.contextmanager
+def replica_of(primary: EmbeddedServer, directory: Path) -> Iterator[redis.Redis]:
+    """A plain server (no module) replicating `primary`, once its link is up: a client on it."""
+    replica = EmbeddedServer(
+        directory, args=["--replicaof", "127.0.0.1", str(primary.port)]
+    ).start()
+    try:
+        rr = redis.Redis(port=replica.port)
+        deadline = time.monotonic() + 10
+        while rr.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "replica did not sync"
+            time.sleep(0.05)
+        yield rr
+        rr.close()
+    finally:
+        replica.stop()
+
+
+def assert_replicated(
+    r: redis.Redis, rr: redis.Redis, queues: Sequence[str], *, hashes: bool = False
+) -> None:
+    """Every key of the queues is on the replica as on the primary. A hashtable's DUMP order
+    depends on the process's hash seed: those are compared by content (sets, and hashes when
+    `hashes`), everything else byte for byte."""
+    for q in queues:
+        primary = sorted(r.scan_iter(match=f"emq:{{{q}}}:*"))
+        assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
+        for key in primary:
+            if r.object("encoding", key) == b"hashtable":
+                kind = r.type(key)
+                assert rr.type(key) == kind, key
+                if hashes and kind == b"hash":
+                    assert rr.hgetall(key) == r.hgetall(key), key
+                else:
+                    assert kind == b"set", key
+                    assert rr.smembers(key) == r.smembers(key), key
+            else:
+                assert rr.dump(key) == r.dump(key), key
+            assert abs(rr.pttl(key) - r.pttl(key)) < 1000, key
+
+
+def wait_for_ping(r: redis.Redis, timeout: float, what: str, every: float = 0.2) -> None:
+    """PING until the server answers; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r.ping()
+            return
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(every)
+
+
+@contextlib.contextmanager
+def valgrind_server(
+    tmp_path: Path, so: Path, *, socket_timeout: float = 60
+) -> Iterator[tuple[redis.Redis, str]]:
+    """redis-server under valgrind with the module `so` loaded: yields a client and its URL.
+    On exit the server is shut down and must exit 0 (no valgrind error) with no block
+    definitely lost in trafikey. A ConnectionError in the body (the server died) is left to
+    those checks, which then fail with the log's tail."""
+    port = free_port()
+    log = tmp_path / "valgrind.log"
+    cmd = [
+        "valgrind", "--error-exitcode=1", "--leak-check=full",
+        "--errors-for-leak-kinds=definite", f"--log-file={log}",
+        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port, socket_timeout=socket_timeout)
+        wait_for_ping(r, 60, "valgrind server")
+        yield r, f"redis://127.0.0.1:{port}"
+        r.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    finally:
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]

@@ -10,10 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,76 +18,31 @@ import pytest
 import redis
 
 import echomq
-from echomq.server import EmbeddedServer, find_binary, free_port
+from echomq.server import EmbeddedServer
 from native_fixtures import (
     TOLERANCE_MS,
     Pair,
     Reply,
+    assert_replicated,
     base,
     build,
     call_native,
     call_script,
     command,
+    differential_fixtures,
     expand,
     expand_args,
+    jid,
+    quiet,
+    replica_of,
+    valgrind_server,
 )
 
 QA, QB = "clmA", "clmB"
 CLAIM_KEYS = ["@meta", "@ring", "@active"]
 
 
-def jid(n: int) -> str:
-    """A JOB id (14 bytes, the shape the client mints)."""
-    return f"JOB{n:011d}"
-
-
-@pytest.fixture(scope="module")
-def module_path() -> Path:
-    return build()
-
-
-@pytest.fixture(scope="module")
-def nserver(
-    module_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(
-        tmp_path_factory.mktemp("nclaim"), args=["--loadmodule", str(module_path)]
-    ).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(nserver.url)
-    for q in (QA, QB):
-        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
-        if keys:
-            client.delete(*keys)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def pair(r: redis.Redis) -> Pair:
-    return Pair(r, QA, QB)
-
-
-@pytest.fixture
-def both(nserver: EmbeddedServer) -> Iterator[Callable[[Callable[[echomq.Queue], Any]], Any]]:
-    """Apply one Queue API step to both queues (to build states); returns A's result."""
-    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
-
-    def run(step: Callable[[echomq.Queue], Any]) -> Any:
-        ra, rb = step(qa), step(qb)
-        assert repr(ra) == repr(rb)
-        return ra
-
-    yield run
-    qa.close()
-    qb.close()
+module_path, nserver, r, pair, both = differential_fixtures(QA, QB, tmp_name="nclaim")
 
 
 # ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
@@ -386,13 +338,6 @@ def test_floor_reported(pair: Pair, both: Any) -> None:
     assert claim(pair) == ("ok", [jid(3).encode(), b"p", 8, None, b"7"])
 
 
-def _quiet(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except echomq.EchoMQError as exc:
-        return type(exc).__name__
-
-
 def test_randomized(pair: Pair, both: Any) -> None:
     rng = random.Random(20261202)
     ids = [jid(n) for n in range(1, 25)]
@@ -425,11 +370,11 @@ def test_randomized(pair: Pair, both: Any) -> None:
             pair.run("extend", ["@active", "@job:" + k], args)
         elif roll < 0.72 and tokens:
             k = rng.choice(sorted(tokens))
-            both(lambda q, k=k: _quiet(lambda: q.complete(k, tokens[k])))
+            both(lambda q, k=k: quiet(lambda: q.complete(k, tokens[k])))
         elif roll < 0.76 and tokens:
             k = rng.choice(sorted(tokens))
             both(
-                lambda q, k=k: _quiet(
+                lambda q, k=k: quiet(
                     lambda: q.retry(k, tokens[k], delay_ms=0, max_attempts=3, error="x")
                 )
             )
@@ -505,15 +450,7 @@ def test_fuzz(r: redis.Redis) -> None:
 def test_replica_without_module(
     nserver: EmbeddedServer, pair: Pair, both: Any, tmp_path: Path
 ) -> None:
-    replica = EmbeddedServer(
-        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
-    ).start()
-    try:
-        rr = redis.Redis(port=replica.port)
-        deadline = time.monotonic() + 10
-        while rr.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "replica did not sync"
-            time.sleep(0.05)
+    with replica_of(nserver, tmp_path / "replica") as rr:
         both(lambda q: q.enable_events(100))
         both(lambda q: q.weight_lane("a", 2))
         both(lambda q: q.rate_limit_lane("b", 2, 60000))
@@ -525,43 +462,12 @@ def test_replica_without_module(
         claim(pair)
         claim_b(pair, 20)
         assert command(pair.r, "WAIT", 1, 5000) == 1
-        for q in (QA, QB):
-            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
-            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
-            for key in primary:
-                if pair.r.object("encoding", key) == b"hashtable":
-                    assert rr.smembers(key) == pair.r.smembers(key), key
-                else:
-                    assert rr.dump(key) == pair.r.dump(key), key
-                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
-        rr.close()
-    finally:
-        replica.stop()
+        assert_replicated(pair.r, rr, (QA, QB))
 
 
 def test_valgrind(tmp_path: Path) -> None:
-    so = build("debug")
-    port = free_port()
-    log = tmp_path / "valgrind.log"
-    cmd = [
-        "valgrind", "--error-exitcode=1", "--leak-check=full",
-        "--errors-for-leak-kinds=definite", f"--log-file={log}",
-        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        r = redis.Redis(port=port, socket_timeout=60)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "valgrind server did not start"
-                time.sleep(0.2)
+    with valgrind_server(tmp_path, build("debug")) as (r, url):
         p = Pair(r, QA, QB)
-        url = f"redis://127.0.0.1:{port}"
         qa, qb = echomq.Queue(QA, url=url), echomq.Queue(QB, url=url)
         for q in (qa, qb):
             q.enable_events(1000)
@@ -589,15 +495,3 @@ def test_valgrind(tmp_path: Path) -> None:
                 command(r, "EMQ.CLAIM", *args)
         qa.close()
         qb.close()
-        r.shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass
-    finally:
-        try:
-            rc = proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    text = log.read_text()
-    assert rc == 0, text[-4000:]
-    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]

@@ -10,84 +10,36 @@ import contextlib
 import os
 import random
 import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-import echomq
-from echomq.server import EmbeddedServer, find_binary, free_port
+from echomq.server import EmbeddedServer
 from native_fixtures import (
     Pair,
+    assert_replicated,
     base,
     build,
     call_native,
     call_script,
     command,
+    differential_fixtures,
     expand,
     expand_args,
+    jid,
+    quiet,
+    replica_of,
     snapshot,
+    valgrind_server,
 )
 
 QA, QB = "natA", "natB"
 
 
-def jid(n: int) -> str:
-    """A JOB id (14 bytes, the shape the client mints)."""
-    return f"JOB{n:011d}"
-
-
-@pytest.fixture(scope="module")
-def module_path() -> Path:
-    return build()
-
-
-@pytest.fixture(scope="module")
-def nserver(
-    module_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(
-        tmp_path_factory.mktemp("native"), args=["--loadmodule", str(module_path)]
-    ).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(nserver.url)
-    for q in (QA, QB):
-        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
-        if keys:
-            client.delete(*keys)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def pair(r: redis.Redis) -> Pair:
-    return Pair(r, QA, QB)
-
-
-@pytest.fixture
-def both(nserver: EmbeddedServer) -> Iterator[Callable[[Callable[[echomq.Queue], Any]], Any]]:
-    """Apply one Queue API step to both queues (to build states); returns A's result."""
-    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
-
-    def run(step: Callable[[echomq.Queue], Any]) -> Any:
-        ra, rb = step(qa), step(qb)
-        assert repr(ra) == repr(rb)
-        return ra
-
-    yield run
-    qa.close()
-    qb.close()
+module_path, nserver, r, pair, both = differential_fixtures(QA, QB, tmp_name="native")
 
 
 # ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
@@ -384,25 +336,18 @@ def test_randomized(pair: Pair, both: Any) -> None:
         elif roll < 0.88 and tokens:
             k = rng.choice(sorted(tokens))
             both(
-                lambda q, k=k: _quiet(
+                lambda q, k=k: quiet(
                     lambda: q.retry(k, tokens[k], delay_ms=0, max_attempts=1, error="x")
                 )
             )
         elif roll < 0.93 and tokens:
             k = rng.choice(sorted(tokens))
-            both(lambda q, k=k: _quiet(lambda: q.complete(k, tokens[k])))
+            both(lambda q, k=k: quiet(lambda: q.complete(k, tokens[k])))
         else:
             time.sleep(0.005)
             both(lambda q: (q.reap(), q.promote()))
         pair.check(f"step {step}")
     assert pair.calls > 80
-
-
-def _quiet(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except echomq.EchoMQError as exc:
-        return type(exc).__name__
 
 
 # ---- keys, cross-slot, fuzz --------------------------------------------------------------
@@ -489,15 +434,7 @@ def test_fuzz(r: redis.Redis) -> None:
 def test_replica_without_module(
     nserver: EmbeddedServer, pair: Pair, both: Any, tmp_path: Path
 ) -> None:
-    replica = EmbeddedServer(
-        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
-    ).start()
-    try:
-        rr = redis.Redis(port=replica.port)
-        deadline = time.monotonic() + 10
-        while rr.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "replica did not sync"
-            time.sleep(0.05)
+    with replica_of(nserver, tmp_path / "replica") as rr:
         assert b"trafikey" not in {m[b"name"] for m in rr.module_list()}
         both(lambda q: q.enable_events(100))
         for n in range(1, 6):
@@ -512,47 +449,14 @@ def test_replica_without_module(
         both(lambda q: q.retry(j.id, j.token, delay_ms=0, max_attempts=1, error="e"))
         repro(pair, j.id)
         assert command(pair.r, "WAIT", 1, 5000) == 1
-        for q in (QA, QB):
-            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
-            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
-            for key in primary:
-                # A hashtable's DUMP order depends on the process's hash seed: compare those
-                # by content, everything else byte for byte.
-                if pair.r.object("encoding", key) == b"hashtable":
-                    assert pair.r.type(key) == rr.type(key) == b"set", key
-                    assert rr.smembers(key) == pair.r.smembers(key), key
-                else:
-                    assert rr.dump(key) == pair.r.dump(key), key
-                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
-        rr.close()
-    finally:
-        replica.stop()
+        assert_replicated(pair.r, rr, (QA, QB))
 
 
 # ---- valgrind ----------------------------------------------------------------------------
 
 
 def test_valgrind(tmp_path: Path) -> None:
-    so = build("debug")
-    port = free_port()
-    log = tmp_path / "valgrind.log"
-    cmd = [
-        "valgrind", "--error-exitcode=1", "--leak-check=full",
-        "--errors-for-leak-kinds=definite", f"--log-file={log}",
-        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        r = redis.Redis(port=port, socket_timeout=30)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "valgrind server did not start"
-                time.sleep(0.2)
+    with valgrind_server(tmp_path, build("debug"), socket_timeout=30) as (r, _url):
         p = Pair(r, QA, QB)
         for n in range(1, 30):
             enq(
@@ -580,18 +484,6 @@ def test_valgrind(tmp_path: Path) -> None:
             for args in ([], ["x"], ["-1"], ["1", "k"], ["2", "a", "b", "c"], ["1", "{x}k", "{x}"]):
                 with contextlib.suppress(redis.ResponseError):
                     command(r, verb, *args)
-        r.shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass
-    finally:
-        try:
-            rc = proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    text = log.read_text()
-    assert rc == 0, text[-4000:]
-    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
 
 
 def test_lane_limits_pauses_and_rates(pair: Pair, both: Any) -> None:

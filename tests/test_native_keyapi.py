@@ -11,7 +11,6 @@ client can observe besides the reply and the keyspace (which the conformance tes
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,27 +18,21 @@ import redis
 import echomq
 from echomq.errors import StaleToken
 from echomq.server import EmbeddedServer
-from native_fixtures import build
+from native_fixtures import build, empty_queues, loaded_server
 
 Q = "kapi"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    so: Path = build()
-    srv = EmbeddedServer(tmp_path_factory.mktemp("keyapi"), args=["--loadmodule", str(so)]).start()
-    try:
+    with loaded_server(tmp_path_factory.mktemp("keyapi"), build()) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
 def r(server: EmbeddedServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(server.url)
-    keys = list(client.scan_iter(match=f"emq:{{{Q}}}:*"))
-    if keys:
-        client.delete(*keys)
+    empty_queues(client, (Q,))
     try:
         yield client
     finally:

@@ -12,9 +12,7 @@ import contextlib
 import os
 import random
 import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,102 +21,36 @@ import redis
 
 import echomq
 from echomq._compose import FlowJob
-from echomq.server import EmbeddedServer, find_binary, free_port
+from echomq.server import EmbeddedServer
 from native_fixtures import (
-    TOLERANCE_MS,
+    Both,
     Pair,
     Reply,
+    SettlePair,
+    assert_replicated,
     base,
     build,
     call_native,
     call_script,
     command,
     diff,
+    differential_fixtures,
     expand,
     expand_args,
+    jid,
+    quiet,
+    replica_of,
+    settle_clock,
     snapshot,
+    valgrind_server,
 )
 
 QA, QB = "setA", "setB"
 
 
-def jid(n: int) -> str:
-    """A JOB id (14 bytes, the shape the client mints)."""
-    return f"JOB{n:011d}"
-
-
-@pytest.fixture(scope="module")
-def module_path() -> Path:
-    return build()
-
-
-@pytest.fixture(scope="module")
-def nserver(
-    module_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(
-        tmp_path_factory.mktemp("native_settle"), args=["--loadmodule", str(module_path)]
-    ).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(nserver.url)
-    for q in (QA, QB, QA + "P", QB + "P"):
-        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
-        if keys:
-            client.delete(*keys)
-    yield client
-    client.close()
-
-
-class SettlePair(Pair):
-    """A Pair whose keyspace check also forgives a kept outcome's finished_ms (a server-clock
-    time read by each executor) within the tolerance, as clock-derived scores are."""
-
-    def check(self, what: str = "") -> None:
-        sa, sb = snapshot(self.r, self.a), snapshot(self.r, self.b)
-        settle_clock(sa, sb)
-        d = diff(sa, sb)
-        assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
-
-
-def settle_clock(sa: dict[str, Any], sb: dict[str, Any]) -> None:
-    for name in set(sa) & set(sb):
-        if ":result:" not in name or sa[name][0] != "hash" or sb[name][0] != "hash":
-            continue
-        fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
-        if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
-            sb[name][1][b"finished_ms"] = fa
-
-
-@pytest.fixture
-def pair(r: redis.Redis) -> Pair:
-    return SettlePair(r, QA, QB)
-
-
-# Applies one Queue API step to both queues (Any: mypy cannot type the steps' lambdas with
-# default arguments).
-Both = Any
-
-
-@pytest.fixture
-def both(nserver: EmbeddedServer) -> Iterator[Both]:
-    """Apply one Queue API step to both queues (to build states); returns A's result."""
-    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
-
-    def run(step: Callable[[echomq.Queue], Any]) -> Any:
-        ra, rb = step(qa), step(qb)
-        assert repr(ra) == repr(rb)
-        return ra
-
-    yield run
-    qa.close()
-    qb.close()
+module_path, nserver, r, pair, both = differential_fixtures(
+    QA, QB, tmp_name="native_settle", clean=(QA + "P", QB + "P"), pair_class=SettlePair
+)
 
 
 # ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
@@ -597,13 +529,6 @@ def test_sweep_ring_order_is_luas_pairs_order(
 # ---- randomized, fuzz ----------------------------------------------------------------------
 
 
-def _quiet(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except echomq.EchoMQError as exc:
-        return type(exc).__name__
-
-
 def test_randomized(pair: Pair, both: Both) -> None:
     rng = random.Random(20261202)
     ids = [jid(n) for n in range(1, 15)]
@@ -645,12 +570,12 @@ def test_randomized(pair: Pair, both: Both) -> None:
             sweep(pair, rng.choice([1, 2, 3]), rng.choice([1, 100]))
         elif roll < 0.86:
             k, rm = rng.choice(ids), rng.random() < 0.5
-            both(lambda q, k=k, rm=rm: _quiet(lambda: q.cancel(k, remove=rm)))
+            both(lambda q, k=k, rm=rm: quiet(lambda: q.cancel(k, remove=rm)))
         elif roll < 0.9:
             both(lambda q: (q.promote(), q.reap()))
         elif roll < 0.94:
             k = rng.choice(ids)
-            both(lambda q, k=k: _quiet(lambda: q.reprocess(k)))
+            both(lambda q, k=k: quiet(lambda: q.reprocess(k)))
         else:
             time.sleep(0.005)
         pair.check(f"step {step}")
@@ -703,15 +628,7 @@ def test_fuzz(r: redis.Redis) -> None:
 def test_replica_without_module(
     nserver: EmbeddedServer, pair: Pair, both: Both, tmp_path: Path
 ) -> None:
-    replica = EmbeddedServer(
-        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
-    ).start()
-    try:
-        rr = redis.Redis(port=replica.port)
-        deadline = time.monotonic() + 10
-        while rr.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "replica did not sync"
-            time.sleep(0.05)
+    with replica_of(nserver, tmp_path / "replica") as rr:
         assert b"trafikey" not in {m[b"name"] for m in rr.module_list()}
         both(lambda q: q.enable_events(100))
         for n in range(1, 9):
@@ -728,56 +645,19 @@ def test_replica_without_module(
         sweep(pair, 1, 2)
         sweep(pair, 2)
         assert command(pair.r, "WAIT", 1, 5000) == 1
-        for q in (QA, QB):
-            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
-            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
-            for key in primary:
-                # A hashtable's DUMP order depends on the process's hash seed: compare those
-                # by content, everything else byte for byte.
-                if pair.r.object("encoding", key) == b"hashtable":
-                    kind = pair.r.type(key)
-                    assert rr.type(key) == kind, key
-                    if kind == b"set":
-                        assert rr.smembers(key) == pair.r.smembers(key), key
-                    else:
-                        assert rr.hgetall(key) == pair.r.hgetall(key), key
-                else:
-                    assert rr.dump(key) == pair.r.dump(key), key
-                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
-        rr.close()
-    finally:
-        replica.stop()
+        assert_replicated(pair.r, rr, (QA, QB), hashes=True)
 
 
 # ---- valgrind ----------------------------------------------------------------------------
 
 
 def test_valgrind(tmp_path: Path) -> None:
-    so = build("debug")
-    port = free_port()
-    log = tmp_path / "valgrind.log"
-    cmd = [
-        "valgrind", "--error-exitcode=1", "--leak-check=full",
-        "--errors-for-leak-kinds=definite", f"--log-file={log}",
-        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     calls = 0
-    try:
-        r = redis.Redis(port=port, socket_timeout=60)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "valgrind server did not start"
-                time.sleep(0.2)
+    with valgrind_server(tmp_path, build("debug")) as (r, url):
         p = SettlePair(r, QA, QB)
         qa, qb = (
-            echomq.Queue(QA, url=f"redis://127.0.0.1:{port}"),
-            echomq.Queue(QB, url=f"redis://127.0.0.1:{port}"),
+            echomq.Queue(QA, url=url),
+            echomq.Queue(QB, url=url),
         )
         try:
             for q in (qa, qb):
@@ -815,16 +695,4 @@ def test_valgrind(tmp_path: Path) -> None:
                 with contextlib.suppress(redis.ResponseError):
                     command(r, verb, *args)
                 calls += 1
-        r.shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass
-    finally:
-        try:
-            rc = proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    text = log.read_text()
-    assert rc == 0, text[-4000:]
-    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
     assert calls > 60

@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +20,27 @@ import redis
 
 import echomq
 from echomq._compose import FlowJob
-from echomq.server import EmbeddedServer, find_binary, free_port
+from echomq.server import EmbeddedServer
 from native_fixtures import (
     TOLERANCE_MS,
+    Both,
     Pair,
     Reply,
+    SettlePair,
+    assert_replicated,
     base,
     build,
     call_native,
     call_script,
     command,
     diff,
+    differential_fixtures,
     expand,
     expand_args,
+    jid,
+    replica_of,
     snapshot,
+    valgrind_server,
 )
 
 QA, QB = "stlA", "stlB"
@@ -46,79 +51,9 @@ Held = tuple[str, int | str]
 Retry = tuple[str, int | str, int | str, str, str]
 
 
-def jid(n: int) -> str:
-    """A JOB id (14 bytes, the shape the client mints)."""
-    return f"JOB{n:011d}"
-
-
-@pytest.fixture(scope="module")
-def module_path() -> Path:
-    return build()
-
-
-@pytest.fixture(scope="module")
-def nserver(
-    module_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(
-        tmp_path_factory.mktemp("nsettle"), args=["--loadmodule", str(module_path)]
-    ).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def r(nserver: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(nserver.url)
-    for q in (QA, QB):
-        keys = list(client.scan_iter(match=f"emq:{{{q}}}:*"))
-        if keys:
-            client.delete(*keys)
-    yield client
-    client.close()
-
-
-class SettlePair(Pair):
-    """A Pair whose keyspace check forgives a kept outcome's finished_ms (each executor's
-    clock read) within the tolerance, as it does clock-derived scores."""
-
-    def check(self, what: str = "") -> None:
-        sa, sb = snapshot(self.r, self.a), snapshot(self.r, self.b)
-        for name in set(sa) & set(sb):
-            if ":result:" not in name or sa[name][0] != "hash" or sb[name][0] != "hash":
-                continue
-            fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
-            if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
-                sb[name][1][b"finished_ms"] = fa
-        d = diff(sa, sb)
-        assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
-
-
-@pytest.fixture
-def pair(r: redis.Redis) -> SettlePair:
-    return SettlePair(r, QA, QB)
-
-
-# Applies one Queue API step to both queues (Any: mypy cannot type the steps' lambdas with
-# default arguments).
-Both = Any
-
-
-@pytest.fixture
-def both(nserver: EmbeddedServer) -> Iterator[Both]:
-    """Apply one Queue API step to both queues (to build states); returns A's result."""
-    qa, qb = echomq.Queue(QA, url=nserver.url), echomq.Queue(QB, url=nserver.url)
-
-    def run(step: Callable[[echomq.Queue], Any]) -> Any:
-        ra, rb = step(qa), step(qb)
-        assert repr(ra) == repr(rb)
-        return ra
-
-    yield run
-    qa.close()
-    qb.close()
+module_path, nserver, r, pair, both = differential_fixtures(
+    QA, QB, tmp_name="nsettle", pair_class=SettlePair
+)
 
 
 # ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
@@ -593,15 +528,7 @@ def test_fuzz(r: redis.Redis) -> None:
 def test_replica_without_module(
     nserver: EmbeddedServer, pair: Pair, both: Both, tmp_path: Path
 ) -> None:
-    replica = EmbeddedServer(
-        tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(nserver.port)]
-    ).start()
-    try:
-        rr = redis.Redis(port=replica.port)
-        deadline = time.monotonic() + 10
-        while rr.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "replica did not sync"
-            time.sleep(0.05)
+    with replica_of(nserver, tmp_path / "replica") as rr:
         both(lambda q: q.enable_events(100))
         both(lambda q: q.rate_limit_lane("b", 2, 60000))
         enq_many(pair, [jid(n) for n in range(1, 8)], group="a")
@@ -618,46 +545,16 @@ def test_replica_without_module(
         )
         settle(pair, 5, completes=held_of(value))
         assert command(pair.r, "WAIT", 1, 5000) == 1
-        for q in (QA, QB):
-            primary = sorted(pair.r.scan_iter(match=f"emq:{{{q}}}:*"))
-            assert primary and sorted(rr.scan_iter(match=f"emq:{{{q}}}:*")) == primary
-            for key in primary:
-                if pair.r.object("encoding", key) == b"hashtable":
-                    assert rr.smembers(key) == pair.r.smembers(key), key
-                else:
-                    assert rr.dump(key) == pair.r.dump(key), key
-                assert abs(rr.pttl(key) - pair.r.pttl(key)) < 1000, key
-        rr.close()
-    finally:
-        replica.stop()
+        assert_replicated(pair.r, rr, (QA, QB))
 
 
 def test_valgrind(tmp_path: Path) -> None:
-    so = build("debug")
-    port = free_port()
-    log = tmp_path / "valgrind.log"
-    cmd = [
-        "valgrind", "--error-exitcode=1", "--leak-check=full",
-        "--errors-for-leak-kinds=definite", f"--log-file={log}",
-        find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(tmp_path), "--loadmodule", str(so),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        r = redis.Redis(port=port, socket_timeout=60)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "valgrind server did not start"
-                time.sleep(0.2)
+    with valgrind_server(tmp_path, build("debug")) as (r, url):
         # Queue B only, no keyspace comparison (the differential tests do that): the point is
         # a few hundred EMQ.SETTLE calls through every path under valgrind, quickly.
         b = base(QB)
         keys = expand(SETTLE_KEYS, QB)
-        qb = echomq.Queue(QB, url=f"redis://127.0.0.1:{port}")
+        qb = echomq.Queue(QB, url=url)
         qb.enable_events(100000)
         qb.weight_lane("a", 3)
         qb.rate_limit_lane("c", 30, 60000)
@@ -707,15 +604,3 @@ def test_valgrind(tmp_path: Path) -> None:
             with contextlib.suppress(redis.ResponseError):
                 command(r, "EMQ.SETTLE", *args)
         qb.close()
-        r.shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass
-    finally:
-        try:
-            rc = proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    text = log.read_text()
-    assert rc == 0, text[-4000:]
-    assert not re.search(r"definitely lost.*\n(.*\n){0,30}.*trafikey", text), text[-4000:]
