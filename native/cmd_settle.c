@@ -14,27 +14,9 @@
 
 #define ERR_NUM "ERR a numeric argument is not an integer"
 
-/* A strict decimal integer that refuses what does not fit 64 bits (emq_parse_ll accepts 19
- * digits and wraps past LLONG_MAX, so it is not used for client-sized numbers here). */
-static int settle_ll(emq_sv s, long long *out) {
-    if (!s.p || s.n == 0) return 0;
-    size_t i = s.p[0] == '-' ? 1 : 0;
-    if (i == s.n) return 0;
-    long long v = 0;
-    for (; i < s.n; i++) {
-        if (s.p[i] < '0' || s.p[i] > '9') return 0;
-        int d = s.p[i] - '0';
-        if (__builtin_mul_overflow(v, 10, &v) ||
-            __builtin_add_overflow(v, s.p[0] == '-' ? -d : d, &v))
-            return 0;
-    }
-    *out = v;
-    return 1;
-}
-
 static long long need(emq *e, emq_sv s) {
     long long v;
-    if (!settle_ll(s, &v)) emq_fail(e, ERR_NUM);
+    if (!emq_parse_ll(s, &v)) emq_fail(e, ERR_NUM);
     return v;
 }
 

@@ -103,20 +103,20 @@ int emq_is_digits(emq_sv s) {
 }
 
 int emq_parse_ll(emq_sv s, long long *out) {
-    if (!s.p || s.n == 0 || s.n > 19) return 0;
-    size_t i = 0;
-    int neg = 0;
-    if (s.p[0] == '-') {
-        neg = 1;
-        i = 1;
-        if (s.n == 1) return 0;
-    }
+    if (!s.p || s.n == 0) return 0;
+    int neg = s.p[0] == '-';
+    size_t i = neg ? 1 : 0;
+    if (i == s.n) return 0;
     long long v = 0;
     for (; i < s.n; i++) {
         if (s.p[i] < '0' || s.p[i] > '9') return 0;
-        v = v * 10 + (s.p[i] - '0');
+        int d = s.p[i] - '0';
+        /* Accumulate with the sign so LLONG_MIN parses; anything past 64 bits is refused,
+         * never wrapped. */
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, neg ? -d : d, &v))
+            return 0;
     }
-    *out = neg ? -v : v;
+    *out = v;
     return 1;
 }
 
@@ -289,15 +289,14 @@ static int hash_fields(emq *e, emq_sv key, int n, const char **fields, emq_sv *o
 }
 
 emq_sv emq_hget(emq *e, emq_sv key, emq_sv field) {
+    /* A field with a NUL byte cannot be named as a C string: ask the server instead. */
+    if (memchr(field.p, '\0', field.n)) return emq_str(e, emq_call(e, "HGET", 2, key, field));
     /* CFIELDS wants a C string: the field is copied with its terminator. */
     char *f = RedisModule_PoolAlloc(e->ctx, field.n + 1);
     memcpy(f, field.p, field.n);
     f[field.n] = '\0';
     const char *fields[1] = {f};
     emq_sv out[1];
-    /* A field with a NUL byte cannot be named as a C string: ask the server instead. */
-    if (memchr(field.p, '\0', field.n))
-        return emq_hget(e, key, field);
     if (!hash_fields(e, key, 1, fields, out)) emq_fail(e, WRONGTYPE);
     return out[0];
 }
@@ -352,7 +351,7 @@ static RedisModuleKey *open_write(emq *e, RedisModuleString *name, int type) {
 
 void emq_hsetv(emq *e, int n, const emq_sv *args) {
     if (n < 3 || n % 2 == 0) {
-        emq_hsetv(e, n, args); /* the server's own arity error */
+        (void)emq_callv(e, "HSET", n, args); /* the server's own arity error */
         return;
     }
     RedisModuleString **av = strings_of(e, n, args);
@@ -365,7 +364,7 @@ void emq_hsetv(emq *e, int n, const emq_sv *args) {
 
 void emq_zaddv(emq *e, int n, const emq_sv *args) {
     if (n < 3 || n % 2 == 0) {
-        emq_zaddv(e, n, args);
+        (void)emq_callv(e, "ZADD", n, args); /* the server's own arity error */
         return;
     }
     /* Every score checked before the first write: a flag or a non-integer score (none on
@@ -374,7 +373,7 @@ void emq_zaddv(emq *e, int n, const emq_sv *args) {
     for (int i = 1; i < n; i += 2) {
         long long v;
         if (!emq_parse_ll(args[i], &v) || v > (1LL << 53) || v < -(1LL << 53)) {
-            emq_zaddv(e, n, args);
+            (void)emq_callv(e, "ZADD", n, args); /* the server parses what the fast path won't */
             return;
         }
         sc[i] = (double)v;

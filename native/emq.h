@@ -57,7 +57,7 @@ int emq_eq(emq_sv a, emq_sv b);
 int emq_eqs(emq_sv a, const char *lit);
 int emq_has_char(emq_sv s, char c);
 int emq_is_digits(emq_sv s); /* Lua '^[0-9]+$' */
-int emq_parse_ll(emq_sv s, long long *out); /* a strict decimal integer */
+int emq_parse_ll(emq_sv s, long long *out); /* a strict decimal integer that fits 64 bits */
 long long emq_need_ll(emq *e, emq_sv s); /* emq_parse_ll or fail with ERR */
 emq_sv emq_fmt_ll(emq *e, long long v);
 emq_sv emq_sub(emq_sv s, long i, long j); /* Lua string.sub(s, i, j) */

@@ -26,6 +26,7 @@ from native_fixtures import (
     call_native,
     call_script,
     command,
+    diff,
     differential_fixtures,
     expand,
     expand_args,
@@ -387,6 +388,9 @@ def test_fuzz(r: redis.Redis) -> None:
         b"2",
         b"3",
         b"99999999999999999999",
+        b"9999999999999999999",  # 19 digits past LLONG_MAX
+        b"9007199254740993",  # a score past 2^53: the server's own ZADD
+        b"a\x00b",  # a NUL byte: no C string names it
         b"x",
         b"",
         b"now",
@@ -426,6 +430,73 @@ def test_fuzz(r: redis.Redis) -> None:
             command(r, verb, *args)
     assert r.ping()
     assert n > 100
+
+
+def test_mutation_fuzz(r: redis.Redis) -> None:
+    """Well-formed calls of every EMQ.* command with one to three arguments swapped for
+    hostile values, dropped or repeated: deep paths (a far `at` score, a NUL byte in a lane
+    name) that random arity never reaches. The server must stay up, answering errors."""
+    j1, j2, j3, j4 = jid(1), jid(2), jid(3), jid(4)
+    templates: list[tuple[str, list[str], list[str | bytes]]] = [
+        ("enqueue", ["@job:" + j1, "@meta"],
+         ["@", j1, "p", "g", "now", "0", "", "0", "", "", "simple", "0"]),
+        ("enqueue", ["@job:" + j2, "@meta"],
+         ["@", j2, "p", "", "in", "10", "", "100", "n1", "d1", "simple", "1000"]),
+        ("enqueue_many", ["@meta"], ["@", "g", "now", "0", "0", "", "", j3, "p", j4, "q"]),
+        ("claim", ["@meta", "@ring", "@active"], ["@", "30000"]),
+        ("claim_batch", ["@meta", "@ring", "@active"], ["@", "30000", "5"]),
+        ("extend", ["@active", "@job:" + j1], ["@", j1, "1", "30000"]),
+        ("extend_many", ["@active"], ["@", "30000", j1, "1", j2, "1"]),
+        ("complete", ["@active", "@job:" + j1], ["@", j1, "1", "res", "1000"]),
+        ("retry", ["@active", "@schedule", "@dead", "@job:" + j2],
+         ["@", j2, "1", "0", "3", "boom", "1000"]),
+        ("reprocess", ["@job:" + j1, "@dead"], ["@", j1]),
+        ("sweep_stalled", ["@active", "@dead"], ["@", "1", "100"]),
+        ("settle", ["@meta", "@ring", "@active", "@schedule", "@dead"],
+         ["@", "30000", "2", "1:1", j1, "1", "res", "1000", j2, "1", "0", "3", "e"]),
+    ]  # fmt: skip
+    hostile: list[bytes] = [
+        b"-1", b"0", b"1", b"3", b"9999999999999999999", b"9223372036854775807",
+        b"-9223372036854775808", b"9007199254740993", b"99999999999999999999", b"1e3", b"x",
+        b"", b"a\x00b", b"\x00", b"now", b"in", b"at", b"simple", b"1:1", b"5:9", b":",
+        b"g", b"*", j1.encode(), b"JOBzzzzzzzzzzz", b"x" * 300,
+    ]  # fmt: skip
+    n = 0
+    # Every single substitution, exhaustively (about 2,500 calls) ...
+    for script, keys, args in templates:
+        for at in range(1, len(args)):
+            for value in hostile:
+                call_native(
+                    r,
+                    script,
+                    expand(keys, QB),
+                    [*expand_args(args[:at], QB), value, *expand_args(args[at + 1 :], QB)],
+                )
+                n += 1
+        assert r.ping(), script
+    # ... then random multi-mutations: swaps, random bytes, drops and repeats.
+    rng = random.Random(5)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and n < 6000:
+        n += 1
+        script, keys, args = rng.choice(templates)
+        call: list[str | bytes] = list(expand_args(args, QB))
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(1, len(call)) if len(call) > 1 else 0
+            roll = rng.random()
+            if roll < 0.7:
+                call[at] = rng.choice(hostile)
+            elif roll < 0.8:
+                call[at] = os.urandom(rng.randrange(0, 12))
+            elif roll < 0.9 and len(call) > 1:
+                del call[at]
+            else:
+                call.insert(at, call[at])
+        call_native(r, script, expand(keys, QB), call)
+        if n % 100 == 0:
+            assert r.ping()
+    assert r.ping()
+    assert n > 2500
 
 
 # ---- replication ---------------------------------------------------------------------------
@@ -520,4 +591,52 @@ def test_server_error_midway(pair: Pair) -> None:
     rb = call_native(pair.r, "enqueue", expand(keys, QB), expand_args(args, QB))
     assert ra[0] == rb[0] == "err"
     assert "WRONGTYPE" in ra[1] and rb[1].startswith("WRONGTYPE")
+    pair.check()
+
+
+def test_numbers_past_64_bits_are_refused_not_wrapped(
+    pair: Pair, both: Any, r: redis.Redis
+) -> None:
+    """Every numeric ARGV goes through one integer parser that refuses a value past
+    LLONG_MAX (19 digits, 9999999999999999999, once wrapped to a negative: an `in` delay
+    became "now", a lease lay in the past). The scripts take such a number as a float; the
+    Python client never sends one (its bounds are far below), so the module refuses it
+    before any write (native/README.md, "Where the module differs")."""
+    big = "9999999999999999999"
+    enq(pair, jid(1))
+    j = both(lambda q: q.claim())
+    before = snapshot(r, QB)
+    refused: list[tuple[str, list[str], list[str | bytes]]] = [
+        ("enqueue", ["@job:" + jid(2), "@meta"],
+         ["@", jid(2), "p", "", "in", big, "", "0", "", "", "simple", "0"]),
+        ("enqueue", ["@job:" + jid(2), "@meta"],
+         ["@", jid(2), "p", "", "at", big, "", "0", "", "", "simple", "0"]),
+        ("enqueue", ["@job:" + jid(2), "@meta"],
+         ["@", jid(2), "p", "", "now", "0", "", big, "n", "", "simple", "0"]),
+        ("extend", ["@active", "@job:" + j.id], ["@", j.id, str(j.token), big]),
+        ("extend_many", ["@active"], ["@", big, j.id, str(j.token)]),
+    ]  # fmt: skip
+    for script, keys, args in refused:
+        reply = call_native(r, script, expand(keys, QB), expand_args(args, QB))
+        assert reply == ("err", "a numeric argument is not an integer"), (script, args, reply)
+    assert not diff(before, snapshot(r, QB))
+    # The largest value that fits still parses (here as an `at` time, far in the future).
+    reply = call_native(
+        r, "enqueue", expand(["@job:" + jid(3), "@meta"], QB),
+        expand_args(["@", jid(3), "p", "", "at", "9223372036854775807", "", "0", "", "",
+                     "simple", "0"], QB),
+    )  # fmt: skip
+    assert reply == ("ok", b"scheduled")
+
+
+def test_slow_paths_answer_like_the_script(pair: Pair, both: Any) -> None:
+    """The fast key-API writers hand what they cannot take to the server's own command: a
+    score past 2^53 (an `at` far away) and a lane name with a NUL byte (no C string can
+    name that hash field). Both fallbacks once called themselves, recursing until the
+    server's stack overflowed; now they agree with the script, reply and keyspace."""
+    assert enq(pair, jid(1), mode="at", value=str(2**53 + 1)) == ("ok", b"scheduled")
+    assert enq(pair, jid(2), mode="at", value="9223372036854775807") == ("ok", b"scheduled")
+    assert enq(pair, jid(3), group="a\x00b") == ("ok", b"enqueued")
+    job = both(lambda q: q.claim())
+    assert job is not None and job.id == jid(3)
     pair.check()
