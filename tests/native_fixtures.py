@@ -99,30 +99,44 @@ def _norm_key(key: bytes | str, queue: str) -> str:
 
 
 def snapshot(r: redis.Redis, queue: str) -> dict[str, Any]:
-    """Every key of the queue, names normalised: (type, content)."""
+    """Every key of the queue, names normalised: (type, content). Two pipelined round trips
+    (the types, then each key's content and TTL), not three calls a key: the randomized
+    differentials snapshot both queues after every step."""
+    keys = list(r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000))
+    with r.pipeline(transaction=False) as p:
+        for key in keys:
+            p.type(key)
+        kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in p.execute()]
+    with r.pipeline(transaction=False) as p:
+        for key, kind in zip(keys, kinds, strict=True):
+            if kind == "hash":
+                p.hgetall(key)
+            elif kind == "zset":
+                p.zrange(key, 0, -1, withscores=True)
+            elif kind == "list":
+                p.lrange(key, 0, -1)
+            elif kind == "set":
+                p.smembers(key)
+            elif kind == "string":
+                p.get(key)
+            elif kind == "stream":
+                p.xrange(key)
+            else:
+                p.dump(key)
+            p.pttl(key)
+        replies = p.execute()
     out: dict[str, Any] = {}
-    for key in r.scan_iter(match=f"emq:{{{queue}}}:*", count=1000):
-        raw_kind = r.type(key)
-        kind = raw_kind.decode() if isinstance(raw_kind, bytes) else str(raw_kind)
-        name = _norm_key(key, queue)
-        value: Any
-        if kind == "hash":
-            value = r.hgetall(key)
-        elif kind == "zset":
-            value = dict(cast(list[tuple[bytes, float]], r.zrange(key, 0, -1, withscores=True)))
-        elif kind == "list":
-            value = r.lrange(key, 0, -1)
-        elif kind == "set":
-            value = r.smembers(key)
-        elif kind == "string":
-            value = r.get(key)
+    for n, (key, read_as) in enumerate(zip(keys, kinds, strict=True)):
+        kind = read_as
+        value: Any = replies[2 * n]
+        ttl = replies[2 * n + 1]
+        if kind == "zset":
+            value = dict(cast(list[tuple[bytes, float]], value))
         elif kind == "stream":
-            value = [fields for _id, fields in cast(list[tuple[bytes, Any]], r.xrange(key))]
-        else:
-            value = r.dump(key)
+            value = [fields for _id, fields in cast(list[tuple[bytes, Any]], value)]
+        name = _norm_key(key, queue)
         # The TTL is compared as "has one", and lets diff forgive a key that expired on one
         # side between the two snapshots.
-        ttl = r.pttl(key)
         if ttl == -2 or kind == "none":
             continue  # it expired while we read it
         if kind == "hash" and ":S:" in name:

@@ -38,6 +38,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,10 +58,37 @@ from hypothesis.stateful import (
 
 import echomq
 from echomq import Enqueued, JobGone, KindError, StaleToken, StateError, _protocol, keyspace
+from echomq.server import EmbeddedServer
 from reliability import raw_violations
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors
+
+
+# Each step runs check(), whose "rows" section SCANs the server's whole keyspace. The session
+# servers hold every earlier test's keys (~48k on the Lua one by here in a full run), which
+# made one check ~50 SCAN pages and this module ten minutes; its own servers keep it at the
+# machine's speed. They override conftest's session_url and module_server for this module.
+@pytest.fixture(scope="module")
+def session_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("ECHOMQ_TEST_URL"):
+        yield os.environ["ECHOMQ_TEST_URL"]
+        return
+    with EmbeddedServer(tmp_path_factory.mktemp("stateful"), appendonly=False) as srv:
+        yield srv.url
+
+
+@pytest.fixture(scope="module")
+def module_server(
+    tmp_path_factory: pytest.TempPathFactory, module_so: Path
+) -> Iterator[EmbeddedServer]:
+    with EmbeddedServer(
+        tmp_path_factory.mktemp("stateful-native"),
+        appendonly=False,
+        args=["--loadmodule", str(module_so)],
+    ) as srv:
+        yield srv
+
 
 LANES = ("la", "lb", "lc")
 GROUPS = st.sampled_from((None, *LANES))
