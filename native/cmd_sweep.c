@@ -1,121 +1,55 @@
 /* cmd_sweep.c: EMQ.SWEEP, the twin of sweep_stalled.lua (the counted stall sweep). */
+#include <stdint.h>
 #include <string.h>
 
 #include "flow.h"
 #include "settle.h"
 
-/* ---- the order of Lua 5.1's pairs() over the script's `added` table ----
- * touch_all iterates `added` (lane -> jobs added) with pairs(), so the lanes are touched, and
- * re-enter the ring (RPUSH), in the order of Lua 5.1's hash part. To end with the same ring
- * the sweep replays that order: a table with string keys only (no array part), filled by
- * luaH_set's rules (main position = string hash mod size; a collision takes the free slot
- * found scanning down from the end, moving the colliding node when it is not in its own main
- * position; no free slot: rehash to ceil_pow2(keys + 1) re-inserting old nodes from the last
- * one down), then walked from node 0 up as luaH_next does. The string hash is the server's
- * embedded Lua's: Lua 5.1's (seed = length) over EVERY byte (Redis patched the stock
- * step = (len >> 5) + 1 to 1 against hash flooding; measured: a 58-byte lane name orders
- * differently with the stock step). tests/test_native_settle.py checks the order against
- * pairs() itself. */
+/* ---- touch_all's tally: jobs added per waiting set, in the order first met ----
+ * The script keeps the same ordered tally (common.lua's tally/tally_add) and touches the
+ * lanes, which re-enter the ring by RPUSH, in that order, so both executors leave one ring.
+ * (It walked pairs() once, an order that follows the server Lua's string hash: Valkey's
+ * differs from Redis's.) Linear probing over at most `cap` keys, a table of >= 2 * cap. */
 
 typedef struct {
     emq_sv key;
     long long n;
-    int next; /* chain, -1 = none */
-    int used;
-} lnode;
+} tally_entry;
 
 typedef struct {
-    lnode *node;
-    int size; /* 0: Lua's dummynode (a table with an empty hash part) */
-    int lastfree;
-    emq *e;
-} ltable;
+    tally_entry *entry; /* in the order first met */
+    int count;
+    int *slot; /* index into entry, -1 = empty */
+    size_t mask;
+} tally;
 
-static unsigned int lua_strhash(emq_sv s) {
-    unsigned int h = (unsigned int)s.n;
-    size_t step = 1;
-    for (size_t l1 = s.n; l1 >= step; l1 -= step)
-        h = h ^ ((h << 5) + (h >> 2) + (unsigned char)s.p[l1 - 1]);
+static size_t fnv1a(emq_sv s) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < s.n; i++) h = (h ^ (unsigned char)s.p[i]) * 16777619u;
     return h;
 }
 
-static int lt_main(const ltable *t, emq_sv k) {
-    return (int)(lua_strhash(k) & (unsigned int)(t->size - 1));
+static void tally_init(emq *e, tally *t, size_t cap) {
+    size_t size = 2;
+    while (size < 2 * cap) size <<= 1;
+    t->entry = RedisModule_PoolAlloc(e->ctx, sizeof(tally_entry) * cap);
+    t->slot = RedisModule_PoolAlloc(e->ctx, sizeof(int) * size);
+    for (size_t i = 0; i < size; i++) t->slot[i] = -1;
+    t->count = 0;
+    t->mask = size - 1;
 }
 
-static int lt_find(const ltable *t, emq_sv k) {
-    if (t->size == 0) return -1;
-    for (int i = lt_main(t, k); i >= 0; i = t->node[i].next)
-        if (t->node[i].used && emq_eq(t->node[i].key, k)) return i;
-    return -1;
-}
-
-static void lt_alloc(ltable *t, int nkeys) {
-    int size = 0;
-    if (nkeys > 0) {
-        size = 1;
-        while (size < nkeys) size <<= 1;
-        t->node = RedisModule_PoolAlloc(t->e->ctx, sizeof(lnode) * (size_t)size);
-        for (int i = 0; i < size; i++) t->node[i] = (lnode){EMQ_NONE, 0, -1, 0};
-    } else {
-        t->node = NULL;
-    }
-    t->size = size;
-    t->lastfree = size;
-}
-
-static void lt_set(ltable *t, emq_sv k, long long n);
-
-static void lt_newkey(ltable *t, emq_sv k, long long n) {
-    int mp = t->size ? lt_main(t, k) : -1;
-    if (mp < 0 || t->node[mp].used) {
-        int fr = -1;
-        while (t->lastfree-- > 0) {
-            if (!t->node[t->lastfree].used) {
-                fr = t->lastfree;
-                break;
-            }
-        }
-        if (fr < 0) {
-            /* rehash: every old key plus this one, re-inserted from the last node down. */
-            lnode *old = t->node;
-            int oldsize = t->size, count = 1;
-            for (int i = 0; i < oldsize; i++) count += old[i].used;
-            lt_alloc(t, count);
-            for (int i = oldsize - 1; i >= 0; i--)
-                if (old[i].used) lt_set(t, old[i].key, old[i].n);
-            lt_set(t, k, n);
+static void tally_add(tally *t, emq_sv key, long long by) {
+    size_t i = fnv1a(key) & t->mask;
+    for (; t->slot[i] >= 0; i = (i + 1) & t->mask) {
+        tally_entry *en = &t->entry[t->slot[i]];
+        if (emq_eq(en->key, key)) {
+            en->n += by;
             return;
         }
-        int othern = lt_main(t, t->node[mp].key);
-        if (othern != mp) {
-            /* The colliding node is out of its main position: it moves to the free slot. */
-            while (t->node[othern].next != mp) othern = t->node[othern].next;
-            t->node[othern].next = fr;
-            t->node[fr] = t->node[mp];
-            t->node[mp] = (lnode){EMQ_NONE, 0, -1, 0};
-        } else {
-            t->node[fr].next = t->node[mp].next;
-            t->node[mp].next = fr;
-            mp = fr;
-        }
     }
-    t->node[mp].key = k;
-    t->node[mp].n = n;
-    t->node[mp].used = 1;
-}
-
-static void lt_set(ltable *t, emq_sv k, long long n) {
-    int i = lt_find(t, k);
-    if (i >= 0)
-        t->node[i].n = n;
-    else
-        lt_newkey(t, k, n);
-}
-
-static void lt_add(ltable *t, emq_sv k, long long by) {
-    int i = lt_find(t, k);
-    lt_set(t, k, (i >= 0 ? t->node[i].n : 0) + by);
+    t->slot[i] = t->count;
+    t->entry[t->count++] = (tally_entry){key, by};
 }
 
 /* ---- the sweep ---- */
@@ -145,7 +79,8 @@ static void sweep(emq *e) {
     emq_sv *recovered = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (len + 1));
     emq_sv *died = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (len + 1));
     int nrec = 0, ndied = 0;
-    ltable added = {NULL, 0, 0, e};
+    tally added;
+    tally_init(e, &added, len + 1); /* each lapsed job brings at most one key, plus the flat set */
     static const char *fields[3] = {"state", "group", "attempts"};
     for (size_t i = 0; i < len; i++) {
         emq_sv id = ids[i], jk = emq_key2(e, "job:", id);
@@ -155,7 +90,7 @@ static void sweep(emq *e) {
         emq_sv g = row[1];
         if (g.p) {
             emq_free_slot(e, g);
-            lt_add(&added, g, 0);
+            tally_add(&added, g, 0);
         }
         if (!row[0].p) continue;
         /* A stall count that is not an integer restarts at this stall (no error midway: the
@@ -186,15 +121,14 @@ static void sweep(emq *e) {
             emq_park(e, id, jk, g);
             emq_sv extra[2] = {EMQ_LIT("stalled"), st};
             emq_emit_in(e, "stalled", id, g, 2, extra);
-            lt_add(&added, g.p ? g : EMQ_FLAT, 1);
+            tally_add(&added, g.p ? g : EMQ_FLAT, 1);
             recovered[nrec++] = id;
         }
     }
-    /* touch_all: every lane that lost an active job is synced, in pairs() order (above). */
-    for (int i = 0; i < added.size; i++) {
-        lnode *nd = &added.node[i];
-        if (!nd->used) continue;
-        emq_touch(e, emq_eqs(nd->key, "*") ? EMQ_NONE : nd->key, nd->n);
+    /* touch_all: every lane that lost an active job is synced, in the order first met. */
+    for (int i = 0; i < added.count; i++) {
+        tally_entry *en = &added.entry[i];
+        emq_touch(e, emq_eqs(en->key, "*") ? EMQ_NONE : en->key, en->n);
     }
     RedisModule_ReplyWithArray(e->ctx, 2);
     RedisModule_ReplyWithArray(e->ctx, nrec);

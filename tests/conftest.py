@@ -36,8 +36,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer 
         yield None
         return
     srv = EmbeddedServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    expect_server_kind(srv)
     yield srv
     srv.stop()
+
+
+def expect_server_kind(srv: EmbeddedServer) -> None:
+    """ECHOMQ_TEST_SERVER_NAME (set by test_valkey's nested run) is the INFO `server_name`
+    the session's servers must report, so a run meant for Valkey cannot pass on Redis."""
+    want = os.environ.get("ECHOMQ_TEST_SERVER_NAME")
+    if want:
+        with redis.Redis.from_url(srv.url) as c:
+            got = c.info("server").get("server_name", "redis")
+        assert got == want, f"{srv.url} is {got!r}, not {want!r}"
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +97,7 @@ def module_server(
         appendonly=False,
         args=["--loadmodule", str(module_so)],
     ).start()
+    expect_server_kind(srv)
     yield srv
     srv.stop()
 

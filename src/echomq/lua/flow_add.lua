@@ -24,7 +24,7 @@ for i = 0, n - 1 do
   end
 end
 local now = now_ms()
-local added = {}
+local added = tally()
 for i = 0, n - 1 do
   local at = 3 + 7 * i
   local id, payload, g, parent, policy = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
@@ -43,7 +43,7 @@ for i = 0, n - 1 do
   else
     admit(base, id, payload, g, nil, now)
     local key = g or FLAT
-    added[key] = (added[key] or 0) + 1
+    tally_add(added, key, 1)
   end
   if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy) end
   if pq ~= '' then rcall('HSET', jk, 'parent_queue', pq) end

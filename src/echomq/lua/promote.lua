@@ -8,7 +8,7 @@
 --@include common
 local base = ARGV[1]
 local due = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[2]))
-local added = {}
+local added = tally()
 local moved = 0
 for _, id in ipairs(due) do
   rcall('ZREM', KEYS[1], id)
@@ -19,7 +19,7 @@ for _, id in ipairs(due) do
     park(base, id, jk, row[2])
     emit_in(base, 'promoted', id, row[2])
     local key = row[2] or FLAT
-    added[key] = (added[key] or 0) + 1
+    tally_add(added, key, 1)
     moved = moved + 1
   end
 end

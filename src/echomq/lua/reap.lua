@@ -9,7 +9,7 @@
 --@include common
 local base = ARGV[1]
 local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[2]))
-local added = {}
+local added = tally()
 local moved = 0
 for _, id in ipairs(lapsed) do
   rcall('ZREM', KEYS[1], id)
@@ -23,7 +23,7 @@ for _, id in ipairs(lapsed) do
     park(base, id, jk, g)
     emit_in(base, 'reaped', id, g)
     local key = g or FLAT
-    added[key] = (added[key] or 0) + 1
+    tally_add(added, key, 1)
     moved = moved + 1
   end
 end

@@ -16,7 +16,7 @@ local base = ARGV[1]
 local max_stalled = tonumber(ARGV[2])
 local now = now_ms()
 local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local added = {}
+local added = tally()
 local recovered, died = {}, {}
 for _, id in ipairs(lapsed) do
   rcall('ZREM', KEYS[1], id)
@@ -25,7 +25,7 @@ for _, id in ipairs(lapsed) do
   local g = row[2]
   if g then
     free_slot(base, g)
-    added[g] = added[g] or 0
+    tally_add(added, g, 0)
   end
   if row[1] then
     -- A stall count that is not an integer (planted, corrupted) restarts at this stall: an
@@ -54,7 +54,7 @@ for _, id in ipairs(lapsed) do
       park(base, id, jk, g)
       emit_in(base, 'stalled', id, g, 'stalled', stalled)
       local key = g or FLAT
-      added[key] = (added[key] or 0) + 1
+      tally_add(added, key, 1)
       recovered[#recovered + 1] = id
     end
   end

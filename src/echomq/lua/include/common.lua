@@ -209,9 +209,27 @@ local function touch(base, g, added)
   end
 end
 
--- Touch every waiting set a sweep added jobs to ({[lane or FLAT] = count}).
+-- A tally of jobs added per waiting set (lane or FLAT) that remembers the order the sets
+-- were first met. touch_all walks that order, not pairs(): pairs() follows the server's Lua
+-- table internals (its string hash differs between Redis and Valkey), and the ring order a
+-- sweep leaves must be one the native module can give too.
+local function tally()
+  return {order = {}, n = {}}
+end
+
+local function tally_add(t, key, by)
+  local n = t.n[key]
+  if n == nil then
+    t.order[#t.order + 1] = key
+    n = 0
+  end
+  t.n[key] = n + by
+end
+
+-- Touch every waiting set of the tally, in the order they were first met.
 local function touch_all(base, added)
-  for key, n in pairs(added) do
+  for _, key in ipairs(added.order) do
+    local n = added.n[key]
     if key == FLAT then touch(base, false, n) else touch(base, key, n) end
   end
 end
