@@ -315,10 +315,12 @@ def test_one_queue_through_both_executors(
     d = Driver(lua, native, nr, seed)
     verbs = list(STEPS)
     weights = [STEPS[v] for v in verbs]
+    reached: set[str] = set()
     try:
         for _ in range(150):
             getattr(d, d.rng.choices(verbs, weights)[0])()
             d.agree()
+            reached |= {j.state for j in d.m.jobs.values()}
         assert lua.executor == "lua" and native.executor == "native"
         # Both executors really ran the twins: EMQ.* calls, and the twins' scripts in the
         # script cache (EVAL caches them; they were flushed above).
@@ -326,8 +328,8 @@ def test_one_queue_through_both_executors(
         assert script_calls(nr) - eval0 > 50
         twins = sorted({"enqueue", "claim", "complete", "retry"})
         assert nr.script_exists(*(SCRIPTS[t].sha for t in twins)) == [True] * len(twins)
-        states = {j.state for j in d.m.jobs.values()}
-        assert states >= {"done", "dead", "pending"}, states  # the mix reached them
+        # The walk's mix reached every state (at some step: where it ends is the seed's luck).
+        assert reached >= {"done", "dead", "pending", "active", "scheduled"}, reached
     finally:
         lua.close()
         native.close()
