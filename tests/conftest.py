@@ -7,6 +7,7 @@ SCRIPT FLUSH so the NOSCRIPT -> EVAL path runs all the time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -37,8 +38,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer 
         return
     srv = EmbeddedServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()
     expect_server_kind(srv)
+    _session_servers.append(srv)
     yield srv
     srv.stop()
+
+
+# Servers this session started (never one it was pointed at): emptied after each module.
+_session_servers: list[EmbeddedServer] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _empty_session_servers_after_module() -> Iterator[None]:
+    """Every test names its queues uniquely, so a finished module's keys are never read
+    again; but check() and the raw checkers SCAN the whole keyspace, and session servers
+    that kept every module's keys (~48k by the end of a run) made those tests minutes
+    slower. Each module starts from servers that hold only its own keys."""
+    yield
+    for srv in _session_servers:
+        with contextlib.suppress(redis.ConnectionError), redis.Redis.from_url(srv.url) as c:
+            c.flushall()
 
 
 def expect_server_kind(srv: EmbeddedServer) -> None:
@@ -98,6 +116,7 @@ def module_server(
         args=["--loadmodule", str(module_so)],
     ).start()
     expect_server_kind(srv)
+    _session_servers.append(srv)
     yield srv
     srv.stop()
 
