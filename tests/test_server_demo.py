@@ -15,6 +15,7 @@ import redis
 
 import echomq
 from conftest import wait_for
+from echomq import _native
 from procs import TESTS_DIR, Spawner, pid_gone, pids_in, wait_log
 
 
@@ -183,3 +184,25 @@ def test_the_readme_demo_command_runs(spawn: Spawner, home: Path, tmp_path: Path
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "demo ok" in done.stdout
     assert "consistency check: clean" in done.stdout
+
+
+def test_demo_runs_on_lua_when_the_built_module_will_not_load(
+    spawn: Spawner, home: Path, tmp_path: Path
+) -> None:
+    """A stale or broken build in the module cache must not stop a newcomer's demo: the
+    embedded server is started again without it, and the demo says so and runs on Lua."""
+    so = tmp_path / "cache" / "echomq" / f"trafikey-{_native.MODULE_VERSION}" / "trafikey.so"
+    so.parent.mkdir(parents=True)
+    so.write_text("not a shared object")
+    env = spawn.env(
+        ECHOMQ_URL=None, ECHOMQ_HOME=str(home), XDG_CACHE_HOME=str(tmp_path / "cache"),
+        COLUMNS="160",
+    )  # fmt: skip
+    demo = spawn.start("demo", "--jobs", "300", "--no-kill", env=env, cwd=tmp_path)
+    rc = demo.wait(150)
+    out = demo.text()
+    assert rc == 0, out
+    assert f"the server would not load the module {so}" in out
+    assert "Can't load module" in out and "running on the Lua executor" in out
+    assert "executor: lua" in out and "demo ok" in out
+    assert pids_in(home) == []

@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -83,19 +84,41 @@ def _errors(url: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _server_for(
-    ctx: click.Context, *, purpose: str, app_url: str | None = None, args: list[str] | None = None
+    ctx: click.Context,
+    *,
+    purpose: str,
+    app_url: str | None = None,
+    args: list[str] | None = None,
+    optional_module: Path | None = None,
 ) -> Iterator[str]:
     """The configured server (``--url``, then ``app_url`` — the loaded ``App(url=...)`` —,
     ``ECHOMQ_URL``, a recorded ``echomq server``), or when none is, a private embedded one
-    (started with the extra server ``args``) for the duration of the command."""
+    (started with the extra server ``args``) for the duration of the command.
+    ``optional_module``: a built trafikey to load if it can; a server that refuses it (a
+    stale or foreign build) is started again without it, with a warning, on the Lua path."""
     found = _connect.configured(ctx.obj.get("url"), app_url)
     if found is not None:
         # logs the choice
         yield _checked_url(_connect.resolve_url(ctx.obj.get("url"), app_url).url)
         return
     directory = state_dir() / purpose
+    extra = list(args or ())
     try:
-        server = EmbeddedServer(directory, args=args or ()).start()
+        try:
+            load = ["--loadmodule", str(optional_module)] if optional_module else []
+            server = EmbeddedServer(directory, args=extra + load).start()
+        except RuntimeError as exc:
+            if not optional_module:
+                raise
+            # The last log line says why, after its "pid:role date time #" prefix.
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no reason given"
+            why = re.sub(r"^\d+:[A-Z] .*? [.#*-] ", "", last)
+            click.echo(
+                f"echomq: the server would not load the module {optional_module} ({why}); "
+                "running on the Lua executor (rebuild it: echomq module build)",
+                err=True,
+            )
+            server = EmbeddedServer(directory, args=extra).start()
     except NoServerBinary as exc:
         _fail(str(exc))
         raise  # unreachable; keeps type checkers quiet
@@ -910,8 +933,7 @@ def demo(
         jobs = min(jobs, 2_000)
     # The embedded server loads the native module when one is built (echomq module build).
     built = _native.built_module()
-    args = ["--loadmodule", str(built)] if built is not None else None
-    with _server_for(ctx, purpose="demo", args=args) as url, _errors(url):
+    with _server_for(ctx, purpose="demo", optional_module=built) as url, _errors(url):
         sys.exit(
             run_demo(url, jobs=jobs, workers=workers, concurrency=concurrency, kill=not no_kill)
         )
