@@ -1,38 +1,84 @@
-"""Where a single enqueue's time goes: one producer, one call at a time, the same server.
+"""Where a single enqueue's time goes: one producer, one call at a time, one server.
 
-    python bench/floor.py [--n 20000] [--rounds 5]
+    bench/.venv/bin/python bench/floor.py [--n 20000] [--rounds 5]
 
-Rows, best round of each (the machine is noisy; the best round is the least disturbed):
-- ``LPUSH`` through redis-py: one plain command, what huey's and rq's enqueue send;
+The server is a private one that loads the trafikey module (built into a temp dir), so the
+Lua and native paths, and the peers that are installed (huey in bench/.venv), run against
+the same process in one run. Rows, best round of each (the machine is noisy; the best round
+is the least disturbed), in rounds that interleave the rows:
+- a ``PING`` over a raw socket (no client library): the round trip itself, the ceiling of
+  any client that waits for its reply;
+- ``PING`` and ``LPUSH`` through redis-py: the client library's share (LPUSH is what huey and
+  rq send);
 - ``EVALSHA`` of a script that only returns 1: the floor of any one-script verb;
-- echomq's enqueue script sent raw on one connection: the script's own server cost;
-- ``Queue.enqueue`` and ``Task.enqueue``: echomq's whole path (validation, id, replay marker,
-  serializer).
+- echomq's enqueue sent raw, as the script and as ``EMQ.ENQUEUE``: the transition's server
+  cost on each executor;
+- ``Task.enqueue`` on each executor: echomq's whole path (validation, id, replay marker,
+  envelope);
+- huey's ``task(i)``, when huey is importable.
+The last column is the server's own µs per call (``INFO commandstats`` around each row's
+rounds; the smallest round).
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import redis
 
 import echomq
-from echomq import _protocol
+from echomq import _native, _protocol
 from echomq.server import EmbeddedServer
 
 
-def best_rate(fn: Callable[[], object], n: int, rounds: int) -> float:
-    best = 0.0
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = max(best, n / (time.perf_counter() - t0))
-    return best
+def rate_of(fn: Callable[[], object], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return n / (time.perf_counter() - t0)
+
+
+def server_usec(r: redis.Redis) -> float:
+    """The server's µs of every command so far (INFO commandstats), INFO's own calls aside."""
+    stats = r.info("commandstats")
+    return float(sum(v["usec"] for k, v in stats.items() if k != "cmdstat_info"))
+
+
+def raw_ping(port: int) -> Callable[[], object]:
+    """PING over a plain socket: one send, one recv of the 7-byte reply."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg = b"*1\r\n$4\r\nPING\r\n"
+
+    def call() -> object:
+        s.sendall(msg)
+        got = b""
+        while len(got) < 7:
+            got += s.recv(64)
+        return got
+
+    return call
+
+
+def huey_row(url: str) -> tuple[str, Callable[[], object]] | None:
+    try:
+        from huey import RedisHuey
+    except ImportError:
+        return None
+    huey = RedisHuey("floor-huey", url=url)
+
+    @huey.task(name="noop")
+    def noop(i: int) -> bool:
+        return True
+
+    return "huey `task(i)` (pickle + LPUSH through redis-py)", lambda: noop(1)
 
 
 def main() -> None:
@@ -40,42 +86,68 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     a = parser.parse_args()
-    srv = EmbeddedServer(tempfile.mkdtemp(prefix="echomq-floor-"), appendonly=False).start()
+    tmp = Path(tempfile.mkdtemp(prefix="echomq-floor-"))
+    so = _native.build(tmp / "module")
+    srv = EmbeddedServer(tmp / "server", appendonly=False, args=["--loadmodule", str(so)])
+    srv.start()
+    closers: list[Callable[[], Any]] = []
     try:
         r = redis.Redis.from_url(srv.url, single_connection_client=True)
-        noop = r.script_load("return 1")
+        noop_sha = r.script_load("return 1")
         keys = _protocol.Keys("floor")
         first = next(_protocol.enqueue(keys, b"payload"))
         assert first.script is not None
-        r.script_load(first.script.source)
+        sha = r.script_load(first.script.source)
 
-        def raw_enqueue() -> None:
+        def raw_script() -> object:
             call = next(_protocol.enqueue(keys, b"payload"))
-            r.execute_command("EVALSHA", first.script.sha, len(call.keys), *call.keys, *call.args)  # type: ignore[union-attr]
+            return r.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
 
-        q = echomq.Queue("floor", url=srv.url)
-        app = echomq.App(srv.url)
-        task = app.task(queue="floor-task", name="t")(lambda i: None)
-        rows = [
-            (
-                "LPUSH via redis-py (one plain command)",
-                lambda: r.execute_command("LPUSH", "x", "p"),
-            ),
-            ("EVALSHA of `return 1` via redis-py", lambda: r.execute_command("EVALSHA", noop, 0)),
-            ("echomq enqueue script, raw EVALSHA", raw_enqueue),
-            ("echomq Queue.enqueue(b'payload')", lambda: q.enqueue(b"payload")),
-            ("echomq Task.enqueue(i)", lambda: task.enqueue(1)),
+        def raw_native() -> object:
+            call = next(_protocol.enqueue(keys, b"payload"))
+            return r.execute_command("EMQ.ENQUEUE", len(call.keys), *call.keys, *call.args)
+
+        rows: list[tuple[str, Callable[[], object]]] = [
+            ("PING over a raw socket (the round trip alone)", raw_ping(srv.port)),
+            ("PING via redis-py", lambda: r.execute_command("PING")),
+            ("LPUSH via redis-py (what huey and rq send)", lambda: r.lpush("x", "p")),
+            ("EVALSHA of `return 1` via redis-py", lambda: r.evalsha(noop_sha, 0)),
+            ("echomq enqueue, raw EVALSHA of the script", raw_script),
+            ("echomq enqueue, raw EMQ.ENQUEUE", raw_native),
         ]
-        print(f"command: `python bench/floor.py --n {a.n} --rounds {a.rounds}`\n")
-        print("| path | calls/s (best round) | µs per call |")
-        print("|---|---:|---:|")
-        for label, fn in rows:
-            rate = best_rate(fn, a.n, a.rounds)
-            print(f"| {label} | {rate:,.0f} | {1e6 / rate:,.0f} |")
-            sys.stdout.flush()
-        q.close()
-        app.close()
+        for executor in ("lua", "native"):
+            app = echomq.App(srv.url + f"?executor={executor}")
+            closers.append(app.close)
+            task = app.task(queue=f"floor-{executor}", name="t")(lambda i: None)
+            rows.append(
+                (f"echomq `Task.enqueue(i)`, {executor}", lambda task=task: task.enqueue(1))
+            )
+        peer = huey_row(srv.url)
+        if peer is not None:
+            rows.append(peer)
+        for _label, fn in rows:  # warm every path (script cache, connections, imports)
+            for _ in range(200):
+                fn()
+        best = dict.fromkeys((label for label, _ in rows), 0.0)
+        server_us = dict.fromkeys((label for label, _ in rows), float("inf"))
+        for _ in range(a.rounds):
+            for label, fn in rows:
+                before = server_usec(r)
+                best[label] = max(best[label], rate_of(fn, a.n))
+                used = server_usec(r) - before
+                server_us[label] = min(server_us[label], used / a.n)
+        print(f"command: `bench/.venv/bin/python bench/floor.py --n {a.n} --rounds {a.rounds}`\n")
+        print("| path | calls/s (best round) | µs per call | server µs per call |")
+        print("|---|---:|---:|---:|")
+        for label, _ in rows:
+            print(
+                f"| {label} | {best[label]:,.0f} | {1e6 / best[label]:,.0f} "
+                f"| {server_us[label]:.1f} |"
+            )
+        sys.stdout.flush()
     finally:
+        for close in closers:
+            close()
         srv.stop()
 
 
