@@ -107,6 +107,40 @@ def test_resolution_reaches_the_wire(
         q.enqueue(b"x")
 
 
+def test_an_apps_url_chooses_the_executor(
+    native_srv: EmbeddedServer, plain: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """App(url="...?executor=") reaches its queues and tasks as it does Queue(url=...): the
+    app opens one client for its queues, so the option must travel apart from the URL (it
+    was dropped once, and every App ran on auto)."""
+    monkeypatch.delenv("ECHOMQ_EXECUTOR", raising=False)
+    r = redis.Redis.from_url(native_srv.url)
+    for mode in ("lua", "native"):
+        app = echomq.App(native_srv.url + f"?executor={mode}")
+        task = app.task(queue=f"app-{mode}", name="t")(lambda i: None)
+        before = r.info("commandstats").get("cmdstat_emq.enqueue", {}).get("calls", 0)
+        task.enqueue(1)
+        after = r.info("commandstats").get("cmdstat_emq.enqueue", {}).get("calls", 0)
+        assert app.queue(f"app-{mode}").executor == mode
+        assert after - before == (1 if mode == "native" else 0), mode
+        app.close()
+    r.close()
+    # A URL asking for native on a server without the module refuses, as Queue does.
+    app = echomq.App(plain.url + "?executor=native")
+    task = app.task(queue="app-plain", name="t")(lambda i: None)
+    with pytest.raises(ExecutorUnavailable):
+        task.enqueue(1)
+    app.close()
+
+
+async def test_an_apps_url_chooses_the_async_executor(native_srv: EmbeddedServer) -> None:
+    app = echomq.App(native_srv.url + "?executor=lua")
+    task = app.task(queue="app-async", name="t")(lambda i: None)
+    await task.aenqueue(1)
+    assert app.aqueue("app-async").executor == "lua"
+    await app.aclose()
+
+
 @pytest.mark.parametrize("where", ["argument", "url", "env"])
 def test_bad_value_is_typed_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str

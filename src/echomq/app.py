@@ -30,7 +30,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import msgspec
 import msgspec.inspect
 
-from echomq import _compose, _envelope, keyspace
+from echomq import _compose, _envelope, _native, keyspace
 from echomq._connect import (
     AsyncClient,
     Resolved,
@@ -687,8 +687,13 @@ class App:
 
     def _queue_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"durable": self.durable}
+        from_url = bool(self._url or not self._client)  # a client= passed in has no URL
         if self.durable is None:
-            kwargs["durable"] = parse_url(self.url)[2] if self._url or not self._client else 0
+            kwargs["durable"] = parse_url(self.url)[2] if from_url else 0
+        if from_url:
+            # The URL's executor= (None: ECHOMQ_EXECUTOR, else auto), as Queue(url=...) reads
+            # it: the queues get the app's client, not its URL.
+            kwargs["executor"] = _native.url_executor(self.url)
         if self.max_payload is not None:
             kwargs["max_payload"] = self.max_payload
         return kwargs
