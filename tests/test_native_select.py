@@ -35,12 +35,6 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
 
 
 @pytest.fixture(scope="module")
-def module_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Built into a temp dir from a copy of native/ (the repository's tree is not written).
-    return _native.build(tmp_path_factory.mktemp("trafikey"))
-
-
-@pytest.fixture(scope="module")
 def native_srv(
     tmp_path_factory: pytest.TempPathFactory, module_so: Path
 ) -> Iterator[EmbeddedServer]:

@@ -149,9 +149,9 @@ class SyncExecutor(_Executor):
         """Read ``{emq}:version``; claim it when absent; refuse a foreign value (D1)."""
         self._fence.through(self._command)
         if self.native is None:
-            self._select()
+            self.select_executor()
 
-    def _select(self) -> None:
+    def select_executor(self) -> None:
         """Decide ``auto`` (or check ``native``): the module on every primary -> native."""
         nodes = _native.module_list_nodes(self.client, self._cluster)
         try:
@@ -286,10 +286,10 @@ class AsyncExecutor(_Executor):
     async def fence(self) -> None:
         await self._fence.athrough(self.client.execute_command)
         if self.native is None:
-            await self._select()
+            await self.select_executor()
 
-    async def _select(self) -> None:
-        """The asyncio twin of :meth:`SyncExecutor._select`."""
+    async def select_executor(self) -> None:
+        """The asyncio twin of :meth:`SyncExecutor.select_executor`."""
         nodes = _native.module_list_nodes(self.client, self._cluster)
         try:
             raw = await self.client.execute_command(*_native.MODULE_LIST, **nodes)

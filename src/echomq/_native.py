@@ -8,8 +8,9 @@ registers ``EMQ.*`` commands that take a script's keys and arguments with EVAL's
 
 - :data:`TWINS`: the scripts that have a native twin (every other script runs as Lua);
 - :func:`resolve_executor`: which executor a queue asked for (argument, URL, env, ``auto``);
-- :func:`select_steps`: the ``MODULE LIST`` exchange that decides ``auto`` at the first
-  connect, and refuses ``native`` on a server without the module;
+- :func:`module_list_nodes` and :func:`decide_from`: the ``MODULE LIST`` exchange (sent by
+  the executors at the first connect) that decides ``auto``, and refuses ``native`` on a
+  server without the module;
 - :func:`build`: compiling the C source into a user cache dir (never into site-packages).
 """
 

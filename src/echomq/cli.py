@@ -88,12 +88,11 @@ def _server_for(
     *,
     purpose: str,
     app_url: str | None = None,
-    args: list[str] | None = None,
     optional_module: Path | None = None,
 ) -> Iterator[str]:
     """The configured server (``--url``, then ``app_url`` — the loaded ``App(url=...)`` —,
     ``ECHOMQ_URL``, a recorded ``echomq server``), or when none is, a private embedded one
-    (started with the extra server ``args``) for the duration of the command.
+    for the duration of the command.
     ``optional_module``: a built trafikey to load if it can; a server that refuses it (a
     stale or foreign build) is started again without it, with a warning, on the Lua path."""
     found = _connect.configured(ctx.obj.get("url"), app_url)
@@ -102,11 +101,10 @@ def _server_for(
         yield _checked_url(_connect.resolve_url(ctx.obj.get("url"), app_url).url)
         return
     directory = state_dir() / purpose
-    extra = list(args or ())
     try:
         try:
             load = ["--loadmodule", str(optional_module)] if optional_module else []
-            server = EmbeddedServer(directory, args=extra + load).start()
+            server = EmbeddedServer(directory, args=load).start()
         except RuntimeError as exc:
             if not optional_module:
                 raise
@@ -118,7 +116,7 @@ def _server_for(
                 "running on the Lua executor (rebuild it: echomq module build)",
                 err=True,
             )
-            server = EmbeddedServer(directory, args=extra).start()
+            server = EmbeddedServer(directory).start()
     except NoServerBinary as exc:
         _fail(str(exc))
         raise  # unreachable; keeps type checkers quiet
@@ -468,7 +466,7 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
         if x.executor is None:
             # Nothing ran (no queue): decide it as a call would, with MODULE LIST only (a
             # fence would write {emq}:version on a server echomq never used).
-            x._select()
+            x.select_executor()
     finally:
         client.close()
     return x.executor or "lua", [
