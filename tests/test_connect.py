@@ -271,6 +271,44 @@ def test_async_pool_attributes_exist_on_real_clients(url: str) -> None:
     asyncio.run(main_())
 
 
+def test_async_clients_pack_commands_in_c_with_redis_pys_bytes_and_errors(url: str) -> None:
+    """echomq's asyncio clients pack with hiredis (_redispy.pack_in_c): the same bytes as
+    redis-py's own packer, its DataError for what neither packs, and real round trips."""
+
+    async def main_() -> None:
+        client = _connect.async_client(url)
+        try:
+            pool = client.connection_pool
+            assert hasattr(pool, "connection_class"), "redis-py moved Pool.connection_class"
+            conn = pool.make_connection()
+            cls = type(conn)
+            assert cls.pack_command is not redis.asyncio.Connection.pack_command
+            python_pack = cls.__mro__[1].pack_command  # the packer it replaces
+            for args in [
+                ("EVALSHA", "a" * 40, 2, "emq:{q}:k", b"\x00\xffbytes", 7, -3, "\u00e9t\u00e9"),
+                ("CLIENT SETINFO", "LIB-NAME", "x"),  # a two-word command name splits
+                (b"SCRIPT LOAD", "return 1"),
+                ("SET", "k", memoryview(b"view")),  # hiredis refuses: redis-py's packer
+                ("SET", "k", 1.5),
+            ]:
+                assert b"".join(conn.pack_command(*args)) == b"".join(python_pack(conn, *args))
+            for bad in (True, None, object()):
+                with pytest.raises(redis.exceptions.DataError):
+                    conn.pack_command("SET", "k", bad)
+            # Pipelines pack through it too, and the server reads what it sends.
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set("pack-c", b"\x00v")
+                pipe.get("pack-c")
+                assert await pipe.execute() == [True, b"\x00v"]
+            pack_again = type(pool.make_connection())
+            _redispy.pack_in_c(pool)  # idempotent: no subclass of the subclass
+            assert type(pool.make_connection()) is pack_again is cls
+        finally:
+            await client.aclose()
+
+    asyncio.run(main_())
+
+
 @pytest.fixture(scope="module")
 def one_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """The smallest real cluster: one primary owning every slot."""

@@ -333,7 +333,9 @@ def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisClus
     plain, cluster, _ = parse_url(url or default_url())
     if cluster:
         return AsyncRedisCluster.from_url(plain, **_client_options(plain))
-    return redis.asyncio.Redis.from_url(plain, **_client_options(plain))
+    client = redis.asyncio.Redis.from_url(plain, **_client_options(plain))
+    _redispy.pack_in_c(client.connection_pool)
+    return client
 
 
 def check_bytes_client(client: Any) -> None:

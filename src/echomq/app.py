@@ -175,6 +175,8 @@ class Task(Generic[P, R]):
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
         self._params: _Params | None = None  # the handler's signature, compiled on first use
+        # The task without options, built once: enqueue is the producer's hot path.
+        self._plain: BoundTask[P, R] = BoundTask(self, Options())
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -270,11 +272,11 @@ class Task(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         """Enqueue a call of this task with the handler's arguments; the receipt's
         ``wait(timeout_s)`` gives the return value when the task keeps results."""
-        return BoundTask(self, Options()).enqueue(*args, **kwargs)
+        return self._plain.enqueue(*args, **kwargs)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         """``enqueue`` for asyncio code."""
-        return await BoundTask(self, Options()).aenqueue(*args, **kwargs)
+        return await self._plain.aenqueue(*args, **kwargs)
 
     def enqueue_many(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], *, group: str | None = None
