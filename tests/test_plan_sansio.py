@@ -210,3 +210,28 @@ def test_bad_input_raises_before_the_first_call(make: Callable[[], Any]) -> None
     plan = make()
     with pytest.raises((InvalidArgument, InvalidId)):
         next(plan)
+
+
+def test_replay_nonces_ignore_the_apps_random_seed_and_differ_after_fork() -> None:
+    """The enqueue's replay nonce is the call's identity across its resends: an application
+    seeding ``random`` (common in tests and ML code) must not make two calls, or two forked
+    processes, send the same one."""
+    import os
+    import random
+
+    random.seed(7)
+    first = _p._nonce()
+    random.seed(7)
+    assert _p._nonce() != first
+    assert len(first) == 12 and int(first, 16) >= 0
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its generator was reseeded at fork
+        os.write(write, _p._nonce().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child != _p._nonce()
+    assert len(child) == 12

@@ -55,7 +55,7 @@ _REMINT_TRIES = 8
 
 # Replay nonces come from a private generator seeded from os.urandom (and reseeded in a
 # forked child): an application's random.seed() cannot make two processes' nonces collide,
-# and a nonce costs a fifth of secrets.token_hex (no system call per enqueue).
+# and a nonce costs a third of secrets.token_hex (no system call per enqueue).
 _nonces = random.Random()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_nonces.seed)
