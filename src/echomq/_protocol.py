@@ -331,8 +331,8 @@ def enqueue(
     after a lost reply then finds its first copy even once that job has completed: it is
     never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control."""
     data = _payload(payload, k.max_payload)
-    g = "" if group is None else keyspace.check_lane(group)
-    mode, value = ("now", "0") if delay_ms is None and at_ms is None else _when(delay_ms, at_ms)
+    g = _group(group)
+    mode, value = _when(delay_ms, at_ms)
     extra: tuple[Arg, ...] = ()
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
         from echomq._control import dedup_args  # _control builds on this module
@@ -348,7 +348,8 @@ def enqueue(
         flags = "f" if minted else ""
         args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *extra)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
-        call = _call("enqueue", (k.base + "job:" + jid, k.meta), args, _s)
+        keys = (k.base + "job:" + jid, k.meta)
+        call = _call("enqueue", keys, args, _s)
         resent = False
         while True:
             try:
@@ -359,7 +360,7 @@ def enqueue(
                 # as a resend: the same id and nonce find the first copy's marker if it landed
                 # (even if that job has completed since), so it is never admitted twice.
                 resend = (k.base, jid, data, g, mode, value, flags + "r", replay_ms, nonce, *extra)
-                call = _call("enqueue", (k.base + "job:" + jid, k.meta), resend, _s)
+                call = _call("enqueue", keys, resend, _s)
                 resent = True
         if status == "replayed":
             return Enqueued(jid, "enqueued")

@@ -27,7 +27,6 @@ import inspect
 from typing import Any
 
 import hiredis
-from redis.exceptions import DataError
 
 __all__ = [
     "CONNECT_HOOK",
@@ -134,17 +133,12 @@ def _pack_in_c(self: Any, *args: Any) -> list[bytes]:
     try:
         return [hiredis.pack_command(args)]
     except TypeError:  # a memoryview, a bool, None...: redis-py's own packer and its errors
-        pass
-    try:
-        return list(_PYTHON_PACK[type(self)](self, *args))
-    except TypeError as exc:  # pragma: no cover - redis-py raises DataError itself
-        raise DataError(str(exc)) from exc
+        return list(self._python_pack(*args))
 
 
-# A C-packing subclass per asyncio connection class (TCP, TLS, unix socket), made once, and
-# the Python packer of the class it derives from.
+# A C-packing subclass per asyncio connection class (TCP, TLS, unix socket), made once; it
+# keeps the packer it replaces as ``_python_pack``.
 _C_PACKING: dict[type, type] = {}
-_PYTHON_PACK: dict[type, Any] = {}
 
 
 def pack_in_c(pool: Any) -> None:
@@ -152,11 +146,10 @@ def pack_in_c(pool: Any) -> None:
     pool's ``connection_class`` becomes a subclass whose ``pack_command`` is C."""
     base = pool.connection_class
     encoding = str(pool.connection_kwargs.get("encoding", "utf-8")).lower().replace("-", "")
-    if base in _PYTHON_PACK or encoding != "utf8":  # hiredis encodes str as UTF-8 only
+    if base in _C_PACKING.values() or encoding != "utf8":  # hiredis encodes str as UTF-8 only
         return
     cls = _C_PACKING.get(base)
     if cls is None:
-        cls = type(base.__name__, (base,), {"pack_command": _pack_in_c})
-        _C_PACKING[base] = cls
-        _PYTHON_PACK[cls] = base.pack_command
+        namespace = {"pack_command": _pack_in_c, "_python_pack": base.pack_command}
+        cls = _C_PACKING[base] = type(base.__name__, (base,), namespace)
     pool.connection_class = cls
