@@ -2,7 +2,8 @@
 
 Every worker of the app registers them when it starts and fires them in its beat; each
 occurrence is enqueued exactly once however many workers run. This script runs one worker
-for about three seconds and prints the interval task's runs.
+for about three seconds and prints the interval task's runs, each with the time its
+occurrence was due.
 
 Run it against any server: ``ECHOMQ_URL=redis://... python examples/periodic.py``, or start
 a private one first with ``echomq server`` (in another terminal) and run it with no variable.
@@ -21,7 +22,13 @@ QUEUE = "example-periodic"
 
 @app.periodic(every_ms=1_000, queue=QUEUE)
 def heartbeat() -> None:
-    print("heartbeat at", time.strftime("%H:%M:%S"))
+    job = echomq.current_job()
+    assert job is not None  # always set inside a handler
+    # An occurrence's id carries the time it was due (the server's clock), so each run can say
+    # which occurrence it is. The wall clock at run time cannot: a busy worker may run two
+    # occurrences within one second.
+    due = echomq.ids.decode_time_ms(job.id) / 1000
+    print("heartbeat due at", time.strftime("%H:%M:%S", time.localtime(due)))
 
 
 @app.periodic(cron="0 3 * * *", tz="Europe/Berlin", queue=QUEUE)
