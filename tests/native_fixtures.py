@@ -340,6 +340,9 @@ def empty_queues(client: redis.Redis, queues: Sequence[str]) -> None:
 @contextlib.contextmanager
 def replica_of(primary: EmbeddedServer, directory: Path) -> Iterator[redis.Redis]:
     """A plain server (no module) replicating `primary`, once its link is up: a client on it."""
+    # The primary starts the full sync at once (its default waits 5 s for more replicas).
+    with redis.Redis(port=primary.port) as pr:
+        pr.config_set("repl-diskless-sync-delay", 0)
     replica = EmbeddedServer(
         directory, args=["--replicaof", "127.0.0.1", str(primary.port)]
     ).start()

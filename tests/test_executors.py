@@ -681,7 +681,10 @@ def test_replica_without_the_module_ends_identical(
     module_so: Path, tmp_path: Path, qname: str
 ) -> None:
     primary = EmbeddedServer(
-        tmp_path / "primary", appendonly=False, args=["--loadmodule", str(module_so)]
+        tmp_path / "primary",
+        appendonly=False,
+        # The full sync starts at once (the default waits 5 s for more replicas).
+        args=["--loadmodule", str(module_so), "--repl-diskless-sync-delay", "0"],
     ).start()
     replica = EmbeddedServer(
         tmp_path / "replica",

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import redis
 import echomq
 from conftest import wait_for
 from echomq import _native
+from echomq.server import EmbeddedServer
 from procs import TESTS_DIR, Spawner, pid_gone, pids_in, wait_log
 
 
@@ -206,3 +208,30 @@ def test_demo_runs_on_lua_when_the_built_module_will_not_load(
     assert "Can't load module" in out and "running on the Lua executor" in out
     assert "executor: lua" in out and "demo ok" in out
     assert pids_in(home) == []
+
+
+def test_stop_outlasts_a_refused_sigterm(tmp_path: Path) -> None:
+    """The server refuses a SIGTERM while it writes its first AOF, which a replica does right
+    after its sync, and does not act on it later. stop() sends it again until it is taken; it
+    used to wait out its whole timeout and SIGKILL the server (10 s per replica test)."""
+    primary = EmbeddedServer(
+        tmp_path / "primary", appendonly=False, args=["--repl-diskless-sync-delay", "0"]
+    ).start()
+    try:
+        with redis.Redis(port=primary.port) as pr:
+            # Enough data that the replica's first AOF takes a while to write.
+            pr.eval("for i = 1, 400000 do redis.call('SET', 'k' .. i, i) end", 0)
+            replica = EmbeddedServer(
+                tmp_path / "replica", args=["--replicaof", "127.0.0.1", str(primary.port)]
+            ).start()
+            with redis.Redis(port=replica.port) as rr:
+                wait_for(lambda: rr.info("replication")["master_link_status"] == "up")
+                assert rr.dbsize() == 400000
+            started = time.monotonic()
+            replica.stop(timeout=30)
+            took = time.monotonic() - started
+            assert replica.proc is not None
+            assert replica.proc.returncode == 0, replica.proc.returncode  # not SIGKILLed
+            assert took < 15, took
+    finally:
+        primary.stop()

@@ -351,7 +351,10 @@ def test_durable_worker_runs_what_it_claimed_while_no_replica_acks(
     """Durable mode (one replica) with the replica stopped: every settle applies on the
     primary but raises DurabilityError. The jobs a settle claimed must still run; discarded,
     they waited out their lease and died "stalled" (max_stalled 1) without running."""
-    primary = tmp_server(tmp_path / "primary", appendonly=False)
+    # The full sync starts at once (the default waits 5 s for more replicas).
+    primary = tmp_server(
+        tmp_path / "primary", appendonly=False, args=["--repl-diskless-sync-delay", "0"]
+    )
     replica = tmp_server(
         tmp_path / "replica", appendonly=False, args=["--replicaof", "127.0.0.1", str(primary.port)]
     )
