@@ -90,6 +90,21 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _valkey_run_beside_the_suite(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Start test_valkey's nested run at the session's first test when it is selected: it
+    then runs beside the rest of the suite instead of after it (test_valkey.Nested says why
+    that is safe). A run the test never waited for is stopped at the session's end."""
+    import test_valkey
+
+    if any(item.nodeid == test_valkey.NESTED_NODE for item in request.session.items):
+        test_valkey.start_nested(tmp_path_factory.mktemp("valkey-nested"))
+    yield
+    test_valkey.stop_nested()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("executors")
     if marker is None or not {"url", "redis_url"} & set(metafunc.fixturenames):
