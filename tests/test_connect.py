@@ -363,3 +363,51 @@ def test_cluster_attributes_exist_on_real_clients(one_node_cluster: EmbeddedServ
             await arc.aclose()
 
     asyncio.run(main_())
+
+
+def test_async_sends_make_no_task_and_keep_redis_pys_errors(url: str) -> None:
+    """echomq's asyncio connections send a command the socket takes whole without
+    asyncio.wait_for (a task and an event-loop turn per command on Python 3.11); a write
+    that must wait drains through redis-py's own path, and a dead connection still fails
+    the way redis-py reports it (ConnectionError, then a reconnect on the next call)."""
+
+    async def main_() -> None:
+        client = _connect.async_client(url)
+        admin = redis.Redis.from_url(url)
+        waits = 0
+        real_wait_for = asyncio.wait_for
+
+        def counting(*a: Any, **kw: Any) -> Any:
+            nonlocal waits
+            waits += 1
+            return real_wait_for(*a, **kw)
+
+        try:
+            conn = client.connection_pool.make_connection()
+            for name in ("_reader", "_writer", "health_check_interval", "next_health_check"):
+                assert hasattr(conn, name), f"redis-py moved asyncio Connection.{name}"
+            await client.ping()  # connected: the fast path applies from here
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(asyncio, "wait_for", counting)
+                for i in range(50):
+                    assert await client.set(f"send-{i}", i)
+                assert waits == 0
+                # 32 MiB in one command: more than the socket takes at once, so the rest is
+                # drained through redis-py's send (its wait_for and its timeout).
+                big = b"x" * (32 << 20)
+                assert await client.set("send-big", big)
+                assert waits >= 1
+            assert await client.strlen("send-big") == len(big)
+            # The server drops the connection: the next command fails as redis-py says it
+            # (no retry on echomq's clients), and the one after reconnects.
+            mine = await client.client_id()
+            admin.client_kill_filter(_id=mine)
+            with pytest.raises(redis.exceptions.ConnectionError):
+                for _ in range(3):  # the first write may land before the reset is seen
+                    await client.get("send-0")
+            assert await client.get("send-1") == b"1"
+        finally:
+            await client.aclose()
+            admin.close()
+
+    asyncio.run(main_())

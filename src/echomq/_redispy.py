@@ -15,7 +15,8 @@ The names used, by object:
   ``_in_use_connections``;
 - a pool connection: ``redis_connect_func``;
 - ``redis.asyncio.ConnectionPool``: ``connection_class`` and ``connection_kwargs`` (see
-  :func:`pack_in_c`), and its connections' ``pack_command`` method;
+  :func:`pack_in_c`), and its connections' ``pack_command`` and ``send_packed_command``
+  methods, ``_reader``, ``_writer``, ``health_check_interval`` and ``next_health_check``;
 - ``redis.cluster.RedisCluster``: ``user_on_connect_func``, ``nodes_manager``;
 - ``redis.asyncio.cluster.RedisCluster``: ``nodes_manager``; its ``ClusterNode``:
   ``connection_kwargs``, ``connection_class``.
@@ -23,6 +24,7 @@ The names used, by object:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any
 
@@ -136,20 +138,55 @@ def _pack_in_c(self: Any, *args: Any) -> list[bytes]:
         return list(self._python_pack(*args))
 
 
+async def _send_without_a_task(self: Any, command: Any, check_health: bool = True) -> None:
+    """An asyncio connection's ``send_packed_command`` that does not wrap every write in
+    ``asyncio.wait_for``, which on Python 3.11 makes a task per command: with its wake-ups,
+    three of the eight event-loop turns a worker spent per job at concurrency 1. A write the
+    socket takes whole leaves nothing to wait for. Anything else (a write left in the
+    buffer, a connection closing or failed, a health check due, a first connect) goes
+    through redis-py's own path, with its timeout and its errors; a buffered write as an
+    empty one that only drains."""
+    writer = getattr(self, "_writer", None)
+    reader = getattr(self, "_reader", None)
+    if (
+        type(command) is not list
+        or writer is None
+        or reader is None
+        or (
+            check_health
+            and self.health_check_interval
+            and asyncio.get_running_loop().time() > self.next_health_check
+        )
+        or writer.transport.is_closing()
+        or reader.exception() is not None
+    ):
+        await self._wait_for_send(command, check_health)
+        return
+    writer.writelines(command)
+    if writer.transport.get_write_buffer_size() or writer.transport.is_closing():
+        await self._wait_for_send([], False)
+
+
 # A C-packing subclass per asyncio connection class (TCP, TLS, unix socket), made once; it
-# keeps the packer it replaces as ``_python_pack``.
+# keeps the packer it replaces as ``_python_pack`` and the sender as ``_wait_for_send``.
 _C_PACKING: dict[type, type] = {}
 
 
 def pack_in_c(pool: Any) -> None:
-    """Make the connections an asyncio pool will open pack commands with hiredis: the
-    pool's ``connection_class`` becomes a subclass whose ``pack_command`` is C."""
+    """Make the connections an asyncio pool will open pack commands with hiredis and send
+    them without a task each: the pool's ``connection_class`` becomes a subclass whose
+    ``pack_command`` is C and whose ``send_packed_command`` is :func:`_send_without_a_task`."""
     base = pool.connection_class
     encoding = str(pool.connection_kwargs.get("encoding", "utf-8")).lower().replace("-", "")
     if base in _C_PACKING.values() or encoding != "utf8":  # hiredis encodes str as UTF-8 only
         return
     cls = _C_PACKING.get(base)
     if cls is None:
-        namespace = {"pack_command": _pack_in_c, "_python_pack": base.pack_command}
+        namespace = {
+            "pack_command": _pack_in_c,
+            "_python_pack": base.pack_command,
+            "send_packed_command": _send_without_a_task,
+            "_wait_for_send": base.send_packed_command,
+        }
         cls = _C_PACKING[base] = type(base.__name__, (base,), namespace)
     pool.connection_class = cls
