@@ -343,11 +343,13 @@ class Worker:
             task = r.ctx.task if r.ctx is not None else "?"
             self._strands.strand(r.thread, task, r.job.id, r.started)
         self._slots.release()  # kicks every pump: a claim, or this settle, may go out
-        if not ql.inflight and all(t.done() for t in ql.turns):
+        if not self._stopping and not ql.inflight and all(t.done() for t in ql.turns):
             # The queue's last run ended and no call is in flight: send its settle (and the
             # next claim) now rather than on the pump's next turn of the event loop. Nothing
             # else of this queue can finish in the meantime to join the call, so this saves
-            # a turn of the loop per job at low concurrency and costs no batching.
+            # a turn of the loop per job at low concurrency and costs no batching. (A run
+            # that ends inside a turn, inline, finds that turn not done: the pump sends it.
+            # At shutdown the pump alone sends, as it always did.)
             self._fill(ql)
         # At shutdown, the wait for in-flight runs ends with the last of them.
         if self._stopping and not any(q.inflight for q in self._loops) and self._drained:
