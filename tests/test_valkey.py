@@ -91,7 +91,7 @@ def start_nested(directory: Path) -> None:
             "ECHOMQ_SERVER_BIN": str(valkey_binary()),
             "ECHOMQ_TEST_SERVER_NAME": "valkey",  # conftest checks the servers' INFO
         }
-    except BaseException as e:  # pytest.fail/skip: raised again inside the test
+    except (Exception, pytest.fail.Exception, pytest.skip.Exception) as e:  # raised in the test
         Nested.error = e
         return
     env.pop("PYTEST_ADDOPTS", None)

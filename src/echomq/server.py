@@ -217,16 +217,15 @@ class EmbeddedServer:
             return
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
-            if time.monotonic() >= deadline:
-                proc.kill()
-                proc.wait()
-                break
             # The server refuses a SIGTERM while it writes its first AOF (a replica right
             # after its sync does) and does not retry it: sent again, it is taken as soon as
             # the write ends, not at the deadline's SIGKILL.
             proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            if proc.poll() is None and time.monotonic() >= deadline:
+                proc.kill()
+                proc.wait()
         if proc.stderr:
             proc.stderr.close()
         with contextlib.suppress(FileNotFoundError):
