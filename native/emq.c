@@ -885,7 +885,8 @@ int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_s
 }
 
 long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]) {
-    emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
+    /* The cancel flag ends with the lease (fence.lua release). */
+    emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
     if (emq_eqs(row[1], "active")) return emq_leave_active(e, id, row[2]);
     return emq_leave_waiting(e, id, row[2]);
 }

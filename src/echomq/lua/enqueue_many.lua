@@ -36,6 +36,7 @@ for i = 8, #ARGV, 2 do
   local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh)
   if verdict == 'enqueued' then added = added + 1 end
   if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
+  if verdict == 'duplicate' then emit_in(base, 'duplicate', ARGV[i], g) end
   out[#out + 1] = verdict
 end
 -- One ring/registry sync for the whole batch: every job went to the same waiting set.

@@ -18,6 +18,7 @@
 ]]
 --@include common
 --@include admit
+--@include control
 --@include compose
 local base, limit, peek, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local reg = KEYS[1]
