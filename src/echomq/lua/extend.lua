@@ -6,7 +6,8 @@
   ARGV[3] token
   ARGV[4] lease_ms        > 0
   Returns 1 | 0 when gone | error EMQSTALE
-  Flags: writes replay
+  A heartbeat is never refused for memory (allow-oom, _scripts.py): it only moves scores.
+  Flags: writes replay allow-oom
 ]]
 --@include common
 --@include fence
