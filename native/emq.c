@@ -120,9 +120,18 @@ int emq_parse_ll(emq_sv s, long long *out) {
     return 1;
 }
 
+/* An argument's digits (after an optional '-') are at most 15 (PROTOCOL §6, include/
+ * args.lua): exact in a Lua number, so both executors take and refuse the same numbers. */
+static int arg_digits_ok(emq_sv s) {
+    size_t n = s.n;
+    if (n && s.p[0] == '-') n--;
+    return n <= 15;
+}
+
 long long emq_need_ll(emq *e, emq_sv s) {
     long long v;
-    if (!emq_parse_ll(s, &v)) emq_fail(e, "ERR a numeric argument is not an integer");
+    if (!s.p || !arg_digits_ok(s) || !emq_parse_ll(s, &v))
+        emq_fail(e, "ERR a numeric argument is not an integer");
     return v;
 }
 

@@ -21,8 +21,13 @@
   Flags: writes once
 ]]
 --@include common
+--@include args
 --@include admit
 --@include control
+shape(2, 6, 12, 'ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+if ARGV[8] then int_arg(ARGV[8]) end
+if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
+if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end

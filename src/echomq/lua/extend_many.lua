@@ -9,10 +9,13 @@
   Flags: writes replay allow-oom
 ]]
 --@include common
+--@include args
 --@include fence
 --@include control
+shape(1, 2, nil, 'ERR EMQ.EXTEND takes 2 keys and 4 args (extend) or 1 key and 2 + 2n args (extend_many)')
+local lease_ms = int_arg(ARGV[2])
 local base = ARGV[1]
-local deadline = now_ms() + tonumber(ARGV[2])
+local deadline = now_ms() + lease_ms
 local failed, flagged = {}, {}
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]

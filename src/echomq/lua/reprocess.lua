@@ -11,6 +11,8 @@
   Flags: writes once
 ]]
 --@include common
+--@include args
+shape(2, 2, 2, 'ERR EMQ.REPROCESS takes 2 keys (row, dead) and 2 args (base, id)')
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
 if rcall('EXISTS', jk) == 0 then return 0 end

@@ -11,12 +11,14 @@
   Flags: writes replay
 ]]
 --@include common
+--@include args
 --@include control
 --@include compose
+shape(2, 3, 3, 'ERR EMQ.SWEEP takes 2 keys (active, dead) and 3 args (base, max_stalled, limit)')
+local max_stalled, sweep_limit = int_arg(ARGV[2]), int_arg(ARGV[3])
 local base = ARGV[1]
-local max_stalled = tonumber(ARGV[2])
 local now = now_ms()
-local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, sweep_limit)
 local added = tally()
 local recovered, died = {}, {}
 for _, id in ipairs(lapsed) do

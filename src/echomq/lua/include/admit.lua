@@ -72,7 +72,9 @@ end
 -- An enqueue_many call leaves one STRING p..recent:<nonce> with every job's verdict.
 
 local function marker_key(base, nonce, replay_ms, second)
-  return base .. 'recent:' .. replay_ms .. ':' .. second .. ':' .. string.sub(nonce, 1, 2)
+  -- %d: a Lua number past 1e14 would print in exponent form (the module prints digits).
+  return base .. 'recent:' .. string.format('%d', replay_ms) .. ':' .. second .. ':'
+    .. string.sub(nonce, 1, 2)
 end
 
 local function marker_field(id, nonce)
