@@ -35,6 +35,13 @@ def _pending(q: Any) -> list[str]:
     return list(q.browse("pending", n=1000))
 
 
+def _occurrence(r: redis.Redis, queue: str, name: str, fire_ms: int) -> str:
+    """The id of ``name``'s occurrence at ``fire_ms``, from the slot its row holds."""
+    slot = r.hget(f"emq:{{{queue}}}:repeat:{name}", "slot")
+    assert slot is not None, f"{name} has no slot"
+    return occurrence_id(int(slot), fire_ms)
+
+
 # --------------------------------------------------------------------------- register
 
 
@@ -104,7 +111,7 @@ def test_fire_due_enqueues_once_and_advances_on_the_grid(anyq: Any, r: redis.Red
     r.zadd(base + "repeat", {"tick": old})
     assert anyq.fire_due() == 1  # once, not once per missed period
     assert anyq.fire_due() == 0
-    jid = occurrence_id("tick", old)
+    jid = _occurrence(r, anyq.name, "tick", old)
     assert anyq.browse("pending", group="g1") == [jid]
     assert r.hget(base + "job:" + jid, "payload") == b"payload"
     nxt = anyq.repeats()[0].next_ms
@@ -119,7 +126,7 @@ def test_cron_entry_fires_once_and_advances_by_compare_and_set(anyq: Any, r: red
     r.zadd(base + "repeat", {"nightly": old})
     assert anyq.fire_due() == 1
     assert anyq.fire_due() == 0
-    assert _pending(anyq) == [occurrence_id("nightly", old)]
+    assert _pending(anyq) == [_occurrence(r, anyq.name, "nightly", old)]
     nxt = anyq.repeats()[0].next_ms
     assert nxt > server_ms(r)
     assert datetime.fromtimestamp(nxt / 1000, BERLIN).strftime("%H:%M") == "03:00"
@@ -149,13 +156,16 @@ def test_occurrence_id_matches_the_script(r: redis.Redis) -> None:
         "--@include common\n--@include admit\n--@include compose\n",
         echomq._scripts.Path(echomq._scripts.__file__).parent / "lua",
     )
-    body = src + "\nreturn occurrence_id(ARGV[1], tonumber(ARGV[2]))"
-    cases = [("a", 1_700_000_000_000), ("tick", 4_000_000_000_000), ("x" * 128, 0)]
-    cases += [("n", ids.EPOCH_MS + (1 << 41) - 1), ("m", ids.EPOCH_MS)]
-    for name, ms in cases:
-        jid = occurrence_id(name, ms)
+    body = src + "\nreturn occurrence_id(tonumber(ARGV[1]), tonumber(ARGV[2]))"
+    cases = [(0, 1_700_000_000_000), (1, 4_000_000_000_000), ((1 << 22) - 1, 0)]
+    cases += [(12345, ids.EPOCH_MS + (1 << 41) - 1), ((1 << 22) - 1, ids.EPOCH_MS)]
+    for slot, ms in cases:
+        jid = occurrence_id(slot, ms)
         assert ids.is_valid(jid) and jid.startswith("JOB")
-        assert r.eval(body, 0, name, ms) == jid.encode()
+        assert r.eval(body, 0, slot, ms) == jid.encode()
+    for bad in (-1, 1 << 22, True, "1"):
+        with pytest.raises(echomq.InvalidArgument):
+            occurrence_id(bad, 0)  # type: ignore[arg-type]
 
 
 def test_occurrence_ids_agree_with_lua(q: echomq.Queue, r: redis.Redis) -> None:
@@ -165,7 +175,94 @@ def test_occurrence_ids_agree_with_lua(q: echomq.Queue, r: redis.Redis) -> None:
         old = 1_700_000_000_000 + i * 987_654_321
         r.zadd(base + "repeat", {name: old})
         assert q.fire_due() == 1
-        assert r.exists(base + "job:" + occurrence_id(name, old))
+        assert r.exists(base + "job:" + _occurrence(r, q.name, name, old))
+
+
+def _colliding_names() -> tuple[str, str]:
+    """Two names whose 22 low bits of SHA-1 agree: the identity occurrence ids took before
+    slots (two such repeats on one schedule shared every occurrence id)."""
+    import hashlib
+
+    seen: dict[int, str] = {}
+    for i in range(1_000_000):
+        name = f"tenant-{i}"
+        h = int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % (1 << 22)
+        if h in seen:
+            return seen[h], name
+        seen[h] = name
+    raise AssertionError("no collision found")  # pragma: no cover
+
+
+@pytest.mark.executors
+def test_repeats_whose_name_hashes_collide_both_fire_every_occurrence(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    a, b = _colliding_names()
+    base = f"emq:{{{q.name}}}:"
+    q.repeat(a, b"a", every_ms=60_000)
+    q.repeat(b, b"b", every_ms=60_000)
+    times: list[int] = []
+    start = server_ms(r)
+    for i in range(3):
+        # Both on one schedule: the same fire time, due now (a new one each round).
+        old = start - 1_000 - 7 * i
+        r.zadd(base + "repeat", {a: old, b: old})
+        assert q.fire_due() == 2, i
+        assert len(_pending(q)) == 2 * (i + 1)
+        times.append(old)
+    fired = [_occurrence(r, q.name, n, t) for t in times for n in (a, b)]
+    assert sorted(_pending(q)) == sorted(fired) and len(set(fired)) == 6
+    assert {r.hget(base + "job:" + j, "payload") for j in fired} == {b"a", b"b"}
+    assert q.check() == []
+
+
+@pytest.mark.executors
+def test_slots_are_unique_reused_after_unrepeat_and_bounded(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    base = f"emq:{{{q.name}}}:"
+    for name in ("x", "y", "z"):
+        q.repeat(name, b"p", every_ms=1000)
+    slots = {n: r.hget(base + "repeat:" + n, "slot") for n in ("x", "y", "z")}
+    assert sorted(slots.values()) == [b"0", b"1", b"2"]
+    q.repeat("y", b"p2", cron="* * * * *")  # an update keeps its slot
+    assert r.hget(base + "repeat:y", "slot") == slots["y"]
+    assert q.unrepeat("y") is True
+    q.repeat("w", b"p", every_ms=1000)  # the freed slot, not a fourth one
+    assert r.hget(base + "repeat:w", "slot") == slots["y"]
+    # Every slot held: a new name is a typed refusal and writes nothing; updates still work.
+    r.hset(base + "meta", "repeat_slots", 1 << 22)
+    before = snapshot(r, q.name)
+    with pytest.raises(echomq.StateError):
+        q.repeat("v", b"p", every_ms=1000)
+    assert snapshot(r, q.name) == before
+    assert q.repeat("x", b"p3", every_ms=1000) == "updated"
+    q.unrepeat("z")
+    assert q.repeat("v", b"p", every_ms=1000) == "registered"
+    assert r.hget(base + "repeat:v", "slot") == slots["z"]
+
+
+@pytest.mark.executors
+def test_a_row_without_slot_is_migrated_on_its_next_fire_or_repeat_set(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    """A repeat written before slots existed keeps firing: the first fire (or repeat_set)
+    gives it a slot, and its occurrences take ids from it from then on."""
+    base = f"emq:{{{q.name}}}:"
+    for name in ("old1", "old2"):
+        r.hset(base + "repeat:" + name, mapping={"payload": b"o", "every_ms": "60000"})
+        r.hset(base + "repeat:" + name, mapping={"cron": "", "tz": "UTC", "group": ""})
+        r.hset(base + "repeat:" + name, mapping={"owner": ""})
+    q.repeat("new", b"n", every_ms=60_000)
+    old = server_ms(r) - 1_000
+    r.zadd(base + "repeat", {"old1": old, "new": old})
+    assert q.fire_due() == 2
+    assert sorted(_pending(q)) == sorted(
+        [_occurrence(r, q.name, "old1", old), _occurrence(r, q.name, "new", old)]
+    )
+    assert q.repeat("old2", b"o", every_ms=60_000) == "updated"
+    slots = [r.hget(base + "repeat:" + n, "slot") for n in ("new", "old1", "old2")]
+    assert slots == [b"0", b"1", b"2"]
 
 
 def test_a_removed_spec_drops_its_entry(q: echomq.Queue, r: redis.Redis) -> None:

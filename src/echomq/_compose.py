@@ -12,8 +12,10 @@ Repeats (D19)
 Firing is one script (``repeat_fire``): it takes only entries whose score is <= the server's
 ``TIME``, enqueues each occurrence and advances the score in the same call, so any number of
 processes firing at once enqueue each occurrence exactly once. An occurrence's job id is
-derived from the repeat's name and its fire time (``occurrence_id``), so even a replayed fire
-finds the same job instead of admitting a second one. An ``every_ms`` entry advances on the
+its fire time and the repeat's *slot* (``occurrence_id``): a number minted once when the name
+is registered and kept in its row, unique among the queue's repeats (never a hash of the
+name, whose truncated bits two names can share), so even a replayed fire finds the same job
+instead of admitting a second one. An ``every_ms`` entry advances on the
 server; a cron entry's next fire is computed here (croniter, in the entry's time zone) and
 written by a compare-and-set on the old score in the next ``repeat_fire`` call.
 
@@ -75,7 +77,7 @@ __all__ = [
     "unrepeat",
 ]
 
-_HASH_BITS = 22
+_SLOT_BITS = 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,13 +175,13 @@ def cron_next(cron: str, tz: str, after_ms: int) -> int:
     raise InvalidArgument(f"cron expression {expr!r} never fires")  # pragma: no cover
 
 
-def occurrence_id(name: str, fire_ms: int) -> str:
-    """The job id ``repeat_fire`` gives the occurrence of ``name`` due at ``fire_ms`` (the
-    same computation as ``occurrence_id`` in ``lua/include/compose.lua``)."""
-    import hashlib
-
-    h = int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % (1 << _HASH_BITS)
-    return ids.encode("JOB", ((fire_ms - ids.EPOCH_MS) % (1 << 41)) << _HASH_BITS | h)
+def occurrence_id(slot: int, fire_ms: int) -> str:
+    """The job id ``repeat_fire`` gives the occurrence due at ``fire_ms`` of the repeat whose
+    row holds ``slot`` (the same computation as ``occurrence_id`` in
+    ``lua/include/compose.lua``)."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < 1 << _SLOT_BITS:
+        raise InvalidArgument(f"a repeat slot is an int in [0, 2**22), got {slot!r}")
+    return ids.encode("JOB", ((fire_ms - ids.EPOCH_MS) % (1 << 41)) << _SLOT_BITS | slot)
 
 
 # --------------------------------------------------------------------------- verbs
@@ -197,6 +199,10 @@ def schedule(every_ms: object, cron: object, tz: object) -> tuple[str, str]:
 
 def _spec_keys(k: Keys, name: str) -> tuple[str, str]:
     return k.base + "repeat", k.base + "repeat:" + name
+
+
+def _set_keys(k: Keys, name: str) -> tuple[str, str, str, str]:
+    return (*_spec_keys(k, name), k.meta, k.base + "repeatfree")
 
 
 def repeat(
@@ -223,8 +229,8 @@ def repeat(
         first = cron_next(expr, tz, sec * 1000 + usec // 1000)
     status: str = yield _call(
         "repeat_set",
-        _spec_keys(k, n),
-        (n, data, g, every, expr, tz, first, who),
+        _set_keys(k, n),
+        (n, data, g, every, expr, tz, first, who, k.base),
         _s,
     )
     return status
@@ -233,7 +239,8 @@ def repeat(
 def unrepeat(k: Keys, name: str) -> Call[bool]:
     """Unregister ``name``; True when it was registered. Enqueued occurrences stay."""
     n = _name(name)
-    return _call("repeat_remove", _spec_keys(k, n), (n,), lambda r: int(r) == 1)
+    keys = (*_spec_keys(k, n), k.base + "repeatfree")
+    return _call("repeat_remove", keys, (n,), lambda r: int(r) == 1)
 
 
 def repeats(k: Keys) -> Plan[list[Repeat]]:

@@ -56,6 +56,7 @@ QUEUE_TYPES = frozenset(
         "retired",
         "retired:at",
         "repeat",
+        "repeatfree",
         "flow:outbox",
         "limiter",
         "grate",
