@@ -5,6 +5,7 @@ firing one repeat at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing as mp
 import threading
 import time
@@ -74,6 +75,8 @@ def test_repeat_registers_updates_lists_and_unrepeats(anyq: Any, r: redis.Redis)
         {"cron": "61 * * * *"},
         {"cron": "* * * * * *"},
         {"cron": "*/5 * * * *", "tz": "Mars/Olympus"},
+        {"cron": "0 0 30 2 *"},  # well-formed, but February 30th never comes
+        {"cron": "0 0 31 4,6 *"},
         {"cron": "*/5 * * * *", "every_ms": 1000},
         {},
         {"every_ms": 0},
@@ -331,6 +334,84 @@ def test_cron_next_hourly_follows_real_time_across_both_changes() -> None:
     ]
 
 
+def _walk(cron: str, after: int, until: int) -> list[int]:
+    fires = []
+    while (after := cron_next(cron, "Europe/Berlin", after)) <= until:
+        fires.append(after)
+    return fires
+
+
+def test_autumn_change_fires_every_quarter_hour_of_both_hours() -> None:
+    # 2026-10-25: 03:00 CEST -> 02:00 CET. After 02:00 CEST comes 02:15 CEST, not 02:00 CET.
+    fires = _walk("*/15 * * * *", _ms(2026, 10, 25, 1, 50), _ms(2026, 10, 25, 3, 0))
+    assert [_local(f) for f in fires] == [
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:15:00+02:00",
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:45:00+02:00",
+        "2026-10-25T02:00:00+01:00",
+        "2026-10-25T02:15:00+01:00",
+        "2026-10-25T02:30:00+01:00",
+        "2026-10-25T02:45:00+01:00",
+        "2026-10-25T03:00:00+01:00",
+    ]
+    # Every minute of both hours: 120 fires from 02:00 CEST to 02:59 CET, one a real minute.
+    minutes = _walk("* * * * *", _ms(2026, 10, 25, 1, 59), _ms(2026, 10, 25, 2, 59, fold=1))
+    assert len(minutes) == 120
+    assert {b - a for a, b in itertools.pairwise(minutes)} == {60_000}
+
+
+@pytest.mark.parametrize("day", [(2026, 3, 28), (2026, 10, 24)])
+def test_finer_than_hourly_fires_once_per_real_period_across_a_change(
+    day: tuple[int, int, int],
+) -> None:
+    """Across either change a */15 job fires every 15 minutes of real time: never two fires
+    at one instant (the spring gap's matches all map to 03:00), never a skipped quarter."""
+    start = _ms(*day, 12, 0)
+    fires = _walk("*/15 * * * *", start, start + 86_400_000)
+    assert {b - a for a, b in itertools.pairwise(fires)} == {900_000}
+    assert len(fires) == 96
+
+
+def test_daily_job_fires_once_on_both_change_days() -> None:
+    for day in [(2026, 3, 28), (2026, 10, 24)]:
+        start = _ms(*day, 12, 0)
+        fires = _walk("30 2 * * *", start, start + 86_400_000 + 3_600_000)
+        assert len(fires) == 1, [_local(f) for f in fires]
+    # From inside the repeated hour (02:35 CET, after the 02:30 CEST fire): the next day.
+    nxt = cron_next("30 2 * * *", "Europe/Berlin", _ms(2026, 10, 25, 2, 35, fold=1))
+    assert _local(nxt) == "2026-10-26T02:30:00+01:00"
+
+
+def test_a_never_matching_cron_is_invalid_argument_everywhere(url: str) -> None:
+    for cron in ("0 0 30 2 *", "0 0 31 4 *"):
+        with pytest.raises(echomq.InvalidArgument):
+            cron_next(cron, "UTC", 0)
+        with pytest.raises(echomq.InvalidArgument):
+            _compose.schedule(None, cron, "UTC")
+    app = echomq.App(url=url)
+    with pytest.raises(echomq.InvalidArgument):
+        app.periodic(cron="0 0 30 2 *", tz="Europe/Berlin")
+    assert app.tasks == {} and app.periodics == {}
+    app.close()
+
+
+@pytest.mark.executors
+def test_a_never_matching_entry_does_not_stop_the_others(q: echomq.Queue, r: redis.Redis) -> None:
+    """A cron entry no client can advance (written by hand, or by an older echomq that took
+    it) is left alone: the cron entries due with it still fire, and fire_due does not raise."""
+    base = f"emq:{{{q.name}}}:"
+    bad = {"payload": b"x", "every_ms": "", "cron": "0 0 30 2 *", "tz": "UTC", "group": ""}
+    r.hset(base + "repeat:bad", mapping=bad)
+    q.repeat("good", b"g", cron="* * * * *")
+    old = server_ms(r) - 1_000
+    r.zadd(base + "repeat", {"bad": old - 1, "good": old})
+    assert q.fire_due() == 1
+    assert [r.hget(base + "job:" + j, "payload") for j in _pending(q)] == [b"g"]
+    assert r.zscore(base + "repeat", "bad") == old - 1
+    assert r.zscore(base + "repeat", "good") > server_ms(r)  # type: ignore[operator]
+
+
 def test_cron_next_in_utc_and_steps() -> None:
     t0 = int(datetime(2026, 1, 1, 0, 0, 1, tzinfo=ZoneInfo("UTC")).timestamp() * 1000)
     assert cron_next("*/5 * * * *", "UTC", t0) == t0 - 1000 + 300_000
@@ -431,6 +512,30 @@ def test_periodic_task_registers_runs_and_drops_stale(url: str, qname: str, r: r
     reps = {rep.name: rep for rep in q.repeats()}
     assert set(reps) == {"theirs", mine}  # "old" was this app's and is gone
     assert reps[mine].owner == "billing" and reps[mine].every_ms == 200
+    app.close()
+
+
+def test_a_worker_beat_survives_a_never_matching_entry(
+    url: str, qname: str, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+    app = echomq.App(url=url, name="beats")
+
+    @app.periodic(every_ms=200, queue=qname, args=(1,))
+    def tick(n: int) -> None:
+        seen.append(n)
+
+    base = f"emq:{{{qname}}}:"
+    bad = {"payload": b"x", "every_ms": "", "cron": "0 0 30 2 *", "tz": "UTC", "group": ""}
+    r.hset(base + "repeat:feb30", mapping=bad)
+    r.zadd(base + "repeat", {"feb30": 1})
+    w = echomq.Worker(app, queues=[qname], beat_ms=50)
+    t, loop = _run_worker(w)
+    try:
+        wait_for(lambda: len(seen) >= 3, timeout=15)
+    finally:
+        _stop(w, t, loop)
+    assert not [rec for rec in caplog.records if rec.levelname in ("ERROR", "CRITICAL")]
     app.close()
 
 

@@ -24,14 +24,19 @@ comes back, then continues on the schedule (an ``every_ms`` entry keeps its phas
 entry its wall-clock times); it never replays one occurrence per missed period.
 
 Cron and daylight saving time: an expression is matched against local wall-clock times in
-``tz``. A wall time that does not exist (the spring-forward gap) fires at the end of the gap;
-a wall time that happens twice (fall back) fires once, at its first occurrence, unless the
-expression's hour field is ``*`` (an hourly or finer job), which fires in both hours as real
-time passes.
+``tz``, and the next fire is the earliest real instant after the previous one whose wall time
+matches (never the first match of a naive local time: after 02:00 CEST on the autumn change
+comes 02:15 CEST, not 02:00 CET). A wall time that does not exist (the spring-forward gap)
+fires at the end of the gap, once however many of its times match (``*/15`` fires at 01:45
+and 03:00, not four times at 03:00); a wall time that happens twice (fall back) fires once, at
+its first occurrence, unless the expression's hour field is ``*`` (an hourly or finer job),
+which fires in both hours as real time passes. So a daily 02:30 job fires once on both days.
+An expression that matches no date (``0 0 30 2 *``) is ``InvalidArgument``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -124,7 +129,23 @@ def _cron(expr: object) -> str:
     expr = " ".join(expr.split())
     if not croniter.is_valid(expr):
         raise InvalidArgument(f"invalid cron expression {expr!r}")
+    if _never_fires(expr):
+        raise InvalidArgument(f"cron expression {expr!r} never fires")
     return expr
+
+
+@functools.lru_cache(maxsize=1024)
+def _never_fires(expr: str) -> bool:
+    """Whether a well-formed expression matches no date at all (``0 0 30 2 *``): croniter
+    only finds out by searching for years (milliseconds), so the answer is kept; a beat
+    meets the same hand-written entry again every second."""
+    from croniter import CroniterError, croniter
+
+    try:
+        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+    except (CroniterError, ValueError):
+        return True
+    return False
 
 
 # --------------------------------------------------------------------------- cron
@@ -152,27 +173,42 @@ def _gap_end(naive: datetime, zone: ZoneInfo) -> datetime:
 
 def cron_next(cron: str, tz: str, after_ms: int) -> int:
     """The first fire of ``cron`` in ``tz`` strictly after ``after_ms`` (unix ms), in unix
-    ms. Matching is on local wall times; see the module docstring for DST."""
-    from croniter import croniter
+    ms: the earliest real instant after ``after_ms`` whose local wall time matches (see the
+    module docstring for DST). ``InvalidArgument`` for an expression that never fires."""
+    from croniter import CroniterError, croniter
 
     expr = _cron(cron)
     zone = _zone(tz)
     every_hour = expr.split()[1] == "*"
     after = datetime.fromtimestamp(after_ms / 1000, timezone.utc)
-    # Walk naive local wall times: start a little before `after` in local time so that a
-    # match in a repeated (fall-back) hour is not skipped.
-    start = after.astimezone(zone).replace(tzinfo=None) - timedelta(hours=3)
-    it = croniter(expr, start)
-    for _ in range(100_000):
-        naive: datetime = it.get_next(datetime)
-        folds = (0, 1) if every_hour else (0,)
-        found = [t for t in (_instant(naive, zone, f) for f in folds) if t is not None]
-        if not found:
-            found = [_gap_end(naive, zone)]
-        for t in sorted(set(found)):
-            if t > after:
-                return int(t.timestamp() * 1000)
-    raise InvalidArgument(f"cron expression {expr!r} never fires")  # pragma: no cover
+    # Walk naive local wall times. A wall time's instants do not grow with it across a fall
+    # back (02:15 CEST is before 02:00 CET), so the first match after `after` is not always
+    # the earliest instant: start early enough to see the matches of a repeated hour, keep
+    # the earliest instant found, and stop once a wall time's earliest instant is past it
+    # (the earliest instant of a wall time never decreases as the wall time grows).
+    start = after.astimezone(zone).replace(tzinfo=None)
+    window = timedelta(hours=3)
+    if len({(after + d).astimezone(zone).utcoffset() for d in (-window, window, 0 * window)}) > 1:
+        start -= window  # an offset change is near; else no earlier wall time is after it
+    best: datetime | None = None
+    try:
+        it = croniter(expr, start)
+        for _ in range(100_000):
+            naive: datetime = it.get_next(datetime)
+            folds = (0, 1) if every_hour else (0,)
+            found = [t for t in (_instant(naive, zone, f) for f in folds) if t is not None]
+            if not found:
+                found = [_gap_end(naive, zone)]
+            if best is not None and min(found) > best:
+                break
+            for t in found:
+                if t > after and (best is None or t < best):
+                    best = t
+    except (CroniterError, ValueError):
+        raise InvalidArgument(f"cron expression {expr!r} never fires") from None
+    if best is None:  # pragma: no cover - every valid expression matches within 100000 steps
+        raise InvalidArgument(f"cron expression {expr!r} never fires")
+    return int(best.timestamp() * 1000)
 
 
 def occurrence_id(slot: int, fire_ms: int) -> str:
