@@ -361,14 +361,25 @@ def test_autumn_change_fires_every_quarter_hour_of_both_hours() -> None:
     assert {b - a for a, b in itertools.pairwise(minutes)} == {60_000}
 
 
-@pytest.mark.parametrize("day", [(2026, 3, 28), (2026, 10, 24)])
+@pytest.mark.parametrize(
+    ("tz", "day"),
+    [
+        ("Europe/Berlin", (2026, 3, 28)),
+        ("Europe/Berlin", (2026, 10, 24)),
+        ("Australia/Lord_Howe", (2026, 4, 4)),  # a 30-minute change
+        ("Australia/Lord_Howe", (2026, 10, 3)),
+    ],
+)
 def test_finer_than_hourly_fires_once_per_real_period_across_a_change(
-    day: tuple[int, int, int],
+    tz: str, day: tuple[int, int, int]
 ) -> None:
     """Across either change a */15 job fires every 15 minutes of real time: never two fires
-    at one instant (the spring gap's matches all map to 03:00), never a skipped quarter."""
-    start = _ms(*day, 12, 0)
-    fires = _walk("*/15 * * * *", start, start + 86_400_000)
+    at one instant (the spring gap's matches all map to its end), never a skipped quarter."""
+    start = _ms(*day, 12, 0, tz=ZoneInfo(tz))
+    fires = []
+    after = start
+    while (after := cron_next("*/15 * * * *", tz, after)) <= start + 86_400_000:
+        fires.append(after)
     assert {b - a for a, b in itertools.pairwise(fires)} == {900_000}
     assert len(fires) == 96
 

@@ -186,10 +186,12 @@ def cron_next(cron: str, tz: str, after_ms: int) -> int:
     # the earliest instant: start early enough to see the matches of a repeated hour, keep
     # the earliest instant found, and stop once a wall time's earliest instant is past it
     # (the earliest instant of a wall time never decreases as the wall time grows).
-    start = after.astimezone(zone).replace(tzinfo=None)
+    # A wall time n of an instant t > after is t + offset(t) > local(after) - (the largest
+    # offset drop near `after`): start there (at local(after) when no change is near).
     window = timedelta(hours=3)
-    if len({(after + d).astimezone(zone).utcoffset() for d in (-window, window, 0 * window)}) > 1:
-        start -= window  # an offset change is near; else no earlier wall time is after it
+    offsets = [(after + d).astimezone(zone).utcoffset() for d in (-window, 0 * window, window)]
+    spread = max(o for o in offsets if o is not None) - min(o for o in offsets if o is not None)
+    start = after.astimezone(zone).replace(tzinfo=None) - spread
     best: datetime | None = None
     try:
         it = croniter(expr, start)
