@@ -695,6 +695,10 @@ def remove(k: Keys, id: str) -> Call[None]:
     return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
 
 
+def run_now(k: Keys, id: str) -> Call[None]:
+    return _call("run_now", (k.job(id), k.schedule), (k.base, id), _gone_if_zero(id))
+
+
 def update_progress(k: Keys, id: str, value: str) -> Call[None]:
     args = (k.base, id, _text("value", value))
     return _call("update_progress", (k.job(id),), args, _gone_if_zero(id))
@@ -968,6 +972,7 @@ __all__ += [
     "resume",
     "resume_lane",
     "retry",
+    "run_now",
     "settle",
     "complete_many",
     "sweep_stalled",

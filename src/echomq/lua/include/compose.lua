@@ -1,21 +1,43 @@
 -- compose: repeatable jobs (D19), and later flows (D18). Needs common, control and admit.
 --
--- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms) and
--- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner).
+-- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms),
+-- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner, slot), p..repeatfree
+-- LIST (slots freed by repeat_remove) and meta.repeat_slots (slots minted so far).
 
 --@lazy repeats
 local EPOCH_MS = 1672531200000
 local B62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
+-- A repeat's slot: a number in [0, 2^22) minted once per registration (a freed slot first,
+-- else the meta counter `repeat_slots`) and kept in its row (`slot`), so no two repeats
+-- registered on the queue at once hold the same slot: occurrence ids never collide, whatever
+-- the names. A row written before slots existed (no `slot`) gets one here, on its next
+-- repeat_set or fire, before any occurrence of it uses the new id. Returns the slot, or nil
+-- when all 2^22 are held (checked before any write).
+local REPEAT_SLOTS = 4194304
+local function repeat_slot(base, name)
+  local sk = base .. 'repeat:' .. name
+  local s = rcall('HGET', sk, 'slot')
+  if s then return tonumber(s) end
+  s = rcall('LPOP', base .. 'repeatfree')
+  if not s then
+    local used = tonumber(rcall('HGET', base .. 'meta', 'repeat_slots') or '0')
+    if used >= REPEAT_SLOTS then return nil end
+    s = rcall('HINCRBY', base .. 'meta', 'repeat_slots', 1) - 1
+  end
+  rcall('HSET', sk, 'slot', s)
+  return tonumber(s)
+end
+
 -- The job id of one occurrence, the same for every caller: the branded id of the integer
--- (fire ms since the id epoch) << 22 | (22 bits of SHA1(name)). It has the layout of a minted
--- id (time in the high bits, modulo 2^41 ms), so occurrences sort by fire time among the queue's other jobs.
+-- (fire ms since the id epoch) << 22 | slot. It has the layout of a minted id (time in the
+-- high bits, modulo 2^41 ms), so occurrences sort by fire time among the queue's other jobs.
 -- The 63-bit integer does not fit a Lua double, so it is divided by 62 as two limbs:
 -- hi (the ms, < 2^41) and lo (< 2^22).
-local function occurrence_id(name, fire_ms)
+local function occurrence_id(slot, fire_ms)
   -- Kept below 2^41 ms (the year 2092) so the integer stays below 2^63.
   local hi = (fire_ms - EPOCH_MS) % 2199023255552
-  local lo = tonumber(string.sub(redis.sha1hex(name), 1, 6), 16) % 4194304
+  local lo = slot % REPEAT_SLOTS
   local digits = {}
   for i = 11, 1, -1 do
     local r = hi % 62
@@ -36,7 +58,9 @@ local function fire_repeat(base, name, fire_ms, now)
   if not spec or not spec[1] then return 0 end
   local g = spec[2]
   if g == '' then g = false end
-  local verdict = admit(base, occurrence_id(name, fire_ms), spec[1], g, nil, now)
+  local slot = repeat_slot(base, name)
+  if not slot then return 0 end
+  local verdict = admit(base, occurrence_id(slot, fire_ms), spec[1], g, nil, now)
   if verdict ~= 'enqueued' then return 0 end
   touch(base, g, 1)
   return 1
