@@ -317,3 +317,44 @@ def test_debounce_on_a_reaped_job_is_not_lost_to_its_old_holder(q: echomq.Queue)
     again = q.claim()
     assert again is not None and again.payload == b"v2"
     assert q.check() == []
+
+
+# --------------------------------------------------------------------------- check() on side keys
+
+
+@pytest.mark.parametrize(
+    ("plant", "named"),
+    [
+        (lambda r, p, j: r.set(p + f"job:{j}:deps", 2), "orphaned flow key"),
+        (lambda r, p, j: r.hset(p + f"job:{j}:processed", "x", "1"), "orphaned flow key"),
+        (
+            lambda r, p, j: (
+                r.hset(p + "job:" + j, "state", "awaiting_children"),
+                r.zrem(p + "pending", j),
+                r.set(p + f"job:{j}:deps", -1),
+            ),
+            "is negative",
+        ),
+        (
+            lambda r, p, j: (
+                r.hset(p + "job:" + j, "state", "awaiting_children"),
+                r.zrem(p + "pending", j),
+                r.set(p + f"job:{j}:deps", 0),
+            ),
+            "its release was missed",
+        ),
+        (lambda r, p, j: r.hset(p + f"result:{j}", "result", "old"), "older incarnation"),
+        (lambda r, p, j: r.set(p + "de:gone", ids.mint()), "which is gone"),
+        (lambda r, p, j: r.hset(p + "job:" + j, "cancel", "1"), "outlived its run"),
+    ],
+)
+def test_check_names_side_key_violations(
+    q: echomq.Queue, r: redis.Redis, plant: Any, named: str
+) -> None:
+    jid = ids.mint()
+    q.enqueue(b"x", id=jid if "orphaned" not in named else None)
+    assert q.check() == []
+    orphan = ids.mint()
+    plant(r, K(q.name, ""), jid if "orphaned" not in named else orphan)
+    found = q.check()
+    assert any(named in line for line in found), found
