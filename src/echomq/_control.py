@@ -209,14 +209,19 @@ def _dead_row(id: str, reply: Any) -> Result | None:
 def result(k: Keys, id: str) -> Plan[Result | None]:
     """The kept outcome of a job; else, when its row is dead (a dead-letter whose error was
     not kept, a flow parent failed by its child), that death (``error`` = its last error,
-    ``finished_ms`` 0); else None (not finished, not kept, or expired). One round trip."""
-    rk = result_key(k, id)
-    kept, dead = yield [
-        _cmd(("HGETALL", rk), lambda r: _decode_result(id, r)),
-        _cmd(("HMGET", k.job(id), "state", "last_error", "attempts"), lambda r: _dead_row(id, r)),
-    ]
-    found: Result | None = kept if kept is not None else dead
-    return found
+    ``finished_ms`` 0); else None (not finished, not kept, or expired). The row is read only
+    when no outcome is kept."""
+    kept: Result | None = yield _cmd(
+        ("HGETALL", result_key(k, id)), lambda r: _decode_result(id, r)
+    )
+    if kept is not None:
+        return kept
+    # Single commands, not a pipeline: a pipeline holds a pooled connection of its own, and
+    # hundreds of asyncio waiters reading at once would exhaust the pool.
+    dead: Result | None = yield _cmd(
+        ("HMGET", k.job(id), "state", "last_error", "attempts"), lambda r: _dead_row(id, r)
+    )
+    return dead
 
 
 def rearm(k: Keys, id: str) -> Call[int]:
