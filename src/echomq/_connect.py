@@ -408,12 +408,14 @@ def backoff_delay(attempt: int, *, base: float = 0.05, cap: float = 1.0) -> floa
 
 
 class Budget:
-    """How long one call may keep retrying transient errors."""
+    """How long one call may keep retrying transient errors: ``retry_for`` seconds from its
+    first failure, and never past ``deadline`` (a monotonic time, e.g. a ``wait()``'s)."""
 
-    __slots__ = ("attempt", "retry_for", "start")
+    __slots__ = ("attempt", "deadline", "retry_for", "start")
 
-    def __init__(self, retry_for: float) -> None:
+    def __init__(self, retry_for: float, deadline: float | None = None) -> None:
         self.retry_for = retry_for
+        self.deadline = deadline
         self.attempt = 0
         self.start = 0.0
 
@@ -425,7 +427,12 @@ class Budget:
         self.attempt += 1
         if now - self.start >= self.retry_for:
             return None
-        return backoff_delay(self.attempt)
+        delay = backoff_delay(self.attempt)
+        if self.deadline is not None:
+            if now >= self.deadline:
+                return None
+            delay = min(delay, self.deadline - now)
+        return delay
 
     def give_up(self, exc: BaseException, client: Any) -> NoReturn:
         """Raise once the budget is spent on ``exc``: a lost connection as

@@ -1,0 +1,306 @@
+"""Clients that were in use before a failover follow it (issue 29).
+
+Each test starts its own small cluster (1 s node timeout), SIGKILLs a primary and checks
+that a client already holding the old slot map goes on within ``retry_for``: a durable
+writer that only writes, native clients whose default node dies, a promotion to a replica
+without the module (``auto`` and ``native``), ``wait()`` keeping its deadline, and a worker
+fleet on the native executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from conftest import wait_for
+from echomq import keyspace
+from echomq.errors import ExecutorUnavailable
+from echomq.server import EmbeddedServer, free_port
+from echomq.testing import EmbeddedCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.module]
+
+ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, echomq.EchoMQError)
+
+
+@pytest.fixture
+def cluster(module_so: Path, tmp_path: Path) -> Iterator[EmbeddedCluster]:
+    """3 primaries, 1 replica each, every node loading trafikey."""
+    c = EmbeddedCluster(
+        tmp_path / "cluster", node_timeout_ms=1000, args=["--loadmodule", str(module_so)]
+    ).start()
+    yield c
+    c.stop()
+
+
+def _slots(cluster: EmbeddedCluster) -> list[Any]:
+    for node in cluster.nodes:
+        if node.proc is None or node.proc.poll() is not None:
+            continue
+        try:
+            with redis.Redis(port=node.port) as c:
+                return list(c.execute_command("CLUSTER", "SLOTS"))
+        except redis.exceptions.RedisError:
+            continue
+    raise AssertionError("no live node answers CLUSTER SLOTS")
+
+
+def _owner_port(cluster: EmbeddedCluster, queue: str) -> int:
+    """The port of the primary serving the queue's slot, as the cluster sees it now."""
+    slot = keyspace.slot(keyspace.queue_key(queue, "pending"))
+    for start, end, primary, *_ in _slots(cluster):
+        if start <= slot <= end:
+            return int(primary[1])
+    raise AssertionError(f"slot {slot} not covered")
+
+
+def _node(cluster: EmbeddedCluster, port: int) -> EmbeddedServer:
+    return next(n for n in cluster.nodes if n.port == port)
+
+
+def _queue_on(cluster: EmbeddedCluster, port: int, prefix: str) -> str:
+    """A queue name whose slot the primary on ``port`` serves."""
+    return next(
+        f"{prefix}-{i}" for i in range(1000) if _owner_port(cluster, f"{prefix}-{i}") == port
+    )
+
+
+def _replica_of(cluster: EmbeddedCluster, primary: EmbeddedServer) -> EmbeddedServer:
+    with redis.Redis(port=primary.port) as c:
+        info = c.info("replication")
+    return _node(cluster, int(info["slave0"]["port"]))
+
+
+def _kill_and_wait_promotion(cluster: EmbeddedCluster, queue: str, timeout: float = 30) -> int:
+    """SIGKILL the primary of the queue's slot; return the promoted replica's port."""
+    victim = _node(cluster, _owner_port(cluster, queue))
+    victim.kill()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            port = _owner_port(cluster, queue)
+        except (AssertionError, redis.exceptions.RedisError):
+            port = victim.port
+        if port != victim.port:
+            return port
+        assert time.monotonic() < deadline, "no replica was promoted"
+        time.sleep(0.1)
+
+
+def _add_replica(cluster: EmbeddedCluster, primary: EmbeddedServer) -> EmbeddedServer:
+    """One more replica of ``primary`` (so it keeps one once its first replica is promoted)."""
+    node = EmbeddedServer(
+        cluster.dir / f"node{len(cluster.nodes)}",
+        port=free_port(cluster=True),
+        appendonly=False,
+        unix_socket=False,
+        args=[
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(cluster.node_timeout_ms),
+            "--repl-diskless-sync-delay", "0",
+            *cluster.args,
+        ],
+    ).start()  # fmt: skip
+    cluster.nodes.append(node)
+    with redis.Redis(port=primary.port) as p, redis.Redis(port=node.port) as c:
+        primary_id = p.execute_command("CLUSTER", "MYID").decode()
+        c.execute_command("CLUSTER", "MEET", "127.0.0.1", primary.port)
+
+        def knows() -> bool:
+            return primary_id in c.execute_command("CLUSTER", "NODES").decode()
+
+        wait_for(knows, timeout=15, interval=0.05)
+        c.execute_command("CLUSTER", "REPLICATE", primary_id)
+
+        def synced() -> bool:
+            info = c.info("replication")
+            return bool(info.get("master_link_status") == "up")
+
+        wait_for(synced, timeout=15, interval=0.05)
+    return node
+
+
+# --------------------------------------------------------------------------- durable writers
+
+
+def test_a_write_only_durable_producer_follows_a_failover(
+    cluster: EmbeddedCluster, qname: str
+) -> None:
+    """Repro 1: a durable Queue and AsyncQueue that only enqueue, in use before the primary
+    is SIGKILLed (and never restarted), go on writing to the promoted replica; nothing they
+    were told was enqueued is lost."""
+    victim = _node(cluster, _owner_port(cluster, qname))
+    _add_replica(cluster, victim)  # the promoted replica keeps one: durable writes can ack
+    url = cluster.url + "?durable=1"
+    acked: dict[str, list[str]] = {"sync": [], "async": []}  # acknowledged enqueues
+    after: dict[str, list[str]] = {"sync": [], "async": []}  # ... once the replica took over
+    promoted = threading.Event()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def record(who: str, job: str) -> None:
+        acked[who].append(job)
+        if promoted.is_set():
+            after[who].append(job)
+
+    def sync_producer() -> None:
+        with echomq.Queue(qname, url=url, retry_for=15) as q:
+            while not stop.is_set():
+                try:
+                    record("sync", q.enqueue(b"s").id)
+                except ERRORS as exc:
+                    errors.append(exc)
+                    time.sleep(0.05)
+                time.sleep(0.005)
+
+    async def async_producer() -> None:
+        async with echomq.AsyncQueue(qname, url=url, retry_for=15) as q:
+            while not stop.is_set():
+                try:
+                    record("async", (await q.enqueue(b"a")).id)
+                except ERRORS as exc:
+                    errors.append(exc)
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.005)
+
+    threads = [
+        threading.Thread(target=sync_producer),
+        threading.Thread(target=lambda: asyncio.run(async_producer())),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: min(map(len, acked.values())) > 30, timeout=15)
+        _kill_and_wait_promotion(cluster, qname)
+        promoted.set()
+        # Both producers go on within their retry budget: their next enqueues land.
+        wait_for(lambda: min(map(len, after.values())) > 30, timeout=20)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    every = acked["sync"] + acked["async"]
+    with echomq.Queue(qname, url=cluster.url) as q:
+        assert q.pending_size() == len(set(every)) == len(every)  # none lost, none twice
+        assert q.check() == []
+    assert not [e for e in errors if isinstance(e, echomq.ServerUnreachable)], errors[:3]
+
+
+# --------------------------------------------------------------------------- native routing
+
+
+async def test_native_clients_outlive_their_default_node(
+    cluster: EmbeddedCluster, qname: str
+) -> None:
+    """Repro 2: EMQ.* commands are routed by their keys, not by COMMAND GETKEYS on the
+    client's default node: when that node's primary dies, the client's queues on live
+    primaries go on at once, and its queue on the dead shard once the replica took over."""
+    url = cluster.url + "?executor=native"
+    rc = echomq._connect.sync_client(url)
+    ac = echomq._connect.async_client(url)
+    try:
+        await ac.initialize()
+        default = rc.get_default_node().port
+        assert ac.get_default_node().port == default
+        live_port = next(n.port for n in cluster.primaries() if n.port != default)
+        live, moved = _queue_on(cluster, live_port, qname), _queue_on(cluster, default, qname)
+        queues = [echomq.Queue(n, client=rc, executor="native") for n in (live, moved)]
+        aqueues = [echomq.AsyncQueue(n, client=ac, executor="native") for n in (live, moved)]
+        for q, aq in zip(queues, aqueues, strict=True):
+            q.enqueue(b"before")
+            await aq.enqueue(b"before")
+            assert q.executor == aq.executor == "native"
+        _node(cluster, default).kill()
+        started = time.monotonic()
+        # The live shard serves at once: no call of the client goes to the dead node.
+        job = queues[0].enqueue(b"live")
+        ajob = await aqueues[0].enqueue(b"live")
+        claimed = queues[0].claim_batch(10, lease_ms=60_000)
+        assert {job.id, ajob.id} <= {j.id for j in claimed}
+        for j in claimed:
+            queues[0].complete(j.id, j.token)
+        assert time.monotonic() - started < 3.0
+        # The dead shard's queue follows the promotion within retry_for.
+        queues[1].enqueue(b"moved")
+        await aqueues[1].enqueue(b"moved")
+        assert queues[1].pending_size() == await aqueues[1].pending_size() == 4
+        assert all(q.executor == "native" for q in (*queues, *aqueues))
+        for q in queues:
+            assert q.check() == []
+    finally:
+        rc.close()
+        await ac.aclose()
+
+
+# --------------------------------------------------------------------------- executor choice
+
+
+def _without_module(node: EmbeddedServer) -> None:
+    """Restart a replica without ``--loadmodule`` (it rejoins its primary and resyncs)."""
+    node.stop()
+    at = node.args.index("--loadmodule")
+    del node.args[at : at + 2]
+    node.start()
+
+    def synced() -> bool:
+        with redis.Redis(port=node.port) as c:
+            return bool(c.info("replication").get("master_link_status") == "up")
+
+    wait_for(synced, timeout=20, interval=0.05)
+
+
+async def test_a_promoted_replica_without_the_module(
+    cluster: EmbeddedCluster, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Repro 3: a primary fails over to a replica that does not load trafikey. ``auto``
+    clients go on with Lua (one WARNING each), ``native`` ones raise ExecutorUnavailable
+    naming the node, never a raw "unknown command"."""
+    primary = _node(cluster, _owner_port(cluster, qname))
+    replica = _replica_of(cluster, primary)
+    _without_module(replica)
+    url = cluster.url
+    auto = echomq.Queue(qname, url=url, retry_for=15)
+    aauto = echomq.AsyncQueue(qname, url=url, retry_for=15)
+    native = echomq.Queue(qname, url=url, retry_for=15, executor="native")
+    try:
+        auto.enqueue(b"a")
+        await aauto.enqueue(b"b")
+        native.enqueue(b"c")
+        assert auto.executor == aauto.executor == native.executor == "native"
+        assert _kill_and_wait_promotion(cluster, qname) == replica.port
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="echomq"):
+            jobs = [auto.enqueue(b"d"), await aauto.enqueue(b"e"), auto.enqueue(b"f")]
+            assert auto.executor == aauto.executor == "lua"
+            claimed = auto.claim_batch(10, lease_ms=60_000)
+            for j in claimed:
+                auto.complete(j.id, j.token)
+            assert {j.id for j in jobs} <= {j.id for j in claimed}
+            got = await aauto.claim(lease_ms=60_000)
+            assert got is None  # every job was claimed above
+        warnings = [r for r in caplog.records if "trafikey" in r.getMessage()]
+        assert len(warnings) == 2, [r.getMessage() for r in warnings]  # one per client
+        assert all(str(replica.port) in r.getMessage() for r in warnings)
+        with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port}"):
+            native.enqueue(b"g")
+        fresh = echomq.Queue(qname, url=url, executor="native")
+        with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port} does not"):
+            fresh.enqueue(b"h")
+        fresh.close()
+        assert auto.check() == []
+        assert auto.counts()["pending"] == 0
+    finally:
+        auto.close()
+        await aauto.aclose()
+        native.close()
