@@ -304,3 +304,99 @@ async def test_a_promoted_replica_without_the_module(
         auto.close()
         await aauto.aclose()
         native.close()
+
+
+# --------------------------------------------------------------------------- wait()
+
+
+async def test_wait_keeps_its_deadline_across_a_failover(
+    cluster: EmbeddedCluster, qname: str
+) -> None:
+    """Repro 4: ``wait(timeout_s=4)`` raises its TimeoutError at 4 s (± 1 s) across a
+    failover: the sync waiter is in its BLPOP when the primary dies, the async one starts
+    right after (its first steps meet the dead node); neither retries past its deadline."""
+    with echomq.Queue(qname, url=cluster.url) as q:
+        job = q.enqueue(b"nobody runs this")
+    sync_q = echomq.Queue(qname, url=cluster.url, retry_for=15)
+    async_q = echomq.AsyncQueue(qname, url=cluster.url, retry_for=15)
+    try:
+        assert sync_q.pending_size() == await async_q.pending_size() == 1  # both in use
+        took: dict[str, float | BaseException] = {}
+
+        def sync_wait() -> None:
+            start = time.monotonic()
+            try:
+                sync_q.wait(job.id, timeout_s=4)
+                took["sync"] = AssertionError("a result appeared")
+            except TimeoutError:
+                took["sync"] = time.monotonic() - start
+            except BaseException as exc:
+                took["sync"] = exc
+
+        waiter = threading.Thread(target=sync_wait)
+        waiter.start()
+        await asyncio.sleep(0.5)  # the sync waiter blocks in BLPOP on the primary
+        _node(cluster, _owner_port(cluster, qname)).kill()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await async_q.wait(job.id, timeout_s=4)
+        took["async"] = time.monotonic() - start
+        waiter.join(30)
+        assert not waiter.is_alive()
+        late = {w: v for w, v in took.items() if not (isinstance(v, float) and 3.0 <= v <= 5.0)}
+        assert late == {}, took
+        # The waiters' queue still works on the promoted replica.
+        assert sync_q.pending_size() == 1
+    finally:
+        sync_q.close()
+        await async_q.aclose()
+
+
+# --------------------------------------------------------------------------- a worker fleet
+
+
+def test_a_native_worker_fleet_rides_out_a_failover(cluster: EmbeddedCluster, qname: str) -> None:
+    """Two in-process workers on the native executor serve a queue whose primary is also
+    their clients' default node; it is SIGKILLed mid-run. Every job is settled once."""
+    from test_worker import InProcWorker
+
+    slot0 = next(int(p[1]) for start, _, p, *_ in _slots(cluster) if start == 0)
+    name = _queue_on(cluster, slot0, qname)
+    url = cluster.url + "?executor=native"
+    app = echomq.App(url=url)
+    runs: dict[str, int] = {}
+
+    @app.task(name="follow.work", queue=name, lease_ms=2_000)
+    def work(i: int) -> None:
+        job_id = echomq.current_job().id
+        runs[job_id] = runs.get(job_id, 0) + 1
+        time.sleep(0.002)
+
+    n = 600
+    ids = [
+        e.id
+        for e in work.enqueue_many([((i,), {}) for i in range(n)])
+        if isinstance(e, echomq.Enqueued)
+    ]
+    assert len(ids) == n
+    workers = [InProcWorker(echomq.Worker(app, concurrency=8, beat_ms=100)) for _ in range(2)]
+    try:
+        wait_for(lambda: len(runs) > 100, timeout=20)
+        assert len(runs) < n, "the fleet finished before the failover: make n larger"
+        _kill_and_wait_promotion(cluster, name)
+        with echomq.Queue(name, url=cluster.url) as q:
+
+            def drained() -> bool:
+                c = q.counts()
+                return c["pending"] == c["active"] == c["schedule"] == 0
+
+            wait_for(drained, timeout=40, interval=0.2)
+            counts = q.counts()
+            assert q.check() == []
+    finally:
+        for w in workers:
+            w.stop()
+        app.close()
+    assert set(runs) == set(ids)  # every job ran
+    # Settled once each: a second completion of a job would count n + 1.
+    assert counts["completed"] == n and counts["dead"] == counts["failed"] == 0, counts
