@@ -294,7 +294,7 @@ async def test_a_promoted_replica_without_the_module(
         assert all(str(replica.port) in r.getMessage() for r in warnings)
         with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port}"):
             native.enqueue(b"g")
-        fresh = echomq.Queue(qname, url=url, executor="native")
+        fresh = echomq.Queue(qname, url=cluster.url, executor="native")  # a live node
         with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port} does not"):
             fresh.enqueue(b"h")
         fresh.close()
@@ -400,3 +400,39 @@ def test_a_native_worker_fleet_rides_out_a_failover(cluster: EmbeddedCluster, qn
     assert set(runs) == set(ids)  # every job ran
     # Settled once each: a second completion of a job would count n + 1.
     assert counts["completed"] == n and counts["dead"] == counts["failed"] == 0, counts
+
+
+# --------------------------------------------------------------------------- operator views
+
+
+def test_the_dashboard_and_stats_ride_out_a_failover(cluster: EmbeddedCluster, qname: str) -> None:
+    """``/api/queues`` and ``echomq stats`` right after a primary dies answer the overview
+    (having re-read the slot map), never a 500 or a traceback."""
+    import warnings
+
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+    from echomq.web import create_app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Starlette's TestClient prefers httpx2
+        from starlette.testclient import TestClient
+
+    names = [_queue_on(cluster, n.port, qname) for n in cluster.primaries()]
+    url = cluster.url
+    for name in names:
+        with echomq.Queue(name, url=url) as q:
+            q.enqueue(b"x")
+    runner = CliRunner(env={"COLUMNS": "250"})
+    with TestClient(create_app(url)) as web:
+        assert web.get("/api/queues").status_code == 200
+        _node(cluster, _owner_port(cluster, names[0])).kill()
+        # A fresh `echomq stats` while the dead node is still in the slot map ...
+        stats = runner.invoke(main, ["--url", cluster.url, "stats"])
+        assert stats.exit_code == 0, stats.output
+        assert all(name in stats.output for name in names), stats.output
+        # ... and the dashboard, whose client still has the old map.
+        res = web.get("/api/queues")
+        assert res.status_code == 200, res.text
+        assert sorted(v["name"] for v in res.json()["queues"]) == sorted(names)

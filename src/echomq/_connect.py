@@ -319,13 +319,36 @@ def cluster_url(url: str) -> str | None:
     return plain if cluster else None
 
 
-def sync_client(url: str | None = None) -> redis.Redis | RedisCluster:
+def sync_client(
+    url: str | None = None, retry_for: float | None = None
+) -> redis.Redis | RedisCluster:
     """A client for ``url`` (default: :func:`resolve_url`), bytes in and out: ``redis.Redis``,
-    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`)."""
+    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`).
+
+    A cluster client asks its first primary for the command table as it is made, so while
+    that primary is failing over making one fails: it is tried again for ``retry_for``
+    seconds (default :data:`DEFAULT_RETRY_FOR`), until the slot map names the new primary."""
     plain, cluster, _ = parse_url(url or default_url())
-    if cluster:
-        return RedisCluster.from_url(plain, **_client_options(plain))
-    return redis.Redis.from_url(plain, **_client_options(plain))
+    if not cluster:
+        return redis.Redis.from_url(plain, **_client_options(plain))
+    budget = Budget(DEFAULT_RETRY_FOR if retry_for is None else check_retry_for(retry_for))
+    while True:
+        try:
+            return RedisCluster.from_url(plain, **_client_options(plain))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # (Not RedisClusterException: "cluster mode is not enabled" is no failover.)
+            delay = budget.next_delay()
+            if delay is None:
+                if not isinstance(exc, redis.exceptions.ConnectionError):
+                    raise
+                waited = time.monotonic() - budget.start
+                raise ServerUnreachable(
+                    f"redis+cluster://{_redacted_text(plain).split('://', 1)[-1]}",
+                    waited,
+                    budget.retry_for,
+                    exc,
+                ) from exc
+            time.sleep(delay)
 
 
 def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisCluster:

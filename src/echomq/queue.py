@@ -101,7 +101,7 @@ class Queue:
         replicas = _durable(url, durable)
         mode = resolve_executor(executor, url)  # checked before any client exists
         self._x = SyncExecutor(
-            client if client is not None else sync_client(url),
+            client if client is not None else sync_client(url, retry_for),
             owned=owned,
             retry_for=retry_for,
             durable=replicas,

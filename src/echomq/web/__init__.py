@@ -53,6 +53,7 @@ from starlette.staticfiles import StaticFiles
 
 from echomq import _envelope, _inspect, ids
 from echomq import _protocol as _p
+from echomq._connect import TRANSIENT
 from echomq._executor import SyncExecutor, sync_client
 from echomq.errors import EchoMQError, InvalidArgument, InvalidId, JobGone, StateError
 
@@ -74,6 +75,9 @@ DESTRUCTIVE = {"drain", "remove"}
 _SESSION = "echomq_session"
 _CSRF = "echomq_csrf"
 _PAGE = 50
+# How long the overview rides out a failover (the cluster's slot map re-read, the reads
+# asked again) before it answers 503: a request should not hang for a whole outage.
+_RIDE_OUT_S = 5.0
 
 
 class _State:
@@ -274,7 +278,9 @@ def create_app(
     # ------------------------------------------------------------------ pages
 
     def overview_data() -> list[_inspect.QueueView]:
-        return _inspect.snapshot(st.x, st.names(), lanes=True, minutes=30)
+        return _inspect.riding_out(
+            st.x, lambda: _inspect.snapshot(st.x, st.names(), lanes=True, minutes=30), _RIDE_OUT_S
+        )
 
     def overview(request: Request) -> Response:
         return render(request, "overview.html", queues=overview_data())
@@ -483,6 +489,13 @@ def create_app(
                 return response
             except (InvalidId, InvalidArgument) as exc:
                 return error(request, 400, str(exc), api)
+            except TRANSIENT as exc:
+                # A read that did not get through in time (a failover longer than the
+                # overview waits, a server down): unavailable for now, not a server bug.
+                st.x.follow()
+                response = error(request, 503, f"the server is unreachable for now: {exc}", api)
+                response.headers["Retry-After"] = "2"
+                return response
             except EchoMQError as exc:
                 return error(request, 500, str(exc), api)
 
