@@ -129,21 +129,22 @@ class _Executor:
                 pass
         return server_of(self.client)
 
-    def _module_missing(self, call: Call[Any], exc: BaseException) -> None:
+    def _module_missing(self, call: Call[Any], exc: BaseException) -> ExecutorUnavailable | None:
         """A server answered an ``EMQ.*`` command with "unknown command": it runs without
         trafikey (on a cluster: a replica without the module was promoted, or a node was
         replaced). Nothing ran. ``auto`` goes on with Lua everywhere, as it would have chosen
-        with this primary at the start, with one WARNING; ``native`` raises
-        :class:`ExecutorUnavailable` naming the server."""
+        with this primary at the start, with one WARNING (None: send the call again as its
+        script); ``native`` gets the :class:`ExecutorUnavailable` naming the server that the
+        call raises."""
         where = self._where(call)
         said = str(exc).split(", with args", 1)[0]  # the args are the queue's keys: noise
         if self.mode == "native":
-            raise ExecutorUnavailable(
+            return ExecutorUnavailable(
                 f"executor='native' but the {'primary' if self._cluster else 'server'} "
                 f"{where} does not load the trafikey module (it answered: {said}); load it "
                 "on every node that can become a primary (replicas too), or use "
                 "executor='auto'"
-            ) from None
+            )
         if self.native:
             self.native = False
             log.warning(
@@ -152,10 +153,13 @@ class _Executor:
                 where,
                 said,
             )
+        return None
 
     def _resend(self, calls: Sequence[Call[Any]], replies: list[Any], native: bool) -> list[int]:
         """The calls of a pipeline to send again as EVAL: those that met NOSCRIPT, and those
-        sent as EMQ.* to a server without the module (which first decides the executor)."""
+        sent as EMQ.* to a server without the module (which first decides the executor;
+        under ``native`` their replies become its ``ExecutorUnavailable``, and the others'
+        stand: they ran)."""
         unknown = {
             i
             for i, r in enumerate(replies)
@@ -163,7 +167,11 @@ class _Executor:
         }
         if unknown:
             first = min(unknown)
-            self._module_missing(calls[first], replies[first])
+            refused = self._module_missing(calls[first], replies[first])
+            if refused is not None:
+                for i in unknown:
+                    replies[i] = refused
+                unknown = set()
         return [i for i, r in enumerate(replies) if i in unknown or isinstance(r, NoScriptError)]
 
 
@@ -260,7 +268,9 @@ class SyncExecutor(_Executor):
                 reply = self._command(*script_args(call, True))
         except ResponseError as exc:
             if native and _native.unknown_command(exc):
-                self._module_missing(call, exc)
+                refused = self._module_missing(call, exc)
+                if refused is not None:
+                    raise refused from None
                 return self._call_once(call)  # as its script: the command did not run
             raise map_error(exc) from None
         return call.decode(reply)
@@ -426,7 +436,9 @@ class AsyncExecutor(_Executor):
                 reply = await client.execute_command(*script_args(call, True))
         except ResponseError as exc:
             if native and _native.unknown_command(exc):
-                self._module_missing(call, exc)
+                refused = self._module_missing(call, exc)
+                if refused is not None:
+                    raise refused from None
                 return await self._call_once(call)  # as its script: the command did not run
             raise map_error(exc) from None
         return call.decode(reply)
