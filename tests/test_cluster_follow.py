@@ -226,8 +226,10 @@ async def test_native_clients_outlive_their_default_node(
         # The live shard serves at once: no call of the client goes to the dead node.
         job = queues[0].enqueue(b"live")
         ajob = await aqueues[0].enqueue(b"live")
+        many = [e.id for e in queues[0].enqueue_many([b"m1", b"m2"])]  # a pipeline of EMQ.*
+        amany = [e.id for e in await aqueues[0].enqueue_many([b"m3", b"m4"])]
         claimed = queues[0].claim_batch(10, lease_ms=60_000)
-        assert {job.id, ajob.id} <= {j.id for j in claimed}
+        assert {job.id, ajob.id, *many, *amany} <= {j.id for j in claimed}
         for j in claimed:
             queues[0].complete(j.id, j.token)
         assert time.monotonic() - started < 3.0
