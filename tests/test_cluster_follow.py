@@ -275,11 +275,14 @@ async def test_a_promoted_replica_without_the_module(
     auto = echomq.Queue(qname, url=url, retry_for=15)
     aauto = echomq.AsyncQueue(qname, url=url, retry_for=15)
     native = echomq.Queue(qname, url=url, retry_for=15, executor="native")
+    anative = echomq.AsyncQueue(qname, url=url, retry_for=15, executor="native")
     try:
         auto.enqueue(b"a")
         await aauto.enqueue(b"b")
         native.enqueue(b"c")
-        assert auto.executor == aauto.executor == native.executor == "native"
+        await anative.enqueue(b"c2")
+        assert auto.executor == aauto.executor == native.executor == anative.executor
+        assert auto.executor == "native"
         assert _kill_and_wait_promotion(cluster, qname) == replica.port
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="echomq"):
@@ -296,6 +299,8 @@ async def test_a_promoted_replica_without_the_module(
         assert all(str(replica.port) in r.getMessage() for r in warnings)
         with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port}"):
             native.enqueue(b"g")
+        with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port}"):
+            await anative.claim(lease_ms=1_000)
         fresh = echomq.Queue(qname, url=cluster.url, executor="native")  # a live node
         with pytest.raises(ExecutorUnavailable, match=f"127.0.0.1:{replica.port} does not"):
             fresh.enqueue(b"h")
@@ -306,6 +311,7 @@ async def test_a_promoted_replica_without_the_module(
         auto.close()
         await aauto.aclose()
         native.close()
+        await anative.aclose()
 
 
 # --------------------------------------------------------------------------- wait()
@@ -357,14 +363,18 @@ async def test_wait_keeps_its_deadline_across_a_failover(
 # --------------------------------------------------------------------------- a worker fleet
 
 
-def test_a_native_worker_fleet_rides_out_a_failover(cluster: EmbeddedCluster, qname: str) -> None:
-    """Two in-process workers on the native executor serve a queue whose primary is also
-    their clients' default node; it is SIGKILLed mid-run. Every job is settled once."""
+@pytest.mark.parametrize("executor", ["native", "lua"])
+def test_a_worker_fleet_rides_out_a_failover(
+    cluster: EmbeddedCluster, qname: str, executor: str
+) -> None:
+    """Two in-process workers (on the native executor, and on Lua) serve a queue whose
+    primary is also their clients' default node; it is SIGKILLed mid-run. Every job is
+    settled once."""
     from test_worker import InProcWorker
 
     slot0 = next(int(p[1]) for start, _, p, *_ in _slots(cluster) if start == 0)
     name = _queue_on(cluster, slot0, qname)
-    url = cluster.url + "?executor=native"
+    url = cluster.url + f"?executor={executor}"
     app = echomq.App(url=url)
     runs: dict[str, int] = {}
 
