@@ -367,51 +367,58 @@ async def test_wait_keeps_its_deadline_across_a_failover(
 def test_a_worker_fleet_rides_out_a_failover(
     cluster: EmbeddedCluster, qname: str, executor: str
 ) -> None:
-    """Two in-process workers (on the native executor, and on Lua) serve a queue whose
-    primary is also their clients' default node; it is SIGKILLed mid-run. Every job is
-    settled once."""
+    """Two in-process workers (on the native executor, and on Lua) serve two queues: one on
+    the primary that is also their clients' default node, SIGKILLed mid-run, one on a primary
+    that lives (with work left through the whole failover). Every job of both is settled
+    once."""
     from test_worker import InProcWorker
 
     slot0 = next(int(p[1]) for start, _, p, *_ in _slots(cluster) if start == 0)
-    name = _queue_on(cluster, slot0, qname)
-    url = cluster.url + f"?executor={executor}"
-    app = echomq.App(url=url)
+    live_port = next(n.port for n in cluster.primaries() if n.port != slot0)
+    names = {"dead": _queue_on(cluster, slot0, qname), "live": _queue_on(cluster, live_port, qname)}
+    app = echomq.App(url=cluster.url + f"?executor={executor}")
     runs: dict[str, int] = {}
+    ran_at: dict[str, list[float]] = {"dead": [], "live": []}
+    tasks = {}
+    for which, name in names.items():
 
-    @app.task(name="follow.work", queue=name, lease_ms=2_000)
-    def work(i: int) -> None:
-        job_id = echomq.current_job().id
-        runs[job_id] = runs.get(job_id, 0) + 1
-        time.sleep(0.002)
+        def work(i: int, which: str = which) -> None:
+            job_id = echomq.current_job().id
+            runs[job_id] = runs.get(job_id, 0) + 1
+            time.sleep(0.004)
+            ran_at[which].append(time.monotonic())
 
-    n = 600
-    ids = [
-        e.id
-        for e in work.enqueue_many([((i,), {}) for i in range(n)])
-        if isinstance(e, echomq.Enqueued)
-    ]
-    assert len(ids) == n
+        tasks[which] = app.task(name=f"follow.{which}", queue=name, lease_ms=2_000)(work)
+    n = {"dead": 500, "live": 3000}  # the live queue has work through the whole failover
+    ids = []
+    for which, task in tasks.items():
+        found = task.enqueue_many([((i,), {}) for i in range(n[which])])
+        ids += [e.id for e in found if isinstance(e, echomq.Enqueued)]
+    assert len(ids) == sum(n.values())
     workers = [InProcWorker(echomq.Worker(app, concurrency=8, beat_ms=100)) for _ in range(2)]
     try:
-        wait_for(lambda: len(runs) > 100, timeout=20)
-        assert len(runs) < n, "the fleet finished before the failover: make n larger"
-        _kill_and_wait_promotion(cluster, name)
-        with echomq.Queue(name, url=cluster.url) as q:
+        wait_for(lambda: min(map(len, ran_at.values())) > 50, timeout=20)
+        _kill_and_wait_promotion(cluster, names["dead"])
+        assert len(ran_at["live"]) < n["live"], "the live queue ran out of work: make it more"
+        counts = {}
+        for which, name in names.items():
+            with echomq.Queue(name, url=cluster.url) as q:
 
-            def drained() -> bool:
-                c = q.counts()
-                return c["pending"] == c["active"] == c["schedule"] == 0
+                def drained(q: echomq.Queue = q) -> bool:
+                    c = q.counts()
+                    return c["pending"] == c["active"] == c["schedule"] == 0
 
-            wait_for(drained, timeout=40, interval=0.2)
-            counts = q.counts()
-            assert q.check() == []
+                wait_for(drained, timeout=60, interval=0.2)
+                counts[which] = q.counts()
+                assert q.check() == []
     finally:
         for w in workers:
             w.stop()
         app.close()
     assert set(runs) == set(ids)  # every job ran
-    # Settled once each: a second completion of a job would count n + 1.
-    assert counts["completed"] == n and counts["dead"] == counts["failed"] == 0, counts
+    for which in names:  # settled once each: a second completion would count n + 1
+        c = counts[which]
+        assert c["completed"] == n[which] and c["dead"] == c["failed"] == 0, (which, c)
 
 
 # --------------------------------------------------------------------------- operator views
