@@ -319,13 +319,36 @@ def cluster_url(url: str) -> str | None:
     return plain if cluster else None
 
 
-def sync_client(url: str | None = None) -> redis.Redis | RedisCluster:
+def sync_client(
+    url: str | None = None, retry_for: float | None = None
+) -> redis.Redis | RedisCluster:
     """A client for ``url`` (default: :func:`resolve_url`), bytes in and out: ``redis.Redis``,
-    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`)."""
+    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`).
+
+    A cluster client asks its first primary for the command table as it is made, so while
+    that primary is failing over making one fails: it is tried again for ``retry_for``
+    seconds (default :data:`DEFAULT_RETRY_FOR`), until the slot map names the new primary."""
     plain, cluster, _ = parse_url(url or default_url())
-    if cluster:
-        return RedisCluster.from_url(plain, **_client_options(plain))
-    return redis.Redis.from_url(plain, **_client_options(plain))
+    if not cluster:
+        return redis.Redis.from_url(plain, **_client_options(plain))
+    budget = Budget(DEFAULT_RETRY_FOR if retry_for is None else check_retry_for(retry_for))
+    while True:
+        try:
+            return RedisCluster.from_url(plain, **_client_options(plain))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # (Not RedisClusterException: "cluster mode is not enabled" is no failover.)
+            delay = budget.next_delay()
+            if delay is None:
+                if not isinstance(exc, redis.exceptions.ConnectionError):
+                    raise
+                waited = time.monotonic() - budget.start
+                raise ServerUnreachable(
+                    f"redis+cluster://{_redacted_text(plain).split('://', 1)[-1]}",
+                    waited,
+                    budget.retry_for,
+                    exc,
+                ) from exc
+            time.sleep(delay)
 
 
 def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisCluster:
@@ -408,12 +431,14 @@ def backoff_delay(attempt: int, *, base: float = 0.05, cap: float = 1.0) -> floa
 
 
 class Budget:
-    """How long one call may keep retrying transient errors."""
+    """How long one call may keep retrying transient errors: ``retry_for`` seconds from its
+    first failure, and never past ``deadline`` (a monotonic time, e.g. a ``wait()``'s)."""
 
-    __slots__ = ("attempt", "retry_for", "start")
+    __slots__ = ("attempt", "deadline", "retry_for", "start")
 
-    def __init__(self, retry_for: float) -> None:
+    def __init__(self, retry_for: float, deadline: float | None = None) -> None:
         self.retry_for = retry_for
+        self.deadline = deadline
         self.attempt = 0
         self.start = 0.0
 
@@ -425,7 +450,12 @@ class Budget:
         self.attempt += 1
         if now - self.start >= self.retry_for:
             return None
-        return backoff_delay(self.attempt)
+        delay = backoff_delay(self.attempt)
+        if self.deadline is not None:
+            if now >= self.deadline:
+                return None
+            delay = min(delay, self.deadline - now)
+        return delay
 
     def give_up(self, exc: BaseException, client: Any) -> NoReturn:
         """Raise once the budget is spent on ``exc``: a lost connection as

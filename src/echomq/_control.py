@@ -52,6 +52,7 @@ from echomq._protocol import (
     Call,
     Keys,
     Plan,
+    Replay,
     _call,
     _cmd,
     _gone_if_zero,
@@ -89,6 +90,7 @@ __all__ = [
     "retry",
     "split_flags",
     "wait",
+    "wait_deadline",
     "want",
     "want_key",
 ]
@@ -245,24 +247,40 @@ def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
     """Wait for a job's kept outcome: read it; while absent, block on its notify list
     (``BLPOP``, at most :data:`MAX_BLOCK_S` per call) and read again. Raises
     :class:`JobFailed` for a kept dead-letter or a dead row (at once: a job that is dead, or
-    dies while waited on, never waits out the timeout) and ``TimeoutError`` at the deadline."""
+    dies while waited on, never waits out the timeout) and ``TimeoutError`` at the deadline.
+
+    Run it with the executor's ``deadline`` (:func:`wait_deadline`): a step lost to a
+    failover is not resent as it was (a resent ``BLPOP`` would block for its whole first
+    timeout again) but thrown back here as ``Replay``, and the wait starts over from the
+    marker with the time that is left, or times out at its deadline."""
     timeout = _timeout(timeout_s)
     nk = notify_key(k, id)
     deadline = time.monotonic() + timeout
     while True:
-        # Marker first, then read, then block: a completion after the read sees the marker
-        # and pushes the token this block takes (include/control.lua keep_outcome).
-        yield want(k, id)
-        found = yield from result(k, id)
-        if found is not None:
-            return _outcome(found)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"job {id}: no result within {timeout} s")
-        block = f"{min(left, MAX_BLOCK_S):.3f}"
-        woken = yield _cmd(("BLPOP", nk, block), lambda r: r is not None)
-        if woken:
-            yield rearm(k, id)
+        try:
+            # Marker first, then read, then block: a completion after the read sees the
+            # marker and pushes the token this block takes (include/control.lua keep_outcome).
+            yield want(k, id)
+            found = yield from result(k, id)
+            if found is not None:
+                return _outcome(found)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {id}: no result within {timeout} s")
+            block = f"{min(left, MAX_BLOCK_S):.3f}"
+            woken = yield Call(None, (), ("BLPOP", nk, block), lambda r: r is not None, False)
+            if woken:
+                yield rearm(k, id)
+        except Replay as lost:
+            # A token the lost BLPOP may have taken is not needed: the result it announced
+            # is read at the top. Past the deadline the wait is over, whatever the server.
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"job {id}: no result within {timeout} s") from lost.cause
+
+
+def wait_deadline(timeout_s: float) -> float:
+    """The monotonic deadline of a ``wait(timeout_s=...)`` (``timeout_s`` checked first)."""
+    return time.monotonic() + _timeout(timeout_s)
 
 
 # --------------------------------------------------------------------------- dedup (D20)

@@ -78,6 +78,8 @@ def _errors(url: str) -> Iterator[None]:
         _fail(f"cannot reach the server at {_shown(url)}: {exc}")
     except redis.exceptions.ResponseError as exc:
         _fail(f"the server at {_shown(url)} answered an error: {exc}")
+    except redis.exceptions.RedisClusterException as exc:  # e.g. no node of it answers
+        _fail(f"cannot use the cluster at {_shown(url)}: {exc}")
     except EchoMQError as exc:
         _fail(str(exc))
 
@@ -462,7 +464,13 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
         x = _executor.SyncExecutor(
             client, retry_for=0, executor=_native.resolve_executor(None, url)
         )
-        views = _inspect.snapshot(x, names or _discover_queues(client), minutes=0)
+        # ... but rides out a failover (a few seconds: the slot map re-read, the reads
+        # asked again) rather than print a dead primary's error.
+        views = _inspect.riding_out(
+            x,
+            lambda: _inspect.snapshot(x, names or _discover_queues(client), minutes=0),
+            _connect.DEFAULT_RETRY_FOR,
+        )
         if x.executor is None:
             # Nothing ran (no queue): decide it as a call would, with MODULE LIST only (a
             # fence would write {emq}:version on a server echomq never used).

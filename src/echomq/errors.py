@@ -204,7 +204,9 @@ class VersionFenceError(EchoMQError):
 
 class ExecutorUnavailable(EchoMQError):
     """``executor="native"`` was asked for, and the server does not load the ``trafikey``
-    module at the version this client speaks (or refuses ``MODULE LIST``)."""
+    module at the version this client speaks (or refuses ``MODULE LIST``), or a primary
+    answered an ``EMQ.*`` command as unknown (a replica without the module was promoted).
+    The message names the server or primaries."""
 
 
 _BY_WORD: dict[str, type[_WireError]] = {

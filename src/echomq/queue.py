@@ -101,7 +101,7 @@ class Queue:
         replicas = _durable(url, durable)
         mode = resolve_executor(executor, url)  # checked before any client exists
         self._x = SyncExecutor(
-            client if client is not None else sync_client(url),
+            client if client is not None else sync_client(url, retry_for),
             owned=owned,
             retry_for=retry_for,
             durable=replicas,
@@ -466,7 +466,8 @@ class Queue:
     def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
         """Block until the job's kept outcome exists (woken by the settle, never polling);
         ``JobFailed`` for a kept dead-letter, ``TimeoutError`` at the deadline."""
-        return self._x.run(_ctl.wait(self._k, id, timeout_s))
+        deadline = _ctl.wait_deadline(timeout_s)
+        return self._x.run(_ctl.wait(self._k, id, timeout_s), deadline=deadline)
 
     def dedup_holder(self, dedup: str) -> str | None:
         """The id of the job holding the dedup id, or None when it is free."""

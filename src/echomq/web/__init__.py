@@ -57,6 +57,7 @@ from starlette.staticfiles import StaticFiles
 
 from echomq import _envelope, _inspect, ids, keyspace
 from echomq import _protocol as _p
+from echomq._connect import TRANSIENT
 from echomq._executor import SyncExecutor, sync_client
 from echomq.errors import EchoMQError, InvalidArgument, InvalidId, JobGone, StateError
 
@@ -81,6 +82,9 @@ _PAGE = 50
 # A form of ours is a few short fields; anything larger is refused before it is buffered.
 MAX_FORM = 65536
 SESSION_TTL_MS = 12 * 3600 * 1000
+# How long the overview rides out a failover (the cluster's slot map re-read, the reads
+# asked again) before it answers 503: a request should not hang for a whole outage.
+_RIDE_OUT_S = 5.0
 
 
 class _State:
@@ -322,7 +326,9 @@ def create_app(
     # ------------------------------------------------------------------ pages
 
     def overview_data() -> list[_inspect.QueueView]:
-        return _inspect.snapshot(st.x, st.names(), lanes=True, minutes=30)
+        return _inspect.riding_out(
+            st.x, lambda: _inspect.snapshot(st.x, st.names(), lanes=True, minutes=30), _RIDE_OUT_S
+        )
 
     def overview(request: Request) -> Response:
         return render(request, "overview.html", queues=overview_data())
@@ -539,6 +545,13 @@ def create_app(
                 return response
             except (InvalidId, InvalidArgument) as exc:
                 return error(request, 400, str(exc), api)
+            except TRANSIENT as exc:
+                # A read that did not get through in time (a failover longer than the
+                # overview waits, a server down): unavailable for now, not a server bug.
+                st.x.follow()
+                response = error(request, 503, f"the server is unreachable for now: {exc}", api)
+                response.headers["Retry-After"] = "2"
+                return response
             except EchoMQError as exc:
                 return error(request, 500, str(exc), api)
 
