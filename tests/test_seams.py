@@ -358,3 +358,15 @@ def test_check_names_side_key_violations(
     plant(r, K(q.name, ""), jid if "orphaned" not in named else orphan)
     found = q.check()
     assert any(named in line for line in found), found
+
+
+def test_drain_takes_the_parents_it_releases(q: echomq.Queue) -> None:
+    # Dropping a drained child releases its parent into a waiting set; whether the same
+    # drain then took the parent depended on the order it walked the sets (the model's F11).
+    flat = q.add_flow(FlowJob(b"p1", children=[FlowJob(b"c", group="zz")]))
+    lane = q.add_flow(FlowJob(b"p2", group="aa", children=[FlowJob(b"c")]))
+    assert q.drain() == 4
+    assert q.job_state(flat.parent_id) == "absent"
+    assert q.job_state(lane.parent_id) == "absent"
+    assert q.counts()["pending"] == 0
+    assert q.check() == []
