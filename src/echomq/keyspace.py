@@ -60,6 +60,8 @@ QUEUE_TYPES = frozenset(
         "limiter",
         "grate",
         "ratewait",
+        "workers",
+        "workers:ttl",
     }
 )
 

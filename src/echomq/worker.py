@@ -43,6 +43,7 @@ from echomq._logfmt import log_startup
 from echomq._native import resolve_executor
 from echomq._protocol import Job, Keys
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
+from echomq._registry import Registry, client_name, name_client
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
@@ -137,6 +138,9 @@ class Worker:
         self._drained: asyncio.Event | None = None
         self._x: AsyncExecutor | None = None
         self._side_tasks: set[asyncio.Future[Any]] = set()
+        # The registry entry (echomq._registry): written on the beat, never per job.
+        self.registry = Registry(self.queue_names, concurrency, beat_ms)
+        self.id = self.registry.id
 
     # ------------------------------------------------------------------ entry points
 
@@ -167,7 +171,9 @@ class Worker:
         url = self.url or self.app.url
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
         executor = resolve_executor(None, url)  # the URL's executor=, else ECHOMQ_EXECUTOR
-        self._x = AsyncExecutor(async_client(url), owned=True, durable=durable, executor=executor)
+        client = async_client(url)
+        name_client(client, client_name(self.id))  # CLIENT LIST shows the worker's connections
+        self._x = AsyncExecutor(client, owned=True, durable=durable, executor=executor)
         # Refuse a foreign deployment before taking any job.
         await first_fence(self._x, lambda: self._stopping)
         # Room for every slot's thread and every stranded one: a run never waits in the pool
@@ -191,6 +197,8 @@ class Worker:
             self._x.executor or "lua",
         )  # fmt: skip
         background = [asyncio.ensure_future(self._supervised(self._beat))]
+        announce = asyncio.ensure_future(self._supervised(self._announce))
+        background.append(announce)
         for ql in self._loops:
             ql.kick.set()
             for fn in (self._pump, self._waker, self._heartbeat):
@@ -198,6 +206,8 @@ class Worker:
         try:
             await self._stop_event.wait()
             await self._shutdown()
+            await cancel_tasks([announce])
+            await self._unregister()
             await self.hooks.call("on_shutdown", self)
         finally:
             await cancel_tasks(background)
@@ -407,6 +417,23 @@ class Worker:
                 except Exception as exc:
                     self._fatal_or_log(exc, "sweep failed")
             await asyncio.sleep(self.beat_ms / 1000)
+
+    async def _announce(self) -> None:
+        """The worker's registry entries, renewed every beat (``echomq._registry``)."""
+        assert self._x is not None
+        while True:
+            try:
+                await self.registry.beat(self._x, self._loops)
+            except Exception as exc:
+                log.warning("registry beat failed (%s)", exc)
+            await asyncio.sleep(self.beat_ms / 1000)
+
+    async def _unregister(self) -> None:
+        assert self._x is not None
+        try:
+            await self.registry.gone(self._x, self._loops)
+        except Exception as exc:
+            log.warning("could not remove the registry entries (%s); they will lapse", exc)
 
     # ------------------------------------------------------------------ shutdown
 
