@@ -173,6 +173,7 @@ class Registry:
         self.id = ids.mint("WRK")
         self.ttl_ms = ttl_for(beat_ms)
         self.beat_ms = beat_ms
+        self.pool = pool
         self._static: dict[str, Any] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),

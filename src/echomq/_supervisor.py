@@ -343,13 +343,12 @@ def watch_control(
     worker: Worker,
     fd: int,
     *,
-    max_jobs: int | None = None,
     max_memory: int | None = None,
     recycle: Recycle | None = None,
 ) -> threading.Thread:
     """In a child: a thread that reads the supervisor's pipe (``s``: stop, ``k``: exit now,
-    EOF: the supervisor is gone, stop) and recycles the worker past ``max_jobs`` claimed jobs
-    or ``max_memory`` bytes of resident memory (checked four times a second)."""
+    EOF: the supervisor is gone, stop) and recycles the worker past ``max_memory`` bytes of
+    resident memory (checked four times a second)."""
     state = recycle or Recycle()
 
     def stop(reason: str | None = None) -> None:
@@ -384,10 +383,7 @@ def watch_control(
                 continue
             if stopped:
                 continue
-            if max_jobs is not None and worker.stats.claimed >= max_jobs:
-                stop(f"{worker.stats.claimed} jobs claimed, --max-jobs-per-child {max_jobs}")
-                stopped = True
-            elif max_memory is not None and (rss := _rss_bytes()) > max_memory:
+            if max_memory is not None and (rss := _rss_bytes()) > max_memory:
                 stop(f"resident memory {rss >> 20} MiB > --max-memory-per-child")
                 stopped = True
 
@@ -396,11 +392,11 @@ def watch_control(
     return thread
 
 
-def run_child_worker(
-    worker: Worker, fd: int, *, max_jobs: int | None = None, max_memory: int | None = None
-) -> int:
+def run_child_worker(worker: Worker, fd: int, *, max_memory: int | None = None) -> int:
     """Run ``worker`` as a supervised child (its signals as usual, plus the control pipe);
-    its exit status: :data:`RECYCLED` when it recycled itself, else 0."""
+    its exit status: :data:`RECYCLED` when it recycled itself, else 0. ``max_jobs`` is the
+    worker's own (``Worker(max_jobs=...)``: it never claims past it); ``max_memory`` is
+    watched here."""
     import asyncio
 
     from echomq._signals import run_with_signals
@@ -409,8 +405,12 @@ def run_child_worker(
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        watch_control(loop, worker, fd, max_jobs=max_jobs, max_memory=max_memory, recycle=recycle)
+        watch_control(loop, worker, fd, max_memory=max_memory, recycle=recycle)
         await run_with_signals(worker)
 
     asyncio.run(main())
-    return RECYCLED if recycle.reason is not None else 0
+    if recycle.reason is not None:
+        return RECYCLED
+    if worker.max_jobs is not None and worker.stats.claimed >= worker.max_jobs:
+        return RECYCLED  # it claimed its share (Worker(max_jobs=...)) and stopped
+    return 0

@@ -417,6 +417,7 @@ def worker(
                     grace_s=grace_s,
                     max_stalled=max_stalled,
                     hooks=hooks,
+                    max_jobs=max_jobs_per_child if control_fd is not None else None,
                 )
             except EchoMQError as exc:
                 _fail(str(exc))
@@ -428,7 +429,6 @@ def worker(
                 return _supervisor.run_child_worker(
                     w,
                     control_fd,
-                    max_jobs=max_jobs_per_child,
                     max_memory=None if max_memory_per_child is None else max_memory_per_child << 20,
                 )
             raise AssertionError  # unreachable: _errors exits
