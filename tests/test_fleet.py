@@ -195,6 +195,19 @@ def test_max_jobs_per_child_recycles_gracefully(
     assert sup.wait(20) == 0, sup.text()[-3000:]
 
 
+def test_max_memory_per_child_recycles(spawn: Spawner, q: echomq.Queue, qname: str) -> None:
+    # 1 MiB: every child is past it at once, so each recycles itself and is replaced.
+    sup = supervisor(spawn, qname, "--beat-ms", "100", "--max-memory-per-child", "1")
+    wait_log(sup, "recycled itself", timeout=20)
+    text = wait_log(sup, "worker 0 started", timeout=20)
+    assert "recycling (resident memory" in text
+    wait_for(lambda: sup.text().count("recycled itself") >= 2, timeout=20)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0, sup.text()[-3000:]
+    started = [int(p) for p in re.findall(r"worker 0 started \(pid (\d+)\)", sup.text())]
+    assert len(set(started)) >= 3 and all(pid_gone(p) for p in started)
+
+
 def test_bad_processes_are_refused(spawn: Spawner, qname: str) -> None:
     env = spawn.env(EMQ_TEST_QUEUE=qname)
     for bad in ("0", "-1", "two"):
