@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,7 @@ def test_sigkilled_child_is_restarted_and_its_jobs_come_back_once(
     assert sorted(j.id for w in held for j in w.jobs) == sorted(ids)
     assert {j.task for w in held for j in w.jobs} == {"hold"}
     victim = held[0]
+    last = next(w for w in q.workers() if w.id == victim.id)
     os.kill(victim.pid, signal.SIGKILL)
     wait_for(lambda: pid_gone(victim.pid), timeout=5)
     # Restarted: a new child of the same supervisor; the dead one's entry lapses in its TTL.
@@ -105,6 +107,9 @@ def test_sigkilled_child_is_restarted_and_its_jobs_come_back_once(
         return len(after) == 2 and victim.id not in {w.id for w in after}
 
     wait_for(replaced, timeout=10)
+    # Gone within one TTL of its last beat (at most one more beat came after our read).
+    seconds, micros = r.time()
+    assert seconds * 1000 + micros // 1000 <= last.lapses_ms + 100 + 500
     assert {w.supervisor for w in after} == {victim.supervisor}
     assert all(ppid_of(w.pid) == sup.pid for w in after)
     assert time.monotonic() - t0 < 10
@@ -147,6 +152,62 @@ def test_sigterm_mid_run_finishes_or_hands_back_and_leaves_no_child(
     assert counts == {**counts, "active": 0, "completed": 2, "pending": 2}
     assert q.workers() == []
     assert "handed 1 unfinished jobs" in sup.text() or "handed 2 unfinished jobs" in sup.text()
+
+
+def test_a_second_signal_stops_the_children_at_once(
+    spawn: Spawner, q: echomq.Queue, qname: str
+) -> None:
+    sup = supervisor(spawn, qname, "-p", "2", "-c", "1", "--beat-ms", "100", "--grace", "30")
+    pids = [w.pid for w in fleet(q, 2)]
+    for _ in range(2):
+        q.enqueue(call("hold", 30.0, 30.0))
+    wait_for(lambda: sum(w.held for w in q.workers()) == 2, timeout=10)
+    t0 = time.monotonic()
+    sup.signal(signal.SIGTERM)
+    wait_log(sup, "stopping 2 workers")
+    sup.signal(signal.SIGTERM)
+    sup.wait(15)
+    assert time.monotonic() - t0 < 10  # not the 30 s grace
+    assert "second signal (SIGTERM): stopping the workers now" in sup.text()
+    assert all(pid_gone(p) for p in pids)
+    assert q.counts()["active"] == 2  # nothing handed back: the leases lapse and are swept
+
+
+def test_each_child_serves_its_own_metrics(spawn: Spawner, q: echomq.Queue, qname: str) -> None:
+    pytest.importorskip("prometheus_client")
+    import httpx
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", a.getsockname()[1] + 1))  # the next port is free too
+        port = a.getsockname()[1]
+    sup = supervisor(
+        spawn, qname, "-p", "2", "-c", "2", "--beat-ms", "100",
+        "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+    )  # fmt: skip
+    fleet(q, 2)
+    ids = [q.enqueue(call("count", n)).id for n in range(20)]
+    wait_for(lambda: q.counts()["completed"] == len(ids), timeout=20)
+
+    def scrape(p: int) -> str:
+        return httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=5).text
+
+    first, second = scrape(port), scrape(port + 1)
+    # The server-wide gauges once (the first child), each child's own series on its port.
+    assert f'echomq_jobs{{queue="{qname}",state="pending"}}' in first
+    assert "echomq_jobs{" not in second
+
+    def finished(text: str) -> float:
+        found = re.findall(
+            rf'echomq_jobs_finished_total{{outcome="completed",queue="{qname}",task="count"}} '
+            r"([\d.]+)",
+            text,
+        )
+        return float(found[0]) if found else 0.0
+
+    assert finished(first) + finished(second) == 20  # no double counting
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0
 
 
 def test_a_crash_loop_backs_off_then_exits_non_zero(spawn: Spawner, qname: str) -> None:
@@ -314,6 +375,18 @@ def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
     time.sleep(0.35)
     assert q.workers() == []
     assert r.exists(workers, workers + ":ttl") == 0
+
+
+def test_obliterate_removes_the_registry(q: echomq.Queue, qname: str, r: redis.Redis) -> None:
+    from echomq import _registry
+    from echomq._protocol import Keys
+
+    entry = _registry.Registry([qname], 1, 100).entry([], "lua")
+    q._x.run(_registry.beat(Keys(qname), echomq.ids.mint("WRK"), entry, 60_000))
+    assert len(q.workers()) == 1
+    q.pause()
+    q.obliterate()
+    assert r.exists(f"emq:{{{qname}}}:workers", f"emq:{{{qname}}}:workers:ttl") == 0
 
 
 def test_echomq_workers_and_stats_show_the_fleet(
