@@ -210,6 +210,18 @@ def test_each_child_serves_its_own_metrics(spawn: Spawner, q: echomq.Queue, qnam
     assert sup.wait(20) == 0
 
 
+def test_children_stop_when_the_supervisor_is_sigkilled(
+    spawn: Spawner, q: echomq.Queue, qname: str
+) -> None:
+    sup = supervisor(spawn, qname, "-p", "2", "--beat-ms", "100", "--grace", "1")
+    pids = [w.pid for w in fleet(q, 2)]
+    sup.signal(signal.SIGKILL)
+    sup.wait(10)
+    # The control pipe's EOF: each child stops gracefully on its own and leaves the registry.
+    wait_for(lambda: all(pid_gone(p) for p in pids), timeout=15)
+    assert q.workers() == []
+
+
 def test_a_crash_loop_backs_off_then_exits_non_zero(spawn: Spawner, qname: str) -> None:
     env = spawn.env(EMQ_TEST_QUEUE=qname, EMQ_TEST_CRASH="7")
     t0 = time.monotonic()

@@ -377,7 +377,10 @@ def worker(
             _fail(f"{name} must be >= 1, got {value}")
     if metrics_port is not None:
         _needs_web("echomq worker --metrics-port")
-    control = os.environ.get(_supervisor.CONTROL_FD_ENV)  # set: a spawned, supervised child
+    # Set: a spawned, supervised child (read once: a process it starts is not one).
+    control = os.environ.pop(_supervisor.CONTROL_FD_ENV, None)
+    if control is not None and not control.isdigit():
+        _fail(f"{_supervisor.CONTROL_FD_ENV} must be a file descriptor, got {control!r}")
     supervised = control is None and (n > 1 or bool(max_jobs_per_child or max_memory_per_child))
     app = _load_app(app_spec)
     # The app's own App(url=...) counts before ECHOMQ_URL and before starting a server.
