@@ -281,6 +281,35 @@ def test_max_memory_per_child_recycles(spawn: Spawner, q: echomq.Queue, qname: s
     assert len(set(started)) >= 3 and all(pid_gone(p) for p in started)
 
 
+def test_a_child_that_cannot_even_be_started_is_a_failed_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from echomq._supervisor import EXIT_FAILING, Supervisor
+
+    def never(index: int, fd: int) -> int:
+        raise AssertionError("not forked")
+
+    sup = Supervisor(
+        1, run_child=never, spawn_argv=lambda i: ["/nonexistent/python"], grace_s=1.0,
+        method="spawn",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="echomq.supervisor"):
+        assert sup.run() == EXIT_FAILING
+    assert time.monotonic() - t0 >= 0.25 + 0.5 + 1 + 2  # backed off between the attempts
+    assert "could not be started 5 times" in caplog.text
+
+
+def test_processes_auto_is_one_per_cpu(spawn: Spawner, q: echomq.Queue, qname: str) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    sup = supervisor(spawn, qname, "-p", "auto", "--beat-ms", "100")
+    workers = fleet(q, cpus)
+    assert f"{cpus} worker processes" in sup.text()
+    assert len({w.pid for w in workers}) == cpus
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0
+
+
 def test_bad_processes_are_refused(spawn: Spawner, qname: str) -> None:
     env = spawn.env(EMQ_TEST_QUEUE=qname)
     for bad in ("0", "-1", "two"):

@@ -149,6 +149,24 @@ class Supervisor:
         c.control, c.started = write, time.monotonic()
         log.info("supervisor %d: worker %d started (pid %d)", os.getpid(), c.index, c.pid)
 
+    def _start_or_back_off(self, c: _Child) -> None:
+        """Start ``c``; a start that fails here (fork or exec refused: EAGAIN, ENOMEM, a
+        missing interpreter) is a failed start too."""
+        try:
+            self._start(c)
+        except OSError as exc:
+            c.failures += 1
+            if c.failures >= MAX_FAILED_STARTS:
+                log.error("worker %d could not be started %d times (%s); stopping",
+                          c.index, c.failures, exc)  # fmt: skip
+                c.done, c.due = True, float("inf")
+                self.exit_code = EXIT_FAILING
+                return
+            delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** (c.failures - 1))
+            c.due = time.monotonic() + delay
+            log.warning("worker %d could not be started (%s); retrying in %.2fs",
+                        c.index, exc, delay)  # fmt: skip
+
     def _in_child(self, c: _Child, read: int, write: int, env: dict[str, str]) -> None:
         code = 1
         try:
@@ -274,7 +292,7 @@ class Supervisor:
                     now = time.monotonic()
                     for c in self._children:
                         if not c.pid and not c.done and c.due <= now:
-                            self._start(c)
+                            self._start_or_back_off(c)
                 time.sleep(_POLL_S)
         finally:
             for sig, handler in previous.items():

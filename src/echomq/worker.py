@@ -13,7 +13,11 @@ a script error) — returns the slots it reserved and re-queues its settles (fen
 is safe), then backs off. In durable mode a settle that applied but too few replicas
 acknowledged (``DurabilityError``) still runs what it claimed.
 
-Async handlers run as tasks on the loop; sync handlers in a thread pool. SIGTERM/SIGINT stop
+Each worker process registers itself on its beat (``_registry``: who it is, what it holds),
+never per job. Several processes run under ``echomq worker -p N`` (``_supervisor``).
+
+Async handlers run as tasks on the loop; sync handlers in a thread pool, or for
+``@app.task(pool="process")`` in the worker's process pool (``_pool``). SIGTERM/SIGINT stop
 claiming, let in-flight jobs finish within ``grace_s``, then hand the rest back to pending at
 once (``delay(id, token, 0)``); a second signal exits immediately.
 """
