@@ -27,6 +27,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -202,8 +203,8 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
-    logs = HERE / ".fleet-logs"
-    logs.mkdir(exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="echomq-fleet-"))  # the workers' output, kept
+    print(f"(worker logs in {logs})")
     try:
         time.sleep(0.3)
         n = calibrate(args.cpu_ms)
