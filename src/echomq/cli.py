@@ -406,6 +406,9 @@ def worker(
                         queues=served,
                         server_metrics=metrics_queues and index == 0,
                         lanes=metrics_lanes,
+                        # Multiprocess mode aggregates every process's files: one port of
+                        # the fleet exports them, the others would count them again.
+                        worker_metrics=index == 0 or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
                     ),
                 )
                 logging.getLogger("echomq.worker").info(
