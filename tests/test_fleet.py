@@ -418,6 +418,12 @@ def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
     assert r.exists(workers, workers + ":ttl") == 0
 
 
+def test_echomq_workers_with_none(spawn: Spawner, q: echomq.Queue, qname: str) -> None:
+    q.enqueue(b"x")
+    listing = spawn.start("workers", qname)
+    assert listing.wait(20) == 0 and listing.text().strip() == f"no live workers on {qname}"
+
+
 def test_obliterate_removes_the_registry(q: echomq.Queue, qname: str, r: redis.Redis) -> None:
     from echomq import _registry
     from echomq._protocol import Keys
@@ -471,6 +477,32 @@ def pool_pid(n: int) -> dict[str, int]:
 def pool_hang(pid_file: str) -> None:
     Path(pid_file).write_text(str(os.getpid()))
     time.sleep(60)
+
+
+def pool_crash_once() -> int:
+    import echomq as _e
+
+    job = _e.current_job()
+    assert job is not None
+    if job.token == 1:
+        os._exit(3)  # the child dies mid-job (a segfault, the OOM killer)
+    return os.getpid()
+
+
+def test_a_pool_child_that_dies_fails_its_run_and_is_replaced(
+    inproc: Callable[..., Any], qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app: App = inproc.make_app()  # type: ignore[attr-defined]
+    task = app.task(name="crash", queue=qname, pool="process", keep_result_ms=60_000, backoff=10)(
+        pool_crash_once
+    )
+    handle = inproc(app, concurrency=1, pool_size=1)
+    job = task.enqueue()
+    with caplog.at_level("WARNING", logger="echomq.worker.jobs"):
+        pid = job.wait(30.0)  # the first attempt died with its child; the retry, in a new one
+    assert "attempt 1/3) failed: ChildDied: the pool's child exited" in caplog.text
+    assert "(exit code 3)" in caplog.text
+    assert handle.worker.pool is not None and handle.worker.pool.pids() == [pid]
 
 
 def test_pool_runs_cpu_bound_jobs_on_persistent_children(

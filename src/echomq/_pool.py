@@ -141,6 +141,8 @@ class _Child:
                 try:
                     reply = self.conn.recv()
                 except (EOFError, OSError):
+                    if self.proc is not None:
+                        self.proc.join(1.0)  # it is exiting: its status says why
                     code = self.proc.exitcode if self.proc is not None else None
                     self.stop(kill=True)
                     raise ChildDied(
