@@ -30,7 +30,7 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -206,14 +206,27 @@ class ProcessPool:
                         child.start()
                     except Exception as exc:
                         log.error("process pool: could not start a child (%s)", exc)
-                with contextlib.suppress(RuntimeError):  # the loop is closed: the worker ended
-                    loop.call_soon_threadsafe(self._release, child)
+                self._give_back(loop, child)
 
+        job = threads.submit(call)
+
+        # Cancelled before its thread started (the await was cancelled while it queued):
+        # call() never runs, so the child goes back from here.
+        def never_ran(f: Future[Any]) -> None:
+            if f.cancelled():
+                self._give_back(loop, child)
+
+        job.add_done_callback(never_ran)
         try:
-            return await asyncio.wrap_future(threads.submit(call))
+            return await asyncio.wrap_future(job)
         except asyncio.CancelledError:
             run.kill()  # a cancelled run (lost, cancelled, handed back) kills its child
             raise
+
+    def _give_back(self, loop: asyncio.AbstractEventLoop, child: _Child) -> None:
+        """From any thread: the child is free again."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the worker ended
+            loop.call_soon_threadsafe(self._release, child)
 
     def _release(self, child: _Child) -> None:
         if self._idle is not None and not self._closed:
