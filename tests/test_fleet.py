@@ -390,6 +390,36 @@ def test_registry_entry_lists_held_jobs_and_goes_at_stop(
     assert r.exists(f"emq:{{{qname}}}:workers", f"emq:{{{qname}}}:workers:ttl") == 0
 
 
+def test_a_worker_whose_user_may_not_name_connections_still_runs(
+    q: echomq.Queue, qname: str, r: redis.Redis, redis_url: str, url: str
+) -> None:
+    """An ACL user without ``client|setname`` (the rule set before the registry): the
+    worker's connections stay unnamed, it serves and registers as usual."""
+    user = f"fleet-{os.getpid()}"
+    r.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-client|setname")
+    try:
+        host_url = url.replace("redis://", f"redis://{user}:pw@", 1)
+        app = App(url=host_url)
+        seen: list[str] = []
+
+        @app.task(name="one", queue=qname)
+        async def one() -> None:
+            seen.append("ran")
+
+        handle = InProcWorker(Worker(app, beat_ms=100))
+        try:
+            one.enqueue()
+            wait_for(lambda: seen == ["ran"], timeout=10)
+            wait_for(lambda: len(q.workers()) == 1, timeout=5)
+            names = [c["name"] for c in r.client_list() if c.get("user") == user]
+            assert names and not any(n.startswith("echomq-worker:") for n in names)
+        finally:
+            handle.stop()
+            app.close()
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
+
+
 def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
     q: echomq.Queue, qname: str, r: redis.Redis
 ) -> None:

@@ -199,7 +199,7 @@ def run_call(
 
 
 def send_reply(conn: Connection, reply: tuple[Any, ...]) -> None:
-    """Send a :func:`run_call` reply; one that does not pickle is sent as its text."""
+    """Send a :func:`run_call` reply; one that cannot cross the pipe is sent as its text."""
     try:
         conn.send(reply)
     except Exception as exc:

@@ -20,6 +20,7 @@ The worker's connections are named ``echomq-worker:<id>`` (``CLIENT SETNAME``) s
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_LISTED",
+    "name_connections",
     "HeldJob",
     "Registry",
     "WorkerInfo",
@@ -46,6 +48,8 @@ __all__ = [
     "name_client",
     "ttl_for",
 ]
+
+log = logging.getLogger("echomq.worker")
 
 MAX_LISTED = 100  # held jobs listed per entry; `held` counts them all
 SUPERVISOR_ENV = "ECHOMQ_SUPERVISOR_ID"  # set by `echomq worker -p N` for its children
@@ -89,6 +93,20 @@ class WorkerInfo:
 
 def client_name(worker_id: str) -> str:
     return f"echomq-worker:{worker_id}"
+
+
+async def name_connections(client: Any, name: str) -> bool:
+    """Name the worker's connections when the server lets it: ``CLIENT SETNAME`` once (on a
+    connection of the pool, or every node of a cluster), then on every connection opened
+    later. A refusal (an ACL user without ``client|setname``, a proxy that does not know the
+    command) leaves them unnamed: logged, never fatal (True when named)."""
+    try:
+        await client.execute_command("CLIENT", "SETNAME", name)
+    except Exception as exc:
+        log.info("worker connections left unnamed (CLIENT SETNAME refused: %s)", exc)
+        return False
+    name_client(client, name)
+    return True
 
 
 def name_client(client: Any, name: str) -> None:

@@ -48,7 +48,7 @@ from echomq._native import resolve_executor
 from echomq._pool import ProcessPool, default_size
 from echomq._protocol import Job, Keys
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
-from echomq._registry import Registry, client_name, name_client
+from echomq._registry import Registry, client_name, name_connections
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
@@ -197,10 +197,10 @@ class Worker:
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
         executor = resolve_executor(None, url)  # the URL's executor=, else ECHOMQ_EXECUTOR
         client = async_client(url)
-        name_client(client, client_name(self.id))  # CLIENT LIST shows the worker's connections
         self._x = AsyncExecutor(client, owned=True, durable=durable, executor=executor)
         # Refuse a foreign deployment before taking any job.
         await first_fence(self._x, lambda: self._stopping)
+        await name_connections(client, client_name(self.id))  # CLIENT LIST shows them
         # Room for every slot's thread and every stranded one: a run never waits in the pool
         # behind a hung thread (its timeout and lease would run while it waits).
         threads = ThreadPoolExecutor(
