@@ -420,6 +420,30 @@ def test_a_worker_whose_user_may_not_name_connections_still_runs(
         r.execute_command("ACL", "DELUSER", user)
 
 
+def test_durable_mode_without_replicas_still_registers(
+    q: echomq.Queue, qname: str, url: str
+) -> None:
+    """A beat that applied but too few replicas acknowledged (DurabilityError) is a beat: the
+    registry is a visibility record, not a job's state."""
+    from echomq._connect import async_client
+    from echomq._executor import AsyncExecutor
+    from echomq._protocol import Keys
+    from echomq._queueloop import QueueLoop
+    from echomq._registry import Registry
+
+    async def beat() -> None:
+        # The test server has no replica: every write's WAIT falls short.
+        x = AsyncExecutor(async_client(url), owned=True, durable=1)
+        try:
+            # A 2 s beat: its 10 s TTL outlives the WAIT's own timeout.
+            await Registry([qname], 1, 2000).beat(x, [QueueLoop(Keys(qname), 1000)])
+        finally:
+            await x.close()
+
+    asyncio.run(beat())
+    assert len(q.workers()) == 1
+
+
 def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
     q: echomq.Queue, qname: str, r: redis.Redis
 ) -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from echomq import ids
 from echomq._protocol import Call, Keys, _call, _int, _s
+from echomq.errors import DurabilityError
 
 if TYPE_CHECKING:
     from echomq._executor import AsyncExecutor
@@ -232,6 +233,8 @@ class Registry:
         entry = self.entry(loops, x.executor)
         results = await x.pipeline([beat(ql.keys, self.id, entry, self.ttl_ms) for ql in loops])
         for result in results:
+            if isinstance(result, DurabilityError):
+                continue  # applied; too few replicas acknowledged it: a visibility record only
             if isinstance(result, BaseException):
                 raise result
             self._server_ms = int(result)
