@@ -441,41 +441,62 @@ def worker(
 
         if control is not None:
             code = run_one(int(os.environ.get(_supervisor.INDEX_ENV, "0")), int(control))
-            _exit_past_stuck_handlers(code)
-            sys.exit(code)
-        if not supervised:
-            run_one(0, None)
-            _exit_past_stuck_handlers()
-            return
-
-        def spawn_argv(index: int) -> list[str]:
-            # The same options; the URL by the environment (not on a command line ps shows)
-            # unless it was given there already.
-            argv = [sys.executable, "-m", "echomq"]
-            if ctx.obj.get("url"):
-                argv += ["--url", ctx.obj["url"]]
-            argv += ["worker", app_spec, "-c", str(concurrency), "--beat-ms", str(beat_ms)]
-            argv += ["--grace", str(grace_s), "--max-stalled", str(max_stalled)]
-            argv += ["--log-level", log_level, "--log-format", log_format]
-            for name in queues:
-                argv += ["-q", name]
-            if metrics_port is not None:
-                argv += ["--metrics-port", str(metrics_port), "--metrics-host", metrics_host]
-                argv += ["--metrics-queues" if metrics_queues else "--no-metrics-queues"]
-                if metrics_lanes is not None:
-                    argv += ["--metrics-lanes", str(metrics_lanes)]
-            if max_jobs_per_child is not None:
-                argv += ["--max-jobs-per-child", str(max_jobs_per_child)]
-            if max_memory_per_child is not None:
-                argv += ["--max-memory-per-child", str(max_memory_per_child)]
-            return argv
-
-        if not ctx.obj.get("url"):
-            os.environ["ECHOMQ_URL"] = url  # a spawned child finds the same server
-        sup = _supervisor.Supervisor(n, run_child=run_one, spawn_argv=spawn_argv, grace_s=grace_s)
-        code = sup.run()
+        elif not supervised:
+            code = run_one(0, None)
+        else:
+            options = {
+                "queues": queues, "concurrency": concurrency, "beat_ms": beat_ms,
+                "grace_s": grace_s, "max_stalled": max_stalled, "log_level": log_level,
+                "log_format": log_format, "metrics_port": metrics_port,
+                "metrics_host": metrics_host, "metrics_queues": metrics_queues,
+                "metrics_lanes": metrics_lanes, "max_jobs_per_child": max_jobs_per_child,
+                "max_memory_per_child": max_memory_per_child,
+            }  # fmt: skip
+            code = _supervise(ctx, url, app_spec, n, run_one, **options)
+    # Out of _server_for: an embedded server is stopped before any early exit below.
+    if not supervised:
+        _exit_past_stuck_handlers(code)
     if code:
         sys.exit(code)
+
+
+def _supervise(
+    ctx: click.Context,
+    url: str,
+    app_spec: str,
+    n: int,
+    run_one: Callable[[int, int], int],
+    **o: Any,
+) -> int:
+    """``echomq worker -p N``: the supervisor (``echomq._supervisor``); its exit status."""
+    from echomq import _supervisor
+
+    def spawn_argv(index: int) -> list[str]:
+        # The same options; the URL by the environment (not on a command line ps shows)
+        # unless it was given there already.
+        argv = [sys.executable, "-m", "echomq"]
+        if ctx.obj.get("url"):
+            argv += ["--url", ctx.obj["url"]]
+        argv += ["worker", app_spec, "-c", str(o["concurrency"]), "--beat-ms", str(o["beat_ms"])]
+        argv += ["--grace", str(o["grace_s"]), "--max-stalled", str(o["max_stalled"])]
+        argv += ["--log-level", o["log_level"], "--log-format", o["log_format"]]
+        for name in o["queues"]:
+            argv += ["-q", name]
+        if o["metrics_port"] is not None:
+            argv += ["--metrics-port", str(o["metrics_port"]), "--metrics-host", o["metrics_host"]]
+            argv += ["--metrics-queues" if o["metrics_queues"] else "--no-metrics-queues"]
+            if o["metrics_lanes"] is not None:
+                argv += ["--metrics-lanes", str(o["metrics_lanes"])]
+        if o["max_jobs_per_child"] is not None:
+            argv += ["--max-jobs-per-child", str(o["max_jobs_per_child"])]
+        if o["max_memory_per_child"] is not None:
+            argv += ["--max-memory-per-child", str(o["max_memory_per_child"])]
+        return argv
+
+    if not ctx.obj.get("url"):
+        os.environ["ECHOMQ_URL"] = url  # a spawned child finds the same server
+    sup = _supervisor.Supervisor(n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"])
+    return sup.run()
 
 
 def _processes(value: str) -> int:
