@@ -154,6 +154,23 @@ def test_sigterm_mid_run_finishes_or_hands_back_and_leaves_no_child(
     assert "handed 1 unfinished jobs" in sup.text() or "handed 2 unfinished jobs" in sup.text()
 
 
+def test_sigterm_to_every_process_stops_gracefully_once(
+    spawn: Spawner, q: echomq.Queue, qname: str
+) -> None:
+    """systemd's default KillMode=control-group signals every process of the unit: a child
+    gets SIGTERM itself and through its supervisor's pipe, and still stops gracefully."""
+    sup = supervisor(spawn, qname, "-p", "2", "-c", "1", "--beat-ms", "100", "--grace", "1")
+    pids = [w.pid for w in fleet(q, 2)]
+    long = [q.enqueue(call("hold", 30.0, 30.0)).id for _ in range(2)]
+    wait_for(lambda: sum(w.held for w in q.workers()) == 2, timeout=10)
+    for pid in (*pids, sup.pid):
+        os.kill(pid, signal.SIGTERM)
+    assert sup.wait(20) == 0, sup.text()[-3000:]
+    assert "second signal" not in sup.text()
+    assert all(pid_gone(p) for p in pids)
+    assert sorted(q.browse("pending")) == sorted(long)  # handed back, not left to lapse
+
+
 def test_a_second_signal_stops_the_children_at_once(
     spawn: Spawner, q: echomq.Queue, qname: str
 ) -> None:
