@@ -196,8 +196,8 @@ class Supervisor:
             return c.popen.poll()
         try:
             pid, status = os.waitpid(c.pid, os.WNOHANG)
-        except ChildProcessError:
-            return -1
+        except ChildProcessError:  # reaped elsewhere: its status is lost
+            return 255
         if pid == 0:
             return None
         return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
