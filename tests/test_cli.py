@@ -174,8 +174,8 @@ def test_stats_lists_the_queue(cli, q: echomq.Queue, qname: str) -> None:
     out = ok(cli("stats", qname))
     line = next(ln for ln in out.splitlines() if qname in ln)
     cells = [c.strip() for c in line.split("│") if c.strip()]
-    # queue, pending, active, schedule, dead, completed, failed, lanes, paused
-    assert cells == [qname, "3", "0", "1", "1", "0", "1", "0", "yes"]
+    # queue, pending, active, schedule, dead, completed, failed, lanes, workers, paused
+    assert cells == [qname, "3", "0", "1", "1", "0", "1", "0", "0", "yes"]
     assert "pending" in out and "dead" in out
 
     everything = ok(cli("stats"))  # no names: every queue found on the server

@@ -58,6 +58,8 @@ ALLOWED_MENTIONS = {
     # payload's bytes) over a multiprocessing pipe.
     ("app.py", "return value are pickled"),
     ("_isolate.py", "no payload bytes are ever unpickled"),
+    # pool="process": the same exchange with the worker's persistent children.
+    ("_pool.py", "no payload bytes are unpickled"),
 }
 
 
@@ -246,6 +248,8 @@ ACL_COMMANDS = sorted(
         *("ltrim", "lpos", "sadd", "srem", "sismember", "scard", "smove", "sscan"),
         # events (D15), results and dedup TTLs (D17, D20), rate-limit windows (D21), flows
         *("xadd", "xread", "pexpire", "pttl", "incrby", "decr"),
+        # the worker names its connections (the registry's id; skipped when refused)
+        "client|setname",
         # replay markers (per-second hashes that expire whole), the retired record's rotation
         *("pexpireat", "unlink", "rename"),
         # executor="auto" reads MODULE LIST once to find the trafikey module (_native.py)

@@ -21,6 +21,7 @@ from echomq import ids, keyspace
 from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._observe import Event
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
+from echomq._registry import HeldJob, WorkerInfo
 from echomq.app import App, Discard, RateLimit, Retry, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
@@ -62,6 +63,7 @@ __all__ = [
     "ExecutorUnavailable",
     "FlowAdded",
     "FlowJob",
+    "HeldJob",
     "Hooks",
     "InvalidArgument",
     "InvalidId",
@@ -84,6 +86,7 @@ __all__ = [
     "Task",
     "VersionFenceError",
     "Worker",
+    "WorkerInfo",
     "__version__",
     "current_job",
     "exponential",

@@ -26,7 +26,7 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import _connect, _envelope, _executor, _inspect, _native, ids, keyspace
+from echomq import _connect, _envelope, _executor, _inspect, _native, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq.app import App
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, ServerUnreachable, StateError
@@ -304,6 +304,41 @@ def _log_level(value: str) -> int:
     help="Serve Prometheus /metrics on this port (needs echomq[web]; default: off).",
 )
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Its address.")
+@click.option(
+    "--metrics-queues/--no-metrics-queues",
+    default=True,
+    show_default=True,
+    help="Also export the server-wide queue gauges (depths, lanes) on --metrics-port; with "
+    "-p N only the first worker process does. In a fleet, turn it off and run one "
+    "`echomq metrics`.",
+)
+@click.option(
+    "--metrics-lanes",
+    type=int,
+    default=None,
+    help="Lanes per queue with a label of their own (the deepest); the rest are summed as "
+    'lane="~other" (default 50).',
+)
+@click.option(
+    "-p",
+    "--processes",
+    default="1",
+    show_default=True,
+    help="Worker processes, each with its own -c slots (auto: one per CPU); > 1 starts a "
+    "supervisor.",
+)
+@click.option(
+    "--max-jobs-per-child",
+    type=int,
+    default=None,
+    help="Recycle a worker process gracefully after it claimed this many jobs (supervised).",
+)
+@click.option(
+    "--max-memory-per-child",
+    type=int,
+    default=None,
+    help="Recycle a worker process gracefully past this resident memory, in MiB (supervised).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -317,10 +352,16 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_queues: bool,
+    metrics_lanes: int | None,
+    processes: str,
+    max_jobs_per_child: int | None,
+    max_memory_per_child: int | None,
 ) -> None:
     """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
     import logging
 
+    from echomq import _supervisor
     from echomq._logfmt import formatter
     from echomq.worker import Worker
 
@@ -328,48 +369,153 @@ def worker(
     handler = logging.StreamHandler()
     handler.setFormatter(formatter(log_format))
     logging.basicConfig(level=level, handlers=[handler])
+    n = _processes(processes)
+    for name, value in (
+        ("--max-jobs-per-child", max_jobs_per_child),
+        ("--max-memory-per-child", max_memory_per_child),
+        ("--metrics-lanes", metrics_lanes),
+    ):
+        if value is not None and value < 1:
+            _fail(f"{name} must be >= 1, got {value}")
     if metrics_port is not None:
         _needs_web("echomq worker --metrics-port")
+    # Set: a spawned, supervised child (read once: a process it starts is not one).
+    control = os.environ.pop(_supervisor.CONTROL_FD_ENV, None)
+    if control is not None and not control.isdigit():
+        _fail(f"{_supervisor.CONTROL_FD_ENV} must be a file descriptor, got {control!r}")
+    supervised = control is None and (n > 1 or bool(max_jobs_per_child or max_memory_per_child))
     app = _load_app(app_spec)
     # The app's own App(url=...) counts before ECHOMQ_URL and before starting a server.
     with _server_for(ctx, purpose="worker", app_url=app._url) as url:
         app.url = url
-        hooks = None
-        if metrics_port is not None:
-            # Off unless asked: without the flag the worker has no hook at all.
-            from prometheus_client import start_http_server
 
-            from echomq import prometheus
+        def run_one(index: int, control_fd: int | None) -> int:
+            hooks = None
+            if metrics_port is not None:
+                # Off unless asked: without the flag the worker has no hook at all.
+                from prometheus_client import start_http_server
 
-            hooks = prometheus.PrometheusHooks().hooks()
-            served = list(queues) or app.queues() or None
-            start_http_server(
-                metrics_port,
-                addr=metrics_host,
-                registry=prometheus.registry_for(url, queues=served),
-            )
-            logging.getLogger("echomq.worker").info(
-                "metrics on http://%s:%d/metrics", metrics_host, metrics_port
-            )
+                from echomq import prometheus
+
+                hooks = prometheus.PrometheusHooks().hooks()
+                served = list(queues) or app.queues() or None
+                port = metrics_port + index  # one port per worker process of a supervisor
+                start_http_server(
+                    port,
+                    addr=metrics_host,
+                    registry=prometheus.registry_for(
+                        url,
+                        queues=served,
+                        server_metrics=metrics_queues and index == 0,
+                        lanes=metrics_lanes,
+                        # Multiprocess mode aggregates every process's files: one port of
+                        # the fleet exports them, the others would count them again.
+                        worker_metrics=index == 0 or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
+                    ),
+                )
+                logging.getLogger("echomq.worker").info(
+                    "metrics on http://%s:%d/metrics", metrics_host, port
+                )
+            try:
+                w = Worker(
+                    app,
+                    list(queues) or None,
+                    concurrency,
+                    beat_ms=beat_ms,
+                    grace_s=grace_s,
+                    max_stalled=max_stalled,
+                    hooks=hooks,
+                    max_jobs=max_jobs_per_child if control_fd is not None else None,
+                )
+            except EchoMQError as exc:
+                _fail(str(exc))
+                raise  # unreachable
+            with _errors(url):
+                if control_fd is None:
+                    w.run()
+                    return 0
+                return _supervisor.run_child_worker(
+                    w,
+                    control_fd,
+                    max_memory=None if max_memory_per_child is None else max_memory_per_child << 20,
+                )
+            raise AssertionError  # unreachable: _errors exits
+
+        if control is not None:
+            code = run_one(int(os.environ.get(_supervisor.INDEX_ENV, "0")), int(control))
+        elif not supervised:
+            code = run_one(0, None)
+        else:
+            options = {
+                "queues": queues, "concurrency": concurrency, "beat_ms": beat_ms,
+                "grace_s": grace_s, "max_stalled": max_stalled, "log_level": log_level,
+                "log_format": log_format, "metrics_port": metrics_port,
+                "metrics_host": metrics_host, "metrics_queues": metrics_queues,
+                "metrics_lanes": metrics_lanes, "max_jobs_per_child": max_jobs_per_child,
+                "max_memory_per_child": max_memory_per_child,
+            }  # fmt: skip
+            code = _supervise(ctx, url, app_spec, n, run_one, **options)
+    # Out of _server_for: an embedded server is stopped before any early exit below.
+    if not supervised:
+        _exit_past_stuck_handlers(code)
+    if code:
+        sys.exit(code)
+
+
+def _supervise(
+    ctx: click.Context,
+    url: str,
+    app_spec: str,
+    n: int,
+    run_one: Callable[[int, int], int],
+    **o: Any,
+) -> int:
+    """``echomq worker -p N``: the supervisor (``echomq._supervisor``); its exit status."""
+    from echomq import _supervisor
+
+    def spawn_argv(index: int) -> list[str]:
+        # The same options; the URL by the environment (not on a command line ps shows)
+        # unless it was given there already.
+        argv = [sys.executable, "-m", "echomq"]
+        if ctx.obj.get("url"):
+            argv += ["--url", ctx.obj["url"]]
+        argv += ["worker", app_spec, "-c", str(o["concurrency"]), "--beat-ms", str(o["beat_ms"])]
+        argv += ["--grace", str(o["grace_s"]), "--max-stalled", str(o["max_stalled"])]
+        argv += ["--log-level", o["log_level"], "--log-format", o["log_format"]]
+        for name in o["queues"]:
+            argv += ["-q", name]
+        if o["metrics_port"] is not None:
+            argv += ["--metrics-port", str(o["metrics_port"]), "--metrics-host", o["metrics_host"]]
+            argv += ["--metrics-queues" if o["metrics_queues"] else "--no-metrics-queues"]
+            if o["metrics_lanes"] is not None:
+                argv += ["--metrics-lanes", str(o["metrics_lanes"])]
+        if o["max_jobs_per_child"] is not None:
+            argv += ["--max-jobs-per-child", str(o["max_jobs_per_child"])]
+        if o["max_memory_per_child"] is not None:
+            argv += ["--max-memory-per-child", str(o["max_memory_per_child"])]
+        return argv
+
+    if not ctx.obj.get("url"):
+        os.environ["ECHOMQ_URL"] = url  # a spawned child finds the same server
+    sup = _supervisor.Supervisor(n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"])
+    return sup.run()
+
+
+def _processes(value: str) -> int:
+    """``-p``: a count >= 1, or ``auto`` (one per CPU this process may use)."""
+    text = value.strip().lower()
+    if text == "auto":
         try:
-            w = Worker(
-                app,
-                list(queues) or None,
-                concurrency,
-                beat_ms=beat_ms,
-                grace_s=grace_s,
-                max_stalled=max_stalled,
-                hooks=hooks,
-            )
-        except EchoMQError as exc:
-            _fail(str(exc))
-            return
-        with _errors(url):
-            w.run()
-    _exit_past_stuck_handlers()
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return max(1, os.cpu_count() or 1)
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    _fail(f"-p/--processes must be a count >= 1 or 'auto', got {value!r}")
+    raise AssertionError  # unreachable
 
 
-def _exit_past_stuck_handlers() -> None:
+def _exit_past_stuck_handlers(code: int = 0) -> None:
     """Sync handlers still running after the grace period were handed back to pending, but a
     thread cannot be stopped and the interpreter waits for every pool thread at exit: the
     worker would linger until they return. Exit now, as SIGTERM with a grace promises."""
@@ -384,7 +530,7 @@ def _exit_past_stuck_handlers() -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 # --------------------------------------------------------------------------- producing
@@ -471,6 +617,7 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
             lambda: _inspect.snapshot(x, names or _discover_queues(client), minutes=0),
             _connect.DEFAULT_RETRY_FOR,
         )
+        fleet = x.pipeline([_registry.list_workers(_p.Keys(v.name)) for v in views])
         if x.executor is None:
             # Nothing ran (no queue): decide it as a call would, with MODULE LIST only (a
             # fence would write {emq}:version on a server echomq never used).
@@ -481,9 +628,11 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
         (
             v.name,
             [f"{v.counts.get(k, 0):,}" for k in _STATS]
-            + [str(sum(1 for lane in v.lanes if lane.depth)), "yes" if v.paused else ""],
+            + [str(sum(1 for lane in v.lanes if lane.depth))]
+            + [str(len(w)) if isinstance(w, list) else "?"]
+            + ["yes" if v.paused else ""],
         )
-        for v in views
+        for v, w in zip(views, fleet, strict=True)
     ]
 
 
@@ -498,7 +647,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     executor, rows = _stats_rows(url, names)
     title = f"echomq @ {_shown(url)} (executor: {executor})"
     table = Table(title=title, title_justify="left")
-    for col in ("queue", *_STATS, "lanes", "paused"):
+    for col in ("queue", *_STATS, "lanes", "workers", "paused"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, cells in rows:
         table.add_row(name, *cells)
@@ -511,7 +660,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     for name, cells in rows:
         lines.append("")
         lines += [name[i : i + width] for i in range(0, len(name), width)]
-        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes"), cells, strict=False)]
+        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes", "workers"), cells, strict=False)]
         if cells[-1]:
             fields.append("paused")
         line = ""
@@ -555,6 +704,51 @@ def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: fl
             while True:
                 time.sleep(interval)
                 live.update(_stats_view(url, list(queues), console.width))
+
+
+@main.command()
+@click.argument("queues", nargs=-1)
+@click.pass_context
+def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
+    """The live worker processes of QUEUES (default: every queue found on the server): one
+    line each, then the jobs it holds."""
+    url = _url(ctx)
+    for name in queues:
+        try:
+            keyspace.check_queue(name)
+        except EchoMQError as exc:
+            _fail(str(exc))
+    with _errors(url):
+        client = _executor.sync_client(url)
+        try:
+            x = _executor.SyncExecutor(
+                client, retry_for=0, executor=_native.resolve_executor(None, url)
+            )
+            names = list(queues) or _discover_queues(client)
+            found = x.pipeline([_registry.list_workers(_p.Keys(n)) for n in names])
+        finally:
+            client.close()
+    seen: dict[str, _registry.WorkerInfo] = {}
+    for result in found:
+        if isinstance(result, BaseException):
+            raise result
+        for w in result:
+            seen.setdefault(w.id, w)
+    if not seen:
+        click.echo("no live workers" + (f" on {', '.join(queues)}" if queues else ""))
+        return
+    for w in sorted(seen.values(), key=lambda w: (w.host, w.supervisor or "", w.started_ms)):
+        up = max(0.0, w.last_beat_ms / 1000 - w.started_ms / 1000)
+        sup = f" supervisor={w.supervisor}" if w.supervisor else ""
+        pool = f" pool={w.pool}" if w.pool else ""
+        click.echo(
+            f"{w.id} {w.host} pid={w.pid}{sup} queues={','.join(w.queues)} "
+            f"c={w.concurrency}{pool} {w.executor} v{w.version} up={up:.0f}s held={w.held}"
+        )
+        for j in w.jobs:
+            click.echo(f"  {j.id} {j.task} for {max(0, w.last_beat_ms - j.since_ms) / 1000:.1f}s")
+        if w.held > len(w.jobs):
+            click.echo(f"  ... and {w.held - len(w.jobs)} more")
 
 
 @main.command()
@@ -1071,8 +1265,17 @@ def dashboard(
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--port", default=9808, show_default=True, help="TCP port.")
 @click.option("-q", "--queue", "queues", multiple=True, help="Report only these queues (repeat).")
+@click.option(
+    "--lanes",
+    type=int,
+    default=None,
+    help="Lanes per queue with a label of their own (the deepest); the rest are summed as "
+    'lane="~other" (default 50).',
+)
 @click.pass_context
-def metrics_command(ctx: click.Context, host: str, port: int, queues: tuple[str, ...]) -> None:
+def metrics_command(
+    ctx: click.Context, host: str, port: int, queues: tuple[str, ...], lanes: int | None
+) -> None:
     """Serve Prometheus metrics on /metrics (PROMETHEUS_MULTIPROC_DIR: every worker's too)."""
     _needs_web("echomq metrics")
     from echomq import prometheus
@@ -1080,7 +1283,9 @@ def metrics_command(ctx: click.Context, host: str, port: int, queues: tuple[str,
     url = _url(ctx)
     click.echo(f"echomq metrics: http://{host}:{port}/metrics on {url}", err=True)
     with _errors(url), contextlib.suppress(KeyboardInterrupt):
-        prometheus.serve(url, port=port, addr=host, queues=list(queues) or None)
+        if lanes is not None and lanes < 0:
+            _fail(f"--lanes must be >= 0, got {lanes}")
+        prometheus.serve(url, port=port, addr=host, queues=list(queues) or None, lanes=lanes)
 
 
 @main.command()

@@ -67,6 +67,8 @@ QUEUE_TYPES = frozenset(
         "limiter",
         "grate",
         "ratewait",
+        "workers",
+        "workers:ttl",
     }
 )
 

@@ -14,6 +14,7 @@ from echomq import _compose as _c
 from echomq import _control as _ctl
 from echomq import _observe as _o
 from echomq import _protocol as _p
+from echomq import _registry as _reg
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     AsyncClient,
@@ -349,6 +350,11 @@ class Queue:
     def lanes(self) -> list[str]:
         """Every lane holding at least one waiting job."""
         return self._x.run(_p.lanes(self._k))
+
+    def workers(self) -> list[_reg.WorkerInfo]:
+        """The live worker processes serving this queue (the registry, renewed on their
+        beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
+        return self._x.run(_reg.list_workers(self._k))
 
     def drain(self, *, include_schedule: bool = False) -> int:
         """Delete the waiting jobs (flat and lanes); returns how many."""
@@ -781,6 +787,11 @@ class AsyncQueue:
     async def lanes(self) -> list[str]:
         """Every lane holding at least one waiting job."""
         return await self._x.run(_p.lanes(self._k))
+
+    async def workers(self) -> list[_reg.WorkerInfo]:
+        """The live worker processes serving this queue (the registry, renewed on their
+        beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
+        return await self._x.run(_reg.list_workers(self._k))
 
     async def drain(self, *, include_schedule: bool = False) -> int:
         """Delete the waiting jobs (flat and lanes); returns how many."""
