@@ -262,7 +262,8 @@ ACL_COMMANDS = sorted(
 # repairs a ring that lost its flat entry, which a healthy run never needs. HLEN, UNLINK and
 # RENAME keep the retired record's two generations: HLEN on about one small settle in eight,
 # the other two once per 25,000 retirements (lua/include/common.lua retire).
-ACL_EXTRAS = {"ping", "lpos", "hlen", "unlink", "rename"}
+# hsetnx: only a fail_parent child's death records with it (the exercise kills none).
+ACL_EXTRAS = {"ping", "lpos", "hlen", "unlink", "rename", "hsetnx"}
 # Used and deliberately not granted: CONFIG GET maxmemory-policy, echomq's startup check for
 # an evicting server (it is skipped when denied), would expose every setting.
 ACL_DENIED = {"config|get"}

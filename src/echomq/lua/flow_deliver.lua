@@ -1,5 +1,5 @@
 --[[ flow_deliver: one outbox entry of a cross-queue child, applied on its parent's queue
-  (D18): the same fan-in a same-queue child's settle does. Idempotent (HSETNX per child), so
+  (D18): the same fan-in a same-queue child's settle does. Idempotent (one record per child), so
   a pump that crashed before trimming the outbox, or two pumps at once, deliver it again
   harmlessly.
   KEYS[1] row       HASH  emq:{pq}:job:<parent id>

@@ -77,7 +77,7 @@ end
 -- Flows (D18, same queue): a parent waits as `awaiting_children` (in no set) with
 -- job:<pid>:deps = children not yet settled. A child row carries `parent` and
 -- `parent_policy` ('fp': its death kills the parent; 'id': ignored, recorded). A child's
--- completion records its result in job:<pid>:processed (HSETNX: once per child) and
+-- completion records its result in job:<pid>:processed (one record per child) and
 -- decrements deps; the parent becomes pending (its lane) when deps reaches 0.
 
 -- The flow fields of a row, read before a settle deletes it: {parent, policy, children,
