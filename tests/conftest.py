@@ -88,6 +88,47 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "executors(*legs): run the test on the lua and native executors"
     )
+    _isolate_from_the_users_home()
+
+
+_saved_env: dict[str, str] | None = None
+_private_home: str | None = None
+
+
+def _isolate_from_the_users_home() -> None:
+    """The whole session, and every process it starts, runs with a HOME, XDG_CACHE_HOME and
+    ECHOMQ_HOME of its own and none of the user's ECHOMQ_* settings (ECHOMQ_TEST_* stay:
+    they steer the suite): a module the user built into ~/.cache/echomq, a server recorded
+    in ~/.echomq or ./.echomq, an ECHOMQ_URL or ECHOMQ_SERVER_BIN in the shell can never
+    change what a test sees. Set at configure time, before any fixture or test reads them."""
+    global _saved_env, _private_home
+    if _saved_env is not None:
+        return
+    import tempfile
+
+    _saved_env = dict(os.environ)
+    _private_home = tempfile.mkdtemp(prefix="echomq-test-home-")
+    for key in [k for k in os.environ if k.startswith("ECHOMQ_")]:
+        if not key.startswith("ECHOMQ_TEST_"):
+            del os.environ[key]
+    os.environ["HOME"] = os.path.join(_private_home, "home")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(_private_home, "cache")
+    os.environ["ECHOMQ_HOME"] = os.path.join(_private_home, "state")
+    os.makedirs(os.environ["HOME"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _saved_env, _private_home
+    if _saved_env is None:
+        return
+    import shutil
+
+    os.environ.clear()
+    os.environ.update(_saved_env)
+    _saved_env = None
+    if _private_home is not None:
+        shutil.rmtree(_private_home, ignore_errors=True)
+        _private_home = None
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -143,6 +143,56 @@ def test_no_server_binary_is_one_line(
     assert pids_in(home) == []
 
 
+@pytest.mark.parametrize("command", [["demo", "--quick"], ["server", "--native"]])
+def test_no_server_binary_with_a_built_module_is_one_line(
+    spawn: Spawner, home: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Issue 27 #1: with a module in the cache dir (as `echomq module build` leaves it) the
+    missing binary was taken for a server that refused the module."""
+    cache = tmp_path / "cache"
+    built = cache / "echomq" / f"{_native.MODULE_NAME}-{_native.MODULE_VERSION}"
+    built.mkdir(parents=True)
+    (built / f"{_native.MODULE_NAME}.so").write_bytes(b"not loaded: no server runs")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    env = no_url_env(spawn, home, PATH=str(empty), XDG_CACHE_HOME=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-m", "echomq", *command],
+        env=env,
+        cwd=TESTS_DIR,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: no valkey-server or redis-server on PATH"), err
+    assert "would not load" not in err
+
+
+def test_the_suite_never_reads_the_users_home(spawn: Spawner, tmp_path: Path) -> None:
+    """Issue 27 #1: conftest gives the session, and procs.Spawner each child, a HOME, cache
+    dir and ECHOMQ_HOME of their own, and drops the user's ECHOMQ_* settings."""
+    import os
+    import pwd
+
+    users = pwd.getpwuid(os.getuid()).pw_dir
+    for where in (Path.home(), _native.cache_dir(), echomq.server.state_dir().resolve()):
+        assert not str(where).startswith(users + os.sep) and str(where) != users, where
+    assert [k for k in os.environ if k.startswith("ECHOMQ_") and "TEST" not in k] == ["ECHOMQ_HOME"]
+    env = spawn.env()
+    for key in ("HOME", "XDG_CACHE_HOME", "ECHOMQ_HOME"):
+        assert Path(env[key]).is_relative_to(tmp_path), (key, env[key])
+
+
+def test_a_missing_binary_is_not_a_start_failure() -> None:
+    from echomq.server import NoServerBinary, ServerStartError
+
+    assert not issubclass(NoServerBinary, ServerStartError)
+    assert not issubclass(NoServerBinary, RuntimeError)
+
+
 # --------------------------------------------------------------------------- demo
 
 

@@ -32,7 +32,7 @@ from echomq.app import App
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, ServerUnreachable, StateError
 from echomq.queue import Queue
 from echomq.serializers import JSON
-from echomq.server import EmbeddedServer, NoServerBinary, state_dir
+from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, state_dir
 
 __all__ = ["main"]
 
@@ -105,7 +105,7 @@ def _server_for(
         try:
             load = ["--loadmodule", str(optional_module)] if optional_module else []
             server = EmbeddedServer(directory, args=load).start()
-        except RuntimeError as exc:
+        except ServerStartError as exc:
             if not optional_module:
                 raise
             # The last log line says why, after its "pid:role date time #" prefix.
@@ -886,7 +886,7 @@ def server(port: int | None, directory: str | None, native: bool) -> None:
     except NoServerBinary as exc:
         _fail(str(exc))
         return
-    except RuntimeError as exc:  # the server refused to start (e.g. the module failed to load)
+    except ServerStartError as exc:  # the server refused to start (e.g. the module failed to load)
         _fail(str(exc))
         return
     record = _record_server(srv)
