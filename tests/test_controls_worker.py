@@ -5,6 +5,7 @@ dedup options on ``task.options`` (D20)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -47,8 +48,26 @@ def test_task_result_round_trips_through_the_serializer(
     q = app.queue(qname)
     wait_for(lambda: q.counts()["completed"] == 2)
     assert q.result(p.id) is None
-    with pytest.raises(TimeoutError):
-        p.wait(timeout_s=0.2)
+
+
+def test_wait_on_a_task_that_keeps_no_results_fails_at_once(
+    make_app: Callable[..., App], qname: str
+) -> None:
+    """Issue 27 #6: it used to wait out the whole timeout."""
+    app = make_app()
+
+    @app.task(queue=qname)
+    def plain(a: int) -> int:
+        return a
+
+    p = plain.enqueue(1)
+    how = "keep them with @app.task(..., keep_result_ms=60_000)"
+    started = time.monotonic()
+    with pytest.raises(echomq.InvalidArgument, match=re.escape(how)):
+        p.wait(timeout_s=10)
+    with pytest.raises(echomq.InvalidArgument, match="keeps no results"):
+        asyncio.run(p.await_result(timeout_s=10))
+    assert time.monotonic() - started < 5
 
 
 def test_task_failure_raises_job_failed(

@@ -1119,7 +1119,10 @@ def _needs_web(what: str) -> None:
         import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
     except ImportError:
-        _fail(f"{what} needs the web extra: pip install 'echomq[web]'")
+        _fail(
+            f"{what} needs the web extra: pip install 'echomq[web]' "
+            "(from a clone of the repository: pip install '.[web]')"
+        )
 
 
 @main.command()
