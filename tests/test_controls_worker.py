@@ -264,3 +264,56 @@ def test_limited_lane_beside_unlimited_lanes(
     # The unlimited lanes finished their 120 jobs while the slow lane ran about 1 a second.
     assert done.get("slow", 0) <= 2 + (time.monotonic() - t0)
     assert q.check() == []
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease(
+    make_app: Callable[..., App],
+    run_worker: Callable[..., InProcWorker],
+    qname: str,
+    kind: str,
+) -> None:
+    """Issue 27 #7: the holder learned of a cancel at its next heartbeat, lease/3 later (10 s
+    on the default 30 s lease); now cancel nudges the queue's count, which a worker holding
+    jobs polls."""
+    app = make_app()
+    started = threading.Event()
+    stopped: list[float] = []
+
+    if kind == "async":
+
+        @app.task(queue=qname, name="long")
+        async def long_async() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                stopped.append(time.monotonic())
+                raise
+
+    else:
+
+        @app.task(queue=qname, name="long")
+        def long_sync() -> None:
+            started.set()
+            for _ in range(1200):
+                job = current_job()
+                assert job is not None
+                if job.cancelled:
+                    stopped.append(time.monotonic())
+                    return
+                time.sleep(0.05)
+
+    assert app.tasks["long"].lease_ms == 30_000  # the default lease
+    h = app.tasks["long"].enqueue()
+    run_worker(app, queues=[qname])
+    assert started.wait(10)
+    q = app.queue(qname)
+    time.sleep(0.6)  # past the worker's first read of the count: a change must be seen
+    asked = time.monotonic()
+    assert q.cancel(h.id) == "signalled"
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
+    took = time.monotonic() - asked
+    assert stopped and stopped[0] - asked < 2.0, (stopped, asked)
+    assert took < 2.0, took
+    assert q.get_job(h.id)["last_error"] == "cancelled"  # type: ignore[index]

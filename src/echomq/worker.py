@@ -29,6 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
@@ -68,6 +69,10 @@ _NETWORK_ERRORS = (*TRANSIENT, OSError)
 # Settle calls a queue keeps in flight: while the server runs one turn's settle-and-claim,
 # the worker runs the jobs the other turn brought, so neither side waits for the other.
 _TURNS_IN_FLIGHT = 2
+
+# How often a worker holding jobs reads its queue's cancel count (D22): a cancel reaches a
+# running handler within about this long, whatever the lease (extends come every lease/3).
+_CANCEL_POLL_S = 0.5
 
 
 class Worker:
@@ -370,10 +375,28 @@ class Worker:
     # ------------------------------------------------------------------ heartbeat and beat
 
     async def _heartbeat(self, ql: QueueLoop) -> None:
-        """Extend every in-flight lease of the queue in one call, every lease/3."""
+        """Extend every in-flight lease of the queue in one call, every lease/3 — and at
+        once when the queue's count of signalled cancels moves (D22), polled every
+        _CANCEL_POLL_S while the queue holds jobs (an idle worker does not poll)."""
         assert self._x is not None
+        loop = asyncio.get_running_loop()
+        every = ql.lease_ms / 3000
+        step = min(every, _CANCEL_POLL_S)
+        seen: int | None = None  # the count at the last poll; None: never read
+        due = loop.time() + every
         while True:
-            await asyncio.sleep(ql.lease_ms / 3000)
+            await asyncio.sleep(step)
+            if loop.time() < due:
+                if not ql.inflight:
+                    continue
+                try:
+                    count = await self._x.call(_ctl.cancels_signalled(ql.keys))
+                except Exception:  # the extend at `due` reports the failure
+                    continue
+                moved, seen = count != seen, count
+                if not moved:
+                    continue
+            due = loop.time() + every
             try:
                 lost = await ql.extend(self._x)
             except Exception as exc:
