@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ from echomq._connect import (
     parse_url,
 )
 from echomq._executor import AsyncExecutor
-from echomq._logfmt import log_startup
+from echomq._logfmt import log_startup, repeats_reset, warn_repeated
 from echomq._native import resolve_executor
 from echomq._protocol import Job, Keys
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
@@ -142,6 +143,7 @@ class Worker:
         self._drained: asyncio.Event | None = None
         self._x: AsyncExecutor | None = None
         self._side_tasks: set[asyncio.Future[Any]] = set()
+        self._down_since: float | None = None  # the first failed call of an outage
 
     # ------------------------------------------------------------------ entry points
 
@@ -283,12 +285,18 @@ class Worker:
             ql.failures += 1
             delay = backoff_delay(ql.failures, base=0.1, cap=2.0)
             if isinstance(exc, _NETWORK_ERRORS):
-                log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
+                self._down()
+                warn_repeated(
+                    log, f"turn:{ql.keys.name}", "server unreachable (%s); retrying in %.2fs",
+                    exc, delay,
+                )  # fmt: skip
             else:
                 self._fatal_or_log(exc, f"settle/claim failed; retrying in {delay:.2f}s")
             await asyncio.sleep(delay)
             return
         ql.failures = 0
+        if self._down_since is not None:
+            self._up()
         if want:
             jobs = result.jobs
             ql.full = len(jobs) == want
@@ -303,6 +311,17 @@ class Worker:
         for ms in self.stats.count_call(settles, result, ql.keys.name):
             # A short retry: promoted this long after the reply, when it is due (server clock).
             asyncio.get_running_loop().call_later(ms / 1000, self._promote_soon, ql)
+
+    def _down(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+
+    def _up(self) -> None:
+        """A call went through after an outage: say so once, with how long it lasted."""
+        since, self._down_since = self._down_since, None
+        if since is not None:
+            repeats_reset()  # the next outage's first warnings are written at once
+            log.info("server reachable again: reconnected after %.1f s", time.monotonic() - since)
 
     def _fatal_or_log(self, exc: BaseException, what: str = "claim failed") -> None:
         if isinstance(exc, VersionFenceError):
@@ -400,7 +419,10 @@ class Worker:
             try:
                 lost = await ql.extend(self._x)
             except Exception as exc:
-                log.warning("heartbeat failed (%s); leases may lapse", exc)
+                warn_repeated(
+                    log, f"heartbeat:{ql.keys.name}", "heartbeat failed (%s); leases may lapse",
+                    exc,
+                )  # fmt: skip
                 continue
             for r in lost:
                 # Someone else owns the job now (our lease lapsed and was recovered):
@@ -419,6 +441,8 @@ class Worker:
                     # one round trip when there is nothing to do; each occurrence is enqueued
                     # once, each outbox entry applied once, however many workers beat.
                     recovered, dead = await ql.sweep(self._x, self.max_stalled)
+                    if self._down_since is not None:
+                        self._up()
                     self.stats.recovered += recovered
                     self.stats.swept_dead += dead
                     if recovered or dead:
@@ -426,7 +450,8 @@ class Worker:
                             "sweep of %s: %d recovered, %d dead", ql.keys.name, recovered, dead
                         )
                 except _NETWORK_ERRORS as exc:
-                    log.warning("sweep failed (%s)", exc)
+                    self._down()
+                    warn_repeated(log, f"sweep:{ql.keys.name}", "sweep failed (%s)", exc)
                 except Exception as exc:
                     self._fatal_or_log(exc, "sweep failed")
             await asyncio.sleep(self.beat_ms / 1000)
