@@ -200,6 +200,7 @@ def test_a_missing_binary_is_not_a_start_failure() -> None:
 # --------------------------------------------------------------------------- demo
 
 
+@pytest.mark.slow  # a whole demo run
 def test_demo_quick_against_the_test_server(spawn: Spawner, home: Path, tmp_path: Path) -> None:
     demo = spawn.start(
         "demo", "--quick", env=spawn.env(ECHOMQ_HOME=str(home), COLUMNS="160"), cwd=tmp_path
@@ -212,6 +213,7 @@ def test_demo_quick_against_the_test_server(spawn: Spawner, home: Path, tmp_path
     assert "consistency check: clean" in out
 
 
+@pytest.mark.slow  # a whole demo run
 def test_demo_quick_with_an_embedded_server(spawn: Spawner, home: Path, tmp_path: Path) -> None:
     env = spawn.env(ECHOMQ_URL=None, ECHOMQ_HOME=str(home), COLUMNS="160")
     demo = spawn.start("demo", "--jobs", "1000", env=env, cwd=tmp_path)
