@@ -91,6 +91,77 @@ def pytest_configure(config: pytest.Config) -> None:
     _isolate_from_the_users_home()
 
 
+# Tests marked slow here rather than in their files (so the list is one place to read and
+# to tune): the ones that took seconds each in a `scripts/check --fast` run (real processes,
+# outages, chaos, randomized and stateful runs, whole examples). `scripts/check --fast`
+# deselects them with the rest of `slow`; CI (plain scripts/check) runs them all.
+SLOW_TESTS = frozenset(
+    {
+        "tests/test_bench_smoke.py::test_bench_smoke",
+        "tests/test_check_script.py::test_no_test_that_needs_chromium_or_valgrind_runs_under_fast",
+        "tests/test_check_script.py::test_every_test_listed_slow_in_conftest_exists",
+        "tests/test_cli.py::test_subprocess_enqueue_stats_check",
+        "tests/test_cli_first_hour.py::test_an_app_that_raises_on_import_shows_its_traceback",
+        "tests/test_cli_first_hour.py::test_lanes_list_and_set",
+        "tests/test_cli_first_hour.py::test_lanes_set_create",
+        "tests/test_cli_first_hour.py::test_pause_create_skips_the_check",
+        "tests/test_cli_first_hour.py::test_remove_reports_each_id",
+        "tests/test_cli_first_hour.py::test_stats_fits_80_columns_without_cutting_names",
+        "tests/test_controls.py::test_rate_limit_under_four_claimers_never_exceeds_its_window",
+        "tests/test_controls.py::test_spent_lane_leaves_the_ring_and_comes_back",
+        "tests/test_crash.py::test_server_sigkill_mid_run",
+        "tests/test_examples.py::test_controls_example",
+        "tests/test_examples.py::test_periodic_example",
+        "tests/test_executor_hardening.py::test_a_settle_after_the_servers_idle_timeout_reconnects_first",
+        "tests/test_executors.py::test_module_server_sigkill_mid_run",
+        "tests/test_executors.py::test_native_on_the_cluster_with_a_failover",
+        "tests/test_executors.py::test_run_through_a_cutting_proxy_on_native",
+        "tests/test_executors.py::test_worker_sigkill_chaos_on_native",
+        "tests/test_hardening_scripts.py::test_check_on_a_live_queue_reports_no_torn_transition",
+        "tests/test_hardening_scripts.py::test_the_retired_record_keeps_two_generations",
+        "tests/test_hostile.py::test_every_verb_under_hostile_arguments",
+        "tests/test_hung_handlers.py::test_an_isolated_handler_that_hangs_is_killed",
+        "tests/test_native_claim.py::test_randomized",
+        "tests/test_native_conformance.py::test_randomized",
+        "tests/test_native_select.py::test_module_build_prints_a_loadable_line",
+        "tests/test_native_select.py::test_server_native_builds_and_loads",
+        "tests/test_native_settle.py::test_randomized",
+        "tests/test_native_settle_cmd.py::test_big_batches",
+        "tests/test_native_settle_cmd.py::test_randomized",
+        "tests/test_native_settle_cmd.py::test_worker_loop",
+        "tests/test_proxy.py::test_add_log_with_a_lost_reply_raises_instead_of_writing_twice",
+        "tests/test_proxy.py::test_enqueue_with_lost_replies_makes_one_job_per_call",
+        "tests/test_proxy.py::test_run_through_a_cutting_proxy",
+        "tests/test_rate_limit_procs.py::test_rate_limit_holds_under_four_worker_processes",
+        "tests/test_repeat.py::test_four_processes_fire_each_occurrence_exactly_once",
+        "tests/test_server_demo.py::test_demo_runs_on_lua_when_the_built_module_will_not_load",
+        "tests/test_server_demo.py::test_stop_outlasts_a_refused_sigterm",
+        "tests/test_server_demo.py::test_the_readme_demo_command_runs",
+        "tests/test_server_restart.py::test_a_recorded_server_that_is_gone_fails_every_client",
+        "tests/test_server_restart.py::test_a_worker_replaces_the_record_of_its_own_dead_server",
+        "tests/test_server_restart.py::test_quick_start_survives_a_server_restart",
+        "tests/test_server_restart.py::test_verbose_names_the_server_and_its_source",
+        "tests/test_stateful.py::test_protocol_state_machine",
+        "tests/test_testing_helpers.py::test_plugin_in_a_real_pytest_subprocess",
+        "tests/test_worker_hardening.py::test_durable_worker_runs_what_it_claimed_while_no_replica_acks",
+        "tests/test_worker_hardening.py::test_worker_rides_out_a_busy_window",
+        "tests/test_worker_hardening.py::test_worker_rides_out_an_oom_refusal",
+        "tests/test_worker_logs.py::test_an_outage_warns_once_per_kind_and_says_when_it_reconnected",
+        "tests/test_worker_procs.py::test_frozen_worker_is_fenced_out",
+        "tests/test_worker_procs.py::test_idle_worker_is_quiet",
+        "tests/test_worker_procs.py::test_long_job_with_heartbeats_is_delivered_once",
+        "tests/test_worker_procs.py::test_sigkilled_worker_jobs_run_elsewhere_once",
+        "tests/test_worker_procs.py::test_thousand_jobs_through_two_worker_processes",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.split("[", 1)[0] in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
 _saved_env: dict[str, str] | None = None
 _private_home: str | None = None
 

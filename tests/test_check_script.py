@@ -60,3 +60,21 @@ def test_no_test_that_needs_chromium_or_valgrind_runs_under_fast() -> None:
     assert nodes  # the other tests of those files still run
     assert not [x for x in nodes if x.startswith("tests/test_browser.py")], nodes
     assert not [x for x in nodes if x.split("::")[1].startswith("test_valgrind")], nodes
+
+
+def test_every_test_listed_slow_in_conftest_exists() -> None:
+    """conftest.SLOW_TESTS names tests by id: a renamed test must not drop out silently."""
+    from conftest import SLOW_TESTS
+
+    files = sorted({name.split("::")[0] for name in SLOW_TESTS})
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    marked = {x.split("[", 1)[0] for x in done.stdout.splitlines() if "::" in x}
+    assert sorted(SLOW_TESTS - marked) == []
