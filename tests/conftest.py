@@ -98,8 +98,6 @@ def pytest_configure(config: pytest.Config) -> None:
 # runs them all.
 SLOW_TESTS = frozenset(
     {
-        "tests/test_bad_input.py::test_bad_input",
-        "tests/test_bad_input.py::test_payload_too_large",
         "tests/test_bench_smoke.py::test_bench_smoke",
         "tests/test_check_script.py::test_every_test_listed_slow_in_conftest_exists",
         "tests/test_check_script.py::test_no_test_that_needs_chromium_or_valgrind_runs_under_fast",
@@ -164,7 +162,6 @@ SLOW_TESTS = frozenset(
         "tests/test_native_conformance.py::test_fuzz",
         "tests/test_native_conformance.py::test_mutation_fuzz",
         "tests/test_native_conformance.py::test_randomized",
-        "tests/test_native_select.py::test_bad_value_is_typed_and_writes_nothing",
         "tests/test_native_select.py::test_cluster_native_only_when_every_primary_has_it",
         "tests/test_native_select.py::test_module_build_prints_a_loadable_line",
         "tests/test_native_select.py::test_server_native_builds_and_loads",
