@@ -279,3 +279,26 @@ def test_verbose_names_the_server_and_its_source(spawn: Spawner, url: str, proje
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[0] == f"echomq: server {url} (env: ECHOMQ_URL)"
+
+
+def test_a_server_deletes_only_the_socket_it_made(tmp_path: Path) -> None:
+    """Issue 27 #3, below the CLI: the first server crashed and another took the directory's
+    socket path; cleaning up after the first must leave the second one's socket. (A server
+    stopped cleanly unlinks its socket path itself, whoever's it is now: that is why the
+    CLI refuses a second `echomq server` before it starts one.)"""
+    from echomq.server import EmbeddedServer
+
+    first = EmbeddedServer(tmp_path / "data", appendonly=False).start()
+    second = EmbeddedServer(tmp_path / "data", appendonly=False)
+    try:
+        first.kill()
+        second.start()  # the server unlinks a stale socket file and binds its own
+        first.stop()
+        assert second.socket_path.exists()
+        with echomq.Queue("sock", url=f"unix://{second.socket_path}") as q:
+            assert q.counts()["pending"] == 0
+        second.stop()
+        assert not second.socket_path.exists()  # its own: deleted
+    finally:
+        first.stop()
+        second.stop()

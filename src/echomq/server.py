@@ -109,12 +109,14 @@ def _die_with_parent() -> None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _file_id(path: Path) -> tuple[int, int] | None:
+def _file_id(path: Path) -> tuple[int, int, int] | None:
+    """Which file ``path`` is now: device, inode and change time (a file made since may
+    reuse a deleted one's inode number)."""
     try:
         st = path.stat()
     except OSError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _ping(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -160,7 +162,7 @@ class EmbeddedServer:
         self.logfile = logfile
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
-        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
+        self._socket_id: tuple[int, int, int] | None = None  # _file_id of our socket file
 
     @property
     def socket_path(self) -> Path:
