@@ -405,7 +405,9 @@ class Worker:
         due = loop.time() + every
         while True:
             await asyncio.sleep(step)
-            if loop.time() < due:
+            # Half a step of slack: a sleep may end a hair early, and an extend a little
+            # early is harmless while one a whole step late eats into the lease.
+            if loop.time() < due - step / 2:
                 if not ql.inflight:
                     continue
                 try:
