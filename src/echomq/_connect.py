@@ -219,8 +219,8 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
     found = configured(explicit, app_url) or Resolved(
         DEFAULT_URL,
         "default",
-        "nothing configured (no URL, ECHOMQ_URL or echomq server recorded in "
-        f"{state_dir()}/): the default local server",
+        "nothing configured, no URL, ECHOMQ_URL or echomq server recorded in "
+        f"{state_dir()}/: the default local server",
     )
     key = (found.url, found.source)
     with _logged_lock:
