@@ -472,6 +472,7 @@ def test_replica_without_module(
         assert_replicated(pair.r, rr, (QA, QB))
 
 
+@pytest.mark.slow  # valgrind: scripts/check --fast neither runs nor installs it
 def test_valgrind(tmp_path: Path) -> None:
     with valgrind_server(tmp_path, build("debug")) as (r, url):
         p = Pair(r, QA, QB)

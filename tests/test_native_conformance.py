@@ -529,6 +529,7 @@ def test_replica_without_module(
 # ---- valgrind ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # valgrind: scripts/check --fast neither runs nor installs it
 def test_valgrind(tmp_path: Path) -> None:
     with valgrind_server(tmp_path, build("debug"), socket_timeout=30) as (r, _url):
         p = Pair(r, QA, QB)

@@ -374,6 +374,13 @@ def cancel(k: Keys, id: str, remove: bool = False) -> Call[str]:
     return _call("cancel", (k.job(id),), args, decode)
 
 
+def cancels_signalled(k: Keys) -> Call[int]:
+    """The queue's count of cancels signalled to running jobs (``meta.cancels``, D22): a
+    worker holding jobs polls it and extends at once when it moves, so a cancel reaches
+    the handler in well under a second instead of at the next lease/3 heartbeat."""
+    return _cmd(("HGET", k.meta, "cancels"), lambda reply: int(reply or 0))
+
+
 def extend_leases(
     k: Keys, pairs: Iterable[tuple[str, int]], lease_ms: int
 ) -> Plan[tuple[list[str], list[str]]]:

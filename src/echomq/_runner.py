@@ -158,7 +158,7 @@ class Runner:
             self._log_refused(queue, job, prepared)
             done(r, prepared)
             return
-        if jlog.isEnabledFor(logging.DEBUG):
+        if jlog.isEnabledFor(logging.INFO):
             r.begun = time.monotonic()
         task, args, kwargs = prepared
         r.ctx = JobContext(
@@ -309,11 +309,11 @@ class Runner:
     def _log_end(
         self, r: Running, task: Task[Any, Any], settle: Settle, error: BaseException | None
     ) -> None:
-        """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
+        """The run's one log line (a completion only at INFO: nothing is built otherwise)."""
         settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
         kind = settle.kind
-        # Completions are logged only for runs that began with DEBUG on (r.begun set): one
-        # level check a job, in start().
+        # Completions are logged only for runs that began with INFO on (r.begun set): one
+        # level check a job, in start(); `--log-level WARNING` builds nothing.
         if kind == "completed" and not r.begun:
             return
         if kind == "pushed" and not jlog.isEnabledFor(logging.DEBUG):
@@ -332,7 +332,7 @@ class Runner:
         if kind == "completed":
             ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
             fields["duration_ms"] = ms
-            jlog.debug("%s completed in %s ms", where, ms, extra=fields)
+            jlog.info("%s completed in %s ms", where, ms, extra=fields)
             return
         if kind == "pushed":
             fields["delay_ms"] = settle.delay_ms

@@ -434,14 +434,25 @@ class TaskEnqueued(Enqueued):
         return hash((self.id, self.status))
 
     def wait(self, timeout_s: float) -> Any:
-        """Block until the job's result is kept; return it deserialized."""
+        """Block until the job's result is kept; return it deserialized. A task that keeps no
+        results raises :class:`InvalidArgument` at once (its wait could only time out)."""
+        self._check_kept()
         res = self.task.app.queue(self.task.queue).wait(self.id, timeout_s=timeout_s)
         return self.task.app.serializer.loads(res.value)
 
     async def await_result(self, timeout_s: float) -> Any:
         """``wait`` for asyncio code (many waiters share one connection)."""
+        self._check_kept()
         res = await self.task.app.aqueue(self.task.queue).wait(self.id, timeout_s=timeout_s)
         return self.task.app.serializer.loads(res.value)
+
+    def _check_kept(self) -> None:
+        if not self.task.keep_result_ms:
+            raise InvalidArgument(
+                f"task {self.task.name!r} keeps no results, so waiting for one could only time "
+                f"out: keep them with @app.task(..., keep_result_ms=60_000) (how long each "
+                "return value is kept, in ms)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,10 +29,17 @@ import redis.exceptions
 from echomq import _connect, _envelope, _executor, _inspect, _native, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq.app import App
-from echomq.errors import EchoMQError, InvalidArgument, JobGone, ServerUnreachable, StateError
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    JobGone,
+    ServerNotRunning,
+    ServerUnreachable,
+    StateError,
+)
 from echomq.queue import Queue
 from echomq.serializers import JSON
-from echomq.server import EmbeddedServer, NoServerBinary, state_dir
+from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, state_dir
 
 __all__ = ["main"]
 
@@ -54,10 +61,24 @@ def _checked_url(url: str) -> str:
         raise  # unreachable; keeps type checkers quiet
 
 
+def _resolved(ctx: click.Context, app_url: str | None = None) -> _connect.Resolved:
+    """``echomq._connect.resolve_url`` for a command: a recorded server that is gone is one
+    ``error:`` line; with ``-v`` the server and where it came from are printed (once)."""
+    try:
+        found = _connect.resolve_url(ctx.obj.get("url"), app_url)
+    except EchoMQError as exc:
+        _fail(str(exc))
+        raise  # unreachable; keeps type checkers quiet
+    if ctx.obj.get("verbose") and not ctx.obj.get("told"):
+        ctx.obj["told"] = True
+        click.echo(f"echomq: server {_shown(found.url)} ({found.source}: {found.reason})", err=True)
+    return found
+
+
 def _url(ctx: click.Context) -> str:
     """The server of an operator command (``echomq._connect.resolve_url``: ``--url``,
     ``ECHOMQ_URL``, a recorded ``echomq server``, the local default)."""
-    return _checked_url(_connect.resolve_url(ctx.obj.get("url")).url)
+    return _checked_url(_resolved(ctx).url)
 
 
 def _shown(url: str) -> str:
@@ -97,17 +118,24 @@ def _server_for(
     for the duration of the command.
     ``optional_module``: a built trafikey to load if it can; a server that refuses it (a
     stale or foreign build) is started again without it, with a warning, on the Lua path."""
-    found = _connect.configured(ctx.obj.get("url"), app_url)
+    try:
+        found = _connect.configured(ctx.obj.get("url"), app_url)
+    except ServerNotRunning as exc:
+        # A worker's own server died with that worker: this one starts its own (the same
+        # data dir). A recorded `echomq server` that is down is the user's to start.
+        if not (purpose == "worker" and exc.by == "worker"):
+            _fail(str(exc))
+        found = None
     if found is not None:
         # logs the choice
-        yield _checked_url(_connect.resolve_url(ctx.obj.get("url"), app_url).url)
+        yield _checked_url(_resolved(ctx, app_url).url)
         return
     directory = state_dir() / purpose
     try:
         try:
             load = ["--loadmodule", str(optional_module)] if optional_module else []
             server = EmbeddedServer(directory, args=load).start()
-        except RuntimeError as exc:
+        except ServerStartError as exc:
             if not optional_module:
                 raise
             # The last log line says why, after its "pid:role date time #" prefix.
@@ -129,22 +157,80 @@ def _server_for(
     )
     # Recorded like `echomq server`'s, so producers (App()) and other commands run from this
     # directory find it while it lives; the record goes with it.
-    record = _record_server(server) if purpose == "worker" else None
+    record = _record_server(server, "worker") if purpose == "worker" else None
     try:
         yield server.url
     finally:
         server.stop()
         if record is not None:
-            with contextlib.suppress(FileNotFoundError):
-                record.unlink()
+            _unrecord(record, server)
 
 
-def _record_server(srv: EmbeddedServer) -> Path:
+def _record_server(srv: EmbeddedServer, by: str) -> Path:
+    """Write ``server.json`` (atomically: a reader never sees half of it): the server's pid
+    and URL for clients, ``owner`` (this process) and ``by`` for the next server here."""
     record = state_dir() / "server.json"
     record.parent.mkdir(parents=True, exist_ok=True)
-    info = {"pid": srv.pid, "port": srv.port, "url": srv.url, "socket": str(srv.socket_path)}
-    record.write_text(json.dumps(info))
+    info = {
+        "pid": srv.pid,
+        "port": srv.port,
+        "url": srv.url,
+        "socket": str(srv.socket_path),
+        "owner": os.getpid(),
+        "by": by,
+    }
+    partial = record.with_name(f".server.json.{os.getpid()}")
+    partial.write_text(json.dumps(info))
+    partial.replace(record)
     return record
+
+
+def _unrecord(record: Path, srv: EmbeddedServer) -> None:
+    """Delete ``record`` only while it is still ours: a server started here since owns it."""
+    info = _connect.read_record(record.parent) or {}
+    if info.get("owner") == os.getpid() and info.get("pid") == srv.pid:
+        with contextlib.suppress(FileNotFoundError):
+            record.unlink()
+
+
+def _hold_lock(path: Path) -> Any:
+    """An exclusive lock on ``path`` held for this process's life (the open file; the OS
+    lets go when the process ends, however it ends), with our pid written in it; None when
+    another process holds it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")  # noqa: SIM115 - held open until exit, on purpose
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def _lock_holder(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _port_free(port: int) -> bool:
+    """Whether the server could bind 127.0.0.1:``port`` now. SO_REUSEADDR as the server sets
+    it: the connections of clients a stopped server left in TIME_WAIT do not hold the port."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _queue(ctx: click.Context, name: str) -> Queue:
@@ -195,11 +281,18 @@ _CREATE = click.option(
 @click.option(
     "--url", envvar="ECHOMQ_URL", help="Server URL (redis://, rediss://, unix://). Env: ECHOMQ_URL."
 )
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Print the server a command uses and where that choice came from.",
+)
 @click.version_option(package_name="echomq")
 @click.pass_context
-def main(ctx: click.Context, url: str | None) -> None:
+def main(ctx: click.Context, url: str | None, verbose: bool) -> None:
     """echomq: a reliable job queue on Valkey/Redis."""
     ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
     # Only a --url typed on the command line is "explicit": ECHOMQ_URL is found (and its
     # place in the order kept, after App(url=...)) by echomq._connect.resolve_url.
     source = ctx.get_parameter_source("url")
@@ -1113,18 +1206,51 @@ def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
 )
 def server(port: int | None, directory: str | None, native: bool) -> None:
     """Run a private valkey-server/redis-server in the foreground (AOF on) for other
-    processes to share; its URL is printed and recorded in ./.echomq/server.json."""
-    data = Path(directory) if directory else state_dir() / "server"
+    processes to share; its URL is printed and recorded in ./.echomq/server.json. Started
+    again in the same directory it keeps the recorded port, so clients follow a restart;
+    a second one while the first runs is refused."""
+    state = state_dir()
+    data = Path(directory) if directory else state / "server"
+    # One server per state dir (its server.json) and per data dir (its AOF and socket),
+    # held until this process ends: a second one would share both and, when it stopped,
+    # take the first one's record and socket with it.
+    held = []  # the open lock files: referenced until the process ends
+    for lock in (state / "server.lock", data / "echomq.lock"):
+        held.append(_hold_lock(lock))
+        if held[-1] is None:
+            info = _connect.read_record() or {}
+            pid = _lock_holder(lock)
+            where = f" at {_shown(str(info['url']))}" if info.get("url") else ""
+            _fail(
+                f"an echomq server already runs in {lock.parent}/ (pid {pid}{where}): stop it "
+                "first, or give this one another ECHOMQ_HOME and --dir"
+            )
+    live = _connect.recorded_url()
+    info = _connect.read_record() or {}
+    if live is not None:  # a worker's own server (it takes no lock) is serving here
+        owner = info.get("owner") or info.get("pid")
+        _fail(f"an echomq server already runs in {state}/ (pid {owner} at {_shown(live)})")
+    moved = ""
+    if port is None and isinstance(info.get("port"), int):
+        if _port_free(info["port"]):
+            port = info["port"]  # the last run's: clients started against it reconnect
+        else:
+            moved = (
+                f"echomq server: port {info['port']} of the last run is taken; clients "
+                f"started against it must be restarted (or given the new URL)"
+            )
     args = ["--loadmodule", str(_module_or_build())] if native else []
     try:
         srv = EmbeddedServer(data, port=port, die_with_parent=True, args=args).start()
     except NoServerBinary as exc:
         _fail(str(exc))
         return
-    except RuntimeError as exc:  # the server refused to start (e.g. the module failed to load)
+    except ServerStartError as exc:  # the server refused to start (e.g. the module failed to load)
         _fail(str(exc))
         return
-    record = _record_server(srv)
+    _record_server(srv, "server")
+    if moved:
+        click.echo(moved, err=True)
     click.echo(
         f"echomq server: {srv.url} (unix socket {srv.socket_path}, data in {data}); Ctrl-C stops it"
     )
@@ -1136,15 +1262,17 @@ def server(port: int | None, directory: str | None, native: bool) -> None:
     def on_signal(signum: int, frame: Any) -> None:
         stopping.append(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGHUP too: a closed terminal stops the server cleanly (its AOF flushed).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         while not stopping and srv.proc is not None and srv.proc.poll() is None:
             time.sleep(0.2)
     finally:
         srv.stop()
-        with contextlib.suppress(FileNotFoundError):
-            record.unlink()
+    # The record stays: a client started while the server is down fails with one line
+    # naming it (never a silent fallback to another server), and the next `echomq server`
+    # here takes the same port.
     click.echo("echomq server: stopped")
 
 
@@ -1226,7 +1354,10 @@ def _needs_web(what: str) -> None:
         import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
     except ImportError:
-        _fail(f"{what} needs the web extra: pip install 'echomq[web]'")
+        _fail(
+            f"{what} needs the web extra: pip install 'echomq[web]' "
+            "(from a clone of the repository: pip install '.[web]')"
+        )
 
 
 @main.command()

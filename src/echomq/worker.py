@@ -29,10 +29,12 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
@@ -43,7 +45,7 @@ from echomq._connect import (
     parse_url,
 )
 from echomq._executor import AsyncExecutor
-from echomq._logfmt import log_startup
+from echomq._logfmt import log_startup, repeats_reset, warn_repeated
 from echomq._native import resolve_executor
 from echomq._pool import ProcessPool, default_size
 from echomq._protocol import Job, Keys
@@ -74,6 +76,10 @@ _NETWORK_ERRORS = (*TRANSIENT, OSError)
 # Settle calls a queue keeps in flight: while the server runs one turn's settle-and-claim,
 # the worker runs the jobs the other turn brought, so neither side waits for the other.
 _TURNS_IN_FLIGHT = 2
+
+# How often a worker holding jobs reads its queue's cancel count (D22): a cancel reaches a
+# running handler within about this long, whatever the lease (extends come every lease/3).
+_CANCEL_POLL_S = 0.5
 
 
 class Worker:
@@ -166,6 +172,7 @@ class Worker:
             self.queue_names, concurrency, beat_ms, self.pool_size if pooled else 0
         )
         self.id = self.registry.id
+        self._down_since: float | None = None  # the first failed call of an outage
 
     # ------------------------------------------------------------------ entry points
 
@@ -324,12 +331,18 @@ class Worker:
             ql.failures += 1
             delay = backoff_delay(ql.failures, base=0.1, cap=2.0)
             if isinstance(exc, _NETWORK_ERRORS):
-                log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
+                self._down()
+                warn_repeated(
+                    log, f"turn:{ql.keys.name}", "server unreachable (%s); retrying in %.2fs",
+                    exc, delay,
+                )  # fmt: skip
             else:
                 self._fatal_or_log(exc, f"settle/claim failed; retrying in {delay:.2f}s")
             await asyncio.sleep(delay)
             return
         ql.failures = 0
+        if self._down_since is not None:
+            self._up()
         if want:
             jobs = result.jobs
             ql.full = len(jobs) == want
@@ -349,6 +362,17 @@ class Worker:
         for ms in self.stats.count_call(settles, result, ql.keys.name):
             # A short retry: promoted this long after the reply, when it is due (server clock).
             asyncio.get_running_loop().call_later(ms / 1000, self._promote_soon, ql)
+
+    def _down(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+
+    def _up(self) -> None:
+        """A call went through after an outage: say so once, with how long it lasted."""
+        since, self._down_since = self._down_since, None
+        if since is not None:
+            repeats_reset()  # the next outage's first warnings are written at once
+            log.info("server reachable again: reconnected after %.1f s", time.monotonic() - since)
 
     def _fatal_or_log(self, exc: BaseException, what: str = "claim failed") -> None:
         if isinstance(exc, VersionFenceError):
@@ -421,14 +445,37 @@ class Worker:
     # ------------------------------------------------------------------ heartbeat and beat
 
     async def _heartbeat(self, ql: QueueLoop) -> None:
-        """Extend every in-flight lease of the queue in one call, every lease/3."""
+        """Extend every in-flight lease of the queue in one call, every lease/3 — and at
+        once when the queue's count of signalled cancels moves (D22), polled every
+        _CANCEL_POLL_S while the queue holds jobs (an idle worker does not poll)."""
         assert self._x is not None
+        loop = asyncio.get_running_loop()
+        every = ql.lease_ms / 3000
+        step = min(every, _CANCEL_POLL_S)
+        seen: int | None = None  # the count at the last poll; None: never read
+        due = loop.time() + every
         while True:
-            await asyncio.sleep(ql.lease_ms / 3000)
+            await asyncio.sleep(step)
+            # Half a step of slack: a sleep may end a hair early, and an extend a little
+            # early is harmless while one a whole step late eats into the lease.
+            if loop.time() < due - step / 2:
+                if not ql.inflight:
+                    continue
+                try:
+                    count = await self._x.call(_ctl.cancels_signalled(ql.keys))
+                except Exception:  # the extend at `due` reports the failure
+                    continue
+                moved, seen = count != seen, count
+                if not moved:
+                    continue
+            due = loop.time() + every
             try:
                 lost = await ql.extend(self._x)
             except Exception as exc:
-                log.warning("heartbeat failed (%s); leases may lapse", exc)
+                warn_repeated(
+                    log, f"heartbeat:{ql.keys.name}", "heartbeat failed (%s); leases may lapse",
+                    exc,
+                )  # fmt: skip
                 continue
             for r in lost:
                 # Someone else owns the job now (our lease lapsed and was recovered):
@@ -447,6 +494,8 @@ class Worker:
                     # one round trip when there is nothing to do; each occurrence is enqueued
                     # once, each outbox entry applied once, however many workers beat.
                     recovered, dead = await ql.sweep(self._x, self.max_stalled)
+                    if self._down_since is not None:
+                        self._up()
                     self.stats.recovered += recovered
                     self.stats.swept_dead += dead
                     if recovered or dead:
@@ -454,7 +503,8 @@ class Worker:
                             "sweep of %s: %d recovered, %d dead", ql.keys.name, recovered, dead
                         )
                 except _NETWORK_ERRORS as exc:
-                    log.warning("sweep failed (%s)", exc)
+                    self._down()
+                    warn_repeated(log, f"sweep:{ql.keys.name}", "sweep failed (%s)", exc)
                 except Exception as exc:
                     self._fatal_or_log(exc, "sweep failed")
             await asyncio.sleep(self.beat_ms / 1000)

@@ -1,7 +1,8 @@
 --[[ cancel: cooperative cancel (D22). A waiting or scheduled job is removed at once (exactly
   as remove does it: lanes, the ring and the retired record stay exact, its dedup key is
   released); an active job gets the row field `cancel`, which its holder's next heartbeat
-  (extend_many) reports, and the holder dead-letters it with last_error "cancelled". Both
+  (extend_many) reports, and the holder dead-letters it with last_error "cancelled"; the
+  meta field `cancels` counts these, so a holder that polls it extends at once. Both
   emit the D15 event `cancelled` (with `signalled=1` for an active job).
   KEYS[1] row       HASH  emq:{q}:job:<id>
   ARGV[1] base            emq:{q}:
@@ -22,6 +23,7 @@ local state, g = row[1], row[2]
 if state == 'active' and rcall('ZSCORE', base .. 'active', id) then
   -- The holder's settle reads the flag's value (include/settle.lua retry_one).
   rcall('HSET', jk, 'cancel', ARGV[3] == '1' and 'remove' or '1')
+  rcall('HINCRBY', base .. 'meta', 'cancels', 1) -- the nudge holders' heartbeats poll
   emit_in(base, 'cancelled', id, g, 'signalled', '1')
   return 'signalled'
 end
