@@ -137,7 +137,7 @@ def test_a_refused_settle_emits_nothing(anyq: Any, r: redis.Redis) -> None:
     assert _xlen(r, anyq) == n
 
 
-def _events(r: redis.Redis, q: Any) -> list[dict[str, str]]:
+def _entries(r: redis.Redis, q: Any) -> list[dict[str, str]]:
     return [
         {k.decode(): v.decode() for k, v in fields.items()}
         for _, fields in r.xrange(f"emq:{{{q.name}}}:events")
@@ -152,7 +152,7 @@ def test_a_duplicate_emits_duplicate_and_a_refused_call_nothing(anyq: Any, r: re
     assert anyq.enqueue(b"x", id=jid).status == "enqueued"
     n = _xlen(r, anyq)
     assert anyq.enqueue(b"x", id=jid).status == "duplicate"
-    assert _events(r, anyq)[-1] == {"event": "duplicate", "id": jid}
+    assert _entries(r, anyq)[-1] == {"event": "duplicate", "id": jid}
     with pytest.raises(KindError):
         anyq.enqueue(b"x", id=ids.mint("PRT"))
     with pytest.raises(InvalidArgument):
@@ -161,7 +161,7 @@ def test_a_duplicate_emits_duplicate_and_a_refused_call_nothing(anyq: Any, r: re
     out = anyq.enqueue_many([(jid, b"again"), (ids.mint("PRT"), b"k")])
     assert out[0].status == "duplicate" and isinstance(out[1], EchoMQError)
     assert _xlen(r, anyq) == n + 2
-    assert _events(r, anyq)[-1] == {"event": "duplicate", "id": jid}
+    assert _entries(r, anyq)[-1] == {"event": "duplicate", "id": jid}
 
 
 def test_a_deduplicated_enqueue_emits_deduplicated(anyq: Any, r: redis.Redis) -> None:
@@ -170,7 +170,7 @@ def test_a_deduplicated_enqueue_emits_deduplicated(anyq: Any, r: redis.Redis) ->
     refused = ids.mint()
     got = anyq.enqueue(b"y", id=refused, dedup="k")
     assert got.status == "deduplicated" and got.id == holder
-    assert _events(r, anyq)[-1] == {
+    assert _entries(r, anyq)[-1] == {
         "event": "deduplicated",
         "id": holder,
         "dedup": "k",

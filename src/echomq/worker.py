@@ -515,6 +515,10 @@ class Worker:
         while True:
             try:
                 await self.registry.beat(self._x, self._loops)
+            except _NETWORK_ERRORS as exc:
+                # An outage: one warning, then the rate-limited repeats (as the sweep's).
+                self._down()
+                warn_repeated(log, "registry", "registry beat failed (%s)", exc)
             except Exception as exc:
                 log.warning("registry beat failed (%s)", exc)
             await asyncio.sleep(self.beat_ms / 1000)
