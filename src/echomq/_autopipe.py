@@ -1,0 +1,134 @@
+"""Auto-pipelining for asyncio producers: the single calls that concurrent coroutines make on
+one :class:`~echomq._executor.AsyncExecutor` in the same event-loop turn go out as one
+pipeline write, each caller still getting its own reply or its own typed error.
+
+A web app enqueuing from many requests at once would otherwise wait one round trip per
+enqueue, each on a connection of its own; coalesced, a hundred enqueues in flight cost one
+write and one read of the socket. How a batch forms: the first caller of a loop turn leads
+it and yields once to the loop (``asyncio.sleep(0)``); every caller that runs in that turn
+joins; then the leader sends. A caller alone sends its call as before (no pipeline, no
+task): a producer awaiting one enqueue at a time pays one loop turn, no more.
+
+The exactly-once rule is the executor's own: a batch whose connection fails gives every
+caller the transient error, and each caller's plan resends its call flagged as a resend with
+its own nonce (``_protocol.enqueue``), so a call whose first copy landed answers
+``replayed`` and is never admitted twice, and one that did not land is admitted now.
+Durable mode keeps one call at a time (each write waits for its replicas on the connection
+that made it), so there the executor runs the plan itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from echomq._connect import TRANSIENT, Budget
+from echomq._protocol import Call, Plan, Replay
+
+if TYPE_CHECKING:
+    from echomq._executor import AsyncExecutor
+
+__all__ = ["AutoPipe"]
+
+T = TypeVar("T")
+
+# One entry of a forming batch: the call, and the future its caller waits on (None for the
+# leader until the batch is sent: a leader alone needs none).
+_Entry = tuple[Call[Any], "asyncio.Future[Any] | None"]
+
+
+class AutoPipe:
+    """Drives plans on ``executor``, coalescing their single calls across coroutines."""
+
+    __slots__ = ("_batch", "_sending", "_x")
+
+    def __init__(self, executor: AsyncExecutor) -> None:
+        self._x = executor
+        self._batch: list[_Entry] | None = None
+        # The send tasks in flight: the loop keeps only weak references to its tasks.
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def run(self, work: Plan[T]) -> T:
+        """Drive ``work`` as :meth:`AsyncExecutor.run` does, its single calls coalesced."""
+        x = self._x
+        if x.durable:
+            return await x.run(work)
+        budget = Budget(x.retry_for)
+        try:
+            step = next(work)
+            while True:
+                try:
+                    result = await (x.pipeline(step) if isinstance(step, list) else self.call(step))
+                except TRANSIENT as exc:
+                    delay = budget.next_delay()
+                    if delay is None:
+                        budget.give_up(exc, x.client)
+                    await asyncio.sleep(delay)
+                    try:
+                        step = work.throw(Replay(exc))
+                    except Replay:
+                        raise exc from None
+                    continue
+                step = work.send(result)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    async def call(self, call: Call[T]) -> T:
+        """Run one call in the batch of this loop turn. A call that may be resent on its own
+        (``call.replay``: the reads) goes alone, riding out transient errors as
+        :meth:`AsyncExecutor.call` does; a batch is for the calls only their plan may resend."""
+        if call.replay:
+            return await self._x.call(call)
+        batch = self._batch
+        if batch is not None:  # a batch is forming in this loop turn: join it
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            batch.append((call, fut))
+            return cast(T, await fut)
+        self._batch = batch = [(call, None)]
+        try:
+            await asyncio.sleep(0)  # the callers of this loop turn join meanwhile
+        except BaseException:
+            # The leader was cancelled: the callers that joined are still owed their calls.
+            self._batch = None
+            if len(batch) > 1:
+                self._spawn(batch[1:])
+            raise
+        self._batch = None
+        if len(batch) == 1:
+            return await self._x.call(call)
+        # A task sends the batch, so a cancelled caller (the leader too) never strands the
+        # others' replies.
+        mine: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        batch[0] = (call, mine)
+        self._spawn(batch)
+        return cast(T, await mine)
+
+    def _spawn(self, batch: list[_Entry]) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[_Entry]) -> None:
+        futures = [cast("asyncio.Future[Any]", fut) for _, fut in batch]
+        try:
+            results = await self._x.pipeline([c for c, _ in batch])
+        except asyncio.CancelledError:
+            for fut in futures:
+                fut.cancel()
+            raise
+        except BaseException as exc:
+            # The whole round trip failed (a lost connection): every caller learns it and
+            # decides for its own call (an enqueue resends, flagged, with its nonce).
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for fut, res in zip(futures, results, strict=True):
+            if fut.done():  # its caller was cancelled
+                continue
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
