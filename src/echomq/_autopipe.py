@@ -20,9 +20,14 @@ that made it), so there the executor runs the plan itself.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from hiredis import pack_command
+from redis.exceptions import NoScriptError, ResponseError
+
 from echomq._connect import TRANSIENT, Budget
+from echomq._executor import _decode_one, _pipeline_args
 from echomq._protocol import Call, Plan, Replay
 
 if TYPE_CHECKING:
@@ -110,25 +115,90 @@ class AutoPipe:
 
     async def _send(self, batch: list[_Entry]) -> None:
         futures = [cast("asyncio.Future[Any]", fut) for _, fut in batch]
+        x = self._x
         try:
-            results = await self._x.pipeline([c for c, _ in batch])
+            if x._cluster or x._fence.pending or x.native is None:
+                # The executor's pipeline: it fences and picks the executor first, and on a
+                # cluster routes by slot.
+                results = await x.pipeline([c for c, _ in batch])
+            else:
+                await self._stream(batch, futures)
+                return
         except asyncio.CancelledError:
             for fut in futures:
                 fut.cancel()
             raise
         except BaseException as exc:
-            # The whole round trip failed (a lost connection): every caller learns it and
-            # decides for its own call (an enqueue resends, flagged, with its nonce).
-            for fut in futures:
-                if not fut.done():
-                    fut.set_exception(exc)
+            _fail(futures, exc)
             if not isinstance(exc, Exception):
                 raise
             return
         for fut, res in zip(futures, results, strict=True):
-            if fut.done():  # its caller was cancelled
+            _settle(fut, res)
+
+    async def _stream(self, batch: list[_Entry], futures: list[asyncio.Future[Any]]) -> None:
+        """The batch in one write on one pooled connection, each caller answered as soon as
+        its own reply is read: the first callers' next work overlaps the server's running
+        of the rest, as a client that writes each command at once gets (redis-py's pipeline
+        answers only once every reply is in)."""
+        x = self._x
+        calls = [c for c, _ in batch]
+        pool = x.client.connection_pool  # type: ignore[attr-defined]
+        conn = await pool.get_connection()
+        try:
+            missing = await self._over(conn, calls, futures, range(len(calls)), False)
+            if missing:  # NOSCRIPT (a restarted or flushed server): EVAL loads each script
+                await self._over(conn, calls, futures, missing, True)
+        except BaseException as exc:
+            # A lost connection: the calls not yet answered learn it (read_response has
+            # disconnected it, so the pool reconnects, and fences, on its next use).
+            _fail(futures, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            await pool.release(conn)
+
+    async def _over(
+        self,
+        conn: Any,
+        calls: list[Call[Any]],
+        futures: list[asyncio.Future[Any]],
+        todo: Sequence[int],
+        use_eval: bool,
+    ) -> list[int]:
+        """Send ``calls[todo]`` in one write and answer each from its reply; returns the
+        indexes answered NOSCRIPT."""
+        args = _pipeline_args([calls[i] for i in todo], use_eval, False, bool(self._x.native))
+        await conn.send_packed_command([pack_command(a) for a in args])
+        missing = []
+        for i in todo:
+            try:
+                reply = await conn.read_response()
+            except NoScriptError:
+                missing.append(i)
                 continue
-            if isinstance(res, BaseException):
-                fut.set_exception(res)
-            else:
-                fut.set_result(res)
+            except ResponseError as exc:
+                reply = exc
+            _settle(futures[i], _decode_one(calls[i], reply))
+        return missing
+
+
+def _settle(fut: asyncio.Future[Any], res: Any) -> None:
+    if fut.done():  # its caller was cancelled
+        return
+    if isinstance(res, BaseException):
+        fut.set_exception(res)
+    else:
+        fut.set_result(res)
+
+
+def _fail(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:
+    """A failed round trip: every caller not yet answered learns it and decides for its own
+    call (an enqueue resends, flagged, with its nonce)."""
+    for fut in futures:
+        if fut.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            fut.cancel()
+        else:
+            fut.set_exception(exc)
