@@ -4,10 +4,12 @@ pipeline write, each caller still getting its own reply or its own typed error.
 
 A web app enqueuing from many requests at once would otherwise wait one round trip per
 enqueue, each on a connection of its own; coalesced, a hundred enqueues in flight cost one
-write and one read of the socket. How a batch forms: the first caller of a loop turn leads
-it and yields once to the loop (``asyncio.sleep(0)``); every caller that runs in that turn
-joins; then the leader sends. A caller alone sends its call as before (no pipeline, no
-task): a producer awaiting one enqueue at a time pays one loop turn, no more.
+write and one read of the socket. How a batch forms: a call made while nothing is in flight
+goes at once, on its own, as before (no pipeline, no task, no loop turn waited: a producer
+awaiting one enqueue at a time pays nothing). A call made while others are in flight leads
+a batch: it yields once to the loop (``asyncio.sleep(0)``), every caller that runs in that
+turn joins, and the batch goes out in one write; each caller is answered as soon as its own
+reply is read.
 
 The exactly-once rule is the executor's own: a batch whose connection fails gives every
 caller the transient error, and each caller's plan resends its call flagged as a resend with
@@ -45,11 +47,12 @@ _Entry = tuple[Call[Any], "asyncio.Future[Any] | None"]
 class AutoPipe:
     """Drives plans on ``executor``, coalescing their single calls across coroutines."""
 
-    __slots__ = ("_batch", "_sending", "_x")
+    __slots__ = ("_alone", "_batch", "_sending", "_x")
 
     def __init__(self, executor: AsyncExecutor) -> None:
         self._x = executor
         self._batch: list[_Entry] | None = None
+        self._alone = 0  # calls sent on their own, in flight
         # The send tasks in flight: the loop keeps only weak references to its tasks.
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -89,6 +92,10 @@ class AutoPipe:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             batch.append((call, fut))
             return cast(T, await fut)
+        if not self._alone and not self._sending:
+            # Nothing in flight: send at once, no loop turn waited (a producer awaiting one
+            # enqueue at a time pays nothing). Callers that come while it is out batch.
+            return await self._lone(call)
         self._batch = batch = [(call, None)]
         try:
             await asyncio.sleep(0)  # the callers of this loop turn join meanwhile
@@ -100,13 +107,20 @@ class AutoPipe:
             raise
         self._batch = None
         if len(batch) == 1:
-            return await self._x.call(call)
+            return await self._lone(call)
         # A task sends the batch, so a cancelled caller (the leader too) never strands the
         # others' replies.
         mine: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         batch[0] = (call, mine)
         self._spawn(batch)
         return cast(T, await mine)
+
+    async def _lone(self, call: Call[T]) -> T:
+        self._alone += 1
+        try:
+            return await self._x.call(call)
+        finally:
+            self._alone -= 1
 
     def _spawn(self, batch: list[_Entry]) -> None:
         task = asyncio.get_running_loop().create_task(self._send(batch))
