@@ -88,6 +88,191 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "executors(*legs): run the test on the lua and native executors"
     )
+    _isolate_from_the_users_home()
+
+
+# Tests marked slow here rather than in their files (so the list is one place to read and
+# to tune): the ones that took half a second or more in a `scripts/check --fast` run (real
+# processes, outages, clusters, chaos, randomized and stateful runs, whole examples).
+# `scripts/check --fast` deselects them with the rest of `slow`; CI (plain scripts/check)
+# runs them all.
+SLOW_TESTS = frozenset(
+    {
+        "tests/test_bench_smoke.py::test_bench_smoke",
+        "tests/test_check_script.py::test_every_test_listed_slow_in_conftest_exists",
+        "tests/test_check_script.py::test_no_test_that_needs_chromium_or_valgrind_runs_under_fast",
+        "tests/test_cli.py::test_subprocess_check_violation_exits_1",
+        "tests/test_cli.py::test_subprocess_enqueue_stats_check",
+        "tests/test_cli.py::test_subprocess_unreachable_server",
+        "tests/test_cli_first_hour.py::test_an_app_that_raises_on_import_shows_its_traceback",
+        "tests/test_cli_first_hour.py::test_bad_log_level_is_one_line",
+        "tests/test_cli_first_hour.py::test_cli_names_the_unreachable_server",
+        "tests/test_cli_first_hour.py::test_job_shows_enqueued_attempts_and_errors",
+        "tests/test_cli_first_hour.py::test_lanes_list_and_set",
+        "tests/test_cli_first_hour.py::test_lanes_set_create",
+        "tests/test_cli_first_hour.py::test_operator_commands_on_a_missing_queue_exit_1",
+        "tests/test_cli_first_hour.py::test_pause_create_skips_the_check",
+        "tests/test_cli_first_hour.py::test_producer_gives_up_with_server_unreachable",
+        "tests/test_cli_first_hour.py::test_remove_reports_each_id",
+        "tests/test_cli_first_hour.py::test_stats_fits_80_columns_without_cutting_names",
+        "tests/test_cli_first_hour.py::test_url_without_a_scheme_is_one_line",
+        "tests/test_cluster.py::test_cli_on_a_cluster_url",
+        "tests/test_cluster.py::test_cross_queue_flow_across_shards",
+        "tests/test_cluster.py::test_queues_spread_over_every_primary",
+        "tests/test_cluster.py::test_worker_serves_queues_on_different_shards",
+        "tests/test_connect.py::test_app_no_longer_imports_the_process_manager",
+        "tests/test_connect.py::test_cluster_attributes_exist_on_real_clients",
+        "tests/test_controls.py::test_200_async_waiters_on_one_queue",
+        "tests/test_controls.py::test_rate_limit_ttl_zero_means_a_claim_is_served",
+        "tests/test_controls.py::test_rate_limit_under_four_claimers_never_exceeds_its_window",
+        "tests/test_controls.py::test_spent_lane_leaves_the_ring_and_comes_back",
+        "tests/test_controls_worker.py::test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease",
+        "tests/test_controls_worker.py::test_task_rate_limit_applies_to_its_queue",
+        "tests/test_crash.py::test_server_sigkill_mid_run",
+        "tests/test_crash.py::test_worker_started_before_the_server_waits_for_it",
+        "tests/test_examples.py::test_controls_example",
+        "tests/test_examples.py::test_flow_example",
+        "tests/test_examples.py::test_periodic_example",
+        "tests/test_examples.py::test_quickstart_example",
+        "tests/test_executor_hardening.py::test_a_settle_after_the_servers_idle_timeout_reconnects_first",
+        "tests/test_executor_hardening.py::test_async_settles_after_the_servers_idle_timeout",
+        "tests/test_executor_hardening.py::test_durability_error_carries_what_a_claim_and_a_settle_applied",
+        "tests/test_executors.py::test_aof_restart_of_a_module_server_keeps_the_keyspace",
+        "tests/test_executors.py::test_cluster_refuses_emq_calls_as_it_refuses_eval",
+        "tests/test_executors.py::test_module_server_sigkill_mid_run",
+        "tests/test_executors.py::test_native_on_the_cluster_with_a_failover",
+        "tests/test_executors.py::test_one_queue_through_both_executors",
+        "tests/test_executors.py::test_replica_without_the_module_ends_identical",
+        "tests/test_executors.py::test_run_through_a_cutting_proxy_on_native",
+        "tests/test_executors.py::test_worker_sigkill_chaos_on_native",
+        "tests/test_fairness.py::test_flat_set_and_lane_share_the_rotation",
+        "tests/test_hardening_scripts.py::test_check_on_a_live_queue_reports_no_torn_transition",
+        "tests/test_hardening_scripts.py::test_enqueue_many_with_an_id_twice_far_apart",
+        "tests/test_hardening_scripts.py::test_the_retired_record_keeps_two_generations",
+        "tests/test_hostile.py::test_every_verb_under_hostile_arguments",
+        "tests/test_hostile.py::test_malformed_rows_never_crash_a_worker",
+        "tests/test_hung_handlers.py::test_an_isolated_handler_returns_its_value",
+        "tests/test_hung_handlers.py::test_an_isolated_handler_that_hangs_is_killed",
+        "tests/test_hung_handlers.py::test_the_stranded_cap_stops_claiming_until_a_thread_returns",
+        "tests/test_hung_handlers.py::test_timed_out_sync_handlers_free_their_slots_and_are_counted",
+        "tests/test_ids_keyspace.py::test_mint_monotonic_over_100k",
+        "tests/test_native_claim.py::test_big_batch_chunks_the_active_zadd",
+        "tests/test_native_claim.py::test_lane_rate_limits",
+        "tests/test_native_claim.py::test_randomized",
+        "tests/test_native_conformance.py::test_fuzz",
+        "tests/test_native_conformance.py::test_mutation_fuzz",
+        "tests/test_native_conformance.py::test_randomized",
+        "tests/test_native_select.py::test_cluster_native_only_when_every_primary_has_it",
+        "tests/test_native_select.py::test_module_build_prints_a_loadable_line",
+        "tests/test_native_select.py::test_server_native_builds_and_loads",
+        "tests/test_native_settle.py::test_randomized",
+        "tests/test_native_settle.py::test_sweep_ring_order_is_the_order_first_met",
+        "tests/test_native_settle_cmd.py::test_big_batches",
+        "tests/test_native_settle_cmd.py::test_mixed_settles",
+        "tests/test_native_settle_cmd.py::test_randomized",
+        "tests/test_native_settle_cmd.py::test_worker_loop",
+        "tests/test_observe.py::test_events_and_metrics_on_a_cluster",
+        "tests/test_prometheus.py::test_echomq_metrics_command_serves_the_exposition",
+        "tests/test_prometheus.py::test_multiprocess_mode",
+        "tests/test_proxy.py::test_add_log_with_a_lost_reply_raises_instead_of_writing_twice",
+        "tests/test_proxy.py::test_enqueue_with_lost_replies_makes_one_job_per_call",
+        "tests/test_proxy.py::test_run_through_a_cutting_proxy",
+        "tests/test_rate_limit_procs.py::test_rate_limit_holds_under_four_worker_processes",
+        "tests/test_repeat.py::test_four_processes_fire_each_occurrence_exactly_once",
+        "tests/test_repeat.py::test_periodic_task_registers_runs_and_drops_stale",
+        "tests/test_security.py::test_no_code_path_unpickles_or_evaluates_payloads",
+        "tests/test_security.py::test_tls_end_to_end",
+        "tests/test_security.py::test_worker_and_producer_under_the_acl_user",
+        "tests/test_server_demo.py::test_demo_runs_on_lua_when_the_built_module_will_not_load",
+        "tests/test_server_demo.py::test_no_server_binary_is_one_line",
+        "tests/test_server_demo.py::test_no_server_binary_with_a_built_module_is_one_line",
+        "tests/test_server_demo.py::test_server_dies_with_its_owner",
+        "tests/test_server_demo.py::test_server_records_itself_and_stops_clean",
+        "tests/test_server_demo.py::test_stop_outlasts_a_refused_sigterm",
+        "tests/test_server_demo.py::test_the_readme_demo_command_runs",
+        "tests/test_server_demo.py::test_worker_without_url_runs_its_own_server",
+        "tests/test_server_restart.py::test_a_recorded_server_that_is_gone_fails_every_client",
+        "tests/test_server_restart.py::test_a_second_server_is_refused_and_the_first_keeps_its_state",
+        "tests/test_server_restart.py::test_a_second_server_on_the_same_data_dir_is_refused",
+        "tests/test_server_restart.py::test_a_taken_port_is_reported_on_restart",
+        "tests/test_server_restart.py::test_a_worker_replaces_the_record_of_its_own_dead_server",
+        "tests/test_server_restart.py::test_quick_start_survives_a_server_restart",
+        "tests/test_server_restart.py::test_verbose_names_the_server_and_its_source",
+        "tests/test_stateful.py::test_protocol_state_machine",
+        "tests/test_testing_helpers.py::test_drain_times_out_on_a_paused_queue",
+        "tests/test_testing_helpers.py::test_plugin_in_a_real_pytest_subprocess",
+        "tests/test_worker.py::test_broken_backoff_policy_does_not_strand_the_job",
+        "tests/test_worker.py::test_concurrency_caps_jobs_in_flight",
+        "tests/test_worker.py::test_exponential_backoff_spaces_attempts",
+        "tests/test_worker.py::test_fixed_backoff_spaces_attempts",
+        "tests/test_worker.py::test_sync_timeout_does_not_charge_jobs_that_never_ran",
+        "tests/test_worker.py::test_task_timeout_fails_the_run_and_retries",
+        "tests/test_worker_hardening.py::test_durable_worker_runs_what_it_claimed_while_no_replica_acks",
+        "tests/test_worker_hardening.py::test_reclaimed_job_keeps_its_heartbeat",
+        "tests/test_worker_hardening.py::test_worker_rides_out_a_busy_window",
+        "tests/test_worker_hardening.py::test_worker_rides_out_an_oom_refusal",
+        "tests/test_worker_logs.py::test_an_outage_warns_once_per_kind_and_says_when_it_reconnected",
+        "tests/test_worker_logs.py::test_json_lines_carry_the_fields",
+        "tests/test_worker_logs.py::test_text_lines_name_queue_job_task_attempt",
+        "tests/test_worker_logs.py::test_worker_refuses_an_unknown_log_format",
+        "tests/test_worker_metrics.py::test_worker_metrics_port_serves_the_workers_series",
+        "tests/test_worker_procs.py::test_frozen_worker_is_fenced_out",
+        "tests/test_worker_procs.py::test_idle_worker_is_quiet",
+        "tests/test_worker_procs.py::test_long_job_with_heartbeats_is_delivered_once",
+        "tests/test_worker_procs.py::test_second_sigterm_exits_immediately",
+        "tests/test_worker_procs.py::test_sigkilled_worker_jobs_run_elsewhere_once",
+        "tests/test_worker_procs.py::test_sigterm_lets_in_flight_jobs_finish_within_grace",
+        "tests/test_worker_procs.py::test_sigterm_past_grace_hands_jobs_back_at_once",
+        "tests/test_worker_procs.py::test_thousand_jobs_through_two_worker_processes",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.split("[", 1)[0] in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
+_saved_env: dict[str, str] | None = None
+_private_home: str | None = None
+
+
+def _isolate_from_the_users_home() -> None:
+    """The whole session, and every process it starts, runs with a HOME, XDG_CACHE_HOME and
+    ECHOMQ_HOME of its own and none of the user's ECHOMQ_* settings (ECHOMQ_TEST_* stay:
+    they steer the suite; so does ECHOMQ_SERVER_BIN, the binary the suite's servers run,
+    which test_valkey's nested run sets): a module the user built into ~/.cache/echomq, a
+    server recorded in ./.echomq, an ECHOMQ_URL or ECHOMQ_EXECUTOR in the shell can never
+    change what a test sees. Set at configure time, before any fixture or test reads them."""
+    global _saved_env, _private_home
+    if _saved_env is not None:
+        return
+    import tempfile
+
+    _saved_env = dict(os.environ)
+    _private_home = tempfile.mkdtemp(prefix="echomq-test-home-")
+    for key in [k for k in os.environ if k.startswith("ECHOMQ_")]:
+        if not key.startswith("ECHOMQ_TEST_") and key != "ECHOMQ_SERVER_BIN":
+            del os.environ[key]
+    os.environ["HOME"] = os.path.join(_private_home, "home")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(_private_home, "cache")
+    os.environ["ECHOMQ_HOME"] = os.path.join(_private_home, "state")
+    os.makedirs(os.environ["HOME"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _saved_env, _private_home
+    if _saved_env is None:
+        return
+    import shutil
+
+    os.environ.clear()
+    os.environ.update(_saved_env)
+    _saved_env = None
+    if _private_home is not None:
+        shutil.rmtree(_private_home, ignore_errors=True)
+        _private_home = None
 
 
 @pytest.fixture(autouse=True, scope="session")

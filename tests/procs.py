@@ -72,11 +72,18 @@ class Spawner:
 
     def env(self, **extra: str | None) -> dict[str, str]:
         """The child environment: the tests dir importable, ``ECHOMQ_URL`` the test server
-        (pass ``ECHOMQ_URL=None`` to leave it unset), plus ``extra``."""
+        (pass ``ECHOMQ_URL=None`` to leave it unset), a HOME, cache dir and ``ECHOMQ_HOME``
+        of the test's own (never the user's: conftest isolates the session, this each
+        test), plus ``extra``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ECHOMQ_", "EMQ_TEST"))}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p
         )
+        own = self.tmp_path / "proc-home"
+        (own / "home").mkdir(parents=True, exist_ok=True)
+        env["HOME"] = str(own / "home")
+        env["XDG_CACHE_HOME"] = str(own / "cache")
+        env["ECHOMQ_HOME"] = str(own / "state")
         env["ECHOMQ_URL"] = self.url
         for key, value in extra.items():
             if value is None:

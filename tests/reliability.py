@@ -142,6 +142,9 @@ def leftover_keys(r: redis.Redis, queue: str) -> list[bytes]:
     names += ("retired", "retired:old")
     # The per-minute series (D16) are history, not leftovers.
     names += ("metrics:completed:data", "metrics:failed:data")
+    # The worker registry: a SIGKILLed worker's entry lapses (and both keys expire) one TTL
+    # after its last beat.
+    names += ("workers", "workers:ttl")
     keep = {f"emq:{{{queue}}}:{s}".encode() for s in names}
     markers = f"emq:{{{queue}}}:recent:".encode()  # replay markers, which expire
     return sorted(

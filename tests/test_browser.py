@@ -28,6 +28,9 @@ webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
+# Headless Chromium: scripts/check --fast neither runs these nor installs chromium.
+pytestmark = pytest.mark.slow
+
 TOKEN = "browser-test-token"
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"

@@ -350,3 +350,22 @@ def test_help_opens_with_a_quick_start_that_runs(tmp_path: Path, monkeypatch: An
     shown = {n for n in classes + functions + data if not (n.startswith("__") and n.endswith("__"))}
     assert shown <= set(echomq.__all__), shown - set(echomq.__all__)
     assert "private" in description.split("PACKAGE CONTENTS", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "args", [["dashboard"], ["metrics"], ["worker", "apps.basic:app", "--metrics-port", "1"]]
+)
+def test_a_missing_extra_names_both_ways_to_install_it(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27 #10: the README installs from a clone, where 'echomq[web]' is not the
+    command."""
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    monkeypatch.setitem(sys.modules, "starlette", None)  # import starlette: ImportError
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 2, done.output
+    assert "pip install 'echomq[web]'" in done.output
+    assert "from a clone of the repository: pip install '.[web]'" in done.output

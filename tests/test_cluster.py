@@ -153,6 +153,9 @@ def test_worker_serves_queues_on_different_shards(
     try:
         queues = [echomq.Queue(n, client=rc) for n in names]
         wait_for(lambda: all(q.counts()["completed"] == 50 for q in queues), timeout=30)
+        # The registry (one entry per queue, in each queue's slot): the same worker on all.
+        listed = {tuple((w.id, w.pid) for w in q.workers()) for q in queues}
+        assert len(listed) == 1 and [pid for _, pid in listed.pop()] == [proc.pid]
         owners = {_owner(cluster, n) for n in names}
         assert len(owners) >= 2
         for q in queues:

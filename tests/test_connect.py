@@ -340,6 +340,12 @@ def test_cluster_attributes_exist_on_real_clients(one_node_cluster: EmbeddedServ
         q = echomq.Queue("connect-cluster", client=rc)
         assert q.pending_size() == 0  # fenced through the hook or the client
         _redispy.refresh_slots(rc)
+        # EMQ.* keys are read locally (no COMMAND GETKEYS), the parser's other work unchanged.
+        assert type(rc.commands_parser) in _redispy._ROUTING.values(), "the parser was not routed"
+        emq = ("EMQ.CLAIM", 2, "emq:{a}:meta", "emq:{a}:pending", "x")
+        assert rc.commands_parser.get_keys(None, *emq) == ["emq:{a}:meta", "emq:{a}:pending"]
+        assert rc.determine_slot(*emq) == rc.keyslot("emq:{a}:meta")
+        assert rc.determine_slot("GET", "emq:{b}:x") == rc.keyslot("emq:{b}:x")
         q.close()
     finally:
         rc.close()
@@ -354,6 +360,9 @@ def test_cluster_attributes_exist_on_real_clients(one_node_cluster: EmbeddedServ
             assert _redispy.CONNECT_HOOK not in kwargs
             await _redispy.refresh_slots(arc)
             aq = echomq.AsyncQueue("connect-cluster", client=arc, durable=1)
+            emq = ("EMQ.CLAIM", 2, "emq:{a}:meta", "emq:{a}:pending", "x")
+            assert await arc._determine_slot(*emq) == arc.keyslot("emq:{a}:meta")
+            assert await arc._determine_slot("GET", "emq:{b}:x") == arc.keyslot("emq:{b}:x")
             aq._x.durable_timeout_ms = 10
             with pytest.raises(echomq.DurabilityError) as info:
                 await aq.enqueue(b"x")  # the durable path builds a node client

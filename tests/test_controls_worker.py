@@ -5,6 +5,7 @@ dedup options on ``task.options`` (D20)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -47,8 +48,26 @@ def test_task_result_round_trips_through_the_serializer(
     q = app.queue(qname)
     wait_for(lambda: q.counts()["completed"] == 2)
     assert q.result(p.id) is None
-    with pytest.raises(TimeoutError):
-        p.wait(timeout_s=0.2)
+
+
+def test_wait_on_a_task_that_keeps_no_results_fails_at_once(
+    make_app: Callable[..., App], qname: str
+) -> None:
+    """Issue 27 #6: it used to wait out the whole timeout."""
+    app = make_app()
+
+    @app.task(queue=qname)
+    def plain(a: int) -> int:
+        return a
+
+    p = plain.enqueue(1)
+    how = "keep them with @app.task(..., keep_result_ms=60_000)"
+    started = time.monotonic()
+    with pytest.raises(echomq.InvalidArgument, match=re.escape(how)):
+        p.wait(timeout_s=10)
+    with pytest.raises(echomq.InvalidArgument, match="keeps no results"):
+        asyncio.run(p.await_result(timeout_s=10))
+    assert time.monotonic() - started < 5
 
 
 def test_task_failure_raises_job_failed(
@@ -245,3 +264,56 @@ def test_limited_lane_beside_unlimited_lanes(
     # The unlimited lanes finished their 120 jobs while the slow lane ran about 1 a second.
     assert done.get("slow", 0) <= 2 + (time.monotonic() - t0)
     assert q.check() == []
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease(
+    make_app: Callable[..., App],
+    run_worker: Callable[..., InProcWorker],
+    qname: str,
+    kind: str,
+) -> None:
+    """Issue 27 #7: the holder learned of a cancel at its next heartbeat, lease/3 later (10 s
+    on the default 30 s lease); now cancel nudges the queue's count, which a worker holding
+    jobs polls."""
+    app = make_app()
+    started = threading.Event()
+    stopped: list[float] = []
+
+    if kind == "async":
+
+        @app.task(queue=qname, name="long")
+        async def long_async() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                stopped.append(time.monotonic())
+                raise
+
+    else:
+
+        @app.task(queue=qname, name="long")
+        def long_sync() -> None:
+            started.set()
+            for _ in range(1200):
+                job = current_job()
+                assert job is not None
+                if job.cancelled:
+                    stopped.append(time.monotonic())
+                    return
+                time.sleep(0.05)
+
+    assert app.tasks["long"].lease_ms == 30_000  # the default lease
+    h = app.tasks["long"].enqueue()
+    run_worker(app, queues=[qname])
+    assert started.wait(10)
+    q = app.queue(qname)
+    time.sleep(0.6)  # past the worker's first read of the count: a change must be seen
+    asked = time.monotonic()
+    assert q.cancel(h.id) == "signalled"
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
+    took = time.monotonic() - asked
+    assert stopped and stopped[0] - asked < 2.0, (stopped, asked)
+    assert took < 2.0, took
+    assert q.get_job(h.id)["last_error"] == "cancelled"  # type: ignore[index]

@@ -380,3 +380,40 @@ async def test_cluster_native_only_when_every_primary_has_it(
                 pytest.raises(ExecutorUnavailable),
             ):
                 q.enqueue(b"z")
+
+
+# --------------------------------------------------------------------------- losing the module
+
+
+@pytest.mark.parametrize("mode", ["auto", "native"])
+def test_a_server_that_answers_emq_as_unknown(
+    redis_url: str, qname: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An executor that chose native meets a server without the module (on a cluster: a
+    promoted replica without it; simulated here by the choice made beforehand). A single call
+    and a pipeline: ``auto`` resends them as Lua (one WARNING); ``native`` raises, or gives
+    the pipeline's refused calls, ``ExecutorUnavailable`` naming the server."""
+    import logging
+
+    from echomq import _protocol as _p
+    from echomq._executor import SyncExecutor
+
+    x = SyncExecutor(redis.Redis.from_url(redis_url), owned=True, executor="lua")
+    try:
+        k = _p.Keys(qname)
+        assert x.call(_p.claim(k, 1_000)) is None  # fenced, on Lua
+        x.mode, x.native = mode, True  # as if it had been decided where the module was
+        with caplog.at_level(logging.WARNING, logger="echomq"):
+            if mode == "auto":
+                assert x.call(_p.claim(k, 1_000)) is None
+                assert x.executor == "lua"
+                assert x.pipeline([_p.claim(k, 1_000), _p.pending_size(k)]) == [None, 0]
+            else:
+                with pytest.raises(ExecutorUnavailable, match="does not load the trafikey"):
+                    x.call(_p.claim(k, 1_000))
+                got = x.pipeline([_p.claim(k, 1_000), _p.pending_size(k)])
+                assert isinstance(got[0], ExecutorUnavailable) and got[1] == 0, got
+        warned = [r for r in caplog.records if "trafikey" in r.getMessage()]
+        assert len(warned) == (1 if mode == "auto" else 0)
+    finally:
+        x.close()

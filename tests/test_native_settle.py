@@ -637,6 +637,7 @@ def test_replica_without_module(
 # ---- valgrind ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # valgrind: scripts/check --fast neither runs nor installs it
 def test_valgrind(tmp_path: Path) -> None:
     calls = 0
     with valgrind_server(tmp_path, build("debug")) as (r, url):

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from conftest import server_ms
-from echomq import _compose, _control, ids, keyspace
+from echomq import _compose, _control, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq._scripts import SCRIPTS, parse_flags
 
@@ -43,6 +43,7 @@ VERBS: dict[str, Callable[[], Any]] = {
     "sweep_stalled": lambda: _p.sweep_stalled(K),
     "reprocess": lambda: _p.reprocess(K, JID),
     "remove": lambda: _p.remove(K, JID),
+    "run_now": lambda: _p.run_now(K, JID),
     "update_progress": lambda: _p.update_progress(K, JID, "50"),
     "add_log": lambda: _p.add_log(K, JID, "line", 2),
     "logs": lambda: _p.logs(K, JID),
@@ -84,6 +85,8 @@ EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "rate_limit": lambda: _control.rate_limit(K, 5, 1000, "g"),
     "rate_ttl": lambda: _control.rate_limit_ttl(K),
     "push_back": lambda: _control.push_back(K, ids.mint(), 1, 0),
+    "worker_beat": lambda: _registry.beat(K, ids.mint("WRK"), "{}", 1000),
+    "workers": lambda: _registry.list_workers(K),
 }
 
 

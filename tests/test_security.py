@@ -58,6 +58,8 @@ ALLOWED_MENTIONS = {
     # payload's bytes) over a multiprocessing pipe.
     ("app.py", "return value are pickled"),
     ("_isolate.py", "no payload bytes are ever unpickled"),
+    # pool="process": the same exchange with the worker's persistent children.
+    ("_pool.py", "no payload bytes are unpickled"),
 }
 
 
@@ -246,6 +248,8 @@ ACL_COMMANDS = sorted(
         *("ltrim", "lpos", "sadd", "srem", "sismember", "scard", "smove", "sscan"),
         # events (D15), results and dedup TTLs (D17, D20), rate-limit windows (D21), flows
         *("xadd", "xread", "pexpire", "pttl", "incrby", "decr"),
+        # the worker names its connections (the registry's id; skipped when refused)
+        "client|setname",
         # replay markers (per-second hashes that expire whole), the retired record's rotation
         *("pexpireat", "unlink", "rename"),
         # executor="auto" reads MODULE LIST once to find the trafikey module (_native.py)
@@ -258,7 +262,8 @@ ACL_COMMANDS = sorted(
 # repairs a ring that lost its flat entry, which a healthy run never needs. HLEN, UNLINK and
 # RENAME keep the retired record's two generations: HLEN on about one small settle in eight,
 # the other two once per 25,000 retirements (lua/include/common.lua retire).
-ACL_EXTRAS = {"ping", "lpos", "hlen", "unlink", "rename"}
+# hsetnx: only a fail_parent child's death records with it (the exercise kills none).
+ACL_EXTRAS = {"ping", "lpos", "hlen", "unlink", "rename", "hsetnx"}
 # Used and deliberately not granted: CONFIG GET maxmemory-policy, echomq's startup check for
 # an evicting server (it is skipped when denied), would expose every setting.
 ACL_DENIED = {"config|get"}
@@ -322,6 +327,7 @@ def exercise(url: str, qname: str) -> None:
     q.lane_depth(lane)
     q.lanes()
     q.remove(q.enqueue(b"removed").id)
+    q.run_now(q.enqueue(b"later", delay_ms=60_000).id)
     # The second round's verbs: results and waiting, dedup, rate limits, cancel, repeats, flows.
     kept = q.enqueue(b"kept", dedup="acl-dedup")
     assert q.enqueue(b"again", dedup="acl-dedup").status == "deduplicated"

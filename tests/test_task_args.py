@@ -298,3 +298,31 @@ async def test_adrain_runs_converted_arguments_of_an_async_handler(url: str, qna
     assert (await adrain(app, timeout_s=20)).completed == 1
     assert got == [(WHEN, [ID])]
     await app.aclose()
+
+
+def test_unannotated_arguments_arrive_as_the_readme_says(url: str, qname: str) -> None:
+    """Issue 27 #8: what an unannotated handler gets is said where the task layer is
+    introduced (README, quick start), and it is what happens."""
+    import base64
+    from pathlib import Path
+
+    app = App(url=url)
+    got: dict[str, Any] = {}
+
+    @app.task(queue=qname, name="loose")
+    def loose(blob, when, pair):  # type: ignore[no-untyped-def]
+        got.update(blob=blob, when=when, pair=pair)
+
+    loose.enqueue(b"\x00\xff", WHEN, (1, 2))
+    assert drain(app, timeout_s=20).completed == 1
+    assert got == {
+        "blob": base64.b64encode(b"\x00\xff").decode(),
+        "when": WHEN.isoformat(),
+        "pair": [1, 2],
+    }
+    app.close()
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    said = " ".join(quick_start.split())
+    for phrase in ("bytes as base64 text", "a datetime, UUID or Decimal as text", "as a list"):
+        assert phrase in said, phrase

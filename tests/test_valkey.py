@@ -115,6 +115,7 @@ def stop_nested() -> None:
         proc.wait()
 
 
+@pytest.mark.slow  # the protocol suite again, on Valkey
 @pytest.mark.timeout(900)
 def test_the_suite_passes_on_valkey(tmp_path: Path) -> None:
     if Nested.error is not None:

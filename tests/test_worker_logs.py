@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,11 @@ def test_text_lines_name_queue_job_task_attempt(spawn: Spawner, tmp_path: Path) 
         for line in expected:
             assert line in lines, f"{line} not in:\n{text}"
         job_lines = [x for x in lines if x[1] == jobs]
-        assert len(job_lines) == len(expected)  # one line each; no completion line at INFO
+        # One line each, the completion too (issue 27 #5: at INFO, with its time).
+        done = [x for x in job_lines if x not in expected]
+        assert len(done) == 1, job_lines
+        assert done[0][0] == "INFO"
+        assert re.fullmatch(re.escape(where["ok"]) + r" completed in [\d.]+ ms", done[0][2]), done
         # The failure and the dead-letter carry the handler's traceback, right under them.
         for first, last in [
             (expected[0][2], "ValueError: boom: x"),
@@ -171,7 +176,7 @@ def test_json_lines_carry_the_fields(spawn: Spawner, url: str, qname: str) -> No
     wait = check("wait", "INFO", error="cancelled")
     for rec in (slow, again, nope, wait):
         assert "exc" not in rec
-    ok = check("ok", "DEBUG", max_attempts=3)
+    ok = check("ok", "INFO", max_attempts=3)
     assert isinstance(ok["duration_ms"], float) and ok["duration_ms"] >= 0
     assert ok["msg"].endswith(f"completed in {ok['duration_ms']} ms")
     started = [r for r in records if r["logger"] == "echomq.worker" and "tasks" in r]
@@ -237,8 +242,10 @@ def test_stale_settle_is_logged(url: str, qname: str, q: echomq.Queue) -> None:
     assert stats.stale_refused == 1
 
 
-@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
-def test_completion_line_only_at_debug(url: str, qname: str, q: echomq.Queue, level: str) -> None:
+@pytest.mark.parametrize("level", ["WARNING", "INFO"])
+def test_completion_line_at_info_not_at_warning(
+    url: str, qname: str, q: echomq.Queue, level: str
+) -> None:
     app = App(url=url)
 
     @app.task(queue=qname, name="fine")
@@ -260,7 +267,97 @@ def test_completion_line_only_at_debug(url: str, qname: str, q: echomq.Queue, le
         logger.removeHandler(capture)
         app.close()
     lines = [r.getMessage() for r in capture.records]
-    if level == "INFO":
+    if level == "WARNING":  # --log-level WARNING: as quiet as before
         assert lines == []
     else:
         assert len(lines) == 1 and re.search(r"\) completed in [\d.]+ ms$", lines[0])
+        assert capture.records[0].levelno == logging.INFO
+
+
+def test_start_lists_repeats_and_warns_of_a_queue_without_tasks(url: str, qname: str) -> None:
+    """Issue 27 #5: the registered repeats are named at start, and `-q typo` (a served queue
+    no task is on) is a warning, not a silent `tasks (none)`."""
+    app = App(url=url)
+
+    @app.periodic(every_ms=60_000, queue=qname, name="hourly-ish")
+    def tick() -> None:
+        return None
+
+    @app.periodic(cron="0 3 * * *", tz="Europe/Paris", queue=qname, name="nightly")
+    def night() -> None:
+        return None
+
+    capture = Capture()
+    logger = logging.getLogger("echomq.worker")
+    logger.addHandler(capture)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    typo = qname[:60] + "-typo"
+    handle = InProcWorker(Worker(app, [qname, typo], beat_ms=100))
+    try:
+        wait_for(lambda: [r for r in capture.records if "no task of the app" in r.getMessage()])
+    finally:
+        handle.stop()
+        logger.setLevel(old)
+        logger.removeHandler(capture)
+        app.close()
+    by_text = {r.getMessage(): r.levelno for r in capture.records}
+    assert by_text[f"queue {qname}: tasks {', '.join(sorted([night.name, tick.name]))}"] == 20
+    repeats = (
+        f"queue {qname}: repeats hourly-ish (every 60000 ms, task {tick.name}), "
+        f"nightly (cron '0 3 * * *' Europe/Paris, task {night.name})"
+    )
+    assert by_text[repeats] == logging.INFO, by_text
+    warned = (
+        f"queue {typo}: no task of the app is on it (its queues: {qname}); a job there is "
+        "dead-lettered as an unknown task"
+    )
+    assert by_text[warned] == logging.WARNING, by_text
+
+
+def test_an_outage_warns_once_per_kind_and_says_when_it_reconnected(
+    tmp_path: Path, qname: str
+) -> None:
+    """Issue 27 #5: during an outage every loop of the worker warned several times a second;
+    now each warning is written once (then at most every 10 s, counting the rest), and the
+    return is one line with the outage's length."""
+    srv = tmp_server(tmp_path / "redis", appendonly=False)
+    app = App(url=srv.url)
+
+    @app.task(queue=qname, name="t")
+    def t() -> None:
+        return None
+
+    capture = Capture()
+    logger = logging.getLogger("echomq.worker")
+    logger.addHandler(capture)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    handle = InProcWorker(Worker(app, beat_ms=100))
+    try:
+        wait_for(lambda: [r for r in capture.records if "serving" in r.getMessage()])
+        srv.kill()
+        wait_for(lambda: [r for r in capture.records if r.levelno == logging.WARNING])
+        time.sleep(3)  # 30 beats, and a waker that parks every beat: many failed calls
+        srv.start()
+        back = wait_for(
+            lambda: [r for r in capture.records if "reconnected after" in r.getMessage()],
+            timeout=15,
+        )
+        with echomq.Queue(qname, url=srv.url) as q:
+            q.enqueue(call("t"))
+            wait_for(lambda: q.counts()["completed"] == 1, timeout=10)
+    finally:
+        handle.stop()
+        logger.setLevel(old)
+        logger.removeHandler(capture)
+        app.close()
+        srv.stop()
+    assert len(back) == 1, [r.getMessage() for r in back]
+    m = re.fullmatch(r"server reachable again: reconnected after ([\d.]+) s", back[0].getMessage())
+    assert m and 2.5 <= float(m[1]) < 15, back[0].getMessage()
+    warnings = [r for r in capture.records if r.levelno == logging.WARNING]
+    kinds: dict[str, int] = {}
+    for r in warnings:
+        kinds[str(r.msg)] = kinds.get(str(r.msg), 0) + 1
+    assert kinds and all(n == 1 for n in kinds.values()), kinds

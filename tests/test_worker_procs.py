@@ -237,8 +237,10 @@ def test_idle_worker_is_quiet(spawn: Spawner, qname: str, r: redis.Redis) -> Non
     print(f"\nidle worker over 2 s: {total} commands {diff}")
     # Per 1 s beat an idle worker makes three round trips: one parked BLPOP, the claim it
     # leads to, and one pipeline of promote + stall sweep + repeats/outbox (D18/D19). The
-    # scripts' own commands (TIME, the due-window reads) make up the rest of the count.
+    # scripts' own commands (TIME, the due-window reads) make up the rest of the count. The
+    # registry's beat (worker_beat.lua) is one more script call a beat, of 8 commands: TIME,
+    # the prune's ZRANGEBYSCORE, HSET, ZADD, ZRANGE and two PEXPIREs.
     assert diff.get("cmdstat_blpop", 0) <= 3, diff
-    assert diff.get("cmdstat_evalsha", 0) + diff.get("cmdstat_eval", 0) <= 10, diff
-    assert total < 45, f"idle worker sent {total} commands in 2 s: {diff}"
+    assert diff.get("cmdstat_evalsha", 0) + diff.get("cmdstat_eval", 0) <= 12, diff
+    assert total < 45 + 2 * 8, f"idle worker sent {total} commands in 2 s: {diff}"
     assert sigterm(w)[0] == 0

@@ -21,6 +21,7 @@ from echomq import ids, keyspace
 from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._observe import Event
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
+from echomq._registry import HeldJob, WorkerInfo
 from echomq.app import App, Discard, RateLimit, Retry, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
@@ -38,6 +39,7 @@ from echomq.errors import (
     PayloadTooLarge,
     ProtocolError,
     RateLimited,
+    ServerNotRunning,
     ServerUnreachable,
     StaleToken,
     StateError,
@@ -62,6 +64,7 @@ __all__ = [
     "ExecutorUnavailable",
     "FlowAdded",
     "FlowJob",
+    "HeldJob",
     "Hooks",
     "InvalidArgument",
     "InvalidId",
@@ -78,12 +81,14 @@ __all__ = [
     "RateLimited",
     "Repeat",
     "Retry",
+    "ServerNotRunning",
     "ServerUnreachable",
     "StaleToken",
     "StateError",
     "Task",
     "VersionFenceError",
     "Worker",
+    "WorkerInfo",
     "__version__",
     "current_job",
     "exponential",

@@ -43,7 +43,7 @@ except ImportError:  # redis-py < 7: no maintenance notifications, the pool alwa
 
 from echomq import _native, _redispy
 from echomq._protocol import Call
-from echomq.errors import InvalidArgument, ServerUnreachable, from_reply
+from echomq.errors import InvalidArgument, ServerNotRunning, ServerUnreachable, from_reply
 
 __all__ = [
     "DEFAULT_RETRY_FOR",
@@ -65,6 +65,7 @@ __all__ = [
     "map_error",
     "parse_url",
     "pid_alive",
+    "read_record",
     "recorded_url",
     "resolve_url",
     "script_args",
@@ -119,25 +120,46 @@ def _is_server_process(pid: int, port: int) -> bool:
     return re.search(rb"(?<![0-9])%d(?![0-9])" % port, cmdline) is not None
 
 
+def read_record(directory: Path | None = None) -> dict[str, Any] | None:
+    """The parsed ``<state dir>/server.json``: ``{}`` when it exists but does not parse (or
+    lacks pid, port or url), None when there is none."""
+    record = (directory or state_dir()) / "server.json"
+    try:
+        text = record.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {}
+    try:
+        info = json.loads(text)
+        int(info["pid"]), int(info["port"]), str(info["url"])
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _live(info: dict[str, Any]) -> bool:
+    pid, port = int(info["pid"]), int(info["port"])
+    return pid_alive(pid) and _is_server_process(pid, port)
+
+
 def recorded_url(directory: Path | None = None) -> str | None:
     """The URL of a live ``echomq server`` recorded in ``<state dir>/server.json``.
 
     No network I/O: the record is read and its pid checked alive (and, on Linux, still
     running the recorded port), so resolving a URL never waits on a server.
     """
-    record = (directory or state_dir()) / "server.json"
-    try:
-        info = json.loads(record.read_text())
-        pid, port, url = int(info["pid"]), int(info["port"]), str(info["url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if pid_alive(pid) and _is_server_process(pid, port):
-        return url
+    info = read_record(directory)
+    if info and _live(info):
+        return str(info["url"])
     return None
 
 
 def configured(explicit: str | None = None, app_url: str | None = None) -> Resolved | None:
-    """The server the user configured, or None when nothing is (see :func:`resolve_url`)."""
+    """The server the user configured, or None when nothing is (see :func:`resolve_url`).
+    A record of a server that is gone raises :class:`~echomq.errors.ServerNotRunning`: the
+    user chose that server, and falling back to another (6379, maybe production) would
+    hide that it is down."""
     for value in (explicit, app_url):
         if value is not None and not isinstance(value, str):
             raise InvalidArgument(f"url must be a str, got {type(value).__name__}")
@@ -148,11 +170,13 @@ def configured(explicit: str | None = None, app_url: str | None = None) -> Resol
     env = os.environ.get("ECHOMQ_URL")
     if env:
         return Resolved(env, "env", "ECHOMQ_URL")
-    recorded = recorded_url()
-    if recorded:
-        where = state_dir() / "server.json"
-        return Resolved(recorded, "recorded", f"the live echomq server recorded in {where}")
-    return None
+    where = state_dir() / "server.json"
+    info = read_record()
+    if info is None:
+        return None
+    if not info or not _live(info):
+        raise ServerNotRunning(str(where), str(info.get("by", "server")))
+    return Resolved(str(info["url"]), "recorded", f"the live echomq server recorded in {where}")
 
 
 _logged: set[tuple[str, str]] = set()
@@ -185,20 +209,26 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
     3. the ``ECHOMQ_URL`` environment variable;
     4. a live ``echomq server`` recorded in ``./.echomq/server.json`` (``ECHOMQ_HOME``
        moves the directory);
-    5. ``redis://127.0.0.1:6379/0``.
+    5. ``redis://127.0.0.1:6379/0``, when nothing at all is configured.
 
-    No network I/O (step 4 reads a file and checks a pid). Each choice is logged once per
-    process at INFO on the ``echomq`` logger, with any password masked.
+    A record whose server is gone raises :class:`~echomq.errors.ServerNotRunning` instead
+    of step 5. No network I/O (step 4 reads a file and checks a pid). Each choice is logged
+    once per process on the ``echomq`` logger, with any password masked: at INFO, and at
+    WARNING for step 5 (a server nobody chose).
     """
     found = configured(explicit, app_url) or Resolved(
-        DEFAULT_URL, "default", "nothing configured: the default local server"
+        DEFAULT_URL,
+        "default",
+        "nothing configured, no URL, ECHOMQ_URL or echomq server recorded in "
+        f"{state_dir()}/: the default local server",
     )
     key = (found.url, found.source)
     with _logged_lock:
         first = key not in _logged
         _logged.add(key)
     if first:
-        log.info("echomq server %s (%s)", _redacted(found.url), found.reason)
+        level = logging.WARNING if found.source == "default" else logging.INFO
+        log.log(level, "echomq server %s (%s)", _redacted(found.url), found.reason)
     return found
 
 
@@ -319,13 +349,36 @@ def cluster_url(url: str) -> str | None:
     return plain if cluster else None
 
 
-def sync_client(url: str | None = None) -> redis.Redis | RedisCluster:
+def sync_client(
+    url: str | None = None, retry_for: float | None = None
+) -> redis.Redis | RedisCluster:
     """A client for ``url`` (default: :func:`resolve_url`), bytes in and out: ``redis.Redis``,
-    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`)."""
+    or ``RedisCluster`` when the URL selects cluster mode (see :func:`parse_url`).
+
+    A cluster client asks its first primary for the command table as it is made, so while
+    that primary is failing over making one fails: it is tried again for ``retry_for``
+    seconds (default :data:`DEFAULT_RETRY_FOR`), until the slot map names the new primary."""
     plain, cluster, _ = parse_url(url or default_url())
-    if cluster:
-        return RedisCluster.from_url(plain, **_client_options(plain))
-    return redis.Redis.from_url(plain, **_client_options(plain))
+    if not cluster:
+        return redis.Redis.from_url(plain, **_client_options(plain))
+    budget = Budget(DEFAULT_RETRY_FOR if retry_for is None else check_retry_for(retry_for))
+    while True:
+        try:
+            return RedisCluster.from_url(plain, **_client_options(plain))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # (Not RedisClusterException: "cluster mode is not enabled" is no failover.)
+            delay = budget.next_delay()
+            if delay is None:
+                if not isinstance(exc, redis.exceptions.ConnectionError):
+                    raise
+                waited = time.monotonic() - budget.start
+                raise ServerUnreachable(
+                    f"redis+cluster://{_redacted_text(plain).split('://', 1)[-1]}",
+                    waited,
+                    budget.retry_for,
+                    exc,
+                ) from exc
+            time.sleep(delay)
 
 
 def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisCluster:
@@ -408,12 +461,14 @@ def backoff_delay(attempt: int, *, base: float = 0.05, cap: float = 1.0) -> floa
 
 
 class Budget:
-    """How long one call may keep retrying transient errors."""
+    """How long one call may keep retrying transient errors: ``retry_for`` seconds from its
+    first failure, and never past ``deadline`` (a monotonic time, e.g. a ``wait()``'s)."""
 
-    __slots__ = ("attempt", "retry_for", "start")
+    __slots__ = ("attempt", "deadline", "retry_for", "start")
 
-    def __init__(self, retry_for: float) -> None:
+    def __init__(self, retry_for: float, deadline: float | None = None) -> None:
         self.retry_for = retry_for
+        self.deadline = deadline
         self.attempt = 0
         self.start = 0.0
 
@@ -425,7 +480,12 @@ class Budget:
         self.attempt += 1
         if now - self.start >= self.retry_for:
             return None
-        return backoff_delay(self.attempt)
+        delay = backoff_delay(self.attempt)
+        if self.deadline is not None:
+            if now >= self.deadline:
+                return None
+            delay = min(delay, self.deadline - now)
+        return delay
 
     def give_up(self, exc: BaseException, client: Any) -> NoReturn:
         """Raise once the budget is spent on ``exc``: a lost connection as

@@ -52,6 +52,7 @@ from echomq._protocol import (
     Call,
     Keys,
     Plan,
+    Replay,
     _call,
     _cmd,
     _gone_if_zero,
@@ -89,6 +90,7 @@ __all__ = [
     "retry",
     "split_flags",
     "wait",
+    "wait_deadline",
     "want",
     "want_key",
 ]
@@ -99,8 +101,9 @@ MAX_BLOCK_S = 20.0
 # A waiter marker outlives any one block by a wide margin: a waiter refreshes it before each
 # block, and a fixed TTL means another waiter's refresh can never shorten it.
 WANT_MS = int(MAX_BLOCK_S * 1000) + 10_000
-# A dedup id is a name like a lane's (D3): no ':' or '{' to confuse the keyspace.
-_DID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# A dedup id (D3's grammar for `did`): a lane name's alphabet, up to 255 characters; no ':'
+# or '{' to confuse the keyspace.
+_DID = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +199,31 @@ def _decode_result(id: str, reply: Any) -> Result | None:
     )
 
 
-def result(k: Keys, id: str) -> Call[Result | None]:
-    """The kept outcome of a job, or None (not finished, not kept, or expired)."""
-    return _cmd(("HGETALL", result_key(k, id)), lambda r: _decode_result(id, r))
+def _dead_row(id: str, reply: Any) -> Result | None:
+    # HMGET row state last_error attempts: a dead row is an outcome without a kept result.
+    if not reply or reply[0] is None or _s(reply[0]) != "dead":
+        return None
+    error = _s(reply[1]) if reply[1] is not None else "dead"
+    attempts = int(reply[2]) if reply[2] is not None and bytes(reply[2]).isdigit() else 0
+    return Result(id, b"", attempts, 0, error)
+
+
+def result(k: Keys, id: str) -> Plan[Result | None]:
+    """The kept outcome of a job; else, when its row is dead (a dead-letter whose error was
+    not kept, a flow parent failed by its child), that death (``error`` = its last error,
+    ``finished_ms`` 0); else None (not finished, not kept, or expired). The row is read only
+    when no outcome is kept."""
+    kept: Result | None = yield _cmd(
+        ("HGETALL", result_key(k, id)), lambda r: _decode_result(id, r)
+    )
+    if kept is not None:
+        return kept
+    # Single commands, not a pipeline: a pipeline holds a pooled connection of its own, and
+    # hundreds of asyncio waiters reading at once would exhaust the pool.
+    dead: Result | None = yield _cmd(
+        ("HMGET", k.job(id), "state", "last_error", "attempts"), lambda r: _dead_row(id, r)
+    )
+    return dead
 
 
 def rearm(k: Keys, id: str) -> Call[int]:
@@ -221,24 +246,41 @@ def _timeout(value: object) -> float:
 def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
     """Wait for a job's kept outcome: read it; while absent, block on its notify list
     (``BLPOP``, at most :data:`MAX_BLOCK_S` per call) and read again. Raises
-    :class:`JobFailed` for a kept dead-letter and ``TimeoutError`` at the deadline."""
+    :class:`JobFailed` for a kept dead-letter or a dead row (at once: a job that is dead, or
+    dies while waited on, never waits out the timeout) and ``TimeoutError`` at the deadline.
+
+    Run it with the executor's ``deadline`` (:func:`wait_deadline`): a step lost to a
+    failover is not resent as it was (a resent ``BLPOP`` would block for its whole first
+    timeout again) but thrown back here as ``Replay``, and the wait starts over from the
+    marker with the time that is left, or times out at its deadline."""
     timeout = _timeout(timeout_s)
-    rk, nk = result_key(k, id), notify_key(k, id)
+    nk = notify_key(k, id)
     deadline = time.monotonic() + timeout
     while True:
-        # Marker first, then read, then block: a completion after the read sees the marker
-        # and pushes the token this block takes (include/control.lua keep_outcome).
-        yield want(k, id)
-        found: Result | None = yield _cmd(("HGETALL", rk), lambda r: _decode_result(id, r))
-        if found is not None:
-            return _outcome(found)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"job {id}: no result within {timeout} s")
-        block = f"{min(left, MAX_BLOCK_S):.3f}"
-        woken = yield _cmd(("BLPOP", nk, block), lambda r: r is not None)
-        if woken:
-            yield rearm(k, id)
+        try:
+            # Marker first, then read, then block: a completion after the read sees the
+            # marker and pushes the token this block takes (include/control.lua keep_outcome).
+            yield want(k, id)
+            found = yield from result(k, id)
+            if found is not None:
+                return _outcome(found)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {id}: no result within {timeout} s")
+            block = f"{min(left, MAX_BLOCK_S):.3f}"
+            woken = yield Call(None, (), ("BLPOP", nk, block), lambda r: r is not None, False)
+            if woken:
+                yield rearm(k, id)
+        except Replay as lost:
+            # A token the lost BLPOP may have taken is not needed: the result it announced
+            # is read at the top. Past the deadline the wait is over, whatever the server.
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"job {id}: no result within {timeout} s") from lost.cause
+
+
+def wait_deadline(timeout_s: float) -> float:
+    """The monotonic deadline of a ``wait(timeout_s=...)`` (``timeout_s`` checked first)."""
+    return time.monotonic() + _timeout(timeout_s)
 
 
 # --------------------------------------------------------------------------- dedup (D20)
@@ -246,7 +288,7 @@ def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
 
 def check_dedup(did: object) -> str:
     if not isinstance(did, str) or not _DID.fullmatch(did):
-        raise InvalidId(f"a dedup id matches [A-Za-z0-9._-]{{1,128}}, got {did!r}")
+        raise InvalidId(f"a dedup id matches [A-Za-z0-9._-]{{1,255}}, got {did!r}")
     return did
 
 
@@ -330,6 +372,13 @@ def cancel(k: Keys, id: str, remove: bool = False) -> Call[str]:
 
     args = (k.base, id, "1") if remove else (k.base, id)
     return _call("cancel", (k.job(id),), args, decode)
+
+
+def cancels_signalled(k: Keys) -> Call[int]:
+    """The queue's count of cancels signalled to running jobs (``meta.cancels``, D22): a
+    worker holding jobs polls it and extends at once when it moves, so a cancel reaches
+    the handler in well under a second instead of at the next lease/3 heartbeat."""
+    return _cmd(("HGET", k.meta, "cancels"), lambda reply: int(reply or 0))
 
 
 def extend_leases(

@@ -13,6 +13,8 @@ to redis-py internals in :mod:`echomq._redispy`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
@@ -37,12 +39,13 @@ from echomq._connect import (
     map_error,
     parse_url,
     script_args,
+    server_of,
     sync_client,
     thread_connection,
 )
 from echomq._fence import Fence
 from echomq._protocol import Call, Plan, Replay
-from echomq.errors import DurabilityError, EchoMQError
+from echomq.errors import DurabilityError, EchoMQError, ExecutorUnavailable
 
 # The connection names stay importable from here for code written against this module.
 __all__ = [
@@ -60,6 +63,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("echomq")
 
 
 def _is_write(call: Call[Any]) -> bool:
@@ -103,6 +108,8 @@ class _Executor:
         self.durable_aof = durable_aof
         self._fence = Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
+        if self._cluster:
+            _redispy.route_module_commands(client)
 
     @property
     def executor(self) -> str | None:
@@ -111,6 +118,61 @@ class _Executor:
 
     def _durable_steps(self, call: Call[Any]) -> _durable.Steps:
         return _durable.steps(call, self.durable, self.durable_timeout_ms, self.durable_aof)
+
+    def _where(self, call: Call[Any]) -> str:
+        """The server a call goes to, for messages: its slot's primary on a cluster."""
+        if self._cluster and call.keys:
+            try:
+                node = self.client.get_node_from_key(call.keys[0])
+                return f"{node.host}:{node.port}"
+            except Exception:  # best effort: a message must not fail
+                pass
+        return server_of(self.client)
+
+    def _module_missing(self, call: Call[Any], exc: BaseException) -> ExecutorUnavailable | None:
+        """A server answered an ``EMQ.*`` command with "unknown command": it runs without
+        trafikey (on a cluster: a replica without the module was promoted, or a node was
+        replaced). Nothing ran. ``auto`` goes on with Lua everywhere, as it would have chosen
+        with this primary at the start, with one WARNING (None: send the call again as its
+        script); ``native`` gets the :class:`ExecutorUnavailable` naming the server that the
+        call raises."""
+        where = self._where(call)
+        said = str(exc).split(", with args", 1)[0]  # the args are the queue's keys: noise
+        if self.mode == "native":
+            return ExecutorUnavailable(
+                f"executor='native' but the {'primary' if self._cluster else 'server'} "
+                f"{where} does not load the trafikey module (it answered: {said}); load it "
+                "on every node that can become a primary (replicas too), or use "
+                "executor='auto'"
+            )
+        if self.native:
+            self.native = False
+            log.warning(
+                "echomq: %s does not load the trafikey module (it answered: %s): the "
+                "executor falls back to lua on every queue of this client",
+                where,
+                said,
+            )
+        return None
+
+    def _resend(self, calls: Sequence[Call[Any]], replies: list[Any], native: bool) -> list[int]:
+        """The calls of a pipeline to send again as EVAL: those that met NOSCRIPT, and those
+        sent as EMQ.* to a server without the module (which first decides the executor;
+        under ``native`` their replies become its ``ExecutorUnavailable``, and the others'
+        stand: they ran)."""
+        unknown = {
+            i
+            for i, r in enumerate(replies)
+            if native and isinstance(r, ResponseError) and _native.unknown_command(r)
+        }
+        if unknown:
+            first = min(unknown)
+            refused = self._module_missing(calls[first], replies[first])
+            if refused is not None:
+                for i in unknown:
+                    replies[i] = refused
+                unknown = set()
+        return [i for i, r in enumerate(replies) if i in unknown or isinstance(r, NoScriptError)]
 
 
 class SyncExecutor(_Executor):
@@ -161,19 +223,32 @@ class SyncExecutor(_Executor):
         self.native = _native.decide_from(self.mode, raw)
 
     # -- running calls
-    def call(self, call: Call[T]) -> T:
-        """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s."""
-        budget = Budget(self.retry_for)
+    def call(self, call: Call[T], deadline: float | None = None) -> T:
+        """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s
+        (and never past ``deadline``, a monotonic time)."""
+        budget = Budget(self.retry_for, deadline)
         while True:
             try:
                 return self._call_once(call)
             except TRANSIENT as exc:
+                self.follow()
                 if not call.replay:
                     raise
                 delay = budget.next_delay()
                 if delay is None:
                     budget.give_up(exc, self.client)
                 time.sleep(delay)
+
+    def follow(self) -> None:
+        """After a transient error on a cluster: re-read the slot map (and with it the
+        default node), so the next try goes to the slot's new primary. A refused or
+        unreachable node is how a failover looks from here; a write made on a node's own
+        connection (durable mode) is not one redis-py would refresh the map for."""
+        if not self._cluster:
+            return
+        # Every node unreachable, for now: the next try finds out.
+        with contextlib.suppress(Exception):
+            _redispy.refresh_slots(self.client)
 
     def _call_once(self, call: Call[T]) -> T:
         if self._fence.pending:
@@ -185,12 +260,18 @@ class SyncExecutor(_Executor):
                 return call.decode(self._durable_once(call))
             except DurabilityError as exc:
                 raise _decoded_durability(call, exc) from None
+        native = bool(self.native)
         try:
             try:
-                reply = self._command(*script_args(call, False, bool(self.native)))
+                reply = self._command(*script_args(call, False, native))
             except NoScriptError:  # EVAL loads it; an error reply to that is mapped below
                 reply = self._command(*script_args(call, True))
         except ResponseError as exc:
+            if native and _native.unknown_command(exc):
+                refused = self._module_missing(call, exc)
+                if refused is not None:
+                    raise refused from None
+                return self._call_once(call)  # as its script: the command did not run
             raise map_error(exc) from None
         return call.decode(reply)
 
@@ -221,10 +302,11 @@ class SyncExecutor(_Executor):
         if self.durable and any(_is_write(c) for c in calls):
             # Durable: one call at a time, each with its acknowledgement.
             return [self._durable_decode(c) for c in calls]
-        replies = self._send(calls, use_eval=False)
-        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        native = bool(self.native)
+        replies = self._send(calls, False, native)
+        missing = self._resend(calls, replies, native)
         if missing:
-            again = self._send([calls[i] for i in missing], use_eval=True)
+            again = self._send([calls[i] for i in missing], True, False)
             for i, r in zip(missing, again, strict=True):
                 replies[i] = r
         return [_decode_one(c, r) for c, r in zip(calls, replies, strict=True)]
@@ -235,33 +317,39 @@ class SyncExecutor(_Executor):
         except EchoMQError as exc:
             return exc
 
-    def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
+    def _send(self, calls: Sequence[Call[Any]], use_eval: bool, native: bool) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for args in _pipeline_args(calls, use_eval, self._cluster, bool(self.native)):
+        for args in _pipeline_args(calls, use_eval, self._cluster, native):
             pipe.execute_command(*args)
         return list(pipe.execute(raise_on_error=False))
 
-    def run(self, work: Call[T] | Plan[T]) -> T:
+    def run(self, work: Call[T] | Plan[T], deadline: float | None = None) -> T:
         """Run one call, or drive a plan to its result. A plan step whose reply was lost is
-        answered by throwing ``Replay`` into the plan, which resends it only if it is safe."""
+        answered by throwing ``Replay`` into the plan, which resends it only if it is safe.
+        With ``deadline`` (a monotonic time) no step is retried past it: the plan, thrown
+        ``Replay``, decides what a lost step at its deadline means (``wait()``: a timeout)."""
         if isinstance(work, Call):
-            return self.call(work)
-        budget = Budget(self.retry_for)
+            return self.call(work, deadline)
+        budget = Budget(self.retry_for, deadline)
         try:
             step = next(work)
             while True:
                 try:
-                    result = self.pipeline(step) if isinstance(step, list) else self.call(step)
+                    if isinstance(step, list):
+                        result = self.pipeline(step)
+                    else:
+                        result = self.call(step, deadline)
                 except TRANSIENT as exc:
-                    delay = budget.next_delay()
-                    if delay is None:
-                        budget.give_up(exc, self.client)
+                    if isinstance(step, list):
+                        self.follow()  # (call() follows by itself)
+                    delay = _plan_delay(budget, exc, self.client)
                     time.sleep(delay)
                     try:
                         step = work.throw(Replay(exc))
                     except Replay:
                         raise exc from None
                     continue
+                budget.attempt = 0  # a step went through: the next outage has its own budget
                 step = work.send(result)
         except StopIteration as stop:
             return cast(T, stop.value)
@@ -281,6 +369,7 @@ class AsyncExecutor(_Executor):
     def __init__(self, client: AsyncClient, **options: Any) -> None:
         super().__init__(client, **options)
         self._node_clients: dict[str, Any] = {}
+        self._refreshing: asyncio.Task[Any] | None = None
         self._fence.ainstall(client)
 
     async def fence(self) -> None:
@@ -297,19 +386,36 @@ class AsyncExecutor(_Executor):
             raw = exc
         self.native = _native.decide_from(self.mode, raw)
 
-    async def call(self, call: Call[T]) -> T:
-        """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s."""
-        budget = Budget(self.retry_for)
+    async def call(self, call: Call[T], deadline: float | None = None) -> T:
+        """Run one call; a replay-safe call rides out transient errors for ``retry_for`` s
+        (and never past ``deadline``, a monotonic time)."""
+        budget = Budget(self.retry_for, deadline)
         while True:
             try:
                 return await self._call_once(call)
             except TRANSIENT as exc:
+                await self.follow()
                 if not call.replay:
                     raise
                 delay = budget.next_delay()
                 if delay is None:
                     budget.give_up(exc, self.client)
                 await asyncio.sleep(delay)
+
+    async def follow(self) -> None:
+        """The asyncio twin of :meth:`SyncExecutor.follow`: one refresh at a time, which
+        every task that failed meanwhile waits for instead of starting its own."""
+        if not self._cluster:
+            return
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.ensure_future(self._refresh())
+        await asyncio.shield(task)
+
+    async def _refresh(self) -> None:
+        # Every node unreachable, for now: the next try finds out.
+        with contextlib.suppress(Exception):
+            await _redispy.refresh_slots(self.client)
 
     async def _call_once(self, call: Call[T]) -> T:
         if self._fence.pending:
@@ -322,12 +428,18 @@ class AsyncExecutor(_Executor):
                 return call.decode(await self._durable_once(call))
             except DurabilityError as exc:
                 raise _decoded_durability(call, exc) from None
+        native = bool(self.native)
         try:
             try:
-                reply = await client.execute_command(*script_args(call, False, bool(self.native)))
+                reply = await client.execute_command(*script_args(call, False, native))
             except NoScriptError:  # EVAL loads it; an error reply to that is mapped below
                 reply = await client.execute_command(*script_args(call, True))
         except ResponseError as exc:
+            if native and _native.unknown_command(exc):
+                refused = self._module_missing(call, exc)
+                if refused is not None:
+                    raise refused from None
+                return await self._call_once(call)  # as its script: the command did not run
             raise map_error(exc) from None
         return call.decode(reply)
 
@@ -370,52 +482,69 @@ class AsyncExecutor(_Executor):
             await self.fence()
         if self.durable and any(_is_write(c) for c in calls):
             return [await self._durable_decode(c) for c in calls]
-        replies = await self._send(calls, use_eval=False)
-        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        native = bool(self.native)
+        replies = await self._send(calls, False, native)
+        missing = self._resend(calls, replies, native)
         if missing:
-            again = await self._send([calls[i] for i in missing], use_eval=True)
+            again = await self._send([calls[i] for i in missing], True, False)
             for i, r in zip(missing, again, strict=True):
                 replies[i] = r
         return [_decode_one(c, r) for c, r in zip(calls, replies, strict=True)]
 
-    async def _send(self, calls: Sequence[Call[Any]], use_eval: bool) -> list[Any]:
+    async def _send(self, calls: Sequence[Call[Any]], use_eval: bool, native: bool) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for args in _pipeline_args(calls, use_eval, self._cluster, bool(self.native)):
+        for args in _pipeline_args(calls, use_eval, self._cluster, native):
             pipe.execute_command(*args)
         return list(await pipe.execute(raise_on_error=False))
 
-    async def run(self, work: Call[T] | Plan[T]) -> T:
+    async def run(self, work: Call[T] | Plan[T], deadline: float | None = None) -> T:
+        """The asyncio twin of :meth:`SyncExecutor.run`."""
         if isinstance(work, Call):
-            return await self.call(work)
-        budget = Budget(self.retry_for)
+            return await self.call(work, deadline)
+        budget = Budget(self.retry_for, deadline)
         try:
             step = next(work)
             while True:
                 try:
-                    result = await (
-                        self.pipeline(step) if isinstance(step, list) else self.call(step)
-                    )
+                    if isinstance(step, list):
+                        result = await self.pipeline(step)
+                    else:
+                        result = await self.call(step, deadline)
                 except TRANSIENT as exc:
-                    delay = budget.next_delay()
-                    if delay is None:
-                        budget.give_up(exc, self.client)
-                    await asyncio.sleep(delay)
+                    if isinstance(step, list):
+                        await self.follow()  # (call() follows by itself)
+                    await asyncio.sleep(_plan_delay(budget, exc, self.client))
                     try:
                         step = work.throw(Replay(exc))
                     except Replay:
                         raise exc from None
                     continue
+                budget.attempt = 0  # a step went through: the next outage has its own budget
                 step = work.send(result)
         except StopIteration as stop:
             return cast(T, stop.value)
 
     async def close(self) -> None:
+        if self._refreshing is not None and not self._refreshing.done():
+            self._refreshing.cancel()
         for node_client in self._node_clients.values():
             # The node clients were built on pools of their own: close those too.
             await node_client.aclose(close_connection_pool=True)
         self._node_clients.clear()
         if self.owned:
             await cast(Any, self.client).aclose()
+
+
+def _plan_delay(budget: Budget, exc: BaseException, client: Any) -> float:
+    """The sleep before a plan is thrown ``Replay`` for a lost step. At the plan's deadline
+    none: the plan decides what that means (``wait()`` times out); past ``retry_for``, the
+    budget gives up."""
+    delay = budget.next_delay()
+    if delay is not None:
+        return delay
+    if budget.deadline is None or time.monotonic() < budget.deadline:
+        budget.give_up(exc, client)
+    return 0.0
 
 
 def _pipeline_args(

@@ -11,12 +11,13 @@ in flight or a pause, so an idle paused lane is listed too.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from echomq import _observe, ids, keyspace
 from echomq import _protocol as _p
+from echomq._connect import TRANSIENT, Budget
 from echomq._executor import SyncExecutor
 from echomq._protocol import Call, Keys, _cmd, _s
 from echomq.errors import InvalidArgument
@@ -28,8 +29,11 @@ __all__ = [
     "discover",
     "job_view",
     "page",
+    "riding_out",
     "snapshot",
 ]
+
+T = TypeVar("T")
 
 SET_STATES = ("pending", "active", "schedule", "dead")
 
@@ -84,6 +88,24 @@ class QueueView:
             "failed_per_minute": self.failed,
             "lanes": [vars(lane) for lane in self.lanes],
         }
+
+
+def riding_out(x: SyncExecutor, read: Callable[[], T], within_s: float) -> T:
+    """``read()``, asked again after a transient error for up to ``within_s`` seconds, the
+    cluster's slot map re-read before each try: an operator view rides out a failover
+    instead of failing on the dead primary's address. Only for reads (they are safe to
+    repeat); past the budget the last error is raised (a lost connection as
+    ``ServerUnreachable``)."""
+    budget = Budget(within_s)
+    while True:
+        try:
+            return read()
+        except TRANSIENT as exc:
+            x.follow()
+            delay = budget.next_delay()
+            if delay is None:
+                budget.give_up(exc, x.client)
+            time.sleep(delay)
 
 
 def discover(client: Any) -> list[str]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from echomq.app import Task
     from echomq.context import JobContext
 
-__all__ = ["Child", "ChildDied", "ChildTimeout", "check_isolatable"]
+__all__ = ["Child", "ChildDied", "ChildTimeout", "check_isolatable", "run_call", "send_reply"]
 
 _POLL_S = 0.05  # how often a waiting run looks for a kill request
 
@@ -158,36 +158,53 @@ def _child_main(
     job: tuple[Any, ...],
 ) -> None:
     """The child: import the handler by reference, run it, send back what happened."""
+    try:
+        send_reply(conn, run_call(ref, args, kwargs, job))
+    finally:
+        conn.close()
+
+
+def run_call(
+    ref: tuple[str, str], args: list[Any], kwargs: dict[str, Any], job: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """In a child (isolated or a pool's): run one call of the handler found by reference;
+    the reply that tells the worker what happened (see :func:`_unpack`)."""
     from echomq.app import Discard, RateLimit, Retry
     from echomq.app import Task as _Task
     from echomq.context import JobContext, _current
 
     try:
+        target: Any = importlib.import_module(ref[0])
+        for part in ref[1].split("."):
+            target = getattr(target, part)
+        app = target.app if isinstance(target, _Task) else None
+        fn = target.fn if isinstance(target, _Task) else target
+        queue, job_id, token, group, task_name, floor = job
+        token_ = _current.set(
+            JobContext(queue, job_id, token, group, task_name, app=app, floor=floor)
+        )
         try:
-            target: Any = importlib.import_module(ref[0])
-            for part in ref[1].split("."):
-                target = getattr(target, part)
-            app = target.app if isinstance(target, _Task) else None
-            fn = target.fn if isinstance(target, _Task) else target
-            queue, job_id, token, group, task_name, floor = job
-            _current.set(JobContext(queue, job_id, token, group, task_name, app=app, floor=floor))
-            reply: tuple[Any, ...] = ("ok", fn(*args, **kwargs))
-        except Retry as exc:
-            reply = ("retry", exc.delay_ms, str(exc.reason))
-        except Discard as exc:
-            reply = ("discard", str(exc.reason))
-        except RateLimit as exc:
-            reply = ("ratelimit", exc.delay_ms)
-        except BaseException as exc:  # any failure is the run's: send it back
+            return ("ok", fn(*args, **kwargs))
+        finally:
+            _current.reset(token_)
+    except Retry as exc:
+        return ("retry", exc.delay_ms, str(exc.reason))
+    except Discard as exc:
+        return ("discard", str(exc.reason))
+    except RateLimit as exc:
+        return ("ratelimit", exc.delay_ms)
+    except BaseException as exc:  # any failure is the run's: send it back
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return ("error", exc, text, f"{type(exc).__name__}: {exc}")
+
+
+def send_reply(conn: Connection, reply: tuple[Any, ...]) -> None:
+    """Send a :func:`run_call` reply; one that cannot cross the pipe is sent as its text."""
+    try:
+        conn.send(reply)
+    except Exception as exc:
+        if reply[0] == "error":  # the exception itself does not cross: its text does
+            conn.send(("error", None, reply[2], reply[3]))
+        else:  # an unpicklable return value fails the run
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            reply = ("error", exc, text, f"{type(exc).__name__}: {exc}")
-        try:
-            conn.send(reply)
-        except Exception as exc:
-            if reply[0] == "error":  # the exception itself does not cross: its text does
-                conn.send(("error", None, reply[2], reply[3]))
-            else:  # an unpicklable return value fails the run
-                text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-                conn.send(("error", None, text, f"unpicklable result: {type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+            conn.send(("error", None, text, f"unpicklable result: {type(exc).__name__}: {exc}"))

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from datetime import datetime, timezone
 from typing import Any
 
 from echomq.errors import InvalidArgument
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter", "formatter"]
+__all__ = ["TEXT_FORMAT", "JsonFormatter", "formatter", "warn_repeated", "repeats_reset"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
 
@@ -62,6 +64,35 @@ def formatter(kind: str) -> logging.Formatter:
     raise InvalidArgument(f"log format must be 'text' or 'json', got {kind!r}")
 
 
+# Repeats of one warning (an outage makes every loop of every queue warn several times a
+# second): the first is written, then at most one per _REPEAT_EVERY_S, saying how many it
+# held back. Keyed by the caller (the warning and its queue); cleared when the server is back.
+_REPEAT_EVERY_S = 10.0
+_repeats: dict[str, tuple[float, int]] = {}
+_repeats_lock = threading.Lock()
+
+
+def warn_repeated(log: logging.Logger, key: str, msg: str, *args: Any) -> None:
+    """``log.warning(msg, *args)``, rate-limited per ``key`` (see above)."""
+    now = time.monotonic()
+    with _repeats_lock:
+        last, held = _repeats.get(key, (0.0, -1))
+        if held >= 0 and now - last < _REPEAT_EVERY_S:
+            _repeats[key] = (last, held + 1)
+            return
+        _repeats[key] = (now, 0)
+    if held > 0:
+        msg += f" ({held} more like it in the last {now - last:.0f} s)"
+    log.warning(msg, *args)
+
+
+def repeats_reset(prefix: str = "") -> None:
+    """Forget the repeats of keys starting with ``prefix``: the next one is written at once."""
+    with _repeats_lock:
+        for key in [k for k in _repeats if k.startswith(prefix)]:
+            del _repeats[key]
+
+
 def log_startup(
     log: logging.Logger,
     app: Any,
@@ -79,7 +110,29 @@ def log_startup(
     )  # fmt: skip
     for name in queues:
         tasks = sorted(t.name for t in app.tasks.values() if t.queue == name)
-        log.info(
-            "queue %s: tasks %s", name, ", ".join(tasks) or "(none)",
-            extra={"queue": name, "tasks": tasks},
-        )  # fmt: skip
+        if tasks:
+            log.info(
+                "queue %s: tasks %s", name, ", ".join(tasks),
+                extra={"queue": name, "tasks": tasks},
+            )  # fmt: skip
+        else:  # a typo in -q: every job there would be dead-lettered as an unknown task
+            known = sorted({t.queue for t in app.tasks.values()})
+            log.warning(
+                "queue %s: no task of the app is on it (its queues: %s); a job there is "
+                "dead-lettered as an unknown task", name, ", ".join(known) or "none",
+                extra={"queue": name, "tasks": tasks},
+            )  # fmt: skip
+        repeats = sorted(
+            (p for (q, _), p in getattr(app, "periodics", {}).items() if q == name),
+            key=lambda p: p.name,
+        )
+        if repeats:
+            shown = [
+                f"{p.name} ({f'every {p.every_ms} ms' if p.every_ms else f'cron {p.cron!r} {p.tz}'}"
+                f", task {p.task.name})"
+                for p in repeats
+            ]
+            log.info(
+                "queue %s: repeats %s", name, ", ".join(shown),
+                extra={"queue": name, "repeats": [p.name for p in repeats]},
+            )  # fmt: skip

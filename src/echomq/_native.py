@@ -39,6 +39,7 @@ __all__ = [
     "decide",
     "resolve_executor",
     "source_dir",
+    "unknown_command",
     "url_executor",
 ]
 
@@ -139,13 +140,21 @@ def decide_from(mode: str, raw: Any) -> bool:
     ``{node: reply}`` (one reply per primary), or one server's reply."""
     if isinstance(raw, BaseException):
         return decide(mode, None, raw)
-    return decide(mode, list(raw.values()) if isinstance(raw, dict) else [raw])
+    if isinstance(raw, dict):
+        return decide(mode, list(raw.values()), names=[_text(name) for name in raw])
+    return decide(mode, [raw])
 
 
-def decide(mode: str, replies: list[Any] | None, refused: BaseException | None = None) -> bool:
+def decide(
+    mode: str,
+    replies: list[Any] | None,
+    refused: BaseException | None = None,
+    names: list[str] | None = None,
+) -> bool:
     """Whether the native executor serves: ``replies`` holds one MODULE LIST reply per
-    primary (None, with ``refused``, when the server would not answer it). ``auto`` falls
-    back to Lua; ``native`` raises :class:`ExecutorUnavailable` saying why."""
+    primary (None, with ``refused``, when the server would not answer it; ``names`` the
+    primaries, on a cluster). ``auto`` falls back to Lua; ``native`` raises
+    :class:`ExecutorUnavailable` saying what is missing, and where."""
     if mode == "lua":
         return False
     if replies is None:
@@ -158,19 +167,42 @@ def decide(mode: str, replies: list[Any] | None, refused: BaseException | None =
     versions = [loaded_version(r) for r in replies]
     ok = bool(versions) and all(v == MODULE_VERSION for v in versions)
     if not ok and mode == "native":
-        if any(v is not None for v in versions):
-            found = sorted({str(v) for v in versions if v is not None})
-            detail = f"trafikey version {'/'.join(found)} is loaded, this client needs "
-            detail += f"{MODULE_VERSION}"
-            if None in versions:
-                detail += " (and some primaries do not load it)"
-        else:
-            detail = "the server does not load the trafikey module"
         raise ExecutorUnavailable(
-            f"executor='native' but {detail}; start the server with "
-            "--loadmodule <path printed by `echomq module build`>, or use executor='auto'"
+            f"executor='native' but {_missing(versions, names)}; start "
+            f"{'every primary' if names else 'the server'} with --loadmodule <path printed "
+            "by `echomq module build`>, or use executor='auto'"
         )
     return ok
+
+
+def _missing(versions: list[int | None], names: list[str] | None) -> str:
+    """What keeps the native executor out: the servers without the module, and those with
+    another version than :data:`MODULE_VERSION` (named on a cluster)."""
+    if not names:
+        found = [v for v in versions if v is not None]
+        if not found:
+            return "the server does not load the trafikey module"
+        return f"the server loads trafikey version {found[0]}, this client needs {MODULE_VERSION}"
+    parts = []
+    absent = [n for n, v in zip(names, versions, strict=False) if v is None]
+    if absent:
+        which = "primary" if len(absent) == 1 else "primaries"
+        parts.append(
+            f"the {which} {', '.join(absent)} {'does' if len(absent) == 1 else 'do'} not "
+            "load the trafikey module"
+        )
+    for name, v in zip(names, versions, strict=False):
+        if v is not None and v != MODULE_VERSION:
+            parts.append(f"{name} loads trafikey version {v} (this client needs {MODULE_VERSION})")
+    return " and ".join(parts) or "no primary answered MODULE LIST"
+
+
+def unknown_command(exc: BaseException) -> bool:
+    """Whether an error reply is a server refusing an ``EMQ.*`` command it does not know
+    (a server without the module: e.g. a replica without it was promoted). The command did
+    not run, so the call may be sent again as its script."""
+    text = str(exc).lower()
+    return "unknown command" in text and "emq." in text
 
 
 # --------------------------------------------------------------------------- building it

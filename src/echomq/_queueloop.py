@@ -21,6 +21,7 @@ from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
 from echomq._executor import AsyncExecutor
+from echomq._logfmt import warn_repeated
 from echomq._protocol import Call, Keys
 from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
@@ -150,7 +151,7 @@ class QueueLoop:
             self.park_failures = 0
         except Exception as exc:  # a network error or a reply (BUSY ...): wait, then claim
             self.park_failures += 1
-            log.warning("wake wait failed (%s)", exc)
+            warn_repeated(log, f"wake:{self.keys.name}", "wake wait failed (%s)", exc)
             await asyncio.sleep(backoff_delay(self.park_failures, base=0.1, cap=2.0))
 
     def track(self, r: Running) -> Running | None:

@@ -19,7 +19,9 @@ The names used, by object:
   methods, ``_reader``, ``_writer``, ``health_check_interval`` and ``next_health_check``;
 - ``redis.cluster.RedisCluster``: ``user_on_connect_func``, ``nodes_manager``;
 - ``redis.asyncio.cluster.RedisCluster``: ``nodes_manager``; its ``ClusterNode``:
-  ``connection_kwargs``, ``connection_class``.
+  ``connection_kwargs``, ``connection_class``;
+- both cluster clients: ``commands_parser`` (its ``get_keys``, see
+  :func:`route_module_commands`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "pack_in_c",
     "pool_connection",
     "refresh_slots",
+    "route_module_commands",
     "set_cluster_connect_hook",
     "set_connect_hook",
 ]
@@ -103,6 +106,55 @@ def refresh_slots(client: Any) -> Any:
     """Re-read a cluster's slot map (after an ASK/MOVED the client did not follow itself).
     Returns the awaitable on an asyncio client."""
     return client.nodes_manager.initialize()
+
+
+def _module_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The keys of an ``EMQ.*`` command, which follows EVAL's convention (``EMQ.<VERB>
+    numkeys key... arg...``); None for any other command."""
+    name = args[0]
+    text = name.decode("latin-1") if isinstance(name, (bytes, bytearray)) else str(name)
+    if len(args) < 2 or text[:4].upper() != "EMQ.":
+        return None
+    return list(args[2 : 2 + int(args[1])])
+
+
+def _sync_get_keys(self: Any, redis_conn: Any, *args: Any) -> Any:
+    keys = _module_keys(args)
+    return keys if keys is not None else self._echomq_get_keys(redis_conn, *args)
+
+
+async def _async_get_keys(self: Any, *args: Any) -> Any:
+    keys = _module_keys(args)
+    return keys if keys is not None else await self._echomq_get_keys(*args)
+
+
+# A key-routing subclass per parser class (sync, asyncio), made once.
+_ROUTING: dict[type, type] = {}
+
+
+def route_module_commands(client: Any) -> None:
+    """Route a cluster client's ``EMQ.*`` commands by their key positions, as redis-py
+    routes EVAL: the parser (shared by the client and its pipelines) otherwise asks
+    ``COMMAND GETKEYS`` of the client's default node for every call of a module command,
+    and redis-py never replaces that node when it dies, so every EMQ.* call would fail
+    once it did, on every queue (and a default node without the module cannot answer).
+    The parser's class becomes a subclass whose ``get_keys`` reads the keys locally."""
+    parser = getattr(client, "commands_parser", None)
+    if parser is None:
+        return
+    base = type(parser)
+    if base in _ROUTING.values():
+        return
+    cls = _ROUTING.get(base)
+    if cls is None:
+        asynchronous = inspect.iscoroutinefunction(base.get_keys)
+        namespace = {
+            "__slots__": (),
+            "get_keys": _async_get_keys if asynchronous else _sync_get_keys,
+            "_echomq_get_keys": base.get_keys,
+        }
+        cls = _ROUTING[base] = type(base.__name__, (base,), namespace)
+    parser.__class__ = cls
 
 
 def node_pool_kwargs(node: Any) -> tuple[Any, dict[str, Any]]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from echomq import _envelope
 from echomq import _protocol as _p
 from echomq._isolate import Child, ChildTimeout
+from echomq._pool import PoolRun, ProcessPool
 from echomq._protocol import Job
 from echomq.app import Discard, RateLimit, Retry
 from echomq.backoff import exponential
@@ -62,7 +63,9 @@ class Running:
     lost: bool = False  # the lease was lost, or the job handed back: never settle this run
     thread: Future[Any] | None = None  # a sync handler's run in the pool
     started: float = 0.0  # time.monotonic() when the sync handler's thread was submitted
-    child: Child | None = None  # an isolated run's child process (@app.task(isolate=True))
+    # An isolated run's child process (@app.task(isolate=True)), or a pool run's claim on the
+    # worker's process pool (@app.task(pool="process")): kill() stops either.
+    child: Child | PoolRun | None = None
     cancelled: bool = False  # D22: the job was cancelled; its settle dead-letters it
     begun: float = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
     key: tuple[str, int] = field(init=False)  # (id, token): how the worker tracks the run
@@ -139,6 +142,7 @@ class Runner:
         self.hooks = hooks
         self.beat_ms = beat_ms
         self.threads: ThreadPoolExecutor | None = None
+        self.pool: ProcessPool | None = None  # set by the worker when a task uses it
         self.stopping = False
         # Inline handlers run inside the pump's turn; async job hooks need a loop task.
         self._inline_ok = not hooks.job_hooks_async
@@ -154,7 +158,7 @@ class Runner:
             self._log_refused(queue, job, prepared)
             done(r, prepared)
             return
-        if jlog.isEnabledFor(logging.DEBUG):
+        if jlog.isEnabledFor(logging.INFO):
             r.begun = time.monotonic()
         task, args, kwargs = prepared
         r.ctx = JobContext(
@@ -278,6 +282,12 @@ class Runner:
             run: Awaitable[Any] = _guard(task.fn(*args, **kwargs))
         elif task.inline:  # inline, but a job hook is async: a loop task, still no thread
             return task.fn(*args, **kwargs)
+        elif task.pool is not None:
+            # One of the worker's persistent children (echomq._pool); it enforces the timeout
+            # itself (ChildTimeout) and kills the child on any other end of the run.
+            assert self.pool is not None and self.threads is not None and r.ctx is not None
+            claim = r.child = PoolRun()
+            return await self.pool.run(task, args, kwargs, r.ctx, claim, self.threads)
         elif task.isolate:
             # A child process per run, waited on in a pool thread; the child enforces the
             # timeout itself (ChildTimeout) and is killed on any other end of the run.
@@ -299,11 +309,11 @@ class Runner:
     def _log_end(
         self, r: Running, task: Task[Any, Any], settle: Settle, error: BaseException | None
     ) -> None:
-        """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
+        """The run's one log line (a completion only at INFO: nothing is built otherwise)."""
         settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
         kind = settle.kind
-        # Completions are logged only for runs that began with DEBUG on (r.begun set): one
-        # level check a job, in start().
+        # Completions are logged only for runs that began with INFO on (r.begun set): one
+        # level check a job, in start(); `--log-level WARNING` builds nothing.
         if kind == "completed" and not r.begun:
             return
         if kind == "pushed" and not jlog.isEnabledFor(logging.DEBUG):
@@ -322,7 +332,7 @@ class Runner:
         if kind == "completed":
             ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
             fields["duration_ms"] = ms
-            jlog.debug("%s completed in %s ms", where, ms, extra=fields)
+            jlog.info("%s completed in %s ms", where, ms, extra=fields)
             return
         if kind == "pushed":
             fields["delay_ms"] = settle.delay_ms

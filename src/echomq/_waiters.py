@@ -20,6 +20,7 @@ from typing import Any
 
 from echomq import _control as _ctl
 from echomq import keyspace
+from echomq._connect import TRANSIENT
 from echomq._executor import AsyncExecutor
 from echomq._protocol import Call, Keys, Plan, _cmd, _s
 
@@ -50,11 +51,18 @@ class ResultWaiters:
     async def wait(self, id: str, timeout_s: float) -> _ctl.Result:
         timeout = _ctl._timeout(timeout_s)
         keyspace.check_id(id)
+        deadline = time.monotonic() + timeout
         # Marker before the read (see _ctl.wait): a completion after the read pushes a token.
+        # Each step rides out a failover only until the wait's deadline.
         marked = time.monotonic()
-        await self._x.run(_ctl.want(self._k, id))
-        self._marked[id] = marked
-        found = await self._x.run(_ctl.result(self._k, id))
+        try:
+            await self._x.run(_ctl.want(self._k, id), deadline=deadline)
+            self._marked[id] = marked
+            found = await self._x.run(_ctl.result(self._k, id), deadline=deadline)
+        except TRANSIENT as exc:
+            if time.monotonic() < deadline:
+                raise
+            raise TimeoutError(f"job {id}: no result within {timeout} s") from exc
         if found is not None:
             return _ctl._outcome(found)
         if timeout <= 0:
@@ -62,11 +70,15 @@ class ResultWaiters:
         fut: asyncio.Future[_ctl.Result] = asyncio.get_running_loop().create_future()
         self._futs.setdefault(id, []).append(fut)
         try:
-            await self._kick()
             try:
-                got = await asyncio.wait_for(fut, timeout)
-            except TimeoutError:
+                await self._kick(deadline)
+                got = await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+            except (TimeoutError, asyncio.TimeoutError):
                 raise TimeoutError(f"job {id}: no result within {timeout} s") from None
+            except TRANSIENT as exc:
+                if time.monotonic() < deadline:
+                    raise
+                raise TimeoutError(f"job {id}: no result within {timeout} s") from exc
         finally:
             waiting = self._futs.get(id)
             if waiting is not None and fut in waiting:
@@ -77,7 +89,7 @@ class ResultWaiters:
                 self._marked.pop(id, None)
         return _ctl._outcome(got)
 
-    async def _kick(self) -> None:
+    async def _kick(self, deadline: float) -> None:
         if self._reader is None or self._reader.done():
             # A new reader reads the registry when it starts: no poke needed.
             self._poked = False
@@ -85,7 +97,7 @@ class ResultWaiters:
             return
         if not self._poked:
             self._poked = True
-            await self._x.run(self._poke_plan())
+            await self._x.run(self._poke_plan(), deadline=deadline)
 
     def _poke_plan(self) -> Plan[None]:
         yield [

@@ -122,6 +122,7 @@ class Task(Generic[P, R]):
         keep_result_ms: int = 0,
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
+        pool: str | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -157,6 +158,18 @@ class Task(Generic[P, R]):
             if (why := check_isolatable(fn)) is not None:
                 raise InvalidArgument(f"isolate=True: {why}")
         self.isolate = isolate
+        if pool is not None:  # the worker's persistent process pool (echomq._pool)
+            from echomq._isolate import check_isolatable
+
+            if pool != "process":
+                raise InvalidArgument(f"pool must be None or 'process', got {pool!r}")
+            if self.is_async or inline or isolate:
+                raise InvalidArgument(
+                    "pool='process' is for sync handlers that are not inline nor isolate=True"
+                )
+            if (why := check_isolatable(fn)) is not None:
+                raise InvalidArgument(f"pool='process': {why}")
+        self.pool = pool
         # D17: > 0 keeps each run's return value (through the app's serializer) that long.
         if isinstance(keep_result_ms, bool) or not isinstance(keep_result_ms, int):
             raise InvalidArgument(f"keep_result_ms must be an int >= 0, got {keep_result_ms!r}")
@@ -421,14 +434,25 @@ class TaskEnqueued(Enqueued):
         return hash((self.id, self.status))
 
     def wait(self, timeout_s: float) -> Any:
-        """Block until the job's result is kept; return it deserialized."""
+        """Block until the job's result is kept; return it deserialized. A task that keeps no
+        results raises :class:`InvalidArgument` at once (its wait could only time out)."""
+        self._check_kept()
         res = self.task.app.queue(self.task.queue).wait(self.id, timeout_s=timeout_s)
         return self.task.app.serializer.loads(res.value)
 
     async def await_result(self, timeout_s: float) -> Any:
         """``wait`` for asyncio code (many waiters share one connection)."""
+        self._check_kept()
         res = await self.task.app.aqueue(self.task.queue).wait(self.id, timeout_s=timeout_s)
         return self.task.app.serializer.loads(res.value)
+
+    def _check_kept(self) -> None:
+        if not self.task.keep_result_ms:
+            raise InvalidArgument(
+                f"task {self.task.name!r} keeps no results, so waiting for one could only time "
+                f"out: keep them with @app.task(..., keep_result_ms=60_000) (how long each "
+                "return value is kept, in ms)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +555,7 @@ class App:
         keep_result_ms: int = 0,
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
+        pool: str | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -548,6 +573,7 @@ class App:
         keep_result_ms: int = 0,
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
+        pool: str | None = None,
     ) -> Any:
         """Register a handler (sync or ``async def``) as a task; usable bare or with options.
 
@@ -571,6 +597,11 @@ class App:
                 kills at ``timeout`` (a hard timeout; nothing keeps running). The handler
                 must be a module-level function of an importable module; arguments and
                 return value are pickled (see docs/API.md, "Hung handlers").
+            pool: ``"process"``: run each job of a sync, CPU-bound handler in the worker's
+                pool of persistent child processes (``Worker(pool_size=...)``, default one
+                per CPU), so it uses other cores than the worker's own; a ``timeout`` kills
+                and replaces the child, and a cancel reaches it. Same constraints as
+                ``isolate`` (see docs/API.md, "Process pool").
         """
 
         def register(f: Callable[P, R]) -> Task[P, R]:
@@ -592,6 +623,7 @@ class App:
                 keep_result_ms=keep_result_ms,
                 rate_limit=rate_limit,
                 isolate=isolate,
+                pool=pool,
             )
             self.tasks[task_name] = t
             return t

@@ -26,13 +26,20 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import _connect, _envelope, _executor, _inspect, _native, ids, keyspace
+from echomq import _connect, _envelope, _executor, _inspect, _native, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq.app import App
-from echomq.errors import EchoMQError, InvalidArgument, JobGone, ServerUnreachable, StateError
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    JobGone,
+    ServerNotRunning,
+    ServerUnreachable,
+    StateError,
+)
 from echomq.queue import Queue
 from echomq.serializers import JSON
-from echomq.server import EmbeddedServer, NoServerBinary, state_dir
+from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, state_dir
 
 __all__ = ["main"]
 
@@ -54,10 +61,24 @@ def _checked_url(url: str) -> str:
         raise  # unreachable; keeps type checkers quiet
 
 
+def _resolved(ctx: click.Context, app_url: str | None = None) -> _connect.Resolved:
+    """``echomq._connect.resolve_url`` for a command: a recorded server that is gone is one
+    ``error:`` line; with ``-v`` the server and where it came from are printed (once)."""
+    try:
+        found = _connect.resolve_url(ctx.obj.get("url"), app_url)
+    except EchoMQError as exc:
+        _fail(str(exc))
+        raise  # unreachable; keeps type checkers quiet
+    if ctx.obj.get("verbose") and not ctx.obj.get("told"):
+        ctx.obj["told"] = True
+        click.echo(f"echomq: server {_shown(found.url)} ({found.source}: {found.reason})", err=True)
+    return found
+
+
 def _url(ctx: click.Context) -> str:
     """The server of an operator command (``echomq._connect.resolve_url``: ``--url``,
     ``ECHOMQ_URL``, a recorded ``echomq server``, the local default)."""
-    return _checked_url(_connect.resolve_url(ctx.obj.get("url")).url)
+    return _checked_url(_resolved(ctx).url)
 
 
 def _shown(url: str) -> str:
@@ -78,6 +99,8 @@ def _errors(url: str) -> Iterator[None]:
         _fail(f"cannot reach the server at {_shown(url)}: {exc}")
     except redis.exceptions.ResponseError as exc:
         _fail(f"the server at {_shown(url)} answered an error: {exc}")
+    except redis.exceptions.RedisClusterException as exc:  # e.g. no node of it answers
+        _fail(f"cannot use the cluster at {_shown(url)}: {exc}")
     except EchoMQError as exc:
         _fail(str(exc))
 
@@ -95,17 +118,24 @@ def _server_for(
     for the duration of the command.
     ``optional_module``: a built trafikey to load if it can; a server that refuses it (a
     stale or foreign build) is started again without it, with a warning, on the Lua path."""
-    found = _connect.configured(ctx.obj.get("url"), app_url)
+    try:
+        found = _connect.configured(ctx.obj.get("url"), app_url)
+    except ServerNotRunning as exc:
+        # A worker's own server died with that worker: this one starts its own (the same
+        # data dir). A recorded `echomq server` that is down is the user's to start.
+        if not (purpose == "worker" and exc.by == "worker"):
+            _fail(str(exc))
+        found = None
     if found is not None:
         # logs the choice
-        yield _checked_url(_connect.resolve_url(ctx.obj.get("url"), app_url).url)
+        yield _checked_url(_resolved(ctx, app_url).url)
         return
     directory = state_dir() / purpose
     try:
         try:
             load = ["--loadmodule", str(optional_module)] if optional_module else []
             server = EmbeddedServer(directory, args=load).start()
-        except RuntimeError as exc:
+        except ServerStartError as exc:
             if not optional_module:
                 raise
             # The last log line says why, after its "pid:role date time #" prefix.
@@ -127,22 +157,80 @@ def _server_for(
     )
     # Recorded like `echomq server`'s, so producers (App()) and other commands run from this
     # directory find it while it lives; the record goes with it.
-    record = _record_server(server) if purpose == "worker" else None
+    record = _record_server(server, "worker") if purpose == "worker" else None
     try:
         yield server.url
     finally:
         server.stop()
         if record is not None:
-            with contextlib.suppress(FileNotFoundError):
-                record.unlink()
+            _unrecord(record, server)
 
 
-def _record_server(srv: EmbeddedServer) -> Path:
+def _record_server(srv: EmbeddedServer, by: str) -> Path:
+    """Write ``server.json`` (atomically: a reader never sees half of it): the server's pid
+    and URL for clients, ``owner`` (this process) and ``by`` for the next server here."""
     record = state_dir() / "server.json"
     record.parent.mkdir(parents=True, exist_ok=True)
-    info = {"pid": srv.pid, "port": srv.port, "url": srv.url, "socket": str(srv.socket_path)}
-    record.write_text(json.dumps(info))
+    info = {
+        "pid": srv.pid,
+        "port": srv.port,
+        "url": srv.url,
+        "socket": str(srv.socket_path),
+        "owner": os.getpid(),
+        "by": by,
+    }
+    partial = record.with_name(f".server.json.{os.getpid()}")
+    partial.write_text(json.dumps(info))
+    partial.replace(record)
     return record
+
+
+def _unrecord(record: Path, srv: EmbeddedServer) -> None:
+    """Delete ``record`` only while it is still ours: a server started here since owns it."""
+    info = _connect.read_record(record.parent) or {}
+    if info.get("owner") == os.getpid() and info.get("pid") == srv.pid:
+        with contextlib.suppress(FileNotFoundError):
+            record.unlink()
+
+
+def _hold_lock(path: Path) -> Any:
+    """An exclusive lock on ``path`` held for this process's life (the open file; the OS
+    lets go when the process ends, however it ends), with our pid written in it; None when
+    another process holds it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")  # noqa: SIM115 - held open until exit, on purpose
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def _lock_holder(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _port_free(port: int) -> bool:
+    """Whether the server could bind 127.0.0.1:``port`` now. SO_REUSEADDR as the server sets
+    it: the connections of clients a stopped server left in TIME_WAIT do not hold the port."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _queue(ctx: click.Context, name: str) -> Queue:
@@ -193,11 +281,18 @@ _CREATE = click.option(
 @click.option(
     "--url", envvar="ECHOMQ_URL", help="Server URL (redis://, rediss://, unix://). Env: ECHOMQ_URL."
 )
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Print the server a command uses and where that choice came from.",
+)
 @click.version_option(package_name="echomq")
 @click.pass_context
-def main(ctx: click.Context, url: str | None) -> None:
+def main(ctx: click.Context, url: str | None, verbose: bool) -> None:
     """echomq: a reliable job queue on Valkey/Redis."""
     ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
     # Only a --url typed on the command line is "explicit": ECHOMQ_URL is found (and its
     # place in the order kept, after App(url=...)) by echomq._connect.resolve_url.
     source = ctx.get_parameter_source("url")
@@ -302,6 +397,41 @@ def _log_level(value: str) -> int:
     help="Serve Prometheus /metrics on this port (needs echomq[web]; default: off).",
 )
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Its address.")
+@click.option(
+    "--metrics-queues/--no-metrics-queues",
+    default=True,
+    show_default=True,
+    help="Also export the server-wide queue gauges (depths, lanes) on --metrics-port; with "
+    "-p N only the first worker process does. In a fleet, turn it off and run one "
+    "`echomq metrics`.",
+)
+@click.option(
+    "--metrics-lanes",
+    type=int,
+    default=None,
+    help="Lanes per queue with a label of their own (the deepest); the rest are summed as "
+    'lane="~other" (default 50).',
+)
+@click.option(
+    "-p",
+    "--processes",
+    default="1",
+    show_default=True,
+    help="Worker processes, each with its own -c slots (auto: one per CPU); > 1 starts a "
+    "supervisor.",
+)
+@click.option(
+    "--max-jobs-per-child",
+    type=int,
+    default=None,
+    help="Recycle a worker process gracefully after it claimed this many jobs (supervised).",
+)
+@click.option(
+    "--max-memory-per-child",
+    type=int,
+    default=None,
+    help="Recycle a worker process gracefully past this resident memory, in MiB (supervised).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -315,10 +445,16 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_queues: bool,
+    metrics_lanes: int | None,
+    processes: str,
+    max_jobs_per_child: int | None,
+    max_memory_per_child: int | None,
 ) -> None:
     """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
     import logging
 
+    from echomq import _supervisor
     from echomq._logfmt import formatter
     from echomq.worker import Worker
 
@@ -326,48 +462,153 @@ def worker(
     handler = logging.StreamHandler()
     handler.setFormatter(formatter(log_format))
     logging.basicConfig(level=level, handlers=[handler])
+    n = _processes(processes)
+    for name, value in (
+        ("--max-jobs-per-child", max_jobs_per_child),
+        ("--max-memory-per-child", max_memory_per_child),
+        ("--metrics-lanes", metrics_lanes),
+    ):
+        if value is not None and value < 1:
+            _fail(f"{name} must be >= 1, got {value}")
     if metrics_port is not None:
         _needs_web("echomq worker --metrics-port")
+    # Set: a spawned, supervised child (read once: a process it starts is not one).
+    control = os.environ.pop(_supervisor.CONTROL_FD_ENV, None)
+    if control is not None and not control.isdigit():
+        _fail(f"{_supervisor.CONTROL_FD_ENV} must be a file descriptor, got {control!r}")
+    supervised = control is None and (n > 1 or bool(max_jobs_per_child or max_memory_per_child))
     app = _load_app(app_spec)
     # The app's own App(url=...) counts before ECHOMQ_URL and before starting a server.
     with _server_for(ctx, purpose="worker", app_url=app._url) as url:
         app.url = url
-        hooks = None
-        if metrics_port is not None:
-            # Off unless asked: without the flag the worker has no hook at all.
-            from prometheus_client import start_http_server
 
-            from echomq import prometheus
+        def run_one(index: int, control_fd: int | None) -> int:
+            hooks = None
+            if metrics_port is not None:
+                # Off unless asked: without the flag the worker has no hook at all.
+                from prometheus_client import start_http_server
 
-            hooks = prometheus.PrometheusHooks().hooks()
-            served = list(queues) or app.queues() or None
-            start_http_server(
-                metrics_port,
-                addr=metrics_host,
-                registry=prometheus.registry_for(url, queues=served),
-            )
-            logging.getLogger("echomq.worker").info(
-                "metrics on http://%s:%d/metrics", metrics_host, metrics_port
-            )
+                from echomq import prometheus
+
+                hooks = prometheus.PrometheusHooks().hooks()
+                served = list(queues) or app.queues() or None
+                port = metrics_port + index  # one port per worker process of a supervisor
+                start_http_server(
+                    port,
+                    addr=metrics_host,
+                    registry=prometheus.registry_for(
+                        url,
+                        queues=served,
+                        server_metrics=metrics_queues and index == 0,
+                        lanes=metrics_lanes,
+                        # Multiprocess mode aggregates every process's files: one port of
+                        # the fleet exports them, the others would count them again.
+                        worker_metrics=index == 0 or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
+                    ),
+                )
+                logging.getLogger("echomq.worker").info(
+                    "metrics on http://%s:%d/metrics", metrics_host, port
+                )
+            try:
+                w = Worker(
+                    app,
+                    list(queues) or None,
+                    concurrency,
+                    beat_ms=beat_ms,
+                    grace_s=grace_s,
+                    max_stalled=max_stalled,
+                    hooks=hooks,
+                    max_jobs=max_jobs_per_child if control_fd is not None else None,
+                )
+            except EchoMQError as exc:
+                _fail(str(exc))
+                raise  # unreachable
+            with _errors(url):
+                if control_fd is None:
+                    w.run()
+                    return 0
+                return _supervisor.run_child_worker(
+                    w,
+                    control_fd,
+                    max_memory=None if max_memory_per_child is None else max_memory_per_child << 20,
+                )
+            raise AssertionError  # unreachable: _errors exits
+
+        if control is not None:
+            code = run_one(int(os.environ.get(_supervisor.INDEX_ENV, "0")), int(control))
+        elif not supervised:
+            code = run_one(0, None)
+        else:
+            options = {
+                "queues": queues, "concurrency": concurrency, "beat_ms": beat_ms,
+                "grace_s": grace_s, "max_stalled": max_stalled, "log_level": log_level,
+                "log_format": log_format, "metrics_port": metrics_port,
+                "metrics_host": metrics_host, "metrics_queues": metrics_queues,
+                "metrics_lanes": metrics_lanes, "max_jobs_per_child": max_jobs_per_child,
+                "max_memory_per_child": max_memory_per_child,
+            }  # fmt: skip
+            code = _supervise(ctx, url, app_spec, n, run_one, **options)
+    # Out of _server_for: an embedded server is stopped before any early exit below.
+    if not supervised:
+        _exit_past_stuck_handlers(code)
+    if code:
+        sys.exit(code)
+
+
+def _supervise(
+    ctx: click.Context,
+    url: str,
+    app_spec: str,
+    n: int,
+    run_one: Callable[[int, int], int],
+    **o: Any,
+) -> int:
+    """``echomq worker -p N``: the supervisor (``echomq._supervisor``); its exit status."""
+    from echomq import _supervisor
+
+    def spawn_argv(index: int) -> list[str]:
+        # The same options; the URL by the environment (not on a command line ps shows)
+        # unless it was given there already.
+        argv = [sys.executable, "-m", "echomq"]
+        if ctx.obj.get("url"):
+            argv += ["--url", ctx.obj["url"]]
+        argv += ["worker", app_spec, "-c", str(o["concurrency"]), "--beat-ms", str(o["beat_ms"])]
+        argv += ["--grace", str(o["grace_s"]), "--max-stalled", str(o["max_stalled"])]
+        argv += ["--log-level", o["log_level"], "--log-format", o["log_format"]]
+        for name in o["queues"]:
+            argv += ["-q", name]
+        if o["metrics_port"] is not None:
+            argv += ["--metrics-port", str(o["metrics_port"]), "--metrics-host", o["metrics_host"]]
+            argv += ["--metrics-queues" if o["metrics_queues"] else "--no-metrics-queues"]
+            if o["metrics_lanes"] is not None:
+                argv += ["--metrics-lanes", str(o["metrics_lanes"])]
+        if o["max_jobs_per_child"] is not None:
+            argv += ["--max-jobs-per-child", str(o["max_jobs_per_child"])]
+        if o["max_memory_per_child"] is not None:
+            argv += ["--max-memory-per-child", str(o["max_memory_per_child"])]
+        return argv
+
+    if not ctx.obj.get("url"):
+        os.environ["ECHOMQ_URL"] = url  # a spawned child finds the same server
+    sup = _supervisor.Supervisor(n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"])
+    return sup.run()
+
+
+def _processes(value: str) -> int:
+    """``-p``: a count >= 1, or ``auto`` (one per CPU this process may use)."""
+    text = value.strip().lower()
+    if text == "auto":
         try:
-            w = Worker(
-                app,
-                list(queues) or None,
-                concurrency,
-                beat_ms=beat_ms,
-                grace_s=grace_s,
-                max_stalled=max_stalled,
-                hooks=hooks,
-            )
-        except EchoMQError as exc:
-            _fail(str(exc))
-            return
-        with _errors(url):
-            w.run()
-    _exit_past_stuck_handlers()
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return max(1, os.cpu_count() or 1)
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    _fail(f"-p/--processes must be a count >= 1 or 'auto', got {value!r}")
+    raise AssertionError  # unreachable
 
 
-def _exit_past_stuck_handlers() -> None:
+def _exit_past_stuck_handlers(code: int = 0) -> None:
     """Sync handlers still running after the grace period were handed back to pending, but a
     thread cannot be stopped and the interpreter waits for every pool thread at exit: the
     worker would linger until they return. Exit now, as SIGTERM with a grace promises."""
@@ -382,7 +623,7 @@ def _exit_past_stuck_handlers() -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 # --------------------------------------------------------------------------- producing
@@ -462,7 +703,14 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
         x = _executor.SyncExecutor(
             client, retry_for=0, executor=_native.resolve_executor(None, url)
         )
-        views = _inspect.snapshot(x, names or _discover_queues(client), minutes=0)
+        # ... but rides out a failover (a few seconds: the slot map re-read, the reads
+        # asked again) rather than print a dead primary's error.
+        views = _inspect.riding_out(
+            x,
+            lambda: _inspect.snapshot(x, names or _discover_queues(client), minutes=0),
+            _connect.DEFAULT_RETRY_FOR,
+        )
+        fleet = x.pipeline([_registry.list_workers(_p.Keys(v.name)) for v in views])
         if x.executor is None:
             # Nothing ran (no queue): decide it as a call would, with MODULE LIST only (a
             # fence would write {emq}:version on a server echomq never used).
@@ -473,9 +721,11 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
         (
             v.name,
             [f"{v.counts.get(k, 0):,}" for k in _STATS]
-            + [str(sum(1 for lane in v.lanes if lane.depth)), "yes" if v.paused else ""],
+            + [str(sum(1 for lane in v.lanes if lane.depth))]
+            + [str(len(w)) if isinstance(w, list) else "?"]
+            + ["yes" if v.paused else ""],
         )
-        for v in views
+        for v, w in zip(views, fleet, strict=True)
     ]
 
 
@@ -490,7 +740,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     executor, rows = _stats_rows(url, names)
     title = f"echomq @ {_shown(url)} (executor: {executor})"
     table = Table(title=title, title_justify="left")
-    for col in ("queue", *_STATS, "lanes", "paused"):
+    for col in ("queue", *_STATS, "lanes", "workers", "paused"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, cells in rows:
         table.add_row(name, *cells)
@@ -503,7 +753,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     for name, cells in rows:
         lines.append("")
         lines += [name[i : i + width] for i in range(0, len(name), width)]
-        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes"), cells, strict=False)]
+        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes", "workers"), cells, strict=False)]
         if cells[-1]:
             fields.append("paused")
         line = ""
@@ -547,6 +797,51 @@ def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: fl
             while True:
                 time.sleep(interval)
                 live.update(_stats_view(url, list(queues), console.width))
+
+
+@main.command()
+@click.argument("queues", nargs=-1)
+@click.pass_context
+def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
+    """The live worker processes of QUEUES (default: every queue found on the server): one
+    line each, then the jobs it holds."""
+    url = _url(ctx)
+    for name in queues:
+        try:
+            keyspace.check_queue(name)
+        except EchoMQError as exc:
+            _fail(str(exc))
+    with _errors(url):
+        client = _executor.sync_client(url)
+        try:
+            x = _executor.SyncExecutor(
+                client, retry_for=0, executor=_native.resolve_executor(None, url)
+            )
+            names = list(queues) or _discover_queues(client)
+            found = x.pipeline([_registry.list_workers(_p.Keys(n)) for n in names])
+        finally:
+            client.close()
+    seen: dict[str, _registry.WorkerInfo] = {}
+    for result in found:
+        if isinstance(result, BaseException):
+            raise result
+        for w in result:
+            seen.setdefault(w.id, w)
+    if not seen:
+        click.echo("no live workers" + (f" on {', '.join(queues)}" if queues else ""))
+        return
+    for w in sorted(seen.values(), key=lambda w: (w.host, w.supervisor or "", w.started_ms)):
+        up = max(0.0, w.last_beat_ms / 1000 - w.started_ms / 1000)
+        sup = f" supervisor={w.supervisor}" if w.supervisor else ""
+        pool = f" pool={w.pool}" if w.pool else ""
+        click.echo(
+            f"{w.id} {w.host} pid={w.pid}{sup} queues={','.join(w.queues)} "
+            f"c={w.concurrency}{pool} {w.executor} v{w.version} up={up:.0f}s held={w.held}"
+        )
+        for j in w.jobs:
+            click.echo(f"  {j.id} {j.task} for {max(0, w.last_beat_ms - j.since_ms) / 1000:.1f}s")
+        if w.held > len(w.jobs):
+            click.echo(f"  ... and {w.held - len(w.jobs)} more")
 
 
 @main.command()
@@ -655,6 +950,39 @@ def cancel(ctx: click.Context, queue: str, job_id: str) -> None:
     worker at the next heartbeat and dead-lettered "cancelled"."""
     q = _existing(ctx, queue)
     click.echo(_run(ctx, lambda: q.cancel(job_id)))
+
+
+@main.command("run-now")
+@click.argument("queue")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.pass_context
+def run_now(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
+    """Make scheduled jobs waiting now; prints "ID: waiting", "ID: gone" or "ID: not
+    scheduled" per id and exits 1 when any was not moved."""
+    for job_id in job_ids:  # every id is checked before anything is moved
+        try:
+            keyspace.check_id(job_id)
+        except EchoMQError as exc:
+            _fail(str(exc))
+    q = _existing(ctx, queue)
+
+    def go() -> int:
+        missed = 0
+        for job_id in job_ids:
+            try:
+                q.run_now(job_id)
+            except JobGone:
+                missed += 1
+                click.echo(f"{job_id}: gone")
+                continue
+            except StateError:
+                missed += 1
+                click.echo(f"{job_id}: not scheduled")
+                continue
+            click.echo(f"{job_id}: waiting")
+        return missed
+
+    sys.exit(1 if _run(ctx, go) else 0)
 
 
 @main.command()
@@ -878,18 +1206,51 @@ def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
 )
 def server(port: int | None, directory: str | None, native: bool) -> None:
     """Run a private valkey-server/redis-server in the foreground (AOF on) for other
-    processes to share; its URL is printed and recorded in ./.echomq/server.json."""
-    data = Path(directory) if directory else state_dir() / "server"
+    processes to share; its URL is printed and recorded in ./.echomq/server.json. Started
+    again in the same directory it keeps the recorded port, so clients follow a restart;
+    a second one while the first runs is refused."""
+    state = state_dir()
+    data = Path(directory) if directory else state / "server"
+    # One server per state dir (its server.json) and per data dir (its AOF and socket),
+    # held until this process ends: a second one would share both and, when it stopped,
+    # take the first one's record and socket with it.
+    held = []  # the open lock files: referenced until the process ends
+    for lock in (state / "server.lock", data / "echomq.lock"):
+        held.append(_hold_lock(lock))
+        if held[-1] is None:
+            info = _connect.read_record() or {}
+            pid = _lock_holder(lock)
+            where = f" at {_shown(str(info['url']))}" if info.get("url") else ""
+            _fail(
+                f"an echomq server already runs in {lock.parent}/ (pid {pid}{where}): stop it "
+                "first, or give this one another ECHOMQ_HOME and --dir"
+            )
+    live = _connect.recorded_url()
+    info = _connect.read_record() or {}
+    if live is not None:  # a worker's own server (it takes no lock) is serving here
+        owner = info.get("owner") or info.get("pid")
+        _fail(f"an echomq server already runs in {state}/ (pid {owner} at {_shown(live)})")
+    moved = ""
+    if port is None and isinstance(info.get("port"), int):
+        if _port_free(info["port"]):
+            port = info["port"]  # the last run's: clients started against it reconnect
+        else:
+            moved = (
+                f"echomq server: port {info['port']} of the last run is taken; clients "
+                f"started against it must be restarted (or given the new URL)"
+            )
     args = ["--loadmodule", str(_module_or_build())] if native else []
     try:
         srv = EmbeddedServer(data, port=port, die_with_parent=True, args=args).start()
     except NoServerBinary as exc:
         _fail(str(exc))
         return
-    except RuntimeError as exc:  # the server refused to start (e.g. the module failed to load)
+    except ServerStartError as exc:  # the server refused to start (e.g. the module failed to load)
         _fail(str(exc))
         return
-    record = _record_server(srv)
+    _record_server(srv, "server")
+    if moved:
+        click.echo(moved, err=True)
     click.echo(
         f"echomq server: {srv.url} (unix socket {srv.socket_path}, data in {data}); Ctrl-C stops it"
     )
@@ -901,15 +1262,17 @@ def server(port: int | None, directory: str | None, native: bool) -> None:
     def on_signal(signum: int, frame: Any) -> None:
         stopping.append(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGHUP too: a closed terminal stops the server cleanly (its AOF flushed).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         while not stopping and srv.proc is not None and srv.proc.poll() is None:
             time.sleep(0.2)
     finally:
         srv.stop()
-        with contextlib.suppress(FileNotFoundError):
-            record.unlink()
+    # The record stays: a client started while the server is down fails with one line
+    # naming it (never a silent fallback to another server), and the next `echomq server`
+    # here takes the same port.
     click.echo("echomq server: stopped")
 
 
@@ -991,7 +1354,10 @@ def _needs_web(what: str) -> None:
         import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
     except ImportError:
-        _fail(f"{what} needs the web extra: pip install 'echomq[web]'")
+        _fail(
+            f"{what} needs the web extra: pip install 'echomq[web]' "
+            "(from a clone of the repository: pip install '.[web]')"
+        )
 
 
 @main.command()
@@ -1030,8 +1396,17 @@ def dashboard(
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--port", default=9808, show_default=True, help="TCP port.")
 @click.option("-q", "--queue", "queues", multiple=True, help="Report only these queues (repeat).")
+@click.option(
+    "--lanes",
+    type=int,
+    default=None,
+    help="Lanes per queue with a label of their own (the deepest); the rest are summed as "
+    'lane="~other" (default 50).',
+)
 @click.pass_context
-def metrics_command(ctx: click.Context, host: str, port: int, queues: tuple[str, ...]) -> None:
+def metrics_command(
+    ctx: click.Context, host: str, port: int, queues: tuple[str, ...], lanes: int | None
+) -> None:
     """Serve Prometheus metrics on /metrics (PROMETHEUS_MULTIPROC_DIR: every worker's too)."""
     _needs_web("echomq metrics")
     from echomq import prometheus
@@ -1039,7 +1414,9 @@ def metrics_command(ctx: click.Context, host: str, port: int, queues: tuple[str,
     url = _url(ctx)
     click.echo(f"echomq metrics: http://{host}:{port}/metrics on {url}", err=True)
     with _errors(url), contextlib.suppress(KeyboardInterrupt):
-        prometheus.serve(url, port=port, addr=host, queues=list(queues) or None)
+        if lanes is not None and lanes < 0:
+            _fail(f"--lanes must be >= 0, got {lanes}")
+        prometheus.serve(url, port=port, addr=host, queues=list(queues) or None, lanes=lanes)
 
 
 @main.command()

@@ -21,6 +21,9 @@
     ├── ServerUnreachable   (also ``redis.ConnectionError`` and ``ConnectionError``) the
     │                       server stayed unreachable for the whole ``retry_for``
     ├── VersionFenceError   ``{emq}:version`` holds another wire version
+    ├── ServerNotRunning    nothing else configured, and the ``echomq server`` recorded in
+    │                       the state dir (``.echomq/server.json``) is not running: raised
+    │                       where the URL is resolved, never a silent fallback to 6379
     └── ExecutorUnavailable executor="native" on a server without the trafikey module (or
                             another version of it); raised at the first connect
 
@@ -46,6 +49,7 @@ __all__ = [
     "PayloadTooLarge",
     "ProtocolError",
     "RateLimited",
+    "ServerNotRunning",
     "ServerUnreachable",
     "StaleToken",
     "StateError",
@@ -202,9 +206,26 @@ class VersionFenceError(EchoMQError):
         self.expected = expected
 
 
+class ServerNotRunning(EchoMQError):
+    """The state dir records an ``echomq server`` (``server.json``) whose process is gone.
+    ``.record`` is the record's path, ``.by`` who wrote it (``"server"`` for ``echomq
+    server``, ``"worker"`` for a worker's own embedded server)."""
+
+    def __init__(self, record: str, by: str = "server") -> None:
+        self.record = record
+        self.by = by
+        where = record.rsplit("/", 1)[0] if "/" in record else "."
+        super().__init__(
+            f"the echomq server recorded in {where}/ is not running: start it with "
+            f"`echomq server` (or delete {record} to stop using it)"
+        )
+
+
 class ExecutorUnavailable(EchoMQError):
     """``executor="native"`` was asked for, and the server does not load the ``trafikey``
-    module at the version this client speaks (or refuses ``MODULE LIST``)."""
+    module at the version this client speaks (or refuses ``MODULE LIST``), or a primary
+    answered an ``EMQ.*`` command as unknown (a replica without the module was promoted).
+    The message names the server or primaries."""
 
 
 _BY_WORD: dict[str, type[_WireError]] = {

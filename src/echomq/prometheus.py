@@ -39,6 +39,8 @@ from echomq._executor import SyncExecutor, sync_client
 from echomq.hooks import Hooks
 
 __all__ = [
+    "DEFAULT_LANES",
+    "OTHER_LANE",
     "PrometheusHooks",
     "QueueCollector",
     "exposition",
@@ -56,6 +58,9 @@ class QueueCollector(Collector):
 
     ``queues``: the names to report (default: every queue found by SCAN, re-discovered at
     most every ``discover_s`` seconds so a scrape never walks a large keyspace each time).
+    ``lanes``: the lanes per queue that get a ``lane`` label of their own, the deepest first
+    (default :data:`DEFAULT_LANES`); the others are summed into ``lane="~other"`` (``~`` is
+    never part of a lane name), so a tenant per lane cannot grow the series without bound.
     """
 
     def __init__(
@@ -65,7 +70,9 @@ class QueueCollector(Collector):
         client: Any = None,
         queues: Sequence[str] | None = None,
         discover_s: float = 30.0,
+        lanes: int | None = None,
     ) -> None:
+        self._lanes = _check_lanes(lanes)
         self._client = client if client is not None else sync_client(url)
         self._x = SyncExecutor(self._client, retry_for=0)
         self._fixed = list(queues) if queues else None
@@ -92,11 +99,25 @@ class QueueCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.views())
+        yield from families(self.views(), lanes=self._lanes)
 
 
-def families(views: Iterable[_inspect.QueueView]) -> Iterator[Metric]:
-    """The metric families of queue snapshots (exposed for the dashboard's ``/metrics``)."""
+DEFAULT_LANES = 50
+OTHER_LANE = "~other"
+
+
+def _check_lanes(lanes: int | None) -> int:
+    if lanes is None:
+        return DEFAULT_LANES
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
+        raise ValueError(f"lanes must be an int >= 0, got {lanes!r}")
+    return lanes
+
+
+def families(views: Iterable[_inspect.QueueView], *, lanes: int | None = None) -> Iterator[Metric]:
+    """The metric families of queue snapshots (exposed for the dashboard's ``/metrics``):
+    the ``lanes`` deepest lanes of each queue by name, the rest as ``lane="~other"``."""
+    top = _check_lanes(lanes)
     jobs = GaugeMetricFamily("echomq_jobs", "Jobs per queue and state.", labels=["queue", "state"])
     paused = GaugeMetricFamily(
         "echomq_queue_paused", "1 when the queue is paused.", labels=["queue"]
@@ -152,7 +173,8 @@ def families(views: Iterable[_inspect.QueueView]) -> Iterator[Metric]:
         if len(v.completed) > 1:
             rate.add_metric([v.name, "completed"], v.completed[1])
             rate.add_metric([v.name, "failed"], v.failed[1])
-        for lane in v.lanes:
+        ranked = sorted(v.lanes, key=lambda lane: (-lane.depth, -lane.active, lane.name))
+        for lane in ranked[:top]:
             labels = [v.name, lane.name]
             lane_depth.add_metric(labels, lane.depth)
             lane_active.add_metric(labels, lane.active)
@@ -160,6 +182,10 @@ def families(views: Iterable[_inspect.QueueView]) -> Iterator[Metric]:
                 lane_limit.add_metric(labels, lane.limit)
             lane_weight.add_metric(labels, lane.weight)
             lane_paused.add_metric(labels, 1 if lane.paused else 0)
+        rest = ranked[top:]
+        if rest:  # their sums only: a limit, weight or pause is per lane
+            lane_depth.add_metric([v.name, OTHER_LANE], sum(lane.depth for lane in rest))
+            lane_active.add_metric([v.name, OTHER_LANE], sum(lane.active for lane in rest))
     yield from (jobs, paused, done, failed, oldest, lease, rate)
     yield from (lane_depth, lane_active, lane_limit, lane_weight, lane_paused)
 
@@ -315,11 +341,16 @@ def registry_for(
     client: Any = None,
     queues: Sequence[str] | None = None,
     worker_metrics: bool = True,
+    server_metrics: bool = True,
+    lanes: int | None = None,
 ) -> CollectorRegistry:
-    """A registry holding the queue collector and, when ``worker_metrics``, this process's
-    worker series, or every process's in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``)."""
+    """A registry holding, when ``server_metrics``, the queue collector (server-wide gauges:
+    export them from one place, not from every worker) and, when ``worker_metrics``, this
+    process's worker series, or every process's in multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR``). ``lanes``: see :class:`QueueCollector`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(QueueCollector(url, client=client, queues=queues))
+    if server_metrics:
+        registry.register(QueueCollector(url, client=client, queues=queues, lanes=lanes))
     if worker_metrics:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
@@ -361,11 +392,13 @@ def serve(
     port: int = 9808,
     addr: str = "0.0.0.0",
     queues: Sequence[str] | None = None,
+    lanes: int | None = None,
 ) -> None:
     """Serve ``/metrics`` on ``addr:port`` until interrupted (``echomq metrics``)."""
     from prometheus_client import start_http_server
 
-    server, thread = start_http_server(port, addr=addr, registry=registry_for(url, queues=queues))
+    registry = registry_for(url, queues=queues, lanes=lanes)
+    server, thread = start_http_server(port, addr=addr, registry=registry)
     try:
         while thread.is_alive():
             thread.join(1.0)

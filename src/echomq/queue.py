@@ -14,6 +14,7 @@ from echomq import _compose as _c
 from echomq import _control as _ctl
 from echomq import _observe as _o
 from echomq import _protocol as _p
+from echomq import _registry as _reg
 from echomq._autopipe import AutoPipe
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
@@ -102,7 +103,7 @@ class Queue:
         replicas = _durable(url, durable)
         mode = resolve_executor(executor, url)  # checked before any client exists
         self._x = SyncExecutor(
-            client if client is not None else sync_client(url),
+            client if client is not None else sync_client(url, retry_for),
             owned=owned,
             retry_for=retry_for,
             durable=replicas,
@@ -283,6 +284,10 @@ class Queue:
         """Delete a job wherever it is."""
         return self._x.run(_p.remove(self._k, id))
 
+    def run_now(self, id: str) -> None:
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        return self._x.run(_p.run_now(self._k, id))
+
     def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
         """Up to ``n`` ids in ``state``, newest first."""
         return self._x.run(_p.browse(self._k, state, n, group))
@@ -346,6 +351,11 @@ class Queue:
     def lanes(self) -> list[str]:
         """Every lane holding at least one waiting job."""
         return self._x.run(_p.lanes(self._k))
+
+    def workers(self) -> list[_reg.WorkerInfo]:
+        """The live worker processes serving this queue (the registry, renewed on their
+        beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
+        return self._x.run(_reg.list_workers(self._k))
 
     def drain(self, *, include_schedule: bool = False) -> int:
         """Delete the waiting jobs (flat and lanes); returns how many."""
@@ -463,7 +473,8 @@ class Queue:
     def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
         """Block until the job's kept outcome exists (woken by the settle, never polling);
         ``JobFailed`` for a kept dead-letter, ``TimeoutError`` at the deadline."""
-        return self._x.run(_ctl.wait(self._k, id, timeout_s))
+        deadline = _ctl.wait_deadline(timeout_s)
+        return self._x.run(_ctl.wait(self._k, id, timeout_s), deadline=deadline)
 
     def dedup_holder(self, dedup: str) -> str | None:
         """The id of the job holding the dedup id, or None when it is free."""
@@ -710,6 +721,10 @@ class AsyncQueue:
         """Delete a job wherever it is."""
         return await self._x.run(_p.remove(self._k, id))
 
+    async def run_now(self, id: str) -> None:
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        return await self._x.run(_p.run_now(self._k, id))
+
     async def browse(
         self, state: str = "pending", n: int = 50, *, group: str | None = None
     ) -> list[str]:
@@ -775,6 +790,11 @@ class AsyncQueue:
     async def lanes(self) -> list[str]:
         """Every lane holding at least one waiting job."""
         return await self._x.run(_p.lanes(self._k))
+
+    async def workers(self) -> list[_reg.WorkerInfo]:
+        """The live worker processes serving this queue (the registry, renewed on their
+        beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
+        return await self._x.run(_reg.list_workers(self._k))
 
     async def drain(self, *, include_schedule: bool = False) -> int:
         """Delete the waiting jobs (flat and lanes); returns how many."""

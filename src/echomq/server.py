@@ -26,6 +26,7 @@ from echomq import _connect
 __all__ = [
     "EmbeddedServer",
     "NoServerBinary",
+    "ServerStartError",
     "configured_url",
     "find_binary",
     "free_port",
@@ -40,11 +41,20 @@ INSTALL_HINT = (
 )
 
 
-class NoServerBinary(RuntimeError):
-    """Neither ``valkey-server`` nor ``redis-server`` is on PATH."""
+class NoServerBinary(FileNotFoundError):
+    """Neither ``valkey-server`` nor ``redis-server`` is on PATH (nor ``ECHOMQ_SERVER_BIN``).
+
+    Not a :class:`ServerStartError`: nothing was started, so a caller that retries a refused
+    start another way (without a module) must not take this for one."""
 
     def __init__(self, message: str = INSTALL_HINT) -> None:
         super().__init__(message)
+
+
+class ServerStartError(RuntimeError):
+    """The server binary ran but the server did not come up: it exited (a module it would
+    not load, a port taken, a bad argument; the message has its last log lines) or did not
+    answer PING in time."""
 
 
 def find_binary() -> str:
@@ -99,6 +109,16 @@ def _die_with_parent() -> None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _file_id(path: Path) -> tuple[int, int, int] | None:
+    """Which file ``path`` is now: device, inode and change time (a file made since may
+    reuse a deleted one's inode number)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 def _ping(host: str, port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
@@ -142,6 +162,7 @@ class EmbeddedServer:
         self.logfile = logfile
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
+        self._socket_id: tuple[int, int, int] | None = None  # _file_id of our socket file
 
     @property
     def socket_path(self) -> Path:
@@ -195,12 +216,13 @@ class EmbeddedServer:
                 log = self.dir / "server.log"
                 if log.exists():
                     err += log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {err.strip()}")
+                raise ServerStartError(f"server exited with {self.proc.returncode}: {err.strip()}")
             if _ping("127.0.0.1", self.port):
+                self._socket_id = _file_id(self.socket_path) if self.unix_socket else None
                 return self
             time.sleep(0.02)
         self.stop()
-        raise RuntimeError(f"server on port {self.port} did not answer PING in {timeout}s")
+        raise ServerStartError(f"server on port {self.port} did not answer PING in {timeout}s")
 
     def kill(self) -> None:
         """SIGKILL the server (a crash, for tests); the data directory stays."""
@@ -228,8 +250,12 @@ class EmbeddedServer:
                 proc.wait()
         if proc.stderr:
             proc.stderr.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        # Only the socket file our server made: another server that took the path since
+        # (started on the same directory) keeps its own.
+        if self._socket_id is not None and _file_id(self.socket_path) == self._socket_id:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._socket_id = None
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()

@@ -13,7 +13,11 @@ a script error) — returns the slots it reserved and re-queues its settles (fen
 is safe), then backs off. In durable mode a settle that applied but too few replicas
 acknowledged (``DurabilityError``) still runs what it claimed.
 
-Async handlers run as tasks on the loop; sync handlers in a thread pool. SIGTERM/SIGINT stop
+Each worker process registers itself on its beat (``_registry``: who it is, what it holds),
+never per job. Several processes run under ``echomq worker -p N`` (``_supervisor``).
+
+Async handlers run as tasks on the loop; sync handlers in a thread pool, or for
+``@app.task(pool="process")`` in the worker's process pool (``_pool``). SIGTERM/SIGINT stop
 claiming, let in-flight jobs finish within ``grace_s``, then hand the rest back to pending at
 once (``delay(id, token, 0)``); a second signal exits immediately.
 """
@@ -25,10 +29,12 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
@@ -39,10 +45,12 @@ from echomq._connect import (
     parse_url,
 )
 from echomq._executor import AsyncExecutor
-from echomq._logfmt import log_startup
+from echomq._logfmt import log_startup, repeats_reset, warn_repeated
 from echomq._native import resolve_executor
+from echomq._pool import ProcessPool, default_size
 from echomq._protocol import Job, Keys
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
+from echomq._registry import Registry, client_name, name_connections
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
@@ -69,6 +77,10 @@ _NETWORK_ERRORS = (*TRANSIENT, OSError)
 # the worker runs the jobs the other turn brought, so neither side waits for the other.
 _TURNS_IN_FLIGHT = 2
 
+# How often a worker holding jobs reads its queue's cancel count (D22): a cancel reaches a
+# running handler within about this long, whatever the lease (extends come every lease/3).
+_CANCEL_POLL_S = 0.5
+
 
 class Worker:
     """Runs an app's tasks from its queues.
@@ -89,6 +101,10 @@ class Worker:
             a lost lease, a hand-back) the worker tolerates: each frees its slot at once
             and is counted in ``stats.stranded_threads``; while that many are stranded the
             worker claims nothing more. Default: ``concurrency``.
+        pool_size: the children of the worker's process pool, started with it when a task
+            it serves has ``pool="process"`` (``echomq._pool``). Default: one per CPU.
+        max_jobs: claim at most this many jobs, then stop gracefully (``echomq worker
+            --max-jobs-per-child``: the supervisor starts a fresh process). Default: no limit.
     """
 
     def __init__(
@@ -103,6 +119,8 @@ class Worker:
         url: str | None = None,
         hooks: Hooks | None = None,
         max_stranded: int | None = None,
+        pool_size: int | None = None,
+        max_jobs: int | None = None,
     ) -> None:
         self._slots = Slots(concurrency, self._kick_all)  # checks concurrency
         self.max_stranded = check_limit(concurrency if max_stranded is None else max_stranded)
@@ -137,6 +155,24 @@ class Worker:
         self._drained: asyncio.Event | None = None
         self._x: AsyncExecutor | None = None
         self._side_tasks: set[asyncio.Future[Any]] = set()
+        size = default_size() if pool_size is None else pool_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024:
+            raise InvalidArgument(f"pool_size must be an int in [1, 1024], got {pool_size!r}")
+        self.pool_size = size
+        self.pool: ProcessPool | None = None
+        if max_jobs is not None and (
+            isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1
+        ):
+            raise InvalidArgument(f"max_jobs must be an int >= 1, got {max_jobs!r}")
+        self.max_jobs = max_jobs
+        self._budget = max_jobs  # claims left (None: no limit); turns in flight hold theirs
+        pooled = any(t.pool for t in app.tasks.values() if t.queue in self.queue_names)
+        # The registry entry (echomq._registry): written on the beat, never per job.
+        self.registry = Registry(
+            self.queue_names, concurrency, beat_ms, self.pool_size if pooled else 0
+        )
+        self.id = self.registry.id
+        self._down_since: float | None = None  # the first failed call of an outage
 
     # ------------------------------------------------------------------ entry points
 
@@ -167,9 +203,11 @@ class Worker:
         url = self.url or self.app.url
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
         executor = resolve_executor(None, url)  # the URL's executor=, else ECHOMQ_EXECUTOR
-        self._x = AsyncExecutor(async_client(url), owned=True, durable=durable, executor=executor)
+        client = async_client(url)
+        self._x = AsyncExecutor(client, owned=True, durable=durable, executor=executor)
         # Refuse a foreign deployment before taking any job.
         await first_fence(self._x, lambda: self._stopping)
+        await name_connections(client, client_name(self.id))  # CLIENT LIST shows them
         # Room for every slot's thread and every stranded one: a run never waits in the pool
         # behind a hung thread (its timeout and lease would run while it waits).
         threads = ThreadPoolExecutor(
@@ -177,6 +215,9 @@ class Worker:
             thread_name_prefix="echomq-job",
         )
         self._runner.threads = threads
+        if self.registry.pool:
+            self.pool = self._runner.pool = ProcessPool(self.pool_size)
+            await self.pool.start(threads)
         kw = {} if self.app.max_payload is None else {"max_payload": self.app.max_payload}
         for name in self.queue_names:
             leases = [t.lease_ms for t in self.app.tasks.values() if t.queue == name]
@@ -191,6 +232,8 @@ class Worker:
             self._x.executor or "lua",
         )  # fmt: skip
         background = [asyncio.ensure_future(self._supervised(self._beat))]
+        announce = asyncio.ensure_future(self._supervised(self._announce))
+        background.append(announce)
         for ql in self._loops:
             ql.kick.set()
             for fn in (self._pump, self._waker, self._heartbeat):
@@ -198,9 +241,13 @@ class Worker:
         try:
             await self._stop_event.wait()
             await self._shutdown()
+            await cancel_tasks([announce])
+            await self._unregister()
             await self.hooks.call("on_shutdown", self)
         finally:
             await cancel_tasks(background)
+            if self.pool is not None:
+                self.pool.close()
             threads.shutdown(wait=False, cancel_futures=True)
             await self._x.close()
         log.info("worker %d stopped: %s", os.getpid(), self.stats)
@@ -243,7 +290,11 @@ class Worker:
                 and (ql.full or not ql.turns)
                 and not self._strands.at_cap()
             ):
-                want = self._slots.acquire(share)
+                if self._budget is None:
+                    want = self._slots.acquire(share)
+                else:  # --max-jobs-per-child: never claim past the limit
+                    want = self._slots.acquire(min(share, self._budget))
+                    self._budget -= want
             if not ql.settles and want == 0:
                 return
             settles, ql.settles = ql.settles, []
@@ -272,24 +323,37 @@ class Worker:
                 log.warning("settle on %s not acknowledged by replicas: %s", ql.keys.name, exc)
         except BaseException as exc:
             self._slots.release(want)
+            if self._budget is not None:
+                self._budget += want
             ql.settles[:0] = settles
             if isinstance(exc, asyncio.CancelledError):
                 raise
             ql.failures += 1
             delay = backoff_delay(ql.failures, base=0.1, cap=2.0)
             if isinstance(exc, _NETWORK_ERRORS):
-                log.warning("server unreachable (%s); retrying in %.2fs", exc, delay)
+                self._down()
+                warn_repeated(
+                    log, f"turn:{ql.keys.name}", "server unreachable (%s); retrying in %.2fs",
+                    exc, delay,
+                )  # fmt: skip
             else:
                 self._fatal_or_log(exc, f"settle/claim failed; retrying in {delay:.2f}s")
             await asyncio.sleep(delay)
             return
         ql.failures = 0
+        if self._down_since is not None:
+            self._up()
         if want:
             jobs = result.jobs
             ql.full = len(jobs) == want
             self.stats.claimed += len(jobs)
             for job in jobs:
                 self._start(ql, job)
+            if self._budget is not None:
+                self._budget += want - len(jobs)
+                if self._budget == 0 and not self._stopping:
+                    log.info("worker %d: claimed its %d jobs; stopping", os.getpid(), self.max_jobs)
+                    self.stop()
             if len(jobs) < want:
                 ql.idle.set()  # nothing more to claim: park on the wake list
                 # The slots this queue did not use go to the other queues' pumps (the release
@@ -298,6 +362,17 @@ class Worker:
         for ms in self.stats.count_call(settles, result, ql.keys.name):
             # A short retry: promoted this long after the reply, when it is due (server clock).
             asyncio.get_running_loop().call_later(ms / 1000, self._promote_soon, ql)
+
+    def _down(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+
+    def _up(self) -> None:
+        """A call went through after an outage: say so once, with how long it lasted."""
+        since, self._down_since = self._down_since, None
+        if since is not None:
+            repeats_reset()  # the next outage's first warnings are written at once
+            log.info("server reachable again: reconnected after %.1f s", time.monotonic() - since)
 
     def _fatal_or_log(self, exc: BaseException, what: str = "claim failed") -> None:
         if isinstance(exc, VersionFenceError):
@@ -370,14 +445,37 @@ class Worker:
     # ------------------------------------------------------------------ heartbeat and beat
 
     async def _heartbeat(self, ql: QueueLoop) -> None:
-        """Extend every in-flight lease of the queue in one call, every lease/3."""
+        """Extend every in-flight lease of the queue in one call, every lease/3 — and at
+        once when the queue's count of signalled cancels moves (D22), polled every
+        _CANCEL_POLL_S while the queue holds jobs (an idle worker does not poll)."""
         assert self._x is not None
+        loop = asyncio.get_running_loop()
+        every = ql.lease_ms / 3000
+        step = min(every, _CANCEL_POLL_S)
+        seen: int | None = None  # the count at the last poll; None: never read
+        due = loop.time() + every
         while True:
-            await asyncio.sleep(ql.lease_ms / 3000)
+            await asyncio.sleep(step)
+            # Half a step of slack: a sleep may end a hair early, and an extend a little
+            # early is harmless while one a whole step late eats into the lease.
+            if loop.time() < due - step / 2:
+                if not ql.inflight:
+                    continue
+                try:
+                    count = await self._x.call(_ctl.cancels_signalled(ql.keys))
+                except Exception:  # the extend at `due` reports the failure
+                    continue
+                moved, seen = count != seen, count
+                if not moved:
+                    continue
+            due = loop.time() + every
             try:
                 lost = await ql.extend(self._x)
             except Exception as exc:
-                log.warning("heartbeat failed (%s); leases may lapse", exc)
+                warn_repeated(
+                    log, f"heartbeat:{ql.keys.name}", "heartbeat failed (%s); leases may lapse",
+                    exc,
+                )  # fmt: skip
                 continue
             for r in lost:
                 # Someone else owns the job now (our lease lapsed and was recovered):
@@ -396,6 +494,8 @@ class Worker:
                     # one round trip when there is nothing to do; each occurrence is enqueued
                     # once, each outbox entry applied once, however many workers beat.
                     recovered, dead = await ql.sweep(self._x, self.max_stalled)
+                    if self._down_since is not None:
+                        self._up()
                     self.stats.recovered += recovered
                     self.stats.swept_dead += dead
                     if recovered or dead:
@@ -403,10 +503,28 @@ class Worker:
                             "sweep of %s: %d recovered, %d dead", ql.keys.name, recovered, dead
                         )
                 except _NETWORK_ERRORS as exc:
-                    log.warning("sweep failed (%s)", exc)
+                    self._down()
+                    warn_repeated(log, f"sweep:{ql.keys.name}", "sweep failed (%s)", exc)
                 except Exception as exc:
                     self._fatal_or_log(exc, "sweep failed")
             await asyncio.sleep(self.beat_ms / 1000)
+
+    async def _announce(self) -> None:
+        """The worker's registry entries, renewed every beat (``echomq._registry``)."""
+        assert self._x is not None
+        while True:
+            try:
+                await self.registry.beat(self._x, self._loops)
+            except Exception as exc:
+                log.warning("registry beat failed (%s)", exc)
+            await asyncio.sleep(self.beat_ms / 1000)
+
+    async def _unregister(self) -> None:
+        assert self._x is not None
+        try:
+            await self.registry.gone(self._x, self._loops)
+        except Exception as exc:
+            log.warning("could not remove the registry entries (%s); they will lapse", exc)
 
     # ------------------------------------------------------------------ shutdown
 

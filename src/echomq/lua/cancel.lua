@@ -1,7 +1,8 @@
 --[[ cancel: cooperative cancel (D22). A waiting or scheduled job is removed at once (exactly
   as remove does it: lanes, the ring and the retired record stay exact, its dedup key is
   released); an active job gets the row field `cancel`, which its holder's next heartbeat
-  (extend_many) reports, and the holder dead-letters it with last_error "cancelled". Both
+  (extend_many) reports, and the holder dead-letters it with last_error "cancelled"; the
+  meta field `cancels` counts these, so a holder that polls it extends at once. Both
   emit the D15 event `cancelled` (with `signalled=1` for an active job).
   KEYS[1] row       HASH  emq:{q}:job:<id>
   ARGV[1] base            emq:{q}:
@@ -13,6 +14,7 @@
 ]]
 --@include common
 --@include control
+--@include compose
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
 local row = hmget(jk, 'state', 'group', 'attempts')
@@ -21,6 +23,7 @@ local state, g = row[1], row[2]
 if state == 'active' and rcall('ZSCORE', base .. 'active', id) then
   -- The holder's settle reads the flag's value (include/settle.lua retry_one).
   rcall('HSET', jk, 'cancel', ARGV[3] == '1' and 'remove' or '1')
+  rcall('HINCRBY', base .. 'meta', 'cancels', 1) -- the nudge holders' heartbeats poll
   emit_in(base, 'cancelled', id, g, 'signalled', '1')
   return 'signalled'
 end
@@ -30,6 +33,10 @@ leave_waiting(base, id, g)
 if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 release_dedup(base, id, jk)
+-- As remove does: a flow child's parent stops waiting for it; a parent's keys go with it.
+local flow = flow_parent(jk)
+if flow then flow_child_removed(base, id, flow) end
+flow_forget(jk)
 rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
 local now = now_ms()
 retire_one(base, id, row[3])

@@ -15,28 +15,49 @@
 ]]
 --@include common
 --@include control
+--@include compose
 local base = ARGV[1]
 local budget = tonumber(ARGV[3])
 local cursor = ARGV[4] or ''
 if cursor == '' then cursor = 'f' end
 local deleted = 0
 local retired = {}
+-- Delete one waiting job (already out of its set) with its row, logs and side keys.
+local function drain_one(id)
+  local jk = base .. 'job:' .. id
+  local att = redis.pcall('HGET', jk, 'attempts')
+  if type(att) == 'string' and att ~= '0' then
+    retired[#retired + 1] = id
+    retired[#retired + 1] = att
+  end
+  release_dedup(base, id, jk)
+  -- A flow child's parent stops waiting for it (D18), as remove does.
+  local flow = flow_parent(jk)
+  if flow then
+    flow_child_removed(base, id, flow)
+    flow_forget(jk)
+  end
+  rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
+  deleted = deleted + 1
+  -- Dropping the child may have released its parent (same queue) into a waiting set: the
+  -- parent is then a waiting job of this queue too, and goes with this drain whichever set
+  -- it landed in (a set already walked would otherwise keep it: F11 of issue 22's model).
+  if flow and flow[1] and not (flow[4] and flow[4] ~= '') then
+    local pk = base .. 'job:' .. flow[1]
+    local p = hmget(pk, 'state', 'group')
+    if p and p[1] == 'pending' and rcall('ZREM', waiting_key(base, p[2]), flow[1]) == 1 then
+      sync(base, p[2] or false)
+      drain_one(flow[1])
+    end
+  end
+end
+
 -- Empty up to the remaining budget from one waiting set; true when the set is empty.
 local function empty_set(key)
   while budget > 0 do
     local popped = rcall('ZPOPMIN', key, math.min(budget, 500))
     if #popped == 0 then return true end
-    for i = 1, #popped, 2 do
-      local jk = base .. 'job:' .. popped[i]
-      local att = redis.pcall('HGET', jk, 'attempts')
-      if type(att) == 'string' and att ~= '0' then
-        retired[#retired + 1] = popped[i]
-        retired[#retired + 1] = att
-      end
-      release_dedup(base, popped[i], jk)
-      rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
-    end
-    deleted = deleted + #popped / 2
+    for i = 1, #popped, 2 do drain_one(popped[i]) end
     budget = budget - #popped / 2
   end
   return rcall('ZCARD', key) == 0
