@@ -241,3 +241,29 @@ async def test_a_batch_killed_mid_flight_admits_every_job_exactly_once(
     finally:
         await aq.aclose()
         admin.close()
+
+
+async def test_a_batch_to_a_server_that_lost_the_module_goes_as_scripts(
+    tmp_path: Path, module_so: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of EMQ.ENQUEUE to a server that no longer has the module (as after the
+    promotion of a replica without it): the unknown commands did not run, so they go again
+    through the executor, which decides for Lua (``auto``); every caller is admitted once."""
+    monkeypatch.delenv("ECHOMQ_EXECUTOR", raising=False)
+    args = ["--loadmodule", str(module_so), "--enable-module-command", "yes"]
+    srv = EmbeddedServer(tmp_path, appendonly=False, args=args).start()
+    admin = redis.Redis.from_url(srv.url)
+    aq = echomq.AsyncQueue("lost", url=srv.url, executor="auto")
+    try:
+        await asyncio.gather(*(aq.enqueue(b"warm") for _ in range(3)))
+        assert aq.executor == "native"
+        admin.execute_command("MODULE", "UNLOAD", "trafikey")
+        got = await asyncio.gather(*(aq.enqueue(str(i).encode()) for i in range(50)))
+        assert [e.status for e in got] == ["enqueued"] * 50
+        assert aq.executor == "lua"
+        assert admin.zcard(K("lost", "pending")) == 53
+        assert await aq.check() == []
+    finally:
+        await aq.aclose()
+        admin.close()
+        srv.stop()

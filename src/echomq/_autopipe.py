@@ -22,14 +22,14 @@ that made it), so there the executor runs the plan itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from hiredis import pack_command
 from redis.exceptions import NoScriptError, ResponseError
 
 from echomq._connect import TRANSIENT, Budget
-from echomq._executor import _decode_one, _pipeline_args
+from echomq._executor import _decode_one, _pipeline_args, _plan_delay
+from echomq._native import unknown_command
 from echomq._protocol import Call, Plan, Replay
 
 if TYPE_CHECKING:
@@ -68,15 +68,14 @@ class AutoPipe:
                 try:
                     result = await (x.pipeline(step) if isinstance(step, list) else self.call(step))
                 except TRANSIENT as exc:
-                    delay = budget.next_delay()
-                    if delay is None:
-                        budget.give_up(exc, x.client)
-                    await asyncio.sleep(delay)
+                    await x.follow()  # a cluster's new topology (a no-op on one server)
+                    await asyncio.sleep(_plan_delay(budget, exc, x.client))
                     try:
                         step = work.throw(Replay(exc))
                     except Replay:
                         raise exc from None
                     continue
+                budget.attempt = 0  # a step went through: the next outage has its own budget
                 step = work.send(result)
         except StopIteration as stop:
             return cast(T, stop.value)
@@ -154,47 +153,41 @@ class AutoPipe:
         """The batch in one write on one pooled connection, each caller answered as soon as
         its own reply is read: the first callers' next work overlaps the server's running
         of the rest, as a client that writes each command at once gets (redis-py's pipeline
-        answers only once every reply is in)."""
+        answers only once every reply is in). The calls that did not run (NOSCRIPT: a
+        restarted or flushed server; an ``EMQ.*`` command the server does not know: a
+        replica without the module was promoted) go again through the executor's pipeline,
+        which loads the scripts and decides the executor anew."""
         x = self._x
         calls = [c for c, _ in batch]
+        native = bool(x.native)
         pool = x.client.connection_pool  # type: ignore[attr-defined]
         conn = await pool.get_connection()
+        again: list[int] = []
         try:
-            missing = await self._over(conn, calls, futures, range(len(calls)), False)
-            if missing:  # NOSCRIPT (a restarted or flushed server): EVAL loads each script
-                await self._over(conn, calls, futures, missing, True)
+            args = _pipeline_args(calls, False, False, native)
+            await conn.send_packed_command([pack_command(a) for a in args])
+            for i, call in enumerate(calls):
+                try:
+                    reply = await conn.read_response()
+                except ResponseError as exc:
+                    if isinstance(exc, NoScriptError) or (native and unknown_command(exc)):
+                        again.append(i)
+                        continue
+                    reply = exc
+                _settle(futures[i], _decode_one(call, reply))
         except BaseException as exc:
             # A lost connection: the calls not yet answered learn it (read_response has
             # disconnected it, so the pool reconnects, and fences, on its next use).
             _fail(futures, exc)
             if not isinstance(exc, Exception):
                 raise
+            return
         finally:
             await pool.release(conn)
-
-    async def _over(
-        self,
-        conn: Any,
-        calls: list[Call[Any]],
-        futures: list[asyncio.Future[Any]],
-        todo: Sequence[int],
-        use_eval: bool,
-    ) -> list[int]:
-        """Send ``calls[todo]`` in one write and answer each from its reply; returns the
-        indexes answered NOSCRIPT."""
-        args = _pipeline_args([calls[i] for i in todo], use_eval, False, bool(self._x.native))
-        await conn.send_packed_command([pack_command(a) for a in args])
-        missing = []
-        for i in todo:
-            try:
-                reply = await conn.read_response()
-            except NoScriptError:
-                missing.append(i)
-                continue
-            except ResponseError as exc:
-                reply = exc
-            _settle(futures[i], _decode_one(calls[i], reply))
-        return missing
+        if again:
+            results = await x.pipeline([calls[i] for i in again])
+            for i, res in zip(again, results, strict=True):
+                _settle(futures[i], res)
 
 
 def _settle(fut: asyncio.Future[Any], res: Any) -> None:
