@@ -79,9 +79,9 @@ def test_the_ttl_flag_goes_until_a_call_to_that_key_admitted(
     """Sans-I/O: 'x' on every call to a key (second, nonce prefix) of this queue until one
     answers enqueued or scheduled; not after; again in a new second or for another key."""
     clock = [1_900_000_000]
-    nonces = iter(["ab0000000001", "ab0000000002", "ab0000000003", "cd0000000004"] * 3)
+    keys = iter(["ab", "ab", "ab", "cd", "ab"])
     monkeypatch.setattr(_p, "_second", lambda: clock[0])
-    monkeypatch.setattr(_p, "_nonce", lambda: next(nonces))
+    monkeypatch.setattr(_p, "_bucket", lambda scope, second: next(keys))
     monkeypatch.setattr(_p, "_marker_ttls", {})
     k = _p.Keys("ttlflag")
 
@@ -122,3 +122,21 @@ def test_a_call_naming_its_second_keys_the_marker_there(
     assert enq(b, "f", "ab9999999999", 1_700_000_000) == "enqueued"
     assert r.hlen(key) == 2 and r.pttl(key) <= 30_000  # no TTL written by that call
     assert enq(a, "fr", "ab0123456789", 1_700_000_000) == "replayed"
+
+
+def test_a_second_s_calls_spread_over_one_key_per_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nonce prefix that names a marker's key: one key for a slow producer (its TTL is
+    written once, not on most calls), about one per 64 calls at a higher rate, from the
+    rate of the second before at once, at most 256."""
+    monkeypatch.setattr(_p, "_rates", {})
+
+    def prefixes(second: int, n: int) -> list[str]:
+        return [_p._bucket("scope", second) for _ in range(n)]
+
+    assert set(prefixes(100, 64)) == {"00"}  # the first 64 of a second share one key
+    used = prefixes(100, 936)  # 1,000 in that second in all
+    assert {int(p, 16) for p in used} <= set(range(16)) and len(set(used)) > 8
+    nxt = prefixes(101, 200)  # the second after starts at the rate of the one before
+    assert len(set(nxt)) > 8
+    assert {int(p, 16) for p in prefixes(102, 20_000)} <= set(range(256))
+    assert set(prefixes(200, 10)) == {"00"}  # after a quiet spell: one key again

@@ -77,6 +77,25 @@ _marker_ttls: dict[str, tuple[int, set[str]]] = {}
 _MARKED = frozenset(("enqueued", "scheduled", "replayed", "replayed:scheduled"))
 
 
+# How many markers of one process a key gets in a second, about: the calls of a second are
+# spread over one key per _PER_KEY of them (at the rate of that second or the one before,
+# whichever is higher; 1 to 256 keys), so a key's TTL is written once per ~64 markers at any
+# rate, and a key stays small enough for the compact listpack encoding (128 fields).
+_PER_KEY = 64
+_rates: dict[str, list[int]] = {}  # scope -> [second, calls in it, calls in the one before]
+
+
+def _bucket(scope: str, second: int) -> str:
+    """The marker key's nonce prefix (two hex digits) for a new call in ``second``."""
+    got = _rates.get(scope)
+    if got is None or got[0] != second:
+        before = got[1] if got is not None and got[0] == second - 1 else 0
+        got = _rates[scope] = [second, 0, before]
+    got[1] += 1
+    keys = min(256, (max(got[1], got[2]) - 1) // _PER_KEY + 1)
+    return f"{_nonces.randrange(keys):02x}"
+
+
 def _second() -> int:
     """The client-clock second that names a new call's marker key."""
     return int(time.time())
@@ -381,6 +400,7 @@ def enqueue(
             # The marker's key is named by this second of our clock (the same on every
             # resend): the script reads no clock for it and a resend reads one field.
             second = _second()
+            nonce = _bucket(scope, second) + nonce[2:]
             if _needs_ttl(scope, second, nonce[:2]):
                 flags += "x"
             tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
