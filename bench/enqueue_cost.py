@@ -9,8 +9,9 @@ revision's module; never 6379). The cells take turns a batch of 100 pipelined en
 time, in a new random order each turn, so a shared machine's load drifts over all of them
 alike; each cell's figure is its server's usec / calls at the end. "marker on" is what
 ``Queue`` sends by default (``retry_for`` > 0: a nonce and a replay marker), "off" is
-``retry_for=0``. Each revision's own ``_protocol`` builds its calls (run in a subprocess per
-revision), so what is measured is what that revision's client sends.
+``retry_for=0``. The figure is the median batch's µs per call (the mean beside it). Each
+revision's own ``_protocol`` builds its calls (run in a subprocess per revision), so what is
+measured is what that revision's client sends.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,18 +53,29 @@ def one_batch():
         except StopIteration:
             pass
 
+ROW = "cmdstat_evalsha" if executor == "lua" else "cmdstat_emq.enqueue"
+
+def used():
+    row = r.info("commandstats").get(ROW, {"usec": 0, "calls": 0})
+    return row["usec"], row["calls"]
+
 one_batch()
 r.config_resetstat()
+per_batch = []
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() == "stats":
         st = r.info("commandstats")
-        row = st["cmdstat_evalsha" if executor == "lua" else "cmdstat_emq.enqueue"]
+        row = st[ROW]
         extra = {k: v["calls"] for k, v in st.items() if k in
                  ("cmdstat_time", "cmdstat_pexpire", "cmdstat_pexpireat")}
-        print(json.dumps({"usec": row["usec"], "calls": row["calls"], "extra": extra}), flush=True)
+        print(json.dumps({"usec": row["usec"], "calls": row["calls"], "extra": extra,
+                          "per_batch": per_batch}), flush=True)
         break
+    u0, c0 = used()
     one_batch()
+    u1, c1 = used()
+    per_batch.append((u1 - u0) / (c1 - c0))
     print("ok", flush=True)
 """
 
@@ -136,7 +149,9 @@ def main() -> None:
             proc.stdin.write("stats\n")
             proc.stdin.flush()
             got = json.loads(proc.stdout.readline())
-            per[key] = got["usec"] / got["calls"]
+            # The median batch: a preempted server (a shared machine) inflates a few batches'
+            # usec, which the mean would carry.
+            per[key] = statistics.median(got["per_batch"])
             x = got["extra"]
             counts = " / ".join(
                 str(x.get(f"cmdstat_{c}", 0)) for c in ("time", "pexpire", "pexpireat")
@@ -144,7 +159,8 @@ def main() -> None:
             on = "on" if key[2] else "off"
             print(
                 f"| {key[0]} ({a.old_rev if key[0] == 'old' else 'this tree'}) | {key[1]} "
-                f"| {on} | {per[key]:.2f} | {counts} (of {got['calls']}) |"
+                f"| {on} | {per[key]:.2f} (mean {got['usec'] / got['calls']:.2f}) "
+                f"| {counts} (of {got['calls']}) |"
             )
         print()
         for ex in ("lua", "native"):
