@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from servertime import usec_of
 
 import echomq
 from echomq import _native, _protocol
@@ -48,9 +49,8 @@ def rate_of(fn: Callable[[], object], n: int) -> float:
 def server_usec(r: redis.Redis, outer: tuple[str, ...]) -> float:
     """The server's µs so far in the commands a row sends (INFO commandstats). Only those: a
     script's or module's own calls (HSET, ZADD ...) are counted apart as well as inside the
-    EVALSHA or EMQ.* time, and summing them would count them twice."""
-    stats = r.info("commandstats")
-    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in outer))
+    EVALSHA or EMQ.* time, and summing them would count them twice (bench/servertime.py)."""
+    return usec_of(r.info("commandstats"), outer)
 
 
 def raw_ping(port: int) -> Callable[[], object]:

@@ -28,6 +28,7 @@ def main() -> None:
     if opts.src:
         sys.path.insert(0, opts.src)
     import redis
+    from servertime import top_level_usec
 
     import echomq
     from echomq import ids, keyspace
@@ -62,8 +63,8 @@ def main() -> None:
                 pipe.execute()
                 setup = time.perf_counter() - t
 
-                def evalsha_usec() -> int:
-                    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+                def evalsha_usec() -> float:
+                    return top_level_usec(r.info("commandstats"))
 
                 u0 = evalsha_usec()
                 jobs = []

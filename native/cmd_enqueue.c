@@ -73,32 +73,28 @@ static long long floor_div(long long a, long long b) {
     return q;
 }
 
-static emq_sv marker_key(emq *e, emq_sv nonce, long long replay_ms, long long second) {
-    return emq_cat(e, 7, e->base, EMQ_LIT("recent:"), emq_fmt_ll(e, replay_ms), EMQ_LIT(":"),
-                   emq_fmt_ll(e, second), EMQ_LIT(":"), emq_sub(nonce, 1, 2));
+/* admit.lua marker_of(): p..recent:<replay_ms as sent>:<second>:<nonce[1..2]>, field
+ * nonce[3..12] .. the id's last 4 characters. */
+static emq_sv marker_key(emq *e, emq_sv nonce, emq_sv rm, emq_sv second) {
+    return emq_cat(e, 7, e->base, EMQ_LIT("recent:"), rm, EMQ_LIT(":"), second, EMQ_LIT(":"),
+                   emq_sub(nonce, 1, 2));
 }
 
 static emq_sv marker_field(emq *e, emq_sv id, emq_sv nonce) {
     return emq_cat(e, 2, emq_sub(nonce, 3, -1), emq_sub(id, -4, -1));
 }
 
-static void mark_one(emq *e, emq_sv id, emq_sv nonce, const char *verdict, long long now,
-                     long long replay_ms) {
-    long long second = floor_div(now, 1000);
-    emq_sv key = marker_key(e, nonce, replay_ms, second);
+static void mark_one(emq *e, emq_sv key, emq_sv field, const char *verdict, long long replay_ms,
+                     int ttl) {
     emq_sv v = strcmp(verdict, "scheduled") == 0 ? EMQ_LIT("s") : EMQ_LIT("e");
-    emq_hset(e, 3, key, marker_field(e, id, nonce), v);
-    emq_call(e, "PEXPIREAT", 2, key, emq_fmt_ll(e, (second + 1) * 1000 + replay_ms));
+    emq_hset(e, 3, key, field, v);
+    if (ttl) emq_call(e, "PEXPIRE", 2, key, emq_fmt_ll(e, replay_ms + 2000));
 }
 
-static const char *find_one(emq *e, emq_sv id, emq_sv nonce, long long now, long long replay_ms) {
-    emq_sv field = marker_field(e, id, nonce);
-    long long last = floor_div(now, 1000);
-    for (long long s = floor_div(now - replay_ms, 1000); s <= last; s++) {
-        emq_sv v = emq_hget(e, marker_key(e, nonce, replay_ms, s), field);
-        if (emq_eqs(v, "e")) return "replayed";
-        if (emq_eqs(v, "s")) return "replayed:scheduled";
-    }
+static const char *find_one(emq *e, emq_sv key, emq_sv field) {
+    emq_sv v = emq_hget(e, key, field);
+    if (emq_eqs(v, "e")) return "replayed";
+    if (emq_eqs(v, "s")) return "replayed:scheduled";
     return NULL;
 }
 
@@ -144,7 +140,7 @@ static void take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms) {
 }
 
 /* enqueue.lua: KEYS row, meta; ARGV base id payload group mode value [flags replay_ms nonce
- * dedup dedup_mode dedup_ttl_ms]. */
+ * dedup dedup_mode dedup_ttl_ms second]. */
 static void enqueue_one(emq *e) {
     emq_sv id = emq_arg(e, 2), payload = emq_arg(e, 3), g = emq_arg(e, 4);
     emq_sv mode = emq_arg(e, 5), value = emq_arg(e, 6);
@@ -160,17 +156,24 @@ static void enqueue_one(emq *e) {
     if (did.n) ttl_ms = emq_need_ll(e, emq_arg(e, 12));
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
     int resend = emq_has_char(flags, 'r');
+    emq_sv second = emq_arg(e, 13);
     long long now = 0;
-    if (!emq_eqs(mode, "now") || nonce.n || did.n) now = emq_now_ms(e);
+    if (!emq_eqs(mode, "now") || did.n || (nonce.n && !second.p)) now = emq_now_ms(e);
     if (!is_job(id)) {
         RedisModule_ReplyWithError(e->ctx, KIND);
         return;
     }
-    if (resend && nonce.n) {
-        const char *again = find_one(e, id, nonce, now, replay_ms);
-        if (again) {
-            emq_reply_sv(e, verdict_sv(again));
-            return;
+    emq_sv mk = EMQ_NONE, mf = EMQ_NONE;
+    if (nonce.n && replay_ms > 0) {
+        emq_sv at = second.p ? second : emq_fmt_ll(e, floor_div(now, 1000));
+        mk = marker_key(e, nonce, emq_arg(e, 8), at);
+        mf = marker_field(e, id, nonce);
+        if (resend) {
+            const char *again = find_one(e, mk, mf);
+            if (again) {
+                emq_reply_sv(e, verdict_sv(again));
+                return;
+            }
         }
     }
     long long run_at = 0;
@@ -190,7 +193,8 @@ static void enqueue_one(emq *e) {
     if (dup) emq_emit_in(e, "duplicate", id, g, 0, NULL);
     if (did.n && !dup) take_dedup(e, id, did, ttl_ms);
     if (strcmp(verdict, "enqueued") == 0) emq_touch(e, g, 1);
-    if (replay_ms > 0 && nonce.n && !dup) mark_one(e, id, nonce, verdict, now, replay_ms);
+    if (mk.p && !dup)
+        mark_one(e, mk, mf, verdict, replay_ms, !second.p || emq_has_char(flags, 'x'));
     emq_reply_sv(e, verdict_sv(verdict));
 }
 
@@ -254,9 +258,9 @@ static void enqueue_many(emq *e) {
 }
 
 emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && nargs >= 6 && nargs <= 12) return enqueue_one;
+    if (nkeys == 2 && nargs >= 6 && nargs <= 13) return enqueue_one;
     if (nkeys == 1 && nargs >= 7 && (nargs - 7) % 2 == 0) return enqueue_many;
-    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args "
+    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args "
            "(enqueue_many)";
     return NULL;
 }

@@ -62,9 +62,12 @@ def enq(
     dedup: str = "",
     dedup_mode: str = "simple",
     ttl: str = "0",
+    second: str | None = None,
 ) -> Any:
     args: list[str | bytes] = ["@", id, payload, group, mode, value, flags, replay_ms, nonce]
     args += [dedup, dedup_mode, ttl]
+    if second is not None:
+        args.append(second)
     return pair.run("enqueue", ["@job:" + id, "@meta"], args)
 
 
@@ -156,6 +159,23 @@ def test_replay_markers(pair: Pair) -> None:
     )
     # Duplicates leave no marker.
     assert enq(pair, jid(3), replay_ms="5000", nonce="bbbbbbbbbbbb") == ("ok", b"duplicate")
+    # A call that names its second (ARGV[13]): the key is that second's, the TTL is set only
+    # with 'x', and a resend reads that key whatever the clock says.
+    sec = "1700000000"
+    kw: dict[str, Any] = {"replay_ms": "5000", "second": sec}
+    assert enq(pair, jid(4), flags="fx", nonce="cc0000000001", **kw) == ("ok", b"enqueued")
+    assert enq(pair, jid(5), flags="f", nonce="cc0000000002", **kw) == ("ok", b"enqueued")
+    assert enq(pair, jid(6), flags="f", nonce="dd0000000003", **kw) == ("ok", b"enqueued")
+    assert enq(pair, jid(4), flags="fxr", nonce="cc0000000001", **kw) == ("ok", b"replayed")
+    assert enq(pair, jid(7), flags="r", nonce="cc0000000009", **kw) == ("ok", b"enqueued")
+    assert enq(pair, jid(8), mode="in", value="9000", nonce="dd0000000004", **kw) == (
+        "ok",
+        b"scheduled",
+    )
+    assert enq(pair, jid(8), flags="r", nonce="dd0000000004", **kw) == (
+        "ok",
+        b"replayed:scheduled",
+    )
 
 
 @pytest.mark.parametrize("events", [False, True])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, Union
@@ -64,6 +65,53 @@ if hasattr(os, "register_at_fork"):
 def _nonce() -> str:
     """A fresh 48-bit replay nonce in hex (the call's identity across its resends)."""
     return f"{_nonces.getrandbits(48):012x}"
+
+
+# The replay-marker keys (include/admit.lua) this process has seen take a TTL: per queue and
+# replay_ms, the client-clock second they belong to and the nonce prefixes (one key each)
+# whose TTL a call of ours has set. Until one has, every call to that key asks the script to
+# set it (flag 'x'), so a key is never left without one by us; after, the key's later
+# markers come within that second and cost one HSET. A new second starts the set afresh.
+_marker_ttls: dict[str, tuple[int, set[str]]] = {}
+# The answers of a call whose first copy wrote its marker (with the TTL, when flagged 'x').
+_MARKED = frozenset(("enqueued", "scheduled", "replayed", "replayed:scheduled"))
+
+
+# How many markers of one process a key gets in a second, about: the calls of a second are
+# spread over one key per _PER_KEY of them (at the rate of that second or the one before,
+# whichever is higher; 1 to 256 keys), so a key's TTL is written once per ~64 markers at any
+# rate, and a key stays small enough for the compact listpack encoding (128 fields).
+_PER_KEY = 64
+_rates: dict[str, list[int]] = {}  # scope -> [second, calls in it, calls in the one before]
+
+
+def _bucket(scope: str, second: int) -> str:
+    """The marker key's nonce prefix (two hex digits) for a new call in ``second``."""
+    got = _rates.get(scope)
+    if got is None or got[0] != second:
+        before = got[1] if got is not None and got[0] == second - 1 else 0
+        got = _rates[scope] = [second, 0, before]
+    got[1] += 1
+    keys = min(256, (max(got[1], got[2]) - 1) // _PER_KEY + 1)
+    return f"{_nonces.randrange(keys):02x}"
+
+
+def _second() -> int:
+    """The client-clock second that names a new call's marker key."""
+    return int(time.time())
+
+
+def _needs_ttl(scope: str, second: int, nn: str) -> bool:
+    got = _marker_ttls.get(scope)
+    return got is None or got[0] != second or nn not in got[1]
+
+
+def _ttl_set(scope: str, second: int, nn: str) -> None:
+    got = _marker_ttls.get(scope)
+    if got is None or got[0] < second:
+        _marker_ttls[scope] = (second, {nn})
+    elif got[0] == second:
+        got[1].add(nn)
 
 
 Arg = Union[str, bytes, int]  # noqa: UP007 - a runtime alias on 3.10
@@ -341,12 +389,24 @@ def enqueue(
     minted = id is None
     jid = ids.mint() if id is None else keyspace.check_id(id)
     nonce = _nonce() if replay_ms else ""
+    scope = f"{k.base}{replay_ms}"
 
     for _ in range(_REMINT_TRIES):
         # flags: 'f' the id was minted here (never handed out: the script skips the retired
-        # record), 'r' a resend.
+        # record), 'r' a resend, 'x' set the replay marker key's TTL (see _marker_ttls).
         flags = "f" if minted else ""
-        args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *extra)
+        second = 0
+        if nonce:
+            # The marker's key is named by this second of our clock (the same on every
+            # resend): the script reads no clock for it and a resend reads one field.
+            second = _second()
+            nonce = _bucket(scope, second) + nonce[2:]
+            if _needs_ttl(scope, second, nonce[:2]):
+                flags += "x"
+            tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
+        else:
+            tail = extra
+        args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *tail)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
         keys = (k.base + "job:" + jid, k.meta)
         call = _call("enqueue", keys, args, _s)
@@ -359,9 +419,11 @@ def enqueue(
                 # The reply was lost: the enqueue may or may not have landed. Resend it flagged
                 # as a resend: the same id and nonce find the first copy's marker if it landed
                 # (even if that job has completed since), so it is never admitted twice.
-                resend = (k.base, jid, data, g, mode, value, flags + "r", replay_ms, nonce, *extra)
+                resend = (k.base, jid, data, g, mode, value, flags + "r", replay_ms, nonce, *tail)
                 call = _call("enqueue", keys, resend, _s)
                 resent = True
+        if "x" in flags and status in _MARKED:
+            _ttl_set(scope, second, nonce[:2])  # that call wrote the marker and its TTL
         if status == "replayed":
             return Enqueued(jid, "enqueued")
         if status == "replayed:scheduled":

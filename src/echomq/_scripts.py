@@ -47,7 +47,7 @@ class Script:
 
     @cached_property
     def source(self) -> str:
-        body = _lazify(_shake(_expand(self.text, _LUA)))
+        body = _lazify(_chill(_shake(_expand(self.text, _LUA))))
         return "#!lua flags=allow-oom\n" + body if self.allow_oom else body
 
     @cached_property
@@ -114,6 +114,75 @@ def _shake(source: str) -> str:
         if m.group(1) not in kept:
             source = source[: m.start()] + source[m.end() :]
     return source
+
+
+# A script's cold roots: ``--@cold name ...`` names included functions that its common path
+# never calls (a ring resync on an enqueue into a live set, the retired-record lookup of a
+# minted id). They, and every function only they (or a lazy group) call, are built on first
+# use instead of on every call: see _chill.
+_COLD = re.compile(r"^--@cold ((?:\w+ ?)+)$", re.M)
+_LAZY_SPAN = re.compile(r"^--@lazy \w+\n.*?^--@end\n", re.M | re.S)
+
+
+def _chill(source: str) -> str:
+    """Move a script's cold functions into one loader built on first use. Every call of a
+    script creates a closure per top-level function, used or not: an enqueue paid a dozen
+    for the ring and rate-limit code that only its first job into an empty set runs. The
+    cold set is every kept function that the script's own code reaches only through a cold
+    root (``--@cold``) or a lazy group; the loader is forward-declared at the top, defined
+    after the last include (every function it needs is then in scope), and each call of a
+    cold function becomes ``load_cold().name(...)``."""
+    roots = {w for m in _COLD.finditer(source) for w in m.group(1).split()}
+    if not roots:
+        return source
+    lazy = [(m.start(), m.end()) for m in _LAZY_SPAN.finditer(source)]
+
+    def in_lazy(pos: int) -> bool:
+        return any(a <= pos < b for a, b in lazy)
+
+    found = [m for m in _FUNCTION.finditer(source) if not in_lazy(m.start())]
+    bodies = {m.group(1): set(_WORD.findall(_COMMENT.sub("", m.group(0)))) for m in found}
+    unknown = roots - set(bodies)
+    if unknown:
+        raise RuntimeError(f"--@cold names no kept function: {sorted(unknown)}")
+    # The script's own code: everything outside the function definitions and lazy groups.
+    outside, last = [], 0
+    for a, b in sorted([(m.start(), m.end()) for m in found] + lazy):
+        outside.append(source[last:a])
+        last = b
+    outside.append(source[last:])
+    todo = [n for n in set(_WORD.findall(_COMMENT.sub("", "".join(outside)))) if n in bodies]
+    warm: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in warm and name not in roots:
+            warm.add(name)
+            todo += [n for n in bodies[name] if n in bodies and n not in warm]
+    cold = [m for m in found if m.group(1) not in warm]
+    names = [m.group(1) for m in cold]
+    body = "".join(m.group(0) for m in cold)
+    for m in reversed(cold):
+        source = source[: m.start()] + source[m.end() :]
+    # After the last function or lazy group left: where the script's own code starts.
+    ends = [m.end() for m in _FUNCTION.finditer(source)]
+    ends += [m.end() for m in _LAZY_SPAN.finditer(source)]
+    at = max(ends, default=0)
+    table = ", ".join(f"{n} = {n}" for n in names)
+    loader = (
+        "load_cold = function()\n"
+        "  if lazy_cold then return lazy_cold end\n"
+        f"{body}"
+        f"  lazy_cold = {{{table}}}\n"
+        "  return lazy_cold\n"
+        "end\n"
+    )
+    call = re.compile(rf"(?<![.\w])({'|'.join(names)})\(")
+    head = call.sub(r"load_cold().\1(", source[:at])
+    tail = call.sub(r"load_cold().\1(", source[at:])
+    other = re.search(rf"(?<![.\w])({'|'.join(names)})\b", _COMMENT.sub("", head + tail))
+    if other:
+        raise RuntimeError(f"cold function {other.group(1)} is used other than by a call")
+    return "local lazy_cold, load_cold\n" + head + loader + tail
 
 
 # A lazy group of an include: ``--@lazy name`` ... ``--@end`` around top-level functions (and

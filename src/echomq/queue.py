@@ -15,6 +15,7 @@ from echomq import _control as _ctl
 from echomq import _observe as _o
 from echomq import _protocol as _p
 from echomq import _registry as _reg
+from echomq._autopipe import AutoPipe
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     AsyncClient,
@@ -540,6 +541,8 @@ class AsyncQueue:
             durable=replicas,
             executor=mode,
         )
+        # Concurrent enqueues of one loop turn go out as one pipeline write (_autopipe).
+        self._pipe = AutoPipe(self._x)
         self._waiters: ResultWaiters | None = None
 
     @property
@@ -590,7 +593,7 @@ class AsyncQueue:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
         with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
-        return await self._x.run(
+        return await self._pipe.run(
             _p.enqueue(
                 self._k,
                 payload,

@@ -1,4 +1,5 @@
 // node produce.mjs single|bulk URL N        -> {"elapsed": seconds}
+// node produce.mjs concurrent URL N C       -> {"elapsed": seconds} (C promises adding N jobs)
 // node produce.mjs latency URL RATE SECONDS -> {"sent": n}
 import { LAT_KEY, QUEUE, Queue, Redis, WARMUP, connection, now, sleep } from "./common.mjs";
 
@@ -12,6 +13,21 @@ if (mode === "single") {
   const n = Number(a);
   const t0 = performance.now();
   for (let i = 0; i < n; i++) await queue.add("noop", { i });
+  out = { elapsed: (performance.now() - t0) / 1000 };
+} else if (mode === "concurrent") {
+  // C producers in flight on the queue's one connection, each awaiting its own add: ioredis
+  // writes every command as it is issued, without waiting for the replies before it.
+  const n = Number(a);
+  const c = Number(b);
+  let next = 0;
+  const one = async () => {
+    while (next < n) {
+      const i = next++;
+      await queue.add("noop", { i });
+    }
+  };
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: c }, one));
   out = { elapsed: (performance.now() - t0) / 1000 };
 } else if (mode === "bulk") {
   const n = Number(a);

@@ -9,12 +9,17 @@
   ARGV[6] value           ms: a delay for 'in', an absolute unix ms for 'at'
   ARGV[7] flags           letters: 'f' the client minted the id in this call (it was never
                           handed out: no retired record to read, include/admit.lua), 'r' a
-                          resend (every copy after the first); '' for neither
+                          resend (every copy after the first), 'x' set the replay marker
+                          key's TTL (the client's first marker in that key, admit.lua);
+                          '' for none
   ARGV[8] replay_ms       optional: how long a resend of this call may still come (0: none)
   ARGV[9] nonce           optional: the call's nonce, the same on every resend ('' : none)
   ARGV[10] dedup          optional: a dedup id (D20, include/control.lua); '' : none
   ARGV[11] dedup_mode     simple | throttle | debounce
   ARGV[12] dedup_ttl_ms   the key's TTL (throttle, debounce); 0 for simple
+  ARGV[13] second         optional: the client's unix second that names the replay marker's
+                          key (the same on every resend); absent: the server's, and the TTL
+                          is always set
   Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' / 'replayed:scheduled' (a
     resend whose first copy landed, and what that copy answered) | 'deduplicated:<holder id>'
     | error EMQKIND
@@ -24,7 +29,10 @@
 --@include args
 --@include admit
 --@include control
-shape(2, 6, 12, 'ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+-- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
+-- and the retired record (an id the caller named).
+--@cold sync retired_last unretire
+shape(2, 6, 13, 'ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
 if ARGV[8] then int_arg(ARGV[8]) end
 if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
 if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end
@@ -35,16 +43,21 @@ local flags = ARGV[7] or ''
 local replay_ms, nonce = tonumber(ARGV[8] or '0'), ARGV[9] or ''
 local did = ARGV[10] or ''
 local resend = string.find(flags, 'r', 1, true) ~= nil
--- The clock is read only when the job has a run time (D10: server clock for 'in') or a
--- replay marker (admit.lua).
+-- The clock is read only when the job has a run time (D10: server clock for 'in'), a dedup
+-- key, or a replay marker whose client named no second (admit.lua).
+local second = ARGV[13]
 local now = 0
-if ARGV[5] ~= 'now' or nonce ~= '' or did ~= '' then now = now_ms() end
+if ARGV[5] ~= 'now' or did ~= '' or (nonce ~= '' and not second) then now = now_ms() end
 -- Policy first (admit checks it too): a refused call writes nothing.
 local KIND = 'EMQKIND job id must be JOB-namespaced'
 if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply(KIND) end
-if resend and nonce ~= '' then
-  local again = find_one(base, id, nonce, now, replay_ms)
-  if again then return again end
+local mk, mf  -- the replay marker's key and field (admit.lua)
+if nonce ~= '' and replay_ms > 0 then
+  mk, mf = marker_of(base, id, nonce, ARGV[8], second or math.floor(now / 1000))
+  if resend then
+    local again = find_one(mk, mf)
+    if again then return again end
+  end
 end
 local run_at = run_time(ARGV[5], ARGV[6], now)
 if did ~= '' then
@@ -62,7 +75,7 @@ if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end
 if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(ARGV[12])) end
 if verdict == 'enqueued' then touch(base, g, 1) end
 -- After the admission: the call's first write is the row's HSET (see admit.lua).
-if replay_ms > 0 and nonce ~= '' and verdict ~= 'duplicate' then
-  mark_one(base, id, nonce, verdict, now, replay_ms)
+if mk and verdict ~= 'duplicate' then
+  mark_one(mk, mf, verdict, replay_ms, not second or string.find(flags, 'x', 1, true) ~= nil)
 end
 return verdict

@@ -18,9 +18,9 @@
 --@include common
 --@include args
 --@include admit
-shape(1, 7, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+shape(1, 7, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
 if (#ARGV - 7) % 2 ~= 0 then
-  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
 end
 int_arg(ARGV[5])
 if ARGV[3] == 'in' or ARGV[3] == 'at' then int_arg(ARGV[4]) end

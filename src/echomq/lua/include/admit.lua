@@ -63,45 +63,41 @@ end
 -- A resend that finds none is the call's first landing and is admitted as usual. A new
 -- enqueue of a retired id (a new call, another nonce) is still a new job.
 --
--- A single enqueue's marker is one field of a small HASH shared by the calls of one server
--- second:   p..recent:<replay_ms>:<second>:<nonce[1..2]>
+-- A single enqueue's marker is one field of a small HASH shared by the calls of one second
+-- of the client's clock (the call names it, the same on every copy, so a resend reads one
+-- field and the first copy reads no clock):
+--           p..recent:<replay_ms>:<second>:<nonce[1..2]>
 --           field nonce[3..12] .. the id's last 4 characters, value 'e' | 's' (scheduled)
--- The key expires as a whole (PEXPIREAT) replay_ms after its second ends, so no call trims
--- markers one by one; with 256 keys a second, each stays small enough for the server's
--- compact (listpack) hash encoding up to ~30k enqueues/s (docs/CAPACITY.md).
+-- The key expires as a whole, replay_ms + 2 s after the last write that set its TTL: a
+-- client flags 'x' on its calls to a key until one of them has admitted (so set the TTL),
+-- and every later marker it writes there comes within that second of its clock, so each
+-- marker outlives its call's replay window, and no key is left without a TTL by a client
+-- that wrote one. The common call is one HSET. A client spreads a second's calls over about
+-- one key per 64 (nonce[1..2], its choice); with at most 256 keys a second, each stays small
+-- enough for the server's compact (listpack) hash encoding up to ~30k enqueues/s
+-- (docs/CAPACITY.md). A call that names no second gets the server's, and sets the TTL.
 -- An enqueue_many call leaves one STRING p..recent:<nonce> with every job's verdict.
 
-local function marker_key(base, nonce, replay_ms, second)
-  -- %d: a Lua number past 1e14 would print in exponent form (the module prints digits).
-  return base .. 'recent:' .. string.format('%d', replay_ms) .. ':' .. second .. ':'
-    .. string.sub(nonce, 1, 2)
-end
-
-local function marker_field(id, nonce)
-  return string.sub(nonce, 3) .. string.sub(id, -4)
+-- The marker's key and field of a single enqueue (rm: replay_ms as the call sent it).
+local function marker_of(base, id, nonce, rm, second)
+  return base .. 'recent:' .. rm .. ':' .. second .. ':' .. string.sub(nonce, 1, 2),
+    string.sub(nonce, 3) .. string.sub(id, -4)
 end
 
 -- The first copy of a single enqueue admitted `verdict` ('enqueued' | 'scheduled').
-local function mark_one(base, id, nonce, verdict, now, replay_ms)
-  local second = math.floor(now / 1000)
-  local key = marker_key(base, nonce, replay_ms, second)
+local function mark_one(key, field, verdict, replay_ms, ttl)
   local v = 'e'
   if verdict == 'scheduled' then v = 's' end
-  rcall('HSET', key, marker_field(id, nonce), v)
-  rcall('PEXPIREAT', key, (second + 1) * 1000 + replay_ms)
+  rcall('HSET', key, field, v)
+  if ttl then rcall('PEXPIRE', key, replay_ms + 2000) end
 end
 
 -- A resend of a single enqueue: what its first copy answered, or false when none landed.
--- The first copy landed at most replay_ms ago: every second since then is looked at.
 --@lazy replays
-local function find_one(base, id, nonce, now, replay_ms)
-  local field = marker_field(id, nonce)
-  local last = math.floor(now / 1000)
-  for second = math.floor((now - replay_ms) / 1000), last do
-    local v = rcall('HGET', marker_key(base, nonce, replay_ms, second), field)
-    if v == 'e' then return 'replayed' end
-    if v == 's' then return 'replayed:scheduled' end
-  end
+local function find_one(key, field)
+  local v = rcall('HGET', key, field)
+  if v == 'e' then return 'replayed' end
+  if v == 's' then return 'replayed:scheduled' end
   return false
 end
 --@end

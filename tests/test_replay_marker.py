@@ -1,0 +1,142 @@
+"""The single enqueue's replay marker (issue 28, include/admit.lua and native/cmd_enqueue.c):
+the call names the client-clock second that keys its marker, so the first copy reads no
+clock and a resend reads one field; the key's TTL is set by a client's calls to that key
+until one has admitted (flag 'x'), then each marker there is one HSET. The guarantee is
+unchanged: a resend after the job completed answers ``replayed``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq import _protocol as _p
+from echomq import ids
+from echomq._protocol import Replay
+
+pytestmark = pytest.mark.executors
+
+
+def K(q: str, suffix: str) -> str:
+    return "emq:{" + q + "}:" + suffix
+
+
+def calls(r: redis.Redis, name: str) -> int:
+    return int(r.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+def test_a_plain_enqueue_reads_no_clock_and_sets_each_markers_ttl_once(
+    q: echomq.Queue, r: redis.Redis, qname: str
+) -> None:
+    q.enqueue(b"warm")
+    r.config_resetstat()
+    got = [q.enqueue(str(i).encode()) for i in range(300)]
+    assert all(e.status == "enqueued" for e in got)
+    keys = list(r.scan_iter(match=K(qname, "recent:*")))
+    assert keys
+    replay_ms = int(keys[0].decode().split(":")[3])
+    for key in keys:  # every marker key expires: none is left without a TTL
+        assert 0 < r.pttl(key) <= replay_ms + 2000, key
+    assert sum(r.hlen(key) for key in keys) == 301  # one marker a call, the warm-up's too
+    assert calls(r, "time") == 0  # the first copy reads no clock
+    assert calls(r, "pexpireat") == 0
+    # One TTL write per key: a key's first call sets it, and its reply tells this process,
+    # whose later calls there write the field alone. The warm-up set its key's before the
+    # count (that key is this run's too when the second and prefix match: no second write).
+    assert calls(r, "pexpire") == len(keys) - 1
+
+
+def test_a_resend_finds_its_marker_after_the_job_completed_and_the_clock_moved(
+    q: echomq.Queue, r: redis.Redis, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resend names the second its first copy named, not the clock's at the resend."""
+    clock = [1_800_000_000]
+    monkeypatch.setattr(_p, "_second", lambda: clock[0])
+    plan = _p.enqueue(q._k, b"x", replay_ms=60_000)
+    first = next(plan)
+    assert q._x.call(first) == "enqueued"  # it landed; say its reply was lost
+    jid = first.args[1]
+    assert isinstance(jid, str)
+    job = q.claim()
+    assert job is not None and job.id == jid
+    q.complete(job.id, job.token)
+    clock[0] += 5
+    again = plan.throw(Replay(redis.ConnectionError("reply lost")))
+    assert "r" in str(again.args[6]) and again.args[12] == first.args[12] == 1_800_000_000
+    assert q._x.call(again) == "replayed"
+    with pytest.raises(StopIteration) as stop:
+        plan.send("replayed")
+    assert stop.value.value == echomq.Enqueued(jid, "enqueued")
+    assert not r.exists(K(qname, "job:" + jid))  # never admitted twice
+    assert q.counts()["pending"] == 0
+
+
+def test_the_ttl_flag_goes_until_a_call_to_that_key_admitted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sans-I/O: 'x' on every call to a key (second, nonce prefix) of this queue until one
+    answers enqueued or scheduled; not after; again in a new second or for another key."""
+    clock = [1_900_000_000]
+    keys = iter(["ab", "ab", "ab", "cd", "ab"])
+    monkeypatch.setattr(_p, "_second", lambda: clock[0])
+    monkeypatch.setattr(_p, "_bucket", lambda scope, second: next(keys))
+    monkeypatch.setattr(_p, "_marker_ttls", {})
+    k = _p.Keys("ttlflag")
+
+    def send(answer: str) -> str:
+        plan = _p.enqueue(k, b"x", replay_ms=70_000, id=ids.mint())
+        call = next(plan)
+        with pytest.raises(StopIteration):
+            plan.send(answer)
+        return str(call.args[6])
+
+    assert "x" in send("duplicate")  # ab: nothing admitted, no TTL known
+    assert "x" in send("enqueued")  # ab: admitted with 'x' -> the key has its TTL
+    assert "x" not in send("enqueued")  # ab again, same second
+    assert "x" in send("enqueued")  # cd: another key
+    clock[0] += 1
+    assert "x" in send("enqueued")  # ab in a new second: a new key
+
+
+def test_a_call_naming_its_second_keys_the_marker_there(
+    q: echomq.Queue, r: redis.Redis, qname: str
+) -> None:
+    """EVAL/EMQ.ENQUEUE contract: ARGV[13] names the key's second; 'x' sets the TTL
+    (replay_ms + 2 s), a call without it writes the field alone."""
+    x: Any = q._x
+    base, meta = K(qname, ""), K(qname, "meta")
+    a, b = ids.mint(), ids.mint()
+
+    def enq(jid: str, flags: str, nonce: str, second: int) -> Any:
+        args = (base, jid, b"p", "", "now", 0, flags, 60_000, nonce, "", "simple", 0, second)
+        call = _p.Call(_p.SCRIPTS["enqueue"], (K(qname, "job:" + jid), meta), args, _p._s)
+        return x.call(call)
+
+    assert enq(a, "fx", "ab0123456789", 1_700_000_000) == "enqueued"
+    key = K(qname, "recent:60000:1700000000:ab")
+    assert r.hgetall(key) == {("0123456789" + a[-4:]).encode(): b"e"}
+    assert 61_000 <= r.pttl(key) <= 62_000
+    r.pexpire(key, 30_000)
+    assert enq(b, "f", "ab9999999999", 1_700_000_000) == "enqueued"
+    assert r.hlen(key) == 2 and r.pttl(key) <= 30_000  # no TTL written by that call
+    assert enq(a, "fr", "ab0123456789", 1_700_000_000) == "replayed"
+
+
+def test_a_second_s_calls_spread_over_one_key_per_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nonce prefix that names a marker's key: one key for a slow producer (its TTL is
+    written once, not on most calls), about one per 64 calls at a higher rate, from the
+    rate of the second before at once, at most 256."""
+    monkeypatch.setattr(_p, "_rates", {})
+
+    def prefixes(second: int, n: int) -> list[str]:
+        return [_p._bucket("scope", second) for _ in range(n)]
+
+    assert set(prefixes(100, 64)) == {"00"}  # the first 64 of a second share one key
+    used = prefixes(100, 936)  # 1,000 in that second in all
+    assert {int(p, 16) for p in used} <= set(range(16)) and len(set(used)) > 8
+    nxt = prefixes(101, 200)  # the second after starts at the rate of the one before
+    assert len(set(nxt)) > 8
+    assert {int(p, 16) for p in prefixes(102, 20_000)} <= set(range(256))
+    assert set(prefixes(200, 10)) == {"00"}  # after a quiet spell: one key again
