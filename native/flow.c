@@ -50,7 +50,10 @@ static void flow_release(emq *e, emq_sv pid) {
     if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
     emq_hset(e, 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
     emq_zadd(e, 3, emq_waiting_key(e, p[1]), EMQ_LIT("0"), pid);
-    emq_touch(e, p[1], 1);
+    /* A full sync, not touch's flat fast path (compose.lua flow_release, F12). */
+    int inring, inserted;
+    emq_sync(e, p[1], 0, &inring, &inserted);
+    emq_wake(e, 1);
 }
 
 static const char *FLOW_HASHES[3] = {":processed", ":unsuccessful", ":failed"};

@@ -370,3 +370,25 @@ def test_drain_takes_the_parents_it_releases(q: echomq.Queue) -> None:
     assert q.job_state(lane.parent_id) == "absent"
     assert q.counts()["pending"] == 0
     assert q.check() == []
+
+
+@pytest.mark.parametrize("sweep", ["reap", "sweep_stalled"])
+def test_a_sweep_that_releases_a_parent_keeps_the_flat_set_served(
+    q: echomq.Queue, sweep: str
+) -> None:
+    # The model's F12: the sweep parks the flat job, then a lapsed cancel(remove=True) of the
+    # only child releases the parent mid-loop; touch()'s fast path skipped the ring sync and
+    # the flat set fell out of the ring (claim answered None with two jobs waiting).
+    a = q.enqueue(b"a").id
+    added = q.add_flow(FlowJob(b"p", children=[FlowJob(b"c")]))
+    held = q.claim_batch(2, lease_ms=20)
+    assert {j.id for j in held} == {a, added.child_ids[0]}
+    assert q.cancel(added.child_ids[0], remove=True) == "signalled"
+    time.sleep(0.05)
+    if sweep == "reap":
+        q.reap()
+    else:
+        q.sweep_stalled(max_stalled=5)
+    assert q.check() == []
+    got = {j.id for j in q.claim_batch(5, lease_ms=1000)}
+    assert got == {a, added.parent_id}

@@ -123,7 +123,11 @@ local function flow_release(base, pid)
   if not p or p[1] ~= 'awaiting_children' then return end
   rcall('HSET', pk, 'state', 'pending')
   rcall('ZADD', waiting_key(base, p[2]), 0, pid)
-  touch(base, p[2] or false, 1)
+  -- A full sync, not touch(): touch's fast path trusts that a non-empty flat set is in the
+  -- ring, and a sweep releasing a parent mid-loop has parked flat jobs it syncs only at its
+  -- end (issue 22's model, F12: the flat set fell out of the ring).
+  sync(base, p[2] or false)
+  wake(base, 1)
 end
 
 -- The hashes a parent records its settled children in. A child is in at most one of them:
