@@ -39,6 +39,7 @@ machine (every step checked), so each is exercised on every run whatever hypothe
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -54,17 +55,24 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
-from model.core import KEEP_MS, LANES, LONG, SHORT, Entry, Flow, Job, QueueModel, World
 
 import echomq
-from echomq import Enqueued, FlowJob, JobFailed, JobGone, StaleToken, StateError, _protocol
+from echomq import (
+    Enqueued,
+    FlowJob,
+    JobFailed,
+    JobGone,
+    StaleToken,
+    StateError,
+    _protocol,
+    keyspace,
+)
 from echomq import ids as emq_ids
-from echomq import keyspace
 from echomq.server import EmbeddedServer
+from model.core import KEEP_MS, LANES, LONG, SHORT, Flow, Job, QueueModel, World
 
 pytestmark = pytest.mark.executors
 
@@ -239,7 +247,13 @@ class ModelMachine(RuleBasedStateMachine):
         mode=MODES,
     )
     def enqueue(
-        self, qi: int, payload: bytes, group: str | None, delay: int | None, did: str | None, mode: str
+        self,
+        qi: int,
+        payload: bytes,
+        group: str | None,
+        delay: int | None,
+        did: str | None,
+        mode: str,
     ) -> None:
         self.admit_one(qi, None, payload, group, delay, did, mode)
 
@@ -581,9 +595,7 @@ class ModelMachine(RuleBasedStateMachine):
         keep=st.booleans(),
         error=ERRORS,
     )
-    def settle(
-        self, n: int, verb: str, ms: int, max_attempts: int, keep: bool, error: str
-    ) -> None:
+    def settle(self, n: int, verb: str, ms: int, max_attempts: int, keep: bool, error: str) -> None:
         """A settle verb with a token a claim handed out (current, or stale by now)."""
         t = self.ticket(n)
         if t is None:
@@ -608,7 +620,13 @@ class ModelMachine(RuleBasedStateMachine):
         max_attempts=st.integers(1, 2),
     )
     def settle_batch(
-        self, qi: int, done: list[int], again: list[int], n: int, lease: int, delay: int,
+        self,
+        qi: int,
+        done: list[int],
+        again: list[int],
+        n: int,
+        lease: int,
+        delay: int,
         max_attempts: int,
     ) -> None:
         """The worker's round trip on one queue: completes, retries, then a claim."""
@@ -849,10 +867,8 @@ class ModelMachine(RuleBasedStateMachine):
         kept = m.results.get(jid)
         j = m.jobs.get(jid)
         if not strict("results"):
-            try:
+            with contextlib.suppress(JobFailed, TimeoutError):
                 self.q(qi).wait(jid, timeout_s=0)
-            except (JobFailed, TimeoutError):
-                pass
             return
         if kept is None and j is not None and j.state == "dead" and not strict("waitdead"):
             with pytest.raises((JobFailed, TimeoutError)):
@@ -987,10 +1003,16 @@ class ModelMachine(RuleBasedStateMachine):
                 self.names[j.pq] if j.pq is not None else None,
                 str(j.children) if j.children else None,
             ]
-            got = [v if v is None or f == "payload" else v.decode() for f, v in zip(fields, row)]
+            got = [
+                v if v is None or f == "payload" else v.decode()
+                for f, v in zip(fields, row, strict=True)
+            ]
             if not strict("cancel"):
                 want[8] = got[8]
-            assert got == want, f"{name} {jid}: row {dict(zip(fields, got))} != model {dict(zip(fields, want))}"
+            assert got == want, (
+                f"{name} {jid}: row {dict(zip(fields, got, strict=True))} "
+                f"!= model {dict(zip(fields, want, strict=True))}"
+            )
             want_score = j.score if j.state in ("active", "scheduled") else 0
             if j.state == "awaiting_children":
                 assert score is None, f"{jid} is awaiting its children but is in a set"
@@ -1037,8 +1059,13 @@ class ModelMachine(RuleBasedStateMachine):
 
     def place(self, qi: int, j: Job) -> str:
         if j.state == "pending":
-            return keyspace.lane_key(self.names[qi], j.group) if j.group else self.key(qi, "pending")
-        return self.key(qi, {"active": "active", "scheduled": "schedule", "dead": "dead"}.get(j.state, "pending"))
+            return (
+                keyspace.lane_key(self.names[qi], j.group) if j.group else self.key(qi, "pending")
+            )
+        return self.key(
+            qi,
+            {"active": "active", "scheduled": "schedule", "dead": "dead"}.get(j.state, "pending"),
+        )
 
     def teardown(self) -> None:
         try:
@@ -1146,7 +1173,9 @@ def test_a_reprocessed_child_counts_once(sm: ModelMachine, cross: int) -> None:
     s.admin(qi=0, what="pause lane", g="la", n=None)  # holds the other child back
     # root on queue 0; children: an ignored one (maybe on queue 1) and one in lane la.
     s.add_flow(qi=0, shape=[(2, True, 0, None), (0, False, cross, None), (0, True, 0, "la")])
-    root, ignored, other = sm.m(0).flows and list(sm.m(0).flows)[0], None, None
+    root = next(iter(sm.m(0).flows))
+    ignored: tuple[int, str] | None = None
+    other: tuple[int, str] | None = None
     for qi in (0, 1):
         for jid, j in sm.m(qi).jobs.items():
             if j.parent == root and j.policy == "id":
@@ -1222,7 +1251,7 @@ def test_a_removed_parent_is_told_nothing(sm: ModelMachine) -> None:
     """remove x flows: a child settling after its parent was removed writes no key of it."""
     s = Steps(sm)
     s.add_flow(qi=0, shape=[(2, True, 0, None), (0, False, 0, None), (0, True, 0, None)])
-    root = list(sm.m(0).flows)[0]
+    root = next(iter(sm.m(0).flows))
     s.remove(qi=0, n=live_pick(sm, 0, root))
     assert root not in sm.m(0).jobs
     s.work(qi=0, outcomes=["done", "die"])
@@ -1240,3 +1269,17 @@ def test_a_reaped_holder_and_its_debounce(
     s.reap(qi=0)
     s.enqueue(qi=0, payload=b"v2", group=None, delay=None, did="d1", mode="debounce")
     s.settle(n=0, verb="complete", ms=0, max_attempts=1, keep=False, error="boom")
+
+
+@pytest.mark.parametrize("how", ["drain", "cancel"])
+def test_a_released_parent_drained_or_cancelled_leaves_nothing(sm: ModelMachine, how: str) -> None:
+    s = Steps(sm)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, None)])
+    root = next(iter(sm.m(0).flows))
+    s.work(qi=0, outcomes=["done+keep"])
+    assert sm.m(0).jobs[root].state == "pending"
+    if how == "drain":
+        s.drain(qi=0, include_schedule=False)
+    else:
+        s.cancel(qi=0, n=live_pick(sm, 0, root), remove=False)
+    assert root not in sm.m(0).jobs
