@@ -205,9 +205,10 @@ class World:
     ``per_hash`` (a triage waiver, tests/test_model.py ``count1``) models today's counting,
     once per hash instead of once per child, so a run can look past FINDINGS F5."""
 
-    def __init__(self, per_hash: bool = False) -> None:
+    def __init__(self, per_hash: bool = False, keep_dropped: bool = False) -> None:
         self.qs = [QueueModel(), QueueModel()]
         self.per_hash = per_hash
+        self.keep_dropped = keep_dropped  # waiver dropchild: a removed child is not dropped
 
     # ------------------------------------------------------------------ flows (D18)
 
@@ -229,6 +230,18 @@ class World:
             return
         self.parent_told_dead(qi, j.parent, cid, j.policy or "fp", error)
 
+    def removed(self, qi: int, jid: str) -> Job:
+        """The row is deleted without an outcome (remove, cancel, drain, a ``remove=True``
+        cancel's settle): a child is dropped from its parent, which stops waiting for it
+        (PROTOCOL D18 as issue 22 settles it)."""
+        j = self.qs[qi].drop(jid)
+        if j.parent is not None and not self.keep_dropped:
+            if j.pq is not None:
+                self.qs[qi].outbox.append(Entry("drop", j.pq, j.parent, jid, j.policy or "fp", b""))
+            else:
+                self.settle_to_parent(qi, j.parent, jid, "dropped", b"")
+        return j
+
     def parent_told_dead(self, pqi: int, pid: str, cid: str, policy: str, error: str) -> None:
         if policy == "id":
             self.settle_to_parent(pqi, pid, cid, "unsuccessful", error.encode())
@@ -245,6 +258,8 @@ class World:
             return
         p.state = "dead"
         p.last_error = f"child {cid} failed"
+        if pid in m.wanted:  # a death while a waiter waits is kept 60 s (D17)
+            m.keep(pid, b"", p.attempts, p.last_error)
         self.child_dead(pqi, pid, p, p.last_error)
 
     def settle_to_parent(self, pqi: int, pid: str, cid: str, how: str, value: bytes) -> None:
@@ -265,7 +280,9 @@ class World:
             return
         # Its latest outcome, once: a child reprocessed after an ignored death and then
         # completed moves from unsuccessful to processed, and is not counted again (#1).
-        if how == "processed":
+        if how == "dropped":
+            pass
+        elif how == "processed":
             fl.unsuccessful.pop(cid, None)
             fl.processed.setdefault(cid, value)
         else:
@@ -287,6 +304,8 @@ class World:
         for e in m.outbox:
             if e.kind == "done":
                 self.settle_to_parent(e.pq, e.pid, e.cid, "processed", e.value)
+            elif e.kind == "drop":
+                self.settle_to_parent(e.pq, e.pid, e.cid, "dropped", b"")
             else:
                 self.parent_told_dead(e.pq, e.pid, e.cid, e.policy, e.value.decode())
             n += 1

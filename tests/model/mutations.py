@@ -96,8 +96,19 @@ def pytest(scratch: Path, python: str, k: str | None, shrink: bool) -> tuple[int
     env.pop("ECHOMQ_MODEL_DEEP", None)
     if not shrink:
         env["ECHOMQ_MODEL_NOSHRINK"] = "1"
-    cmd = [python, "-m", "pytest", "tests/test_model.py", "-q", "-p", "no:randomly", "-p",
-           "no:cacheprovider", "-o", "addopts="]
+    cmd = [
+        python,
+        "-m",
+        "pytest",
+        "tests/test_model.py",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+    ]
     if k:
         cmd += ["-k", k]
     done = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, check=False)
@@ -109,7 +120,7 @@ def run_seam(
 ) -> Outcome:
     out = Outcome(seam, commits)
     if not commits:
-        out.note = "no fix commit (pass --fix or tag the fix 'seam:%s')" % seam
+        out.note = f"no fix commit (pass --fix or tag the fix 'seam:{seam}')"
         return out
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"emq-mut-{seam}-") as tmp:
