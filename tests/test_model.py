@@ -504,6 +504,55 @@ class ModelMachine(RuleBasedStateMachine):
             elif how.startswith("die"):
                 self.do_retry(qi, job.id, job.token, 0, 1, "boom", keep)
 
+    @rule(
+        qi=QI,
+        chain=st.sampled_from(
+            ("cancel-retry", "cancel-lapse", "cancel-delay", "rerun-dead", "rerun-done")
+        ),
+        remove=st.booleans(),
+        keep=st.booleans(),
+    )
+    def seam(self, qi: int, chain: str, remove: bool, keep: bool) -> None:
+        """A short chain at an incarnation seam, on whatever job a claim serves: a
+        cancelled run that ends (retry, lapse, delay), or a finished run that comes back
+        (reprocess, re-admission) and is waited on. Every reply is checked on the way."""
+        m = self.m(qi)
+        lease = SHORT if chain == "cancel-lapse" else LONG
+        claimable = m.claimable()
+        t0 = self.now()
+        job = self.q(qi).claim(lease_ms=lease)
+        t1 = self.now()
+        if job is None:
+            assert claimable == 0
+            return
+        j = self.take(qi, job)
+        j.score = self.score(qi, "active", job.id, t0 + lease, t1 + lease)
+        jid, tok = job.id, job.token
+        note(f"seam: {chain}{' (a flow child)' if j.parent else ''}")
+        if chain.startswith("cancel"):
+            self.do_cancel(qi, jid, remove)
+            self.extend_leases(qi=qi, picks=[0], lease=lease)
+            if chain == "cancel-retry":
+                self.do_retry(qi, jid, tok, 0, 1, "cancelled", keep)
+            elif chain == "cancel-delay":
+                self.do_delay(qi, jid, tok, 0)
+            else:
+                self.reap(qi=qi)
+            j2 = m.jobs.get(jid)
+            if j2 is not None and j2.state == "dead":
+                self.do_reprocess(qi, jid)
+            return
+        if chain == "rerun-dead":
+            self.do_retry(qi, jid, tok, 0, 1, "boom", keep)
+            if jid in m.jobs and m.jobs[jid].state == "dead":
+                self.do_wait(qi, jid)
+                self.do_reprocess(qi, jid)
+        else:
+            self.do_complete(qi, jid, tok, keep, b"s")
+            self.do_wait(qi, jid)
+            self.admit_one(qi, jid, b"again", None, None, None, "simple")
+        self.do_wait(qi, jid)
+
     # ------------------------------------------------------------------ settling
 
     def do_complete(self, qi: int, jid: str, token: int, keep: bool, result: bytes) -> None:
@@ -856,9 +905,13 @@ class ModelMachine(RuleBasedStateMachine):
     def reprocess(self, qi: int, n: int) -> None:
         """Mostly a dead job (a fresh incarnation: no result, no flag, a fresh budget)."""
         m = self.m(qi)
-        jid = pick(self.live(qi, "dead"), n) if n % 4 else pick(sorted(m.seen), n)
-        if jid is None:
-            return
+        dead = self.live(qi, "dead")
+        jid = pick(dead, n) if n % 4 else pick(sorted(m.seen), n)
+        if jid is not None:
+            self.do_reprocess(qi, jid)
+
+    def do_reprocess(self, qi: int, jid: str) -> None:
+        m = self.m(qi)
         j = m.jobs.get(jid)
         err = JobGone if j is None else StateError if j.state != "dead" else None
         self.expect(err, self.q(qi).reprocess, jid)
@@ -890,8 +943,11 @@ class ModelMachine(RuleBasedStateMachine):
             if n % 4
             else pick(sorted(m.seen), n)
         )
-        if jid is None:
-            return
+        if jid is not None:
+            self.do_cancel(qi, jid, remove)
+
+    def do_cancel(self, qi: int, jid: str, remove: bool) -> None:
+        m = self.m(qi)
         j = m.jobs.get(jid)
         note(f"cancel: {j.state if j else 'gone'}")
         got = self.q(qi).cancel(jid, remove=remove)
@@ -919,10 +975,12 @@ class ModelMachine(RuleBasedStateMachine):
     def wait(self, qi: int, n: int) -> None:
         """wait() at timeout 0: a kept outcome, JobFailed at once for a dead job (its row's
         last_error), else TimeoutError. It leaves the want marker."""
+        jid = pick(sorted(self.m(qi).seen), n)
+        if jid is not None:
+            self.do_wait(qi, jid)
+
+    def do_wait(self, qi: int, jid: str) -> None:
         m = self.m(qi)
-        jid = pick(sorted(m.seen), n)
-        if jid is None:
-            return
         m.wanted.add(jid)
         kept = m.results.get(jid)
         j = m.jobs.get(jid)
