@@ -553,6 +553,82 @@ class ModelMachine(RuleBasedStateMachine):
             self.admit_one(qi, jid, b"again", None, None, None, "simple")
         self.do_wait(qi, jid)
 
+    def claim_only(self, qi: int, lease: int, wanted: set[str]) -> dict[str, int]:
+        """Claim everything claimable and hand back (delay 0: no attempt spent) all but the
+        ``wanted`` ids: a worker that takes a batch and gives back what it cannot run.
+        Returns the tokens of the wanted ids it got."""
+        m = self.m(qi)
+        n = m.claimable()
+        if n == 0:
+            return {}
+        t0 = self.now()
+        jobs = self.q(qi).claim_batch(n, lease_ms=lease)
+        t1 = self.now()
+        assert len(jobs) == n
+        for job in jobs:
+            self.take(qi, job)
+        for job in jobs:
+            m.jobs[job.id].score = self.score(qi, "active", job.id, t0 + lease, t1 + lease)
+        got = {}
+        for job in jobs:
+            if job.id in wanted:
+                got[job.id] = job.token
+            else:
+                self.do_delay(qi, job.id, job.token, 0)
+        return got
+
+    @rule(
+        chain=st.sampled_from(("child-rerun", "parent-removed", "debounce-lapse")),
+        cross=st.sampled_from((0, 0, 1)),
+    )
+    def flow_seam(self, chain: str, cross: int) -> None:
+        """The seams between flows or dedup and the other verbs, as a worker would meet them:
+        an ignored child that dies, is reprocessed and completes while its sibling waits; a
+        parent removed before its children settle; a debounce onto a reaped holder."""
+        note(f"flow_seam: {chain}")
+        if chain == "debounce-lapse":
+            did = DIDS[0]
+            self.admit_one(0, None, b"v1", None, None, did, "debounce")
+            holder = self.m(0).dedup.get(did)
+            h = self.m(0).jobs.get(holder) if holder else None
+            if h is None or h.state != "pending":
+                return
+            tok = self.claim_only(0, SHORT, {holder}).get(holder)
+            if tok is None:
+                return
+            self.reap(qi=0)
+            self.admit_one(0, None, b"v2", None, None, did, "debounce")
+            self.do_complete(0, holder, tok, False, b"")
+            return
+        self.add_flow(qi=0, shape=[(2, True, 0, None), (0, False, cross, None), (0, True, 0, None)])
+        root = max(self.m(0).flows)  # ids are minted increasing: the newest root
+        kids = [
+            (qi, jid) for qi in (0, 1) for jid, j in self.m(qi).jobs.items() if j.parent == root
+        ]
+        ignored = next((k for k in kids if self.m(k[0]).jobs[k[1]].policy == "id"), None)
+        if ignored is None:
+            return
+        qi, cid = ignored
+        if chain == "parent-removed":
+            self.remove_id(0, root)
+            for kq, kid in kids:
+                tok = self.claim_only(kq, LONG, {kid}).get(kid)
+                if tok is not None:
+                    self.do_complete(kq, kid, tok, False, b"late")
+            return
+        tok = self.claim_only(qi, LONG, {cid}).get(cid)
+        if tok is None:
+            return
+        self.do_retry(qi, cid, tok, 0, 1, "boom", False)
+        if cross:
+            self.pump(qi=1)
+        self.do_reprocess(qi, cid)
+        tok = self.claim_only(qi, LONG, {cid}).get(cid)
+        if tok is not None:
+            self.do_complete(qi, cid, tok, False, b"second")
+            if cross:
+                self.pump(qi=1)
+
     # ------------------------------------------------------------------ settling
 
     def do_complete(self, qi: int, jid: str, token: int, keep: bool, result: bytes) -> None:
@@ -927,6 +1003,10 @@ class ModelMachine(RuleBasedStateMachine):
         jid = pick(self.live(qi), n) if n % 4 else pick(sorted(m.seen), n)
         if jid is None:
             return
+        self.remove_id(qi, jid)
+
+    def remove_id(self, qi: int, jid: str) -> None:
+        m = self.m(qi)
         err = JobGone if jid not in m.jobs else None
         self.expect(err, self.q(qi).remove, jid)
         if err is None:
@@ -984,12 +1064,18 @@ class ModelMachine(RuleBasedStateMachine):
         m.wanted.add(jid)
         kept = m.results.get(jid)
         j = m.jobs.get(jid)
+        if kept is None and j is not None and j.state == "dead":
+            if not strict("waitdead"):
+                with pytest.raises((JobFailed, TimeoutError)):
+                    self.q(qi).wait(jid, timeout_s=0)
+                return
+            with pytest.raises(JobFailed) as failed:
+                self.q(qi).wait(jid, timeout_s=0)
+            if strict("results"):
+                assert failed.value.error == j.last_error, f"wait {jid}: {failed.value.error!r}"
+            return
         if not strict("results"):
             with contextlib.suppress(JobFailed, TimeoutError):
-                self.q(qi).wait(jid, timeout_s=0)
-            return
-        if kept is None and j is not None and j.state == "dead" and not strict("waitdead"):
-            with pytest.raises((JobFailed, TimeoutError)):
                 self.q(qi).wait(jid, timeout_s=0)
             return
         if kept is not None and kept.error is None:

@@ -269,11 +269,18 @@ class World:
         if p is None or fl is None:
             return
         if self.per_hash:
-            hashes = {"processed": fl.processed, "unsuccessful": fl.unsuccessful}
-            h = hashes[how]
-            if cid in h:
-                return
-            h[cid] = value if how == "processed" else value.decode()  # type: ignore[assignment]
+            if how == "dropped":
+                if cid in fl.counted:
+                    return
+                fl.counted.add(cid)
+            elif how == "processed":
+                if cid in fl.processed:
+                    return
+                fl.processed[cid] = value
+            else:
+                if cid in fl.unsuccessful:
+                    return
+                fl.unsuccessful[cid] = value.decode()
             fl.deps -= 1
             if fl.deps <= 0 and p.state == "awaiting_children":
                 p.state = "pending"
