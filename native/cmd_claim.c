@@ -13,14 +13,14 @@ static long long deadline_of(emq *e, long long now, long long lease) {
 
 /* claim.lua: {id, payload, attempts, group|nil[, floor]} | {} | {ms}. */
 static void claim_one(emq *e) {
+    /* Before anything is read, as the Lua's prologue checks it (include/args.lua). */
+    long long lease = emq_need_ll(e, emq_arg(e, 2));
     emq_lease out;
     emq_lease_init(&out);
     if (emq_claim_gate(e, &out)) {
         RedisModule_ReplyWithArray(e->ctx, 0);
         return;
     }
-    /* After the gate, as the Lua converts it: a paused queue answers {} whatever lease_ms. */
-    long long lease = emq_need_ll(e, emq_arg(e, 2));
     long long now = emq_now_ms(e);
     emq_claim_n(e, deadline_of(e, now, lease), 1, &out, now);
     if (out.n > 0) {
@@ -38,14 +38,14 @@ static void claim_one(emq *e) {
 
 /* claim_batch.lua: {{id, payload, attempts, group|nil[, floor]}, ...} | {ms}. */
 static void claim_batch(emq *e) {
+    long long lease = emq_need_ll(e, emq_arg(e, 2));
+    long long n = emq_need_ll(e, emq_arg(e, 3));
     emq_lease out;
     emq_lease_init(&out);
     if (emq_claim_gate(e, &out)) {
         RedisModule_ReplyWithArray(e->ctx, 0);
         return;
     }
-    long long lease = emq_need_ll(e, emq_arg(e, 2));
-    long long n = emq_need_ll(e, emq_arg(e, 3));
     long long now = emq_now_ms(e);
     emq_claim_n(e, deadline_of(e, now, lease), n, &out, now);
     if (out.n == 0) {

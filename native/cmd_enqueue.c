@@ -40,6 +40,8 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
     }
     emq_hsetv(e, n, f);
     if (carried) emq_unretire(e, id);
+    /* A new incarnation of a named id: an earlier one's outcome goes (admit.lua). */
+    if (!fresh) emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));
     if (due) {
         emq_zadd(e, 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
         emq_emit_in(e, "enqueued", id, g, 0, NULL);
@@ -112,11 +114,13 @@ static emq_sv dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int 
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
         return EMQ_NONE;
     if (!emq_eqs(mode, "debounce")) return holder;
-    static const char *fields[2] = {"state", "group"};
-    emq_sv row[2];
-    if (!emq_hmget(e, jk, 2, fields, row)) return holder;
+    static const char *fields[3] = {"state", "group", "lease_epoch"};
+    emq_sv row[3];
+    if (!emq_hmget(e, jk, 3, fields, row)) return holder;
     if (!emq_eqs(row[0], "pending") && !emq_eqs(row[0], "scheduled")) return holder;
     emq_hset(e, 3, jk, EMQ_LIT("payload"), payload);
+    /* A reaped holder's open lease ends: its old holder cannot settle the folded payload. */
+    if (row[2].p) emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
     int due = !has_run_at || run_at <= now;
     if (emq_eqs(row[0], "scheduled")) {
         emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, has_run_at ? run_at : now),
@@ -174,6 +178,8 @@ static void enqueue_one(emq *e) {
     if (did.n) {
         emq_sv holder = dedup_holder(e, did, emq_arg(e, 11), payload, has_run_at, run_at, now);
         if (holder.p) {
+            emq_sv extra[4] = {EMQ_LIT("dedup"), did, EMQ_LIT("refused"), id};
+            emq_emit(e, "deduplicated", holder, 4, extra);
             emq_reply_sv(e, emq_cat(e, 2, EMQ_LIT("deduplicated:"), holder));
             return;
         }
@@ -181,6 +187,7 @@ static void enqueue_one(emq *e) {
     int fresh = emq_has_char(flags, 'f');
     const char *verdict = admit(e, id, payload, g, has_run_at, run_at, now, fresh);
     int dup = strcmp(verdict, "duplicate") == 0;
+    if (dup) emq_emit_in(e, "duplicate", id, g, 0, NULL);
     if (did.n && !dup) take_dedup(e, id, did, ttl_ms);
     if (strcmp(verdict, "enqueued") == 0) emq_touch(e, g, 1);
     if (replay_ms > 0 && nonce.n && !dup) mark_one(e, id, nonce, verdict, now, replay_ms);
@@ -232,6 +239,7 @@ static void enqueue_many(emq *e) {
                               run_at, now, fresh);
         if (strcmp(v, "enqueued") == 0) added++;
         if (strcmp(v, "enqueued") == 0 || strcmp(v, "scheduled") == 0) admitted++;
+        if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 8 + 2 * j), g, 0, NULL);
         out[j] = v;
     }
     if (added > 0) emq_touch(e, g, added);

@@ -3,6 +3,8 @@
 
 /* extend.lua: KEYS active, row; ARGV base id token lease_ms. */
 static void extend_one(emq *e) {
+    /* Checked first, as the Lua's prologue does (include/args.lua, PROTOCOL §6). */
+    long long lease = emq_need_ll(e, emq_arg(e, 4));
     emq_sv id = emq_arg(e, 2), jk = emq_key_at(e, 2);
     emq_sv row[EMQ_ROW];
     const char *err;
@@ -15,8 +17,6 @@ static void extend_one(emq *e) {
         RedisModule_ReplyWithLongLong(e->ctx, 0);
         return;
     }
-    /* The Lua converts lease_ms only here (after the fence), and before any write. */
-    long long lease = emq_need_ll(e, emq_arg(e, 4));
     emq_rearm(e, id, jk, row, emq_now_ms(e) + lease);
     RedisModule_ReplyWithLongLong(e->ctx, 1);
 }

@@ -19,7 +19,10 @@ static void reprocess(emq *e) {
         return;
     }
     emq_sv g = row[0];
-    emq_call(e, "HDEL", 3, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"));
+    emq_call(e, "HDEL", 5, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"), EMQ_LIT("cancel"),
+             EMQ_LIT("progress"));
+    /* A new incarnation: the previous one's kept outcome and wake token go (reprocess.lua). */
+    emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));
     if (row[1].p && !emq_eqs(row[1], "0") && emq_is_digits(row[1]))
         emq_hset(e, 3, jk, EMQ_LIT("floor"), row[1]);
     emq_park(e, id, jk, g);

@@ -14,11 +14,7 @@
 
 #define ERR_NUM "ERR a numeric argument is not an integer"
 
-static long long need(emq *e, emq_sv s) {
-    long long v;
-    if (!emq_parse_ll(s, &v)) emq_fail(e, ERR_NUM);
-    return v;
-}
+static long long need(emq *e, emq_sv s) { return emq_need_ll(e, s); }
 
 /* Lua '^(%d+):?(%d*)$' (digits, an optional ':', optional digits): *a gets the first number,
  * *b the second or -1 when it is empty (the Lua's nil). A number too big for 64 bits is
@@ -28,6 +24,11 @@ static int digits_pair(emq_sv s, long long *a, long long *b) {
     *a = 0;
     *b = -1;
     if (!s.p) return 0;
+    /* At most 15 digits a number, as every numeric argument (include/args.lua count_pair). */
+    size_t first = 0;
+    while (first < s.n && s.p[first] >= '0' && s.p[first] <= '9') first++;
+    if (first > 15) return 0;
+    if (first < s.n && s.p[first] == ':' && s.n - first - 1 > 15) return 0;
     while (i < s.n && s.p[i] >= '0' && s.p[i] <= '9') {
         if (__builtin_mul_overflow(*a, 10, a) || __builtin_add_overflow(*a, s.p[i] - '0', a))
             return 0;
@@ -67,7 +68,10 @@ static void settle(emq *e) {
      * completion's emit would otherwise read (claim_gate). */
     int paused = emq_claim_gate(e, &out);
 
-    /* ---- parse everything before the first write ---- */
+    /* ---- parse everything before the first write: lease_ms and n first, as the Lua's
+     * prologue does (include/args.lua) ---- */
+    long long lease = need(e, emq_arg(e, 2));
+    long long n = need(e, emq_arg(e, 3));
     long long nc, nr;
     if (!digits_pair(emq_arg(e, 4), &nc, &nr))
         emq_fail(e, "ERR EMQ.SETTLE completes must be 'c' or 'c:r' (decimal counts)");
@@ -104,14 +108,9 @@ static void settle(emq *e) {
         if (rt[k].keep < 0) rt[k].keep = 0; /* 'max:' or 'max': no kept error */
         rt[k].error = ra[4];
     }
-    /* The Lua converts n always (after the settles) and lease_ms only when it claims. */
-    long long n = need(e, emq_arg(e, 3));
     long long deadline = 0;
     int claims = n > 0 && !paused;
-    if (claims) {
-        long long lease = need(e, emq_arg(e, 2));
-        if (__builtin_add_overflow(now, lease, &deadline)) emq_fail(e, ERR_NUM);
-    }
+    if (claims && __builtin_add_overflow(now, lease, &deadline)) emq_fail(e, ERR_NUM);
 
     /* ---- the writes, in the Lua's order ---- */
     emq_verdict *completed = RedisModule_PoolAlloc(e->ctx, sizeof(emq_verdict) * (size_t)(c + 1));

@@ -65,6 +65,34 @@ static int pcall_hincrby(emq *e, emq_sv jk, long long *out) {
     return 1;
 }
 
+/* end_cancelled (compose.lua): a lapsed job whose holder was asked to stop is dead-lettered
+ * "cancelled", or removed for cancel(remove=True); it has already left active. */
+static void end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, emq_sv attempts,
+                          long long now) {
+    emq_flow flow;
+    int inflow = emq_flow_parent(e, jk, &flow);
+    emq_release_dedup(e, id, jk);
+    if (emq_eqs(flag, "remove")) {
+        if (inflow) emq_flow_child_removed(e, id, &flow);
+        emq_flow_forget(e, jk);
+        emq_del(e, 3, jk, emq_cat(e, 2, jk, EMQ_LIT(":logs")), emq_cat(e, 2, jk, EMQ_LIT(":errors")));
+        emq_retire_one(e, id, attempts);
+        emq_sv extra[4] = {EMQ_LIT("state"), EMQ_LIT("active"), EMQ_LIT("cancelled"), EMQ_LIT("1")};
+        emq_emit_in(e, "removed", id, g, 4, extra);
+    } else {
+        emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
+                 EMQ_LIT("cancelled"));
+        emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
+        emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+        emq_bump_metrics(e, "failed", 1, now);
+        emq_sv extra[2] = {EMQ_LIT("error"), EMQ_LIT("cancelled")};
+        emq_emit_in(e, "dead", id, g, 2, extra);
+        if (inflow) emq_flow_child_dead(e, id, &flow, EMQ_LIT("cancelled"));
+    }
+    if (emq_exists(e, emq_key2(e, "want:", id)) == 1)
+        emq_keep_outcome(e, id, "error", EMQ_LIT("cancelled"), attempts, 60000, now);
+}
+
 /* KEYS active, dead; ARGV base max_stalled limit. Returns {{recovered...}, {dead...}}. */
 static void sweep(emq *e) {
     long long max_stalled = emq_need_ll(e, emq_arg(e, 2));
@@ -81,18 +109,24 @@ static void sweep(emq *e) {
     int nrec = 0, ndied = 0;
     tally added;
     tally_init(e, &added, len + 1); /* each lapsed job brings at most one key, plus the flat set */
-    static const char *fields[3] = {"state", "group", "attempts"};
+    static const char *fields[4] = {"state", "group", "attempts", "cancel"};
     for (size_t i = 0; i < len; i++) {
         emq_sv id = ids[i], jk = emq_key2(e, "job:", id);
         emq_zrem(e, 2, active, id);
-        emq_sv row[3] = {EMQ_NONE, EMQ_NONE, EMQ_NONE};
-        if (!emq_hmget(e, jk, 3, fields, row)) row[0] = row[1] = row[2] = EMQ_NONE;
+        emq_sv row[4] = {EMQ_NONE, EMQ_NONE, EMQ_NONE, EMQ_NONE};
+        if (!emq_hmget(e, jk, 4, fields, row)) row[0] = row[1] = row[2] = row[3] = EMQ_NONE;
         emq_sv g = row[1];
         if (g.p) {
             emq_free_slot(e, g);
             tally_add(&added, g, 0);
         }
         if (!row[0].p) continue;
+        if (row[3].p) {
+            /* D22: its holder was asked to stop; the job does not run again. */
+            end_cancelled(e, id, jk, g, row[3], row[2], now);
+            died[ndied++] = id;
+            continue;
+        }
         /* A stall count that is not an integer restarts at this stall (no error midway: the
          * ZREM above is made, the job must land in a set). */
         long long stalled;

@@ -120,9 +120,18 @@ int emq_parse_ll(emq_sv s, long long *out) {
     return 1;
 }
 
+/* An argument's digits (after an optional '-') are at most 15 (PROTOCOL §6, include/
+ * args.lua): exact in a Lua number, so both executors take and refuse the same numbers. */
+static int arg_digits_ok(emq_sv s) {
+    size_t n = s.n;
+    if (n && s.p[0] == '-') n--;
+    return n <= 15;
+}
+
 long long emq_need_ll(emq *e, emq_sv s) {
     long long v;
-    if (!emq_parse_ll(s, &v)) emq_fail(e, "ERR a numeric argument is not an integer");
+    if (!s.p || !arg_digits_ok(s) || !emq_parse_ll(s, &v))
+        emq_fail(e, "ERR a numeric argument is not an integer");
     return v;
 }
 
@@ -885,7 +894,8 @@ int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_s
 }
 
 long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]) {
-    emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
+    /* The cancel flag ends with the lease (fence.lua release). */
+    emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
     if (emq_eqs(row[1], "active")) return emq_leave_active(e, id, row[2]);
     return emq_leave_waiting(e, id, row[2]);
 }

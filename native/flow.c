@@ -2,6 +2,8 @@
  * of its Lua twin in compose.lua, in the same order. */
 #include "flow.h"
 
+#include "settle.h"
+
 #include <string.h>
 
 static const char *FLOW_FIELDS[4] = {"parent", "parent_policy", "children", "parent_queue"};
@@ -51,12 +53,52 @@ static void flow_release(emq *e, emq_sv pid) {
     emq_touch(e, p[1], 1);
 }
 
-static void flow_settled(emq *e, emq_sv pid, const char *hash, emq_sv id, emq_sv value) {
+static const char *FLOW_HASHES[3] = {":processed", ":unsuccessful", ":failed"};
+
+/* flow_recorded: the index in FLOW_HASHES of the hash child id is recorded in, or -1. */
+static int flow_recorded(emq *e, emq_sv pk, emq_sv id) {
+    for (int i = 0; i < 3; i++) {
+        emq_sv hk = emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[i], strlen(FLOW_HASHES[i])});
+        if (emq_int(e, emq_call(e, "HEXISTS", 2, hk, id)) == 1) return i;
+    }
+    return -1;
+}
+
+/* hash: 0 processed, 1 unsuccessful (the FLOW_HASHES index). */
+static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value) {
     emq_sv pk = emq_key2(e, "job:", pid);
-    emq_sv hk = emq_cat(e, 3, pk, EMQ_LIT(":"), (emq_sv){hash, strlen(hash)});
-    if (emq_int(e, emq_call(e, "HSETNX", 3, hk, id, value)) == 1) {
-        if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
-            flow_release(e, pid);
+    if (emq_exists(e, pk) == 0) return;
+    int before = flow_recorded(e, pk, id);
+    emq_sv hk = emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[hash], strlen(FLOW_HASHES[hash])});
+    if (before == hash) {
+        emq_hset(e, 3, hk, id, value);
+        return;
+    }
+    if (before >= 0)
+        emq_call(e, "HDEL", 2,
+                 emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[before], strlen(FLOW_HASHES[before])}),
+                 id);
+    emq_hset(e, 3, hk, id, value);
+    if (before == 0 || before == 1) return;
+    if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
+        flow_release(e, pid);
+}
+
+static void flow_dropped(emq *e, emq_sv pid, emq_sv id) {
+    emq_sv pk = emq_key2(e, "job:", pid);
+    if (emq_exists(e, pk) == 0 || flow_recorded(e, pk, id) >= 0) return;
+    if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
+        flow_release(e, pid);
+}
+
+void emq_flow_child_removed(emq *e, emq_sv id, const emq_flow *f) {
+    if (!f || !f->parent.p) return;
+    if (cross_queue(f)) {
+        emq_flow rm = *f;
+        rm.policy = EMQ_LIT("rm");
+        flow_outbox(e, &rm, id, 0, EMQ_LIT(""));
+    } else {
+        flow_dropped(e, f->parent, id);
     }
 }
 
@@ -66,11 +108,11 @@ void emq_flow_child_done(emq *e, emq_sv id, const emq_flow *f, emq_sv result) {
     if (cross_queue(f))
         flow_outbox(e, f, id, 1, value);
     else
-        flow_settled(e, f->parent, "processed", id, value);
+        flow_settled(e, f->parent, 0, id, value);
 }
 
 void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_text) {
-    static const char *fields[2] = {"state", "group"};
+    static const char *fields[3] = {"state", "group", "attempts"};
     emq_flow cur, *f = NULL;
     if (fin) {
         cur = *fin;
@@ -85,17 +127,19 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
         }
         emq_sv pid = f->parent, pk = emq_key2(e, "job:", pid);
         if (emq_eqs(f->policy, "id")) {
-            flow_settled(e, pid, "unsuccessful", id, err);
+            flow_settled(e, pid, 1, id, err);
             return;
         }
+        if (emq_exists(e, pk) == 0) return;
         if (emq_int(e, emq_call(e, "HSETNX", 3, emq_cat(e, 2, pk, EMQ_LIT(":failed")), id, err)) ==
             0)
             return;
-        emq_sv p[2];
-        if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+        emq_sv p[3];
+        if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
         err = emq_cat(e, 3, EMQ_LIT("child "), id, EMQ_LIT(" failed"));
         emq_hset(e, 5, pk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), err);
         emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), pid);
+        emq_keep_death(e, pid, err, p[2], 0, 0);
         id = pid;
         f = emq_flow_parent(e, pk, &cur) ? &cur : NULL;
         depth++;

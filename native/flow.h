@@ -18,6 +18,8 @@ int emq_flow_parent(emq *e, emq_sv jk, emq_flow *f);
 int emq_flow_of(const emq_sv *row, emq_flow *f);
 void emq_flow_child_done(emq *e, emq_sv id, const emq_flow *f, emq_sv result);
 void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *f, emq_sv error_text);
+/* flow_child_removed: a child leaves without a settle (cancel(remove=True) by its holder). */
+void emq_flow_child_removed(emq *e, emq_sv id, const emq_flow *f);
 void emq_flow_forget(emq *e, emq_sv jk);
 
 #endif

@@ -25,6 +25,14 @@ void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv
     }
 }
 
+void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long long keep_ms,
+                    long long now) {
+    if (keep_ms > 0)
+        emq_keep_outcome(e, id, "error", error_text, attempts, keep_ms, now);
+    else if (emq_exists(e, emq_key2(e, "want:", id)) == 1)
+        emq_keep_outcome(e, id, "error", error_text, attempts, 60000, now);
+}
+
 static emq_verdict v_int(long long n) { return (emq_verdict){n, NULL}; }
 static emq_verdict v_text(const char *t) { return (emq_verdict){0, t}; }
 
@@ -72,12 +80,16 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
     int f = emq_fence(e, jk, token, "retry", 1, row, &err);
     if (f == EMQ_FENCE_STALE) return v_text(err);
     if (f == EMQ_FENCE_GONE) return v_int(0);
+    /* D22: the flag is read before release() clears it. */
+    int remove = emq_eqs(error_text, "cancelled") &&
+                 emq_eqs(emq_hget(e, jk, EMQ_LIT("cancel")), "remove");
     emq_release(e, id, jk, row);
     emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs")), errs = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
     /* D22, cancel(remove=True): the holder's "cancelled" settle removes the job. */
-    if (emq_eqs(error_text, "cancelled") &&
-        emq_eqs(emq_hget(e, jk, EMQ_LIT("cancel")), "remove")) {
+    if (remove) {
         emq_release_dedup_of(e, id, row[5]);
+        emq_flow rflow;
+        if (emq_flow_of(row, &rflow)) emq_flow_child_removed(e, id, &rflow);
         emq_flow_forget(e, jk);
         emq_del(e, 3, jk, logs, errs);
         emq_retire_one(e, id, row[0]);
@@ -99,7 +111,7 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
         emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("error"), error_text};
         emq_emit_in(e, "dead", id, row[2], 4, extra);
         emq_release_dedup_of(e, id, row[5]);
-        if (keep_ms > 0) emq_keep_outcome(e, id, "error", error_text, row[0], keep_ms, now);
+        emq_keep_death(e, id, error_text, row[0], keep_ms, now);
         emq_flow flow;
         if (emq_flow_of(row, &flow)) emq_flow_child_dead(e, id, &flow, error_text);
         return v_text("dead");

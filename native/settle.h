@@ -18,6 +18,9 @@ typedef struct {
  * attempts absent counts as '0'. Nothing is written when keep_ms <= 0. */
 void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv attempts,
                       long long keep_ms, long long now);
+/* keep_death (control.lua): a death's error kept keep_ms, else 60 s for a waiter waiting. */
+void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long long keep_ms,
+                    long long now);
 
 /* complete_one(base, id, jk, token, result): result absent = nil (a flow parent records '').
  * The caller bumps metrics:completed. */

@@ -39,19 +39,30 @@ static int cmd_settle(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return emq_run(ctx, argv, argc, emq_settle_shape);
 }
 
+/* flags, by what each command may do at maxmemory (the server's noeviction policy), as the
+ * Lua twin is treated there: only an admission grows memory and is refused whole
+ * ("deny-oom": nothing written). Every other command settles, moves or frees jobs and must
+ * never be refused for memory (completing is what frees it): the scripts' first write there
+ * does not grow memory (ZPOPMIN, ZREM, HDEL), so the server lets them run, and the
+ * heartbeats run with allow-oom (_scripts.py). */
+#define EMQ_GROWS "write deny-oom getkeys-api"
+#define EMQ_FREES "write getkeys-api"
+
 static const struct {
     const char *name;
     RedisModuleCmdFunc fn;
+    const char *flags;
     const char *summary;
 } COMMANDS[] = {
-    {"emq.enqueue", cmd_enqueue, "enqueue.lua (2 keys) / enqueue_many.lua (1 key)"},
-    {"emq.extend", cmd_extend, "extend.lua (2 keys) / extend_many.lua (1 key)"},
-    {"emq.reprocess", cmd_reprocess, "reprocess.lua"},
-    {"emq.complete", cmd_complete, "complete.lua"},
-    {"emq.retry", cmd_retry, "retry.lua"},
-    {"emq.sweep", cmd_sweep, "sweep_stalled.lua"},
-    {"emq.claim", cmd_claim, "claim.lua (3 keys, 2 args) / claim_batch.lua (3 keys, 3 args)"},
-    {"emq.settle", cmd_settle, "settle.lua (5 keys)"},
+    {"emq.enqueue", cmd_enqueue, EMQ_GROWS, "enqueue.lua (2 keys) / enqueue_many.lua (1 key)"},
+    {"emq.extend", cmd_extend, EMQ_FREES, "extend.lua (2 keys) / extend_many.lua (1 key)"},
+    {"emq.reprocess", cmd_reprocess, EMQ_FREES, "reprocess.lua"},
+    {"emq.complete", cmd_complete, EMQ_FREES, "complete.lua"},
+    {"emq.retry", cmd_retry, EMQ_FREES, "retry.lua"},
+    {"emq.sweep", cmd_sweep, EMQ_FREES, "sweep_stalled.lua"},
+    {"emq.claim", cmd_claim, EMQ_FREES,
+     "claim.lua (3 keys, 2 args) / claim_batch.lua (3 keys, 3 args)"},
+    {"emq.settle", cmd_settle, EMQ_FREES, "settle.lua (5 keys)"},
 };
 
 static const RedisModuleCommandInfoVersion INFO_VERSION = {
@@ -64,11 +75,10 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
     if (rmapi_init(ctx, "trafikey", TRAFIKEY_VERSION, REDISMODULE_APIVER_1) != REDISMODULE_OK)
         return REDISMODULE_ERR;
     for (size_t i = 0; i < sizeof(COMMANDS) / sizeof(COMMANDS[0]); i++) {
-        /* deny-oom: under noeviction at maxmemory the call is refused whole, writing nothing.
-         * getkeys-api: Redis 7.0 slot-checks a module command (CROSSSLOT, MOVED, ASK) only
+        /* getkeys-api: Redis 7.0 slot-checks a module command (CROSSSLOT, MOVED, ASK) only
          * when it can list its keys through the module; the key spec alone is not used for
          * routing there. emq_run answers the position request. */
-        if (RedisModule_CreateCommand(ctx, COMMANDS[i].name, COMMANDS[i].fn, "write deny-oom getkeys-api",
+        if (RedisModule_CreateCommand(ctx, COMMANDS[i].name, COMMANDS[i].fn, COMMANDS[i].flags,
                                       0, 0, 0) != REDISMODULE_OK)
             return REDISMODULE_ERR;
         RedisModuleCommand *cmd = RedisModule_GetCommand(ctx, COMMANDS[i].name);

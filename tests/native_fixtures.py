@@ -68,13 +68,18 @@ def expand(items: Sequence[str], queue: str) -> list[str]:
 Reply = tuple[str, Any]
 
 
+_SCRIPT_AT = re.compile(r" script: [0-9a-f]{40}, on @user_script:\d+\.$")
+
+
 def call_script(
     r: redis.Redis, script: str, keys: Sequence[str], args: Sequence[str | bytes]
 ) -> Reply:
     try:
         return ("ok", r.eval(SCRIPTS[script].source, len(keys), *keys, *args))
     except redis.ResponseError as exc:
-        return ("err", str(exc))
+        # A script's own refusal (error({err = ...})) comes back with the server's location
+        # suffix; the text before it is the module's (include/args.lua).
+        return ("err", _SCRIPT_AT.sub("", str(exc)))
 
 
 def command(r: redis.Redis, *args: Any) -> Any:

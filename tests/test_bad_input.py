@@ -95,6 +95,7 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "extend_many": lambda q, i: q.extend_many([(ABSENT, 1), (i, 1)], lease_ms=1_000),
     "reprocess": lambda q, i: q.reprocess(i),
     "remove": lambda q, i: q.remove(i),
+    "run_now": lambda q, i: q.run_now(i),
     "get_job": lambda q, i: q.get_job(i),
     "job_state": lambda q, i: q.job_state(i),
     "update_progress": lambda q, i: q.update_progress(i, "1"),

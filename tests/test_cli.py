@@ -267,6 +267,23 @@ def test_reprocess_sends_a_grouped_job_back_to_its_lane(cli, q: echomq.Queue, qn
     assert q.lane_depth("g3") == 1
 
 
+def test_run_now_moves_scheduled_jobs(cli, q: echomq.Queue, qname: str) -> None:
+    later = q.enqueue(b"x", delay_ms=3_600_000).id
+    waiting = q.enqueue(b"y").id
+    gone = echomq.ids.mint()
+    out = cli("run-now", qname, later, waiting, gone)
+    assert out.exit_code == 1, out.output
+    assert out.output.splitlines() == [
+        f"{later}: waiting",
+        f"{waiting}: not scheduled",
+        f"{gone}: gone",
+    ]
+    assert q.job_state(later) == "pending"
+    assert ok(cli("run-now", qname, q.enqueue(b"z", delay_ms=60_000).id)).endswith(": waiting\n")
+    bad = cli("run-now", qname, "nope")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: ")
+
+
 def test_pause_and_resume_queue(cli, q: echomq.Queue, qname: str) -> None:
     q.enqueue(b"x")
     assert ok(cli("pause", qname)).strip() == f"paused {qname}"

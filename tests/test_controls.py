@@ -327,7 +327,7 @@ def test_orphaned_simple_key_is_free(q: echomq.Queue, r: redis.Redis) -> None:
     [
         ({"dedup": "a:b"}, echomq.InvalidId),
         ({"dedup": ""}, echomq.InvalidId),
-        ({"dedup": "x" * 129}, echomq.InvalidId),
+        ({"dedup": "x" * 256}, echomq.InvalidId),
         ({"dedup": 5}, echomq.InvalidId),
         ({"dedup": "k", "dedup_mode": "nope"}, echomq.InvalidArgument),
         ({"dedup": "k", "dedup_mode": "throttle"}, echomq.InvalidArgument),

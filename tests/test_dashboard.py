@@ -4,8 +4,14 @@ payloads and log lines holding HTML rendered inert."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -17,9 +23,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 import echomq
+from conftest import wait_for
+from echomq.server import free_port
 from echomq.web import create_app
 
 TOKEN = "t0ken-for-tests"
+MAX_FORM = 65536  # the documented bound of a request body
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_LOG = '<img src=x onerror="alert(2)">'
 
@@ -346,3 +355,173 @@ def test_foreign_lane_fields_do_not_break_the_page(
         assert "&lt;i&gt;not a lane&lt;/i&gt;" in res.text and "<i>not a lane" not in res.text
         lanes = {lane["name"]: lane for lane in c.get(f"/api/queues/{q.name}").json()["lanes"]}
         assert lanes["fine"]["depth"] == 1 and lanes["<i>not a lane</i>"]["depth"] == 0
+
+
+# --------------------------------------------------------------------------- request bodies
+
+
+def test_a_body_over_the_bound_is_413_and_never_buffered(url: str, q: echomq.Queue) -> None:
+    jid = q.enqueue(b"x", delay_ms=3_600_000).id
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    big = b"token=" + b"a" * MAX_FORM
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: a capped read must refuse it
+        for _ in range(4):
+            yield b"a" * (MAX_FORM // 2)
+
+    with _client(url, [q.name], token=TOKEN) as c:
+        c.get("/login")
+        assert c.post("/login", content=big).status_code == 413
+        assert c.post("/login", content=chunked()).status_code == 413
+        assert "echomq_session" not in c.cookies
+        # An action: authentication first, so an anonymous body is refused unread (401).
+        path = f"/api/queues/{q.name}/jobs/{jid}/retry"
+        assert c.post(path, content=big).status_code == 401
+        assert c.post(path, content=chunked()).status_code == 401
+        assert c.post(path, content=big, headers=auth).status_code == 413
+        assert c.post(path, content=chunked(), headers=auth).status_code == 413
+        bad = c.post(path, content=b"x", headers={**auth, "content-length": "x1"})
+        assert bad.status_code == 400
+        assert q.job_state(jid) == "scheduled"
+        # A form of ours is far below the bound and still works.
+        assert c.post(path, headers=auth, data={"pad": "p" * 1000}).status_code == 200
+    assert q.job_state(jid) == "pending"
+
+
+def test_sign_in_without_a_csrf_cookie_is_refused_before_the_body(
+    url: str, q: echomq.Queue
+) -> None:
+    with _client(url, [q.name], token=TOKEN) as c:
+        assert c.post("/login", content=b"token=" + b"a" * (2 * MAX_FORM)).status_code == 403
+
+
+def _post(port: int, path: str, headers: dict[str, str], body: Iterable[bytes]) -> int | None:
+    """One raw HTTP/1.1 POST; the status, or None when the server closed before answering
+    (it may stop reading a refused body and reset the connection)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        head = f"POST {path} HTTP/1.1\r\nHost: t\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        s.sendall(head.encode())
+        try:
+            for piece in body:
+                s.sendall(piece)
+        except OSError:
+            pass  # refused and closed while we were still sending
+        try:
+            reply = s.recv(4096)
+        except OSError:
+            return None
+    return int(reply.split()[1]) if reply.startswith(b"HTTP/1.1 ") else None
+
+
+def _chunks(total: int, size: int = 1 << 20) -> Iterator[bytes]:
+    block = f"{size:x}\r\n".encode() + b"a" * size + b"\r\n"
+    for _ in range(total // size):
+        yield block
+    yield b"0\r\n\r\n"
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")  # pragma: no cover
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
+def test_large_streamed_bodies_do_not_grow_the_process(
+    url: str, q: echomq.Queue, tmp_path: Any
+) -> None:
+    """The reported attack: large POSTs, unauthenticated, with and without Content-Length.
+    The dashboard's peak RSS (VmHWM) must not grow by anything near the bodies' size."""
+    port = free_port()
+    env = {**os.environ, "ECHOMQ_DASHBOARD_TOKEN": TOKEN, "HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "echomq", "--url", url, "dashboard", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*argv, "-q", q.name],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def up() -> bool:
+            try:
+                return _post(port, "/logout", {"content-length": "0"}, []) == 303
+            except OSError:
+                return False
+
+        wait_for(up, timeout=30, interval=0.1)
+        jid = echomq.ids.mint()
+        before = _peak_rss_kib(proc.pid)
+        mib = 64 << 20
+        cookie = {"cookie": "echomq_csrf=c"}
+        chunked = {"transfer-encoding": "chunked", "content-type": "text/plain"}
+        t0 = time.monotonic()
+        status = [
+            _post(port, "/login", {**cookie, **chunked}, _chunks(mib)),
+            _post(port, "/login", {**cookie, "content-length": str(400 << 20)}, [b"a" * 4096]),
+            _post(port, f"/queues/{q.name}/jobs/{jid}/retry", chunked, _chunks(mib)),
+            _post(port, f"/api/queues/{q.name}/pause", {"content-length": str(mib)}, [b"a"]),
+        ]
+        grown = _peak_rss_kib(proc.pid) - before
+        print(f"peak RSS growth {grown} KiB over 2 x 64 MiB streamed bodies, {status}")
+        assert time.monotonic() - t0 < 60
+        assert all(s in (None, 413, 401) for s in status), status
+        assert grown < 16 * 1024, f"the dashboard grew by {grown} KiB"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def test_sign_out_revokes_the_session_on_the_server(
+    url: str, q: echomq.Queue, r: redis.Redis
+) -> None:
+    with _client(url, [q.name], token=TOKEN) as c:
+        csrf = _sign_in(c)
+        sid = c.cookies.get("echomq_session")
+        assert sid and TOKEN not in sid
+        keys = list(r.scan_iter(match="{emq}:session:*"))
+        assert len(keys) >= 1 and all(0 < r.pttl(k) <= 12 * 3600 * 1000 for k in keys)
+        assert c.post(f"/queues/{q.name}/pause", data={"csrf": csrf}).status_code in (200, 303)
+        assert q.is_paused()
+        q.resume()
+        assert c.post("/logout", follow_redirects=False).status_code == 303
+    # The same cookie, replayed after sign-out (a copy an attacker kept): nobody is signed in.
+    with _client(url, [q.name], token=TOKEN) as c2:
+        c2.cookies.set("echomq_session", sid)
+        c2.cookies.set("echomq_csrf", csrf)
+        assert c2.post(f"/queues/{q.name}/pause", data={"csrf": csrf}).status_code == 401
+    assert not q.is_paused()
+    digest = hashlib.sha256(sid.encode()).hexdigest()
+    assert not r.exists("{emq}:session:" + digest)
+
+
+def test_a_session_of_another_token_is_void(url: str, q: echomq.Queue) -> None:
+    with _client(url, [q.name], token=TOKEN) as c:
+        csrf = _sign_in(c)
+        sid = c.cookies.get("echomq_session")
+    with _client(url, [q.name], token=TOKEN + "-rotated") as c2:
+        c2.cookies.set("echomq_session", sid)
+        c2.cookies.set("echomq_csrf", csrf)
+        assert c2.post(f"/queues/{q.name}/pause", data={"csrf": csrf}).status_code == 401
+        c2.cookies.set("echomq_session", "x" * 500)
+        assert c2.post(f"/queues/{q.name}/pause", data={"csrf": csrf}).status_code == 401
+    assert not q.is_paused()
+
+
+def test_run_now_moves_exactly_the_job_asked_for(url: str, q: echomq.Queue, r: redis.Redis) -> None:
+    """Another job sits in the schedule at score 0 (a concurrent "run now" half done, in the
+    old two-write scheme): running this one now moves this one, in one script."""
+    first = q.enqueue(b"other", delay_ms=3_600_000).id
+    mine = q.enqueue(b"mine", delay_ms=3_600_000).id
+    r.zadd(f"emq:{{{q.name}}}:schedule", {first: 0})
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    with _client(url, [q.name], token=TOKEN) as c:
+        assert c.post(f"/api/queues/{q.name}/jobs/{mine}/retry", headers=auth).status_code == 200
+    assert q.job_state(mine) == "pending"
+    assert q.browse("pending") == [mine]

@@ -137,19 +137,46 @@ def test_a_refused_settle_emits_nothing(anyq: Any, r: redis.Redis) -> None:
     assert _xlen(r, anyq) == n
 
 
-def test_a_refused_enqueue_emits_nothing(anyq: Any, r: redis.Redis) -> None:
+def _events(r: redis.Redis, q: Any) -> list[dict[str, str]]:
+    return [
+        {k.decode(): v.decode() for k, v in fields.items()}
+        for _, fields in r.xrange(f"emq:{{{q.name}}}:events")
+    ]
+
+
+def test_a_duplicate_emits_duplicate_and_a_refused_call_nothing(anyq: Any, r: redis.Redis) -> None:
+    # D15 lists every admission verdict: a duplicate id is an event (`duplicate`); a call
+    # refused before any write (a wrong kind, a bad argument) emits nothing.
     anyq.enable_events(1000)
     jid = ids.mint()
     assert anyq.enqueue(b"x", id=jid).status == "enqueued"
     n = _xlen(r, anyq)
     assert anyq.enqueue(b"x", id=jid).status == "duplicate"
+    assert _events(r, anyq)[-1] == {"event": "duplicate", "id": jid}
     with pytest.raises(KindError):
         anyq.enqueue(b"x", id=ids.mint("PRT"))
     with pytest.raises(InvalidArgument):
         anyq.enqueue(b"x", delay_ms=-1)
+    assert _xlen(r, anyq) == n + 1
     out = anyq.enqueue_many([(jid, b"again"), (ids.mint("PRT"), b"k")])
     assert out[0].status == "duplicate" and isinstance(out[1], EchoMQError)
-    assert _xlen(r, anyq) == n
+    assert _xlen(r, anyq) == n + 2
+    assert _events(r, anyq)[-1] == {"event": "duplicate", "id": jid}
+
+
+def test_a_deduplicated_enqueue_emits_deduplicated(anyq: Any, r: redis.Redis) -> None:
+    anyq.enable_events(1000)
+    holder = anyq.enqueue(b"x", dedup="k").id
+    refused = ids.mint()
+    got = anyq.enqueue(b"y", id=refused, dedup="k")
+    assert got.status == "deduplicated" and got.id == holder
+    assert _events(r, anyq)[-1] == {
+        "event": "deduplicated",
+        "id": holder,
+        "dedup": "k",
+        "refused": refused,
+    }
+    assert r.exists(f"emq:{{{anyq.name}}}:job:{refused}") == 0
 
 
 def test_stalls_delays_rearms_and_progress(anyq: Any, r: redis.Redis) -> None:

@@ -555,3 +555,55 @@ def test_the_retired_record_keeps_two_generations(q: echomq.Queue, r: redis.Redi
     job = q.claim()
     assert job is not None and job.id == first[1] and job.token == 1
     sound(r, q)
+
+
+@pytest.fixture
+def small_native_server(tmp_path: Path, module_so: Path) -> Any:
+    srv = EmbeddedServer(
+        tmp_path / "small-native",
+        appendonly=False,
+        args=["--maxmemory", "4mb", "--loadmodule", str(module_so)],
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("executor_name", ["lua", "native"])
+def test_at_maxmemory_only_the_enqueue_is_refused(
+    small_native_server: EmbeddedServer, executor_name: str
+) -> None:
+    # Issue 22 #7: every EMQ.* command was registered deny-oom, so a native fleet could not
+    # complete (what frees memory), retry, heartbeat or claim at maxmemory while the Lua
+    # scripts could; and the Lua heartbeat (its first write a ZADD) was refused too, letting
+    # running jobs' leases lapse. Only an admission grows memory; only it is refused.
+    url = small_native_server.url
+    q = echomq.Queue("oom-" + executor_name, url=f"{url}?executor={executor_name}")
+    filler = echomq.Queue("filler", url=url + "?executor=lua")
+    try:
+        q.enqueue_many([b"s"] * 4)
+        q.enqueue(b"d", delay_ms=0)
+        lapsing = q.claim(lease_ms=30)
+        held = [q.claim(lease_ms=60_000) for _ in range(3)]
+        assert lapsing is not None and all(held)
+        a, b, c = (j for j in held if j is not None)
+        big = b"x" * 100_000
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for _ in range(200):
+                filler.enqueue(big)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            q.enqueue(big)
+        q.extend(a.id, a.token, lease_ms=60_000)
+        assert q.extend_many([(a.id, a.token)], lease_ms=60_000) == []
+        q.complete(a.id, a.token)
+        assert q.retry(b.id, b.token, delay_ms=0, max_attempts=1, error="x") == "dead"
+        settled = q.settle(completed=[(c.id, c.token)], n=1)
+        assert settled.completed == [None] and len(settled.jobs) == 1
+        time.sleep(0.05)
+        assert q.sweep_stalled(max_stalled=5)[0] == [lapsing.id]
+        q.reprocess(b.id)
+        assert q.claim(lease_ms=1000) is not None
+        assert q.executor == executor_name
+    finally:
+        filler.drain()
+        filler.close()
+        q.close()

@@ -220,6 +220,7 @@ VERBS: dict[str, Builder] = {
     "sweep_stalled": lambda w, d: ((), _kw(d, max_stalled=COUNT, limit=COUNT)),
     "reprocess": lambda w, d: ((w.job_id(d),), {}),
     "remove": lambda w, d: ((w.job_id(d),), {}),
+    "run_now": lambda w, d: ((w.job_id(d),), {}),
     "browse": lambda w, d: (
         (d(mostly(st.sampled_from(["pending", "dead", "active", "schedule"]), STATES)), d(COUNT)),
         _kw(d, group=st.one_of(st.none(), LANE)),
@@ -295,7 +296,7 @@ def _observe(w: World, verb: str, args: tuple[Any, ...], kwargs: dict[str, Any],
         assert q.job_state(args[0]) in ("pending", "scheduled")
     elif verb == "extend":
         assert q.job_state(args[0]) == "active"
-    elif verb == "reprocess":
+    elif verb in ("reprocess", "run_now"):
         assert q.job_state(args[0]) == "pending"
     elif verb in ("complete_many", "extend_many", "browse", "lanes"):
         assert isinstance(out, list) and all(isinstance(x, str) for x in out)

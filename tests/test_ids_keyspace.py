@@ -296,6 +296,17 @@ def test_every_queue_key_shares_the_queue_slot() -> None:
     assert keyspace.hashtag(keyspace.VERSION_KEY) == "emq"
 
 
+def test_session_keys_live_in_the_reserve() -> None:
+    digest = "0123456789abcdef" * 4
+    key = keyspace.session_key(digest)
+    assert key == "{emq}:session:" + digest and keyspace.hashtag(key) == "emq"
+    assert keyspace.queue_of(key) is None
+    assert sorted(keyspace.RESERVE_TYPES) == ["session", "version"]
+    for bad in ("", "A" * 64, digest[:-1], digest + "0", "../" + digest[3:], None):
+        with pytest.raises(InvalidId):
+            keyspace.session_key(bad)  # type: ignore[arg-type]
+
+
 class _NoIOClient:
     """A client that fails the test if echomq ever sends it a command."""
 

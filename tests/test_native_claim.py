@@ -183,8 +183,8 @@ def test_paused_queue(pair: Pair, both: Any) -> None:
     both(lambda q: q.pause())
     assert claim(pair) == ("ok", [])
     assert claim_b(pair, 4) == ("ok", [])
-    # The pause answers before lease_ms is read, in both.
-    assert claim(pair, "x") == ("ok", [])
+    # The arguments are checked first, paused or not, in both (PROTOCOL §6).
+    assert claim(pair, "x") == ("err", "a numeric argument is not an integer")
     both(lambda q: q.resume())
     assert len(ids_of(claim_b(pair, 4))) == 2
 

@@ -28,11 +28,13 @@ from native_fixtures import (
     command,
     diff,
     differential_fixtures,
+    empty_queues,
     expand,
     expand_args,
     jid,
     quiet,
     replica_of,
+    settle_clock,
     snapshot,
     valgrind_server,
 )
@@ -598,11 +600,11 @@ def test_server_error_midway(pair: Pair) -> None:
 def test_numbers_past_64_bits_are_refused_not_wrapped(
     pair: Pair, both: Any, r: redis.Redis
 ) -> None:
-    """Every numeric ARGV goes through one integer parser that refuses a value past
-    LLONG_MAX (19 digits, 9999999999999999999, once wrapped to a negative: an `in` delay
-    became "now", a lease lay in the past). The scripts take such a number as a float; the
-    Python client never sends one (its bounds are far below), so the module refuses it
-    before any write (native/README.md, "Where the module differs")."""
+    """Every numeric ARGV goes through one integer parser that refuses a value past 15
+    digits (19 digits, 9999999999999999999, once wrapped to a negative: an `in` delay
+    became "now", a lease lay in the past). The scripts refuse the same numbers
+    (include/args.lua, PROTOCOL §6); the Python client never sends one (its bounds are far
+    below), and nothing is written."""
     big = "9999999999999999999"
     enq(pair, jid(1))
     j = both(lambda q: q.claim())
@@ -624,7 +626,7 @@ def test_numbers_past_64_bits_are_refused_not_wrapped(
     # The largest value that fits still parses (here as an `at` time, far in the future).
     reply = call_native(
         r, "enqueue", expand(["@job:" + jid(3), "@meta"], QB),
-        expand_args(["@", jid(3), "p", "", "at", "9223372036854775807", "", "0", "", "",
+        expand_args(["@", jid(3), "p", "", "at", "999999999999999", "", "0", "", "",
                      "simple", "0"], QB),
     )  # fmt: skip
     assert reply == ("ok", b"scheduled")
@@ -632,12 +634,119 @@ def test_numbers_past_64_bits_are_refused_not_wrapped(
 
 def test_slow_paths_answer_like_the_script(pair: Pair, both: Any) -> None:
     """The fast key-API writers hand what they cannot take to the server's own command: a
-    score past 2^53 (an `at` far away) and a lane name with a NUL byte (no C string can
-    name that hash field). Both fallbacks once called themselves, recursing until the
-    server's stack overflowed; now they agree with the script, reply and keyspace."""
-    assert enq(pair, jid(1), mode="at", value=str(2**53 + 1)) == ("ok", b"scheduled")
-    assert enq(pair, jid(2), mode="at", value="9223372036854775807") == ("ok", b"scheduled")
+    lane name with a NUL byte (no C string can name that hash field). The fallback once
+    called itself, recursing until the server's stack overflowed; now it agrees with the
+    script, reply and keyspace. A score past 2^53 (an `at` far away) no longer reaches the
+    writers: a numeric argument has at most 15 digits (PROTOCOL §6), on both executors."""
+    kind, _ = enq(pair, jid(1), mode="at", value=str(2**53 + 1))
+    assert kind == "err"
+    assert enq(pair, jid(2), mode="at", value="999999999999999") == ("ok", b"scheduled")
     assert enq(pair, jid(3), group="a\x00b") == ("ok", b"enqueued")
     job = both(lambda q: q.claim())
     assert job is not None and job.id == jid(3)
     pair.check()
+
+
+# ---- the malformed-input rule (PROTOCOL §6) -----------------------------------------------
+
+
+def _seed(r: redis.Redis, q: str) -> None:
+    """Two active jobs (j1, j2, token 1) and one pending (j3) on the flat set."""
+    b = base(q)
+    for j in (jid(1), jid(2)):
+        r.hset(b + "job:" + j, mapping={"state": "active", "attempts": "1", "payload": "p"})
+        r.hset(b + "job:" + j, "lease_epoch", "1")
+        r.zadd(b + "active", {j: 10**13})
+    r.hset(b + "job:" + jid(3), mapping={"state": "pending", "attempts": "0", "payload": "p"})
+    r.zadd(b + "pending", {jid(3): 0})
+    r.rpush(b + "ring", "*")
+    r.sadd(b + "inring", "*")
+
+
+def _same_keyspace(r: redis.Redis, pair: Pair, what: str) -> None:
+    sa, sb = snapshot(r, pair.a), snapshot(r, pair.b)
+    settle_clock(sa, sb)  # a kept outcome's finished_ms is each executor's own clock read
+    d = diff(sa, sb)
+    assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
+
+
+def test_malformed_input_is_answered_alike(pair: Pair, r: redis.Redis) -> None:
+    """Issue 22 #7: the module answered ERR where the script took the input (a lease of
+    '1e3', a 19-digit number, an extra argument) or answered 0/[]. One rule now holds on
+    both (include/args.lua, native emq_run/emq_need_ll): the shape (KEYS and ARGV counts),
+    the base's hash tag and every key under it, and each numeric argument a decimal integer
+    of at most 15 digits, all checked before anything is read or written; a refusal is an
+    ERR reply. Every template below, with each argument replaced by each hostile value,
+    dropped, or an extra one appended, gets the same kind of reply and leaves the same
+    keyspace on both executors. The one designed difference: EMQ.CLAIM's argument count
+    names its verb (2: claim, 3: claim_batch), so a claim with one argument more or less
+    is the other verb on the module."""
+    j1, j2, j3, j4 = jid(1), jid(2), jid(3), jid(4)
+    templates: list[tuple[str, list[str], list[str | bytes]]] = [
+        ("enqueue", ["@job:" + j4, "@meta"],
+         ["@", j4, "p", "g", "now", "0", "", "0", "", "", "simple", "0"]),
+        ("enqueue", ["@job:" + j4, "@meta"],
+         ["@", j4, "p", "", "in", "10", "", "100", "n1", "d1", "simple", "1000"]),
+        ("enqueue_many", ["@meta"], ["@", "g", "now", "0", "0", "", "", j4, "p"]),
+        ("claim", ["@meta", "@ring", "@active"], ["@", "30000"]),
+        ("claim_batch", ["@meta", "@ring", "@active"], ["@", "30000", "5"]),
+        ("extend", ["@active", "@job:" + j1], ["@", j1, "1", "30000"]),
+        ("extend_many", ["@active"], ["@", "30000", j1, "1", j2, "1"]),
+        ("complete", ["@active", "@job:" + j1], ["@", j1, "1", "res", "1000"]),
+        ("retry", ["@active", "@schedule", "@dead", "@job:" + j2],
+         ["@", j2, "1", "0", "3", "boom", "1000"]),
+        ("reprocess", ["@job:" + j1, "@dead"], ["@", j1]),
+        ("sweep_stalled", ["@active", "@dead"], ["@", "1", "100"]),
+        ("settle", ["@meta", "@ring", "@active", "@schedule", "@dead"],
+         ["@", "30000", "2", "1:1", j1, "1", "res", "1000", j2, "1", "0", "3", "e"]),
+    ]  # fmt: skip
+    hostile: list[bytes | None] = [
+        b"-1", b"0", b"1", b"3", b"999999999999999", b"9999999999999999",
+        b"9223372036854775807", b"9007199254740993", b"1e3", b"1.5", b" 1", b"0x10", b"x",
+        b"", b"a\x00b", b"now", b"in", b"1:1", b":", b"*", j3.encode(), b"x" * 300,
+        None,  # the argument dropped
+    ]  # fmt: skip
+    calls = 0
+    for script, keys, args in templates:
+        arity_names_verb = script in ("claim", "claim_batch")
+        for at in range(1, len(args) + 1):
+            for value in hostile:
+                if at == len(args):
+                    if value is None or arity_names_verb:
+                        continue
+                    call: list[str | bytes] = [*args, value]  # one argument more
+                elif value is None:
+                    if arity_names_verb:
+                        continue
+                    call = [*args[:at], *args[at + 1 :]]
+                else:
+                    call = [*args[:at], value, *args[at + 1 :]]
+                empty_queues(r, (pair.a, pair.b))
+                _seed(r, pair.a)
+                _seed(r, pair.b)
+                ra = call_script(r, script, expand(keys, pair.a), expand_args(call, pair.a))
+                rb = call_native(r, script, expand(keys, pair.b), expand_args(call, pair.b))
+                what = f"{script} arg {at} = {value!r}: script {ra!r}, native {rb!r}"
+                assert ra[0] == rb[0], what
+                if ra[0] == "ok":
+                    assert str(ra[1]).replace(pair.a, "Q") == str(rb[1]).replace(pair.b, "Q"), what
+                _same_keyspace(r, pair, what)
+                calls += 1
+    # A bad base or a key outside it: refused alike, nothing written.
+    for q in (pair.a, pair.b):
+        _seed(r, q)
+    for script, keys, args in templates:
+        for bad_base in ("emq:nobrace:", "emq:{}:"):
+            ra = call_script(
+                r, script, expand(keys, pair.a), [bad_base, *expand_args(args, pair.a)[1:]]
+            )
+            rb = call_native(
+                r, script, expand(keys, pair.b), [bad_base, *expand_args(args, pair.b)[1:]]
+            )
+            assert ra[0] == rb[0] == "err", (script, bad_base, ra, rb)
+        other = ["emq:{elsewhere}:x", *expand(keys, pair.a)[1:]]
+        ra = call_script(r, script, other, expand_args(args, pair.a))
+        rb = call_native(r, script, other, expand_args(args, pair.b))
+        assert ra[0] == rb[0] == "err", (script, ra, rb)
+        _same_keyspace(r, pair, script)
+    assert calls > 800

@@ -305,8 +305,11 @@ def test_paused_queue(pair: Pair, both: Both) -> None:
     both(lambda q: q.pause())
     value = settle(pair, 3, completes=held)
     assert value == [[1, 1], [], [], 0]
-    # Paused: lease_ms is never read (the Lua converts it only when it claims).
-    assert settle(pair, 3, lease="x") == [[], [], [], 0]
+    # The arguments are checked first, paused or not, in both (PROTOCOL §6).
+    assert run_settle(pair, settle_args(3, lease="x")) == (
+        "err",
+        "a numeric argument is not an integer",
+    )
     both(lambda q: q.resume())
     assert len(settle(pair, 10)[2]) == 3
 

@@ -821,6 +821,39 @@ def test_reprocess_a_grouped_job_back_to_its_lane(anyq: Any, r: redis.Redis, qna
     assert anyq.check() == []
 
 
+def test_run_now_moves_one_scheduled_job_to_waiting(anyq: Any, r: redis.Redis, qname: str) -> None:
+    later = anyq.enqueue(b"a", delay_ms=3_600_000).id
+    other = anyq.enqueue(b"b", delay_ms=3_600_000).id
+    lane = anyq.enqueue(b"c", delay_ms=3_600_000, group=LANE).id
+    assert anyq.run_now(later) is None
+    assert places(r, qname, later) == ["pending"]
+    assert row(r, qname, later)["state"] == b"pending"
+    assert places(r, qname, other) == ["schedule"]  # only the one asked for
+    anyq.run_now(lane)
+    assert places(r, qname, lane) == [f"lane {LANE}"]
+    assert row(r, qname, lane)["state"] == b"pending"
+    assert anyq.lane_depth(LANE) == 1
+    assert {anyq.claim().id, anyq.claim().id} == {later, lane}
+    assert anyq.claim() is None
+    assert anyq.check() == []
+
+
+def test_run_now_refuses_a_job_that_is_not_scheduled(anyq: Any, r: redis.Redis, qname: str) -> None:
+    dead = make_dead(anyq)
+    active = anyq.enqueue(b"x").id
+    assert anyq.claim().id == active
+    waiting = anyq.enqueue(b"w").id
+    before = snapshot(r, qname)
+    for jid in (waiting, dead, active):
+        with pytest.raises(StateError):
+            anyq.run_now(jid)
+    with pytest.raises(JobGone):
+        anyq.run_now(ids.mint())
+    with pytest.raises(echomq.InvalidId):
+        anyq.run_now("not-an-id")
+    assert snapshot(r, qname) == before
+
+
 def test_reprocess_refuses_a_job_that_is_not_dead(anyq: Any, r: redis.Redis, qname: str) -> None:
     waiting = anyq.enqueue(b"w").id
     held = anyq.enqueue(b"h", group=LANE).id

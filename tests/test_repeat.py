@@ -5,6 +5,7 @@ firing one repeat at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing as mp
 import threading
 import time
@@ -33,6 +34,13 @@ def _local(ms: int) -> str:
 
 def _pending(q: Any) -> list[str]:
     return list(q.browse("pending", n=1000))
+
+
+def _occurrence(r: redis.Redis, queue: str, name: str, fire_ms: int) -> str:
+    """The id of ``name``'s occurrence at ``fire_ms``, from the slot its row holds."""
+    slot = r.hget(f"emq:{{{queue}}}:repeat:{name}", "slot")
+    assert slot is not None, f"{name} has no slot"
+    return occurrence_id(int(slot), fire_ms)
 
 
 # --------------------------------------------------------------------------- register
@@ -67,6 +75,8 @@ def test_repeat_registers_updates_lists_and_unrepeats(anyq: Any, r: redis.Redis)
         {"cron": "61 * * * *"},
         {"cron": "* * * * * *"},
         {"cron": "*/5 * * * *", "tz": "Mars/Olympus"},
+        {"cron": "0 0 30 2 *"},  # well-formed, but February 30th never comes
+        {"cron": "0 0 31 4,6 *"},
         {"cron": "*/5 * * * *", "every_ms": 1000},
         {},
         {"every_ms": 0},
@@ -104,7 +114,7 @@ def test_fire_due_enqueues_once_and_advances_on_the_grid(anyq: Any, r: redis.Red
     r.zadd(base + "repeat", {"tick": old})
     assert anyq.fire_due() == 1  # once, not once per missed period
     assert anyq.fire_due() == 0
-    jid = occurrence_id("tick", old)
+    jid = _occurrence(r, anyq.name, "tick", old)
     assert anyq.browse("pending", group="g1") == [jid]
     assert r.hget(base + "job:" + jid, "payload") == b"payload"
     nxt = anyq.repeats()[0].next_ms
@@ -119,7 +129,7 @@ def test_cron_entry_fires_once_and_advances_by_compare_and_set(anyq: Any, r: red
     r.zadd(base + "repeat", {"nightly": old})
     assert anyq.fire_due() == 1
     assert anyq.fire_due() == 0
-    assert _pending(anyq) == [occurrence_id("nightly", old)]
+    assert _pending(anyq) == [_occurrence(r, anyq.name, "nightly", old)]
     nxt = anyq.repeats()[0].next_ms
     assert nxt > server_ms(r)
     assert datetime.fromtimestamp(nxt / 1000, BERLIN).strftime("%H:%M") == "03:00"
@@ -149,13 +159,16 @@ def test_occurrence_id_matches_the_script(r: redis.Redis) -> None:
         "--@include common\n--@include admit\n--@include compose\n",
         echomq._scripts.Path(echomq._scripts.__file__).parent / "lua",
     )
-    body = src + "\nreturn occurrence_id(ARGV[1], tonumber(ARGV[2]))"
-    cases = [("a", 1_700_000_000_000), ("tick", 4_000_000_000_000), ("x" * 128, 0)]
-    cases += [("n", ids.EPOCH_MS + (1 << 41) - 1), ("m", ids.EPOCH_MS)]
-    for name, ms in cases:
-        jid = occurrence_id(name, ms)
+    body = src + "\nreturn occurrence_id(tonumber(ARGV[1]), tonumber(ARGV[2]))"
+    cases = [(0, 1_700_000_000_000), (1, 4_000_000_000_000), ((1 << 22) - 1, 0)]
+    cases += [(12345, ids.EPOCH_MS + (1 << 41) - 1), ((1 << 22) - 1, ids.EPOCH_MS)]
+    for slot, ms in cases:
+        jid = occurrence_id(slot, ms)
         assert ids.is_valid(jid) and jid.startswith("JOB")
-        assert r.eval(body, 0, name, ms) == jid.encode()
+        assert r.eval(body, 0, slot, ms) == jid.encode()
+    for bad in (-1, 1 << 22, True, "1"):
+        with pytest.raises(echomq.InvalidArgument):
+            occurrence_id(bad, 0)  # type: ignore[arg-type]
 
 
 def test_occurrence_ids_agree_with_lua(q: echomq.Queue, r: redis.Redis) -> None:
@@ -165,7 +178,94 @@ def test_occurrence_ids_agree_with_lua(q: echomq.Queue, r: redis.Redis) -> None:
         old = 1_700_000_000_000 + i * 987_654_321
         r.zadd(base + "repeat", {name: old})
         assert q.fire_due() == 1
-        assert r.exists(base + "job:" + occurrence_id(name, old))
+        assert r.exists(base + "job:" + _occurrence(r, q.name, name, old))
+
+
+def _colliding_names() -> tuple[str, str]:
+    """Two names whose 22 low bits of SHA-1 agree: the identity occurrence ids took before
+    slots (two such repeats on one schedule shared every occurrence id)."""
+    import hashlib
+
+    seen: dict[int, str] = {}
+    for i in range(1_000_000):
+        name = f"tenant-{i}"
+        h = int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % (1 << 22)
+        if h in seen:
+            return seen[h], name
+        seen[h] = name
+    raise AssertionError("no collision found")  # pragma: no cover
+
+
+@pytest.mark.executors
+def test_repeats_whose_name_hashes_collide_both_fire_every_occurrence(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    a, b = _colliding_names()
+    base = f"emq:{{{q.name}}}:"
+    q.repeat(a, b"a", every_ms=60_000)
+    q.repeat(b, b"b", every_ms=60_000)
+    times: list[int] = []
+    start = server_ms(r)
+    for i in range(3):
+        # Both on one schedule: the same fire time, due now (a new one each round).
+        old = start - 1_000 - 7 * i
+        r.zadd(base + "repeat", {a: old, b: old})
+        assert q.fire_due() == 2, i
+        assert len(_pending(q)) == 2 * (i + 1)
+        times.append(old)
+    fired = [_occurrence(r, q.name, n, t) for t in times for n in (a, b)]
+    assert sorted(_pending(q)) == sorted(fired) and len(set(fired)) == 6
+    assert {r.hget(base + "job:" + j, "payload") for j in fired} == {b"a", b"b"}
+    assert q.check() == []
+
+
+@pytest.mark.executors
+def test_slots_are_unique_reused_after_unrepeat_and_bounded(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    base = f"emq:{{{q.name}}}:"
+    for name in ("x", "y", "z"):
+        q.repeat(name, b"p", every_ms=1000)
+    slots = {n: r.hget(base + "repeat:" + n, "slot") for n in ("x", "y", "z")}
+    assert sorted(slots.values()) == [b"0", b"1", b"2"]
+    q.repeat("y", b"p2", cron="* * * * *")  # an update keeps its slot
+    assert r.hget(base + "repeat:y", "slot") == slots["y"]
+    assert q.unrepeat("y") is True
+    q.repeat("w", b"p", every_ms=1000)  # the freed slot, not a fourth one
+    assert r.hget(base + "repeat:w", "slot") == slots["y"]
+    # Every slot held: a new name is a typed refusal and writes nothing; updates still work.
+    r.hset(base + "meta", "repeat_slots", 1 << 22)
+    before = snapshot(r, q.name)
+    with pytest.raises(echomq.StateError):
+        q.repeat("v", b"p", every_ms=1000)
+    assert snapshot(r, q.name) == before
+    assert q.repeat("x", b"p3", every_ms=1000) == "updated"
+    q.unrepeat("z")
+    assert q.repeat("v", b"p", every_ms=1000) == "registered"
+    assert r.hget(base + "repeat:v", "slot") == slots["z"]
+
+
+@pytest.mark.executors
+def test_a_row_without_slot_is_migrated_on_its_next_fire_or_repeat_set(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    """A repeat written before slots existed keeps firing: the first fire (or repeat_set)
+    gives it a slot, and its occurrences take ids from it from then on."""
+    base = f"emq:{{{q.name}}}:"
+    for name in ("old1", "old2"):
+        r.hset(base + "repeat:" + name, mapping={"payload": b"o", "every_ms": "60000"})
+        r.hset(base + "repeat:" + name, mapping={"cron": "", "tz": "UTC", "group": ""})
+        r.hset(base + "repeat:" + name, mapping={"owner": ""})
+    q.repeat("new", b"n", every_ms=60_000)
+    old = server_ms(r) - 1_000
+    r.zadd(base + "repeat", {"old1": old, "new": old})
+    assert q.fire_due() == 2
+    assert sorted(_pending(q)) == sorted(
+        [_occurrence(r, q.name, "old1", old), _occurrence(r, q.name, "new", old)]
+    )
+    assert q.repeat("old2", b"o", every_ms=60_000) == "updated"
+    slots = [r.hget(base + "repeat:" + n, "slot") for n in ("new", "old1", "old2")]
+    assert slots == [b"0", b"1", b"2"]
 
 
 def test_a_removed_spec_drops_its_entry(q: echomq.Queue, r: redis.Redis) -> None:
@@ -232,6 +332,95 @@ def test_cron_next_hourly_follows_real_time_across_both_changes() -> None:
         "2026-03-29T03:00:00+02:00",
         "2026-03-29T04:00:00+02:00",
     ]
+
+
+def _walk(cron: str, after: int, until: int) -> list[int]:
+    fires = []
+    while (after := cron_next(cron, "Europe/Berlin", after)) <= until:
+        fires.append(after)
+    return fires
+
+
+def test_autumn_change_fires_every_quarter_hour_of_both_hours() -> None:
+    # 2026-10-25: 03:00 CEST -> 02:00 CET. After 02:00 CEST comes 02:15 CEST, not 02:00 CET.
+    fires = _walk("*/15 * * * *", _ms(2026, 10, 25, 1, 50), _ms(2026, 10, 25, 3, 0))
+    assert [_local(f) for f in fires] == [
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:15:00+02:00",
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:45:00+02:00",
+        "2026-10-25T02:00:00+01:00",
+        "2026-10-25T02:15:00+01:00",
+        "2026-10-25T02:30:00+01:00",
+        "2026-10-25T02:45:00+01:00",
+        "2026-10-25T03:00:00+01:00",
+    ]
+    # Every minute of both hours: 120 fires from 02:00 CEST to 02:59 CET, one a real minute.
+    minutes = _walk("* * * * *", _ms(2026, 10, 25, 1, 59), _ms(2026, 10, 25, 2, 59, fold=1))
+    assert len(minutes) == 120
+    assert {b - a for a, b in itertools.pairwise(minutes)} == {60_000}
+
+
+@pytest.mark.parametrize(
+    ("tz", "day"),
+    [
+        ("Europe/Berlin", (2026, 3, 28)),
+        ("Europe/Berlin", (2026, 10, 24)),
+        ("Australia/Lord_Howe", (2026, 4, 4)),  # a 30-minute change
+        ("Australia/Lord_Howe", (2026, 10, 3)),
+    ],
+)
+def test_finer_than_hourly_fires_once_per_real_period_across_a_change(
+    tz: str, day: tuple[int, int, int]
+) -> None:
+    """Across either change a */15 job fires every 15 minutes of real time: never two fires
+    at one instant (the spring gap's matches all map to its end), never a skipped quarter."""
+    start = _ms(*day, 12, 0, tz=ZoneInfo(tz))
+    fires = []
+    after = start
+    while (after := cron_next("*/15 * * * *", tz, after)) <= start + 86_400_000:
+        fires.append(after)
+    assert {b - a for a, b in itertools.pairwise(fires)} == {900_000}
+    assert len(fires) == 96
+
+
+def test_daily_job_fires_once_on_both_change_days() -> None:
+    for day in [(2026, 3, 28), (2026, 10, 24)]:
+        start = _ms(*day, 12, 0)
+        fires = _walk("30 2 * * *", start, start + 86_400_000 + 3_600_000)
+        assert len(fires) == 1, [_local(f) for f in fires]
+    # From inside the repeated hour (02:35 CET, after the 02:30 CEST fire): the next day.
+    nxt = cron_next("30 2 * * *", "Europe/Berlin", _ms(2026, 10, 25, 2, 35, fold=1))
+    assert _local(nxt) == "2026-10-26T02:30:00+01:00"
+
+
+def test_a_never_matching_cron_is_invalid_argument_everywhere(url: str) -> None:
+    for cron in ("0 0 30 2 *", "0 0 31 4 *"):
+        with pytest.raises(echomq.InvalidArgument):
+            cron_next(cron, "UTC", 0)
+        with pytest.raises(echomq.InvalidArgument):
+            _compose.schedule(None, cron, "UTC")
+    app = echomq.App(url=url)
+    with pytest.raises(echomq.InvalidArgument):
+        app.periodic(cron="0 0 30 2 *", tz="Europe/Berlin")
+    assert app.tasks == {} and app.periodics == {}
+    app.close()
+
+
+@pytest.mark.executors
+def test_a_never_matching_entry_does_not_stop_the_others(q: echomq.Queue, r: redis.Redis) -> None:
+    """A cron entry no client can advance (written by hand, or by an older echomq that took
+    it) is left alone: the cron entries due with it still fire, and fire_due does not raise."""
+    base = f"emq:{{{q.name}}}:"
+    bad = {"payload": b"x", "every_ms": "", "cron": "0 0 30 2 *", "tz": "UTC", "group": ""}
+    r.hset(base + "repeat:bad", mapping=bad)
+    q.repeat("good", b"g", cron="* * * * *")
+    old = server_ms(r) - 1_000
+    r.zadd(base + "repeat", {"bad": old - 1, "good": old})
+    assert q.fire_due() == 1
+    assert [r.hget(base + "job:" + j, "payload") for j in _pending(q)] == [b"g"]
+    assert r.zscore(base + "repeat", "bad") == old - 1
+    assert r.zscore(base + "repeat", "good") > server_ms(r)  # type: ignore[operator]
 
 
 def test_cron_next_in_utc_and_steps() -> None:
@@ -334,6 +523,30 @@ def test_periodic_task_registers_runs_and_drops_stale(url: str, qname: str, r: r
     reps = {rep.name: rep for rep in q.repeats()}
     assert set(reps) == {"theirs", mine}  # "old" was this app's and is gone
     assert reps[mine].owner == "billing" and reps[mine].every_ms == 200
+    app.close()
+
+
+def test_a_worker_beat_survives_a_never_matching_entry(
+    url: str, qname: str, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+    app = echomq.App(url=url, name="beats")
+
+    @app.periodic(every_ms=200, queue=qname, args=(1,))
+    def tick(n: int) -> None:
+        seen.append(n)
+
+    base = f"emq:{{{qname}}}:"
+    bad = {"payload": b"x", "every_ms": "", "cron": "0 0 30 2 *", "tz": "UTC", "group": ""}
+    r.hset(base + "repeat:feb30", mapping=bad)
+    r.zadd(base + "repeat", {"feb30": 1})
+    w = echomq.Worker(app, queues=[qname], beat_ms=50)
+    t, loop = _run_worker(w)
+    try:
+        wait_for(lambda: len(seen) >= 3, timeout=15)
+    finally:
+        _stop(w, t, loop)
+    assert not [rec for rec in caplog.records if rec.levelname in ("ERROR", "CRITICAL")]
     app.close()
 
 

@@ -43,6 +43,7 @@ VERBS: dict[str, Callable[[], Any]] = {
     "sweep_stalled": lambda: _p.sweep_stalled(K),
     "reprocess": lambda: _p.reprocess(K, JID),
     "remove": lambda: _p.remove(K, JID),
+    "run_now": lambda: _p.run_now(K, JID),
     "update_progress": lambda: _p.update_progress(K, JID, "50"),
     "add_log": lambda: _p.add_log(K, JID, "line", 2),
     "logs": lambda: _p.logs(K, JID),

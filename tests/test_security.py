@@ -322,6 +322,7 @@ def exercise(url: str, qname: str) -> None:
     q.lane_depth(lane)
     q.lanes()
     q.remove(q.enqueue(b"removed").id)
+    q.run_now(q.enqueue(b"later", delay_ms=60_000).id)
     # The second round's verbs: results and waiting, dedup, rate limits, cancel, repeats, flows.
     kept = q.enqueue(b"kept", dedup="acl-dedup")
     assert q.enqueue(b"again", dedup="acl-dedup").status == "deduplicated"

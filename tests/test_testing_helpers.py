@@ -275,3 +275,23 @@ def test_drain_runs_the_jobs_that_handlers_enqueue(url: str, qname: str, r: redi
     assert (result.ran, result.completed) == (5, 5)
     assert done == [4, 3, 2, 1, 0]
     app.close()
+
+
+def test_drain_waits_for_a_cross_queue_parent(url: str, qname: str) -> None:
+    # The child's settle sits in its queue's outbox until a pump beat delivers it; a drain
+    # that saw both queues empty returned before the parent (in no set meanwhile) ran.
+    app = _app(url)
+    ran: list[str] = []
+
+    @app.task(queue=qname + "-c", keep_result_ms=60_000)
+    def child(n: int) -> int:
+        ran.append(f"child{n}")
+        return n
+
+    @app.task(queue=qname)
+    def parent() -> None:
+        ran.append("parent")
+
+    app.flow(parent.s(), [child.s(1), child.s(2)])
+    drain(app, timeout_s=30, beat_ms=1000)
+    assert sorted(ran) == ["child1", "child2", "parent"]

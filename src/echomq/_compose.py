@@ -12,8 +12,10 @@ Repeats (D19)
 Firing is one script (``repeat_fire``): it takes only entries whose score is <= the server's
 ``TIME``, enqueues each occurrence and advances the score in the same call, so any number of
 processes firing at once enqueue each occurrence exactly once. An occurrence's job id is
-derived from the repeat's name and its fire time (``occurrence_id``), so even a replayed fire
-finds the same job instead of admitting a second one. An ``every_ms`` entry advances on the
+its fire time and the repeat's *slot* (``occurrence_id``): a number minted once when the name
+is registered and kept in its row, unique among the queue's repeats (never a hash of the
+name, whose truncated bits two names can share), so even a replayed fire finds the same job
+instead of admitting a second one. An ``every_ms`` entry advances on the
 server; a cron entry's next fire is computed here (croniter, in the entry's time zone) and
 written by a compare-and-set on the old score in the next ``repeat_fire`` call.
 
@@ -22,14 +24,19 @@ comes back, then continues on the schedule (an ``every_ms`` entry keeps its phas
 entry its wall-clock times); it never replays one occurrence per missed period.
 
 Cron and daylight saving time: an expression is matched against local wall-clock times in
-``tz``. A wall time that does not exist (the spring-forward gap) fires at the end of the gap;
-a wall time that happens twice (fall back) fires once, at its first occurrence, unless the
-expression's hour field is ``*`` (an hourly or finer job), which fires in both hours as real
-time passes.
+``tz``, and the next fire is the earliest real instant after the previous one whose wall time
+matches (never the first match of a naive local time: after 02:00 CEST on the autumn change
+comes 02:15 CEST, not 02:00 CET). A wall time that does not exist (the spring-forward gap)
+fires at the end of the gap, once however many of its times match (``*/15`` fires at 01:45
+and 03:00, not four times at 03:00); a wall time that happens twice (fall back) fires once, at
+its first occurrence, unless the expression's hour field is ``*`` (an hourly or finer job),
+which fires in both hours as real time passes. So a daily 02:30 job fires once on both days.
+An expression that matches no date (``0 0 30 2 *``) is ``InvalidArgument``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -75,7 +82,7 @@ __all__ = [
     "unrepeat",
 ]
 
-_HASH_BITS = 22
+_SLOT_BITS = 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +129,23 @@ def _cron(expr: object) -> str:
     expr = " ".join(expr.split())
     if not croniter.is_valid(expr):
         raise InvalidArgument(f"invalid cron expression {expr!r}")
+    if _never_fires(expr):
+        raise InvalidArgument(f"cron expression {expr!r} never fires")
     return expr
+
+
+@functools.lru_cache(maxsize=1024)
+def _never_fires(expr: str) -> bool:
+    """Whether a well-formed expression matches no date at all (``0 0 30 2 *``): croniter
+    only finds out by searching for years (milliseconds), so the answer is kept; a beat
+    meets the same hand-written entry again every second."""
+    from croniter import CroniterError, croniter
+
+    try:
+        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+    except (CroniterError, ValueError):
+        return True
+    return False
 
 
 # --------------------------------------------------------------------------- cron
@@ -150,36 +173,53 @@ def _gap_end(naive: datetime, zone: ZoneInfo) -> datetime:
 
 def cron_next(cron: str, tz: str, after_ms: int) -> int:
     """The first fire of ``cron`` in ``tz`` strictly after ``after_ms`` (unix ms), in unix
-    ms. Matching is on local wall times; see the module docstring for DST."""
-    from croniter import croniter
+    ms: the earliest real instant after ``after_ms`` whose local wall time matches (see the
+    module docstring for DST). ``InvalidArgument`` for an expression that never fires."""
+    from croniter import CroniterError, croniter
 
     expr = _cron(cron)
     zone = _zone(tz)
     every_hour = expr.split()[1] == "*"
     after = datetime.fromtimestamp(after_ms / 1000, timezone.utc)
-    # Walk naive local wall times: start a little before `after` in local time so that a
-    # match in a repeated (fall-back) hour is not skipped.
-    start = after.astimezone(zone).replace(tzinfo=None) - timedelta(hours=3)
-    it = croniter(expr, start)
-    for _ in range(100_000):
-        naive: datetime = it.get_next(datetime)
-        folds = (0, 1) if every_hour else (0,)
-        found = [t for t in (_instant(naive, zone, f) for f in folds) if t is not None]
-        if not found:
-            found = [_gap_end(naive, zone)]
-        for t in sorted(set(found)):
-            if t > after:
-                return int(t.timestamp() * 1000)
-    raise InvalidArgument(f"cron expression {expr!r} never fires")  # pragma: no cover
+    # Walk naive local wall times. A wall time's instants do not grow with it across a fall
+    # back (02:15 CEST is before 02:00 CET), so the first match after `after` is not always
+    # the earliest instant: start early enough to see the matches of a repeated hour, keep
+    # the earliest instant found, and stop once a wall time's earliest instant is past it
+    # (the earliest instant of a wall time never decreases as the wall time grows).
+    # A wall time n of an instant t > after is t + offset(t) > local(after) - (the largest
+    # offset drop near `after`): start there (at local(after) when no change is near).
+    window = timedelta(hours=3)
+    offsets = [(after + d).astimezone(zone).utcoffset() for d in (-window, 0 * window, window)]
+    spread = max(o for o in offsets if o is not None) - min(o for o in offsets if o is not None)
+    start = after.astimezone(zone).replace(tzinfo=None) - spread
+    best: datetime | None = None
+    try:
+        it = croniter(expr, start)
+        for _ in range(100_000):
+            naive: datetime = it.get_next(datetime)
+            folds = (0, 1) if every_hour else (0,)
+            found = [t for t in (_instant(naive, zone, f) for f in folds) if t is not None]
+            if not found:
+                found = [_gap_end(naive, zone)]
+            if best is not None and min(found) > best:
+                break
+            for t in found:
+                if t > after and (best is None or t < best):
+                    best = t
+    except (CroniterError, ValueError):
+        raise InvalidArgument(f"cron expression {expr!r} never fires") from None
+    if best is None:  # pragma: no cover - every valid expression matches within 100000 steps
+        raise InvalidArgument(f"cron expression {expr!r} never fires")
+    return int(best.timestamp() * 1000)
 
 
-def occurrence_id(name: str, fire_ms: int) -> str:
-    """The job id ``repeat_fire`` gives the occurrence of ``name`` due at ``fire_ms`` (the
-    same computation as ``occurrence_id`` in ``lua/include/compose.lua``)."""
-    import hashlib
-
-    h = int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % (1 << _HASH_BITS)
-    return ids.encode("JOB", ((fire_ms - ids.EPOCH_MS) % (1 << 41)) << _HASH_BITS | h)
+def occurrence_id(slot: int, fire_ms: int) -> str:
+    """The job id ``repeat_fire`` gives the occurrence due at ``fire_ms`` of the repeat whose
+    row holds ``slot`` (the same computation as ``occurrence_id`` in
+    ``lua/include/compose.lua``)."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < 1 << _SLOT_BITS:
+        raise InvalidArgument(f"a repeat slot is an int in [0, 2**22), got {slot!r}")
+    return ids.encode("JOB", ((fire_ms - ids.EPOCH_MS) % (1 << 41)) << _SLOT_BITS | slot)
 
 
 # --------------------------------------------------------------------------- verbs
@@ -197,6 +237,10 @@ def schedule(every_ms: object, cron: object, tz: object) -> tuple[str, str]:
 
 def _spec_keys(k: Keys, name: str) -> tuple[str, str]:
     return k.base + "repeat", k.base + "repeat:" + name
+
+
+def _set_keys(k: Keys, name: str) -> tuple[str, str, str, str]:
+    return (*_spec_keys(k, name), k.meta, k.base + "repeatfree")
 
 
 def repeat(
@@ -223,8 +267,8 @@ def repeat(
         first = cron_next(expr, tz, sec * 1000 + usec // 1000)
     status: str = yield _call(
         "repeat_set",
-        _spec_keys(k, n),
-        (n, data, g, every, expr, tz, first, who),
+        _set_keys(k, n),
+        (n, data, g, every, expr, tz, first, who, k.base),
         _s,
     )
     return status
@@ -233,7 +277,8 @@ def repeat(
 def unrepeat(k: Keys, name: str) -> Call[bool]:
     """Unregister ``name``; True when it was registered. Enqueued occurrences stay."""
     n = _name(name)
-    return _call("repeat_remove", _spec_keys(k, n), (n,), lambda r: int(r) == 1)
+    keys = (*_spec_keys(k, n), k.base + "repeatfree")
+    return _call("repeat_remove", keys, (n,), lambda r: int(r) == 1)
 
 
 def repeats(k: Keys) -> Plan[list[Repeat]]:

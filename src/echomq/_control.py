@@ -99,8 +99,9 @@ MAX_BLOCK_S = 20.0
 # A waiter marker outlives any one block by a wide margin: a waiter refreshes it before each
 # block, and a fixed TTL means another waiter's refresh can never shorten it.
 WANT_MS = int(MAX_BLOCK_S * 1000) + 10_000
-# A dedup id is a name like a lane's (D3): no ':' or '{' to confuse the keyspace.
-_DID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# A dedup id (D3's grammar for `did`): a lane name's alphabet, up to 255 characters; no ':'
+# or '{' to confuse the keyspace.
+_DID = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +197,26 @@ def _decode_result(id: str, reply: Any) -> Result | None:
     )
 
 
-def result(k: Keys, id: str) -> Call[Result | None]:
-    """The kept outcome of a job, or None (not finished, not kept, or expired)."""
-    return _cmd(("HGETALL", result_key(k, id)), lambda r: _decode_result(id, r))
+def _dead_row(id: str, reply: Any) -> Result | None:
+    # HMGET row state last_error attempts: a dead row is an outcome without a kept result.
+    if not reply or reply[0] is None or _s(reply[0]) != "dead":
+        return None
+    error = _s(reply[1]) if reply[1] is not None else "dead"
+    attempts = int(reply[2]) if reply[2] is not None and bytes(reply[2]).isdigit() else 0
+    return Result(id, b"", attempts, 0, error)
+
+
+def result(k: Keys, id: str) -> Plan[Result | None]:
+    """The kept outcome of a job; else, when its row is dead (a dead-letter whose error was
+    not kept, a flow parent failed by its child), that death (``error`` = its last error,
+    ``finished_ms`` 0); else None (not finished, not kept, or expired). One round trip."""
+    rk = result_key(k, id)
+    kept, dead = yield [
+        _cmd(("HGETALL", rk), lambda r: _decode_result(id, r)),
+        _cmd(("HMGET", k.job(id), "state", "last_error", "attempts"), lambda r: _dead_row(id, r)),
+    ]
+    found: Result | None = kept if kept is not None else dead
+    return found
 
 
 def rearm(k: Keys, id: str) -> Call[int]:
@@ -221,15 +239,16 @@ def _timeout(value: object) -> float:
 def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
     """Wait for a job's kept outcome: read it; while absent, block on its notify list
     (``BLPOP``, at most :data:`MAX_BLOCK_S` per call) and read again. Raises
-    :class:`JobFailed` for a kept dead-letter and ``TimeoutError`` at the deadline."""
+    :class:`JobFailed` for a kept dead-letter or a dead row (at once: a job that is dead, or
+    dies while waited on, never waits out the timeout) and ``TimeoutError`` at the deadline."""
     timeout = _timeout(timeout_s)
-    rk, nk = result_key(k, id), notify_key(k, id)
+    nk = notify_key(k, id)
     deadline = time.monotonic() + timeout
     while True:
         # Marker first, then read, then block: a completion after the read sees the marker
         # and pushes the token this block takes (include/control.lua keep_outcome).
         yield want(k, id)
-        found: Result | None = yield _cmd(("HGETALL", rk), lambda r: _decode_result(id, r))
+        found = yield from result(k, id)
         if found is not None:
             return _outcome(found)
         left = deadline - time.monotonic()
@@ -246,7 +265,7 @@ def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:
 
 def check_dedup(did: object) -> str:
     if not isinstance(did, str) or not _DID.fullmatch(did):
-        raise InvalidId(f"a dedup id matches [A-Za-z0-9._-]{{1,128}}, got {did!r}")
+        raise InvalidId(f"a dedup id matches [A-Za-z0-9._-]{{1,255}}, got {did!r}")
     return did
 
 

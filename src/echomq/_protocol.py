@@ -695,6 +695,10 @@ def remove(k: Keys, id: str) -> Call[None]:
     return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
 
 
+def run_now(k: Keys, id: str) -> Call[None]:
+    return _call("run_now", (k.job(id), k.schedule), (k.base, id), _gone_if_zero(id))
+
+
 def update_progress(k: Keys, id: str, value: str) -> Call[None]:
     args = (k.base, id, _text("value", value))
     return _call("update_progress", (k.job(id),), args, _gone_if_zero(id))
@@ -826,7 +830,7 @@ def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
     # stream: (section, where, position); a section is done at -1 (windows) or "0" (SCAN).
     streams: list[tuple[str, str, int]] = [("core", "", 0), ("ring", "", 0)]
     streams += [("members", place, 0) for place in ("pending", "active", "schedule", "dead")]
-    streams += [("lanes", "0", 0), ("rows", "0", 0)]
+    streams += [("lanes", "0", 0), ("rows", "0", 0), ("results", "0", 0), ("dedups", "0", 0)]
     found: dict[str, None] = {}
     lanes: dict[str, None] = {}
     while streams:
@@ -841,7 +845,7 @@ def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
                 if g not in lanes:
                     lanes[g] = None
                     follow.append(("members", "lane:" + g, 0))
-            if section in ("lanes", "rows"):
+            if section in ("lanes", "rows", "results", "dedups"):
                 if nxt != "0":
                     follow.append((section, nxt, 0))
             elif nxt != "-1":
@@ -968,6 +972,7 @@ __all__ += [
     "resume",
     "resume_lane",
     "retry",
+    "run_now",
     "settle",
     "complete_many",
     "sweep_stalled",

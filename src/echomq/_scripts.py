@@ -24,6 +24,11 @@ _FLAGS = re.compile(r"^\s*Flags:\s*(.*?)\s*$", re.M)
 # durable mode; ``replay`` scripts may be resent when their reply was lost (a resend cannot
 # double-apply them), ``once`` scripts never are.
 _FLAG_PAIRS = (("reads", "writes"), ("replay", "once"))
+# Optional: ``allow-oom`` sends the script with the shebang ``#!lua flags=allow-oom`` (Redis 7,
+# Valkey), so the server runs it at maxmemory. Only for a script that never grows memory
+# and must not be refused there: a heartbeat moves scores of ids already in ``active``, and a
+# refused one lets a running job's lease lapse (the job would run twice).
+_OPTIONAL_FLAGS = ("allow-oom",)
 
 
 @dataclass(frozen=True)
@@ -38,10 +43,12 @@ class Script:
     nkeys: int
     writes: bool
     replay: bool
+    allow_oom: bool = False
 
     @cached_property
     def source(self) -> str:
-        return _lazify(_shake(_expand(self.text, _LUA)))
+        body = _lazify(_shake(_expand(self.text, _LUA)))
+        return "#!lua flags=allow-oom\n" + body if self.allow_oom else body
 
     @cached_property
     def sha(self) -> str:
@@ -55,7 +62,7 @@ def parse_flags(name: str, header: str) -> tuple[bool, bool]:
     if len(found) != 1:
         raise RuntimeError(f"lua/{name}.lua: the header needs exactly one 'Flags:' line")
     words = found[0].split()
-    known = {w for pair in _FLAG_PAIRS for w in pair}
+    known = {w for pair in _FLAG_PAIRS for w in pair} | set(_OPTIONAL_FLAGS)
     unknown = sorted(set(words) - known)
     if unknown:
         raise RuntimeError(f"lua/{name}.lua: unknown flags {unknown}")
@@ -161,7 +168,8 @@ def _load() -> dict[str, Script]:
             raise RuntimeError(f"lua/{entry.name} has no header contract")
         nkeys = len(_KEY_LINE.findall(header.group(1)))
         writes, replay = parse_flags(name, header.group(1))
-        scripts[name] = Script(name, text, nkeys, writes, replay)
+        allow_oom = "allow-oom" in _FLAGS.findall(header.group(1))[0].split()
+        scripts[name] = Script(name, text, nkeys, writes, replay, allow_oom)
     return scripts
 
 

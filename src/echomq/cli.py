@@ -657,6 +657,39 @@ def cancel(ctx: click.Context, queue: str, job_id: str) -> None:
     click.echo(_run(ctx, lambda: q.cancel(job_id)))
 
 
+@main.command("run-now")
+@click.argument("queue")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.pass_context
+def run_now(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
+    """Make scheduled jobs waiting now; prints "ID: waiting", "ID: gone" or "ID: not
+    scheduled" per id and exits 1 when any was not moved."""
+    for job_id in job_ids:  # every id is checked before anything is moved
+        try:
+            keyspace.check_id(job_id)
+        except EchoMQError as exc:
+            _fail(str(exc))
+    q = _existing(ctx, queue)
+
+    def go() -> int:
+        missed = 0
+        for job_id in job_ids:
+            try:
+                q.run_now(job_id)
+            except JobGone:
+                missed += 1
+                click.echo(f"{job_id}: gone")
+                continue
+            except StateError:
+                missed += 1
+                click.echo(f"{job_id}: not scheduled")
+                continue
+            click.echo(f"{job_id}: waiting")
+        return missed
+
+    sys.exit(1 if _run(ctx, go) else 0)
+
+
 @main.command()
 @click.argument("queue")
 @click.argument("job_ids", nargs=-1, required=True)

@@ -15,6 +15,7 @@ from echomq.errors import InvalidId
 
 __all__ = [
     "QUEUE_TYPES",
+    "RESERVE_TYPES",
     "VERSION_KEY",
     "base",
     "check_lane",
@@ -24,11 +25,16 @@ __all__ = [
     "lane_key",
     "queue_key",
     "queue_of",
+    "session_key",
     "slot",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 VERSION_KEY = "{emq}:version"
+# The deployment-wide keys under the reserve (PROTOCOL §1.4): the wire version, and the
+# dashboard's signed-in sessions (`{emq}:session:<sha256 of the session id>`).
+RESERVE_TYPES = frozenset({"version", "session"})
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 # The closed registry of per-queue key types (PROTOCOL §1.3) that echomq writes.
 QUEUE_TYPES = frozenset(
@@ -56,6 +62,7 @@ QUEUE_TYPES = frozenset(
         "retired",
         "retired:at",
         "repeat",
+        "repeatfree",
         "flow:outbox",
         "limiter",
         "grate",
@@ -91,6 +98,14 @@ def check_id(job_id: object) -> str:
         )
     assert isinstance(job_id, str)
     return job_id
+
+
+def session_key(digest: str) -> str:
+    """A dashboard session, ``{emq}:session:<digest>`` (the SHA-256 hex of its id, so the
+    key never holds the cookie's secret); raises :class:`InvalidId` for anything else."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidId(f"a session digest is 64 lowercase hex digits, got {digest!r}")
+    return "{emq}:session:" + digest
 
 
 def queue_key(queue: str, type: str) -> str:

@@ -282,6 +282,10 @@ class Queue:
         """Delete a job wherever it is."""
         return self._x.run(_p.remove(self._k, id))
 
+    def run_now(self, id: str) -> None:
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        return self._x.run(_p.run_now(self._k, id))
+
     def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
         """Up to ``n`` ids in ``state``, newest first."""
         return self._x.run(_p.browse(self._k, state, n, group))
@@ -706,6 +710,10 @@ class AsyncQueue:
     async def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
         return await self._x.run(_p.remove(self._k, id))
+
+    async def run_now(self, id: str) -> None:
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        return await self._x.run(_p.run_now(self._k, id))
 
     async def browse(
         self, state: str = "pending", n: int = 50, *, group: str | None = None

@@ -75,12 +75,15 @@ def _check_drain_args(timeout_s: object, poll_s: object) -> None:
 
 
 async def _settled(watchers: Sequence[AsyncQueue]) -> tuple[bool, dict[str, dict[str, int]]]:
-    """Whether no queue holds a pending, active or due scheduled job (server clock)."""
+    """Whether no queue holds a pending, active or due scheduled job (server clock), nor a
+    cross-queue flow settle still in its outbox (its parent, held in no set, is released
+    only when the pump delivers it)."""
     counts: dict[str, dict[str, int]] = {}
     empty = True
     for aq in watchers:
         c = counts[aq.name] = await aq.counts()
-        if c["pending"] or c["active"]:
+        outbox = keyspace.queue_key(aq.name, "flow:outbox")
+        if c["pending"] or c["active"] or await aq.client.execute_command("LLEN", outbox):
             empty = False
         elif c["schedule"]:
             # A scheduled job counts once it is due: the worker's beat promotes it and runs

@@ -13,6 +13,7 @@
 ]]
 --@include common
 --@include control
+--@include compose
 local base, id = ARGV[1], ARGV[2]
 local jk = KEYS[1]
 local row = hmget(jk, 'state', 'group', 'attempts')
@@ -30,6 +31,10 @@ leave_waiting(base, id, g)
 if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 release_dedup(base, id, jk)
+-- As remove does: a flow child's parent stops waiting for it; a parent's keys go with it.
+local flow = flow_parent(jk)
+if flow then flow_child_removed(base, id, flow) end
+flow_forget(jk)
 rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
 local now = now_ms()
 retire_one(base, id, row[3])

@@ -8,9 +8,9 @@
   between slices can hide a violation from this pass; it cannot invent one.
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base and the SCANs)
   ARGV[1] base            emq:{q}:   (a glob-safe prefix)
-  ARGV[2] section         core | members | lanes | ring | rows
-  ARGV[3] where           members: pending | active | schedule | dead | lane:<g>; lanes and
-                          rows: the SCAN cursor ('0' to start); core, ring: ''
+  ARGV[2] section         core | members | lanes | ring | rows | results | dedups
+  ARGV[3] where           members: pending | active | schedule | dead | lane:<g>; lanes,
+                          rows, results, dedups: the SCAN cursor ('0' to start); core, ring: ''
   ARGV[4] offset          members, ring: the window's start (0 to start)
   ARGV[5] count           > 0, the window / SCAN COUNT
   Returns {{violation, ...}, next, {lane, ...}}: next is the offset or cursor to continue
@@ -85,14 +85,41 @@ end
 
 -- One row: a known state, an integer attempts, a lease_epoch only while its lease is open,
 -- and a place (unless awaiting children).
+-- A per-job side key (docs/PROTOCOL.md, the side-key lifecycle): a flow parent's counter
+-- and hashes exist only beside their parent's row, and the counter is never negative.
+local FLOW_KEYS = {deps = true, processed = true, failed = true, unsuccessful = true}
+local function side_of(id, suffix, key)
+  if not FLOW_KEYS[suffix] then return end
+  if rcall('EXISTS', base .. 'job:' .. id) == 0 then
+    bad(id .. ':' .. suffix .. ' is an orphaned flow key (its parent row is gone)')
+    return
+  end
+  if suffix == 'deps' then
+    local n = redis.pcall('GET', key)
+    if type(n) ~= 'string' or not string.match(n, '^%-?%d+$') then
+      bad(id .. ':deps is not an integer')
+    elseif tonumber(n) < 0 then
+      bad(id .. ':deps is negative (' .. n .. '): a child was counted twice')
+    elseif tonumber(n) == 0 and redis.pcall('HGET', base .. 'job:' .. id, 'state') == 'awaiting_children' then
+      bad(id .. ' awaits children but its counter is 0: its release was missed')
+    end
+  end
+end
+
 local function row_of(key)
   local id = string.sub(key, #base + 5)
+  if #id > 15 and string.sub(id, 15, 15) == ':' then
+    return side_of(string.sub(id, 1, 14), string.sub(id, 16), key)
+  end
   if #id ~= 14 then return end
   if rcall('TYPE', key)['ok'] ~= 'hash' then
     bad(id .. ' has a row key that is not a hash')
     return
   end
-  local row = rcall('HMGET', key, 'state', 'attempts', 'lease_epoch', 'group')
+  local row = rcall('HMGET', key, 'state', 'attempts', 'lease_epoch', 'group', 'cancel')
+  if row[5] and row[1] ~= 'active' then
+    bad(id .. ' (state ' .. tostring(row[1]) .. ') holds a cancel flag: it outlived its run')
+  end
   if not STATES[row[1] or ''] then bad(id .. ' has unknown state ' .. tostring(row[1])) end
   if not row[2] or not string.match(row[2], '^%d+$') then
     bad(id .. ' has attempts ' .. tostring(row[2]) .. ', not an integer')
@@ -206,6 +233,30 @@ elseif section == 'lanes' then
     local g = string.sub(key, #lane_prefix + 1, -9)
     found[#found + 1] = g
     lane_of(g)
+  end
+elseif section == 'results' then
+  -- A kept outcome belongs to one incarnation: beside a live row (not dead) it is an older
+  -- incarnation's, which a new admission or a reprocess must have deleted.
+  local r = rcall('SCAN', where, 'MATCH', base .. 'result:*', 'COUNT', count)
+  nxt = r[1]
+  for _, key in ipairs(r[2]) do
+    local id = string.sub(key, #base + 8)
+    local state = redis.pcall('HGET', base .. 'job:' .. id, 'state')
+    if type(state) == 'string' and state ~= 'dead' then
+      bad(id .. ' has a kept result beside a live row (state ' .. state .. '): an older incarnation\'s')
+    end
+  end
+elseif section == 'dedups' then
+  -- A simple dedup key (no TTL) is released when its holder ends: one whose holder's row is
+  -- gone was never released (an enqueue treats it as free, but it is a leak).
+  local r = rcall('SCAN', where, 'MATCH', base .. 'de:*', 'COUNT', count)
+  nxt = r[1]
+  for _, key in ipairs(r[2]) do
+    local holder = redis.pcall('GET', key)
+    if type(holder) == 'string' and rcall('PTTL', key) == -1
+      and rcall('EXISTS', base .. 'job:' .. holder) == 0 then
+      bad('dedup key ' .. string.sub(key, #base + 4) .. ' is held by ' .. holder .. ', which is gone')
+    end
   end
 elseif section == 'rows' then
   local r = rcall('SCAN', where, 'MATCH', base .. 'job:*', 'COUNT', count)

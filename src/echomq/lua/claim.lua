@@ -10,11 +10,14 @@
   Flags: writes replay
 ]]
 --@include common
+--@include args
 --@include lease
+shape(3, 2, 2, 'ERR EMQ.CLAIM takes 3 keys and 2 args (claim) or 3 keys and 3 args (claim_batch)')
+local lease_ms = int_arg(ARGV[2])
 if claim_gate(ARGV[1]) then return {} end
 local out = {}
 local now = now_ms()
-claim_n(ARGV[1], now + tonumber(ARGV[2]), 1, out, now)
+claim_n(ARGV[1], now + lease_ms, 1, out, now)
 if out[1] then return out[1] end
 local wait = rate_wait(ARGV[1], now)
 if wait > 0 then return {wait} end

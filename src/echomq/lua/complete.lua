@@ -11,17 +11,19 @@
   Flags: writes once
 ]]
 --@include common
+--@include args
 --@include fence
 --@include control
 --@include compose
 --@include settle
+shape(2, 4, 5, 'ERR EMQ.COMPLETE takes 2 keys (active, row) and 4 or 5 args (base, id, token, result[, keep_result_ms])')
+local keep_ms = ARGV[5] and int_arg(ARGV[5]) or 0
 local base = ARGV[1]
 local verdict = complete_one(base, ARGV[2], KEYS[2], ARGV[3], ARGV[4])
 if type(verdict) == 'string' then return redis.error_reply(verdict) end
 if verdict == 1 then
   local now = now_ms()
   bump_metrics(base, 'completed', 1, now)
-  local keep = tonumber(ARGV[5] or '0')
-  if keep > 0 then keep_outcome(base, ARGV[2], 'result', ARGV[4], ARGV[3], keep, now) end
+  if keep_ms > 0 then keep_outcome(base, ARGV[2], 'result', ARGV[4], ARGV[3], keep_ms, now) end
 end
 return verdict

@@ -15,6 +15,7 @@
 ]]
 --@include common
 --@include control
+--@include compose
 local base = ARGV[1]
 local budget = tonumber(ARGV[3])
 local cursor = ARGV[4] or ''
@@ -34,6 +35,12 @@ local function empty_set(key)
         retired[#retired + 1] = att
       end
       release_dedup(base, popped[i], jk)
+      -- A flow child's parent stops waiting for it (D18), as remove does.
+      local flow = flow_parent(jk)
+      if flow then
+        flow_child_removed(base, popped[i], flow)
+        flow_forget(jk)
+      end
       rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
     end
     deleted = deleted + #popped / 2

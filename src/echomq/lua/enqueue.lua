@@ -21,8 +21,13 @@
   Flags: writes once
 ]]
 --@include common
+--@include args
 --@include admit
 --@include control
+shape(2, 6, 12, 'ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+if ARGV[8] then int_arg(ARGV[8]) end
+if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
+if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end
@@ -44,11 +49,16 @@ end
 local run_at = run_time(ARGV[5], ARGV[6], now)
 if did ~= '' then
   local holder = dedup_holder(base, did, ARGV[11], ARGV[3], run_at, now)
-  if holder then return 'deduplicated:' .. holder end
+  if holder then
+    -- D15: the refused enqueue is an event too; `id` is the holder that took it.
+    emit(base, 'deduplicated', holder, 'dedup', did, 'refused', id)
+    return 'deduplicated:' .. holder
+  end
 end
 local fresh = string.find(flags, 'f', 1, true) ~= nil
 local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh)
 if verdict == 'kind' then return redis.error_reply(KIND) end
+if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end
 if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(ARGV[12])) end
 if verdict == 'enqueued' then touch(base, g, 1) end
 -- After the admission: the call's first write is the row's HSET (see admit.lua).

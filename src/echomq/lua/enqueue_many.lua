@@ -16,7 +16,14 @@
   Flags: writes once
 ]]
 --@include common
+--@include args
 --@include admit
+shape(1, 7, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+if (#ARGV - 7) % 2 ~= 0 then
+  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..12 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+end
+int_arg(ARGV[5])
+if ARGV[3] == 'in' or ARGV[3] == 'at' then int_arg(ARGV[4]) end
 local base = ARGV[1]
 local g = ARGV[2]
 if g == '' then g = false end
@@ -36,6 +43,7 @@ for i = 8, #ARGV, 2 do
   local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh)
   if verdict == 'enqueued' then added = added + 1 end
   if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
+  if verdict == 'duplicate' then emit_in(base, 'duplicate', ARGV[i], g) end
   out[#out + 1] = verdict
 end
 -- One ring/registry sync for the whole batch: every job went to the same waiting set.

@@ -5,13 +5,17 @@
   ARGV[3..] id, token, id, token, ...
   Returns {id, ...}: the ids whose extend failed (gone, stale or settled), then '!' .. id for
     each extended job whose cancel flag is set (D22; '!' is never part of an id)
-  Flags: writes replay
+  A heartbeat is never refused for memory (allow-oom, _scripts.py): it only moves scores.
+  Flags: writes replay allow-oom
 ]]
 --@include common
+--@include args
 --@include fence
 --@include control
+shape(1, 2, nil, 'ERR EMQ.EXTEND takes 2 keys and 4 args (extend) or 1 key and 2 + 2n args (extend_many)')
+local lease_ms = int_arg(ARGV[2])
 local base = ARGV[1]
-local deadline = now_ms() + tonumber(ARGV[2])
+local deadline = now_ms() + lease_ms
 local failed, flagged = {}, {}
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]

@@ -14,6 +14,7 @@
 ]]
 --@include common
 --@include admit
+--@include control
 --@include compose
 local base, n = ARGV[1], tonumber(ARGV[2])
 for i = 0, n - 1 do

@@ -7,17 +7,21 @@
   ARGV[2] kind            done | fail
   ARGV[3] parent id
   ARGV[4] child id
-  ARGV[5] policy          fp | id (fail only)
+  ARGV[5] policy          fp | id | rm (fail only; rm: the child was removed, the parent
+                          stops waiting for it and records nothing)
   ARGV[6] value           the child's result (done) or error (fail)
   Returns 1 (applied or already applied) | 0 (the parent row is gone: nothing to do)
   Flags: writes replay
 ]]
 --@include common
+--@include control
 --@include compose
 local base, kind, pid, cid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if rcall('EXISTS', KEYS[1]) == 0 then return 0 end
 if kind == 'done' then
   flow_settled(base, pid, 'processed', cid, ARGV[6])
+elseif ARGV[5] == 'rm' then
+  flow_dropped(base, pid, cid)
 else
   flow_child_dead(base, cid, {pid, ARGV[5], false, ''}, ARGV[6])
 end

@@ -31,6 +31,9 @@ if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 rcall('ZREM', base .. 'dead', id)
 release_dedup(base, id, jk)
+-- A flow child's parent stops waiting for it (D18); a parent's own keys go with it.
+local flow = flow_parent(jk)
+if flow then flow_child_removed(base, id, flow) end
 flow_forget(jk)
 rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
 retire_one(base, id, row[3])

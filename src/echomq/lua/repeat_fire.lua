@@ -11,6 +11,8 @@
   ARGV[4] n               how many (name, old score, next score) triples follow
   ARGV[5..] triples       cron advances: fire `name` and move it to `next` only if its score
                           is still `old` and due (else another caller did it first)
+  An occurrence's id is its fire time and the repeat's slot (include/compose.lua); a row
+  written before slots gets its slot here, before its first new-style id is computed.
   Returns {fired, {name, score, cron, tz, ...}, now, {outbox entry, ...}}: the cron entries
     due and not advanced by this call (send them back as triples), the server ms the call ran
     at, and the outbox head
@@ -18,6 +20,7 @@
 ]]
 --@include common
 --@include admit
+--@include control
 --@include compose
 local base, limit, peek, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local reg = KEYS[1]

@@ -1,6 +1,8 @@
 --[[ repeat_set: register or update a repeatable job (D19).
   KEYS[1] repeat    ZSET  emq:{q}:repeat        (name -> next fire, server ms)
   KEYS[2] spec      HASH  emq:{q}:repeat:<name>
+  KEYS[3] meta      HASH  emq:{q}:meta          (repeat_slots: slots minted so far)
+  KEYS[4] free      LIST  emq:{q}:repeatfree    (slots freed by repeat_remove)
   ARGV[1] name            [A-Za-z0-9._-]{1,128}
   ARGV[2] payload         the occurrences' payload
   ARGV[3] group           lane name, or '' for the flat set
@@ -9,18 +11,29 @@
   ARGV[6] tz              the cron's time zone (IANA name)
   ARGV[7] first_ms        a cron entry's next fire (computed by the client from server TIME)
   ARGV[8] owner           the registering app, or ''
+  ARGV[9] base            emq:{q}:
   Returns 'registered' | 'updated'. An update that keeps the schedule (every_ms, cron, tz)
     keeps the next fire, so re-registering on every worker start never shifts the phase.
+    A new name gets its slot (the low 22 bits of its occurrence ids, unique among the
+    queue's repeats); an update keeps it, and a row written before slots gets one.
+    | error EMQSTATE when all 2^22 slots are held (nothing written)
   Flags: writes replay
 ]]
-local rcall = redis.call
+--@include common
+--@include compose
 local name, every, cron, tz = ARGV[1], ARGV[4], ARGV[5], ARGV[6]
 local old = rcall('HMGET', KEYS[2], 'every_ms', 'cron', 'tz')
 local existed = old[1] ~= false or old[2] ~= false
 local same = existed and (old[1] or '') == every and (old[2] or '') == cron and (old[3] or '') == tz
+local has_slot = rcall('HEXISTS', KEYS[2], 'slot') == 1
+if not has_slot and rcall('LLEN', KEYS[4]) == 0
+    and tonumber(rcall('HGET', KEYS[3], 'repeat_slots') or '0') >= 4194304 then
+  return redis.error_reply('EMQSTATE the queue holds 4194304 repeats: unrepeat one first')
+end
 -- The HSET is the first write (deny-oom): at maxmemory the call is refused whole.
 rcall('HSET', KEYS[2], 'payload', ARGV[2], 'every_ms', every, 'cron', cron, 'tz', tz,
   'group', ARGV[3], 'owner', ARGV[8])
+if not has_slot then repeat_slot(ARGV[9], name) end
 if not same or not rcall('ZSCORE', KEYS[1], name) then
   local score
   if every ~= '' then

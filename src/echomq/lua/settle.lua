@@ -20,17 +20,31 @@
   Flags: writes once
 ]]
 --@include common
+--@include args
 --@include fence
 --@include control
 --@include compose
 --@include settle
 --@include lease
+shape(5, 4, nil, 'ERR EMQ.SETTLE takes 5 keys (meta, ring, active, schedule, dead) and at least 4 args')
+local lease_ms, want = int_arg(ARGV[2]), int_arg(ARGV[3])
+local nc, nr = count_pair(ARGV[4], "ERR EMQ.SETTLE completes must be 'c' or 'c:r' (decimal counts)")
+nr = nr or 0
+do
+  local tail = #ARGV - 4
+  if nr > nc or nc > math.floor(tail / 2) or 2 * nc + 2 * nr > tail or (tail - 2 * nc - 2 * nr) % 5 ~= 0 then
+    refuse('ERR EMQ.SETTLE args do not fit: c (id, token) pairs, r (result, keep_result_ms) pairs, then 5 args per retry')
+  end
+  for j = 1, nr do int_arg(ARGV[5 + 2 * nc + 2 * (j - 1) + 1]) end
+  for at = 5 + 2 * nc + 2 * nr, #ARGV, 5 do
+    int_arg(ARGV[at + 2])
+    count_pair(ARGV[at + 3], ERR_NUM)
+  end
+end
 local base = ARGV[1]
 -- One read of meta first: the pause flag for the claim part, and the events bound that every
 -- completion's emit would otherwise read (common.lua claim_gate).
 local paused = claim_gate(base)
-local nc, nr = string.match(ARGV[4], '^(%d+):?(%d*)$')
-nc, nr = tonumber(nc), tonumber(nr) or 0
 -- The last nr of the nc pairs keep a result (D17): their (result, keep_result_ms) pairs follow
 -- the nc pairs. They settle in the same batch as the others; then their results are kept.
 local results = nil
@@ -58,10 +72,10 @@ while i <= #ARGV do
   i = i + 5
 end
 local jobs = {}
-local n = tonumber(ARGV[3])
+local n = want
 local wait = 0
 if n > 0 and not paused then
-  claim_n(base, now + tonumber(ARGV[2]), n, jobs, now)
+  claim_n(base, now + lease_ms, n, jobs, now)
   if #jobs == 0 then wait = rate_wait(base, now) end
 end
 return {completed, retried, jobs, wait}

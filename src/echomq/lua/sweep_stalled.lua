@@ -1,6 +1,7 @@
 --[[ sweep_stalled: the counted stall sweep. Every lapsed lease bumps the row's `stalled`;
   below max_stalled the job goes back to pending (or its lane), at it the job is dead with
-  last_error "stalled".
+  last_error "stalled". A job whose holder was asked to stop (D22 cancel flag) is not
+  counted: it is dead-lettered "cancelled" (or removed, cancel(remove=True)) and listed dead.
   KEYS[1] active    ZSET  emq:{q}:active
   KEYS[2] dead      ZSET  emq:{q}:dead
   ARGV[1] base            emq:{q}:
@@ -10,24 +11,30 @@
   Flags: writes replay
 ]]
 --@include common
+--@include args
 --@include control
 --@include compose
+shape(2, 3, 3, 'ERR EMQ.SWEEP takes 2 keys (active, dead) and 3 args (base, max_stalled, limit)')
+local max_stalled, sweep_limit = int_arg(ARGV[2]), int_arg(ARGV[3])
 local base = ARGV[1]
-local max_stalled = tonumber(ARGV[2])
 local now = now_ms()
-local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local lapsed = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, sweep_limit)
 local added = tally()
 local recovered, died = {}, {}
 for _, id in ipairs(lapsed) do
   rcall('ZREM', KEYS[1], id)
   local jk = base .. 'job:' .. id
-  local row = hmget(jk, 'state', 'group', 'attempts') or {}
+  local row = hmget(jk, 'state', 'group', 'attempts', 'cancel') or {}
   local g = row[2]
   if g then
     free_slot(base, g)
     tally_add(added, g, 0)
   end
-  if row[1] then
+  if row[1] and row[4] then
+    -- D22: its holder was asked to stop; the job does not run again (compose.lua).
+    end_cancelled(base, id, jk, g, row[4], row[3], now)
+    died[#died + 1] = id
+  elseif row[1] then
     -- A stall count that is not an integer (planted, corrupted) restarts at this stall: an
     -- error here would abort the sweep after the ZREM above and leave the job in no set.
     local stalled = redis.pcall('HINCRBY', jk, 'stalled', 1)

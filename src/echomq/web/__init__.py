@@ -23,7 +23,11 @@ Stable routes (bookmark and script them; every page has a JSON twin under ``/api
 
 Actions need the token in ``ECHOMQ_DASHBOARD_TOKEN`` (without one the dashboard is read-only):
 a browser signs in once (a session cookie, ``SameSite=Strict``) and every form carries a CSRF
-token matched against its cookie; a script sends ``Authorization: Bearer <token>``.
+token matched against its cookie; a script sends ``Authorization: Bearer <token>``. A session
+is a random id whose record lives on the server (``{emq}:session:<sha256 of the id>``, 12 h):
+"sign out" deletes it, so a copied cookie stops working too. An action is authenticated
+before its body is read, and a body over 64 KiB is refused with 413, from its
+``Content-Length`` or, without one, once the capped read passes the bound.
 Destructive actions (remove, drain) ask for confirmation first. ``read_only=True`` hides every
 action and refuses them. Every name and payload is escaped by the templates (autoescape).
 """
@@ -51,7 +55,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from echomq import _envelope, _inspect, ids
+from echomq import _envelope, _inspect, ids, keyspace
 from echomq import _protocol as _p
 from echomq._executor import SyncExecutor, sync_client
 from echomq.errors import EchoMQError, InvalidArgument, InvalidId, JobGone, StateError
@@ -74,6 +78,9 @@ DESTRUCTIVE = {"drain", "remove"}
 _SESSION = "echomq_session"
 _CSRF = "echomq_csrf"
 _PAGE = 50
+# A form of ours is a few short fields; anything larger is refused before it is buffered.
+MAX_FORM = 65536
+SESSION_TTL_MS = 12 * 3600 * 1000
 
 
 class _State:
@@ -97,12 +104,37 @@ class _State:
         self._found: list[str] = []
         self._found_at = -1e18
         self._lock = threading.Lock()
-        # The session cookie holds an HMAC of the token, never the token itself.
-        self.session = (
-            hmac.new(self.token.encode(), b"echomq-dashboard-session", hashlib.sha256).hexdigest()
-            if self.token
-            else None
-        )
+
+    def _session(self, sid: str) -> tuple[str, bytes] | None:
+        """The server key of session id ``sid`` and the value it holds while signed in: an
+        HMAC of the id under the token, so a session minted under another token is void."""
+        if not self.token or not sid or len(sid) > 128:
+            return None
+        digest = hashlib.sha256(sid.encode()).hexdigest()
+        tag = hmac.new(self.token.encode(), sid.encode(), hashlib.sha256).hexdigest()
+        return keyspace.session_key(digest), tag.encode()
+
+    def sign_in(self) -> str:
+        """A fresh session id, recorded on the server with its TTL."""
+        sid = secrets.token_urlsafe(32)
+        record = self._session(sid)
+        assert record is not None
+        self.client.set(record[0], record[1], px=SESSION_TTL_MS)
+        return sid
+
+    def signed_in(self, sid: str | None) -> bool:
+        record = self._session(sid or "")
+        if record is None:
+            return False
+        held = self.client.get(record[0])
+        if isinstance(held, str):
+            held = held.encode()
+        return held is not None and hmac.compare_digest(held, record[1])
+
+    def sign_out(self, sid: str | None) -> None:
+        record = self._session(sid or "")
+        if record is not None:
+            self.client.delete(record[0])
 
     @property
     def actions(self) -> bool:
@@ -193,12 +225,29 @@ def _https(request: Request) -> bool:
     return request.url.scheme == "https"
 
 
+class _TooLarge(Exception):
+    """A request body over :data:`MAX_FORM`."""
+
+
 async def _form(request: Request) -> dict[str, str]:
     """The urlencoded form of a POST (the only kind the pages send; no multipart parser
-    needed). A body over 64 KiB is not a form of ours: it reads as empty."""
-    body = await request.body()
-    if len(body) > 65536:
-        return {}
+    needed). A body over :data:`MAX_FORM` is not a form of ours: refused (``_TooLarge``) from
+    its ``Content-Length`` before a byte is read, or, chunked, once the read passes the
+    bound, so no request can make the process buffer more than that."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise InvalidArgument("a malformed Content-Length")
+        if int(declared) > MAX_FORM:
+            raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_FORM:
+            raise _TooLarge
+        chunks.append(chunk)
+    body = b"".join(chunks)
     pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
     return dict(pairs)
 
@@ -257,8 +306,7 @@ def create_app(
         return response
 
     def _signed_in(request: Request) -> bool:
-        cookie = request.cookies.get(_SESSION)
-        return bool(st.session and cookie and hmac.compare_digest(cookie, st.session))
+        return st.signed_in(request.cookies.get(_SESSION))
 
     def _bearer(request: Request) -> bool:
         auth = request.headers.get("authorization", "")
@@ -348,22 +396,30 @@ def create_app(
         base = request.scope.get("root_path", "")
         if request.method == "GET":
             return render(request, "login.html", failed=False)
-        form = await _form(request)
+        csrf_refused = "the form's CSRF token does not match: reload and retry"
+        if not request.cookies.get(_CSRF):
+            # No form of ours was served to this client: refused before its body is read.
+            return error(request, 403, csrf_refused, False)
+        try:
+            form = await _form(request)
+        except _TooLarge:
+            return error(request, 413, f"a request body is at most {MAX_FORM} bytes", False)
+        except InvalidArgument as exc:
+            return error(request, 400, str(exc), False)
         if not _csrf_ok(request, form):
-            return error(
-                request, 403, "the form's CSRF token does not match: reload and retry", False
-            )
+            return error(request, 403, csrf_refused, False)
         given = str(form.get("token", ""))
         if not st.token or not hmac.compare_digest(given.encode(), st.token.encode()):
             return render(request, "login.html", status=403, failed=True)
         response = RedirectResponse(base + "/", status_code=303)
-        assert st.session is not None
         response.set_cookie(
-            _SESSION, st.session, httponly=True, samesite="strict", secure=_https(request)
+            _SESSION, st.sign_in(), httponly=True, samesite="strict", secure=_https(request)
         )
         return response
 
     async def logout(request: Request) -> Response:
+        # Revoked on the server: the cookie (or a copy of it) signs nobody in any more.
+        st.sign_out(request.cookies.get(_SESSION))
         response = RedirectResponse(request.scope.get("root_path", "") + "/", status_code=303)
         response.delete_cookie(_SESSION)
         return response
@@ -387,12 +443,18 @@ def create_app(
             return error(request, 403, "the dashboard is read-only", api)
         if not st.token:
             return error(request, 403, "actions need ECHOMQ_DASHBOARD_TOKEN on the server", api)
-        form = await _form(request)
-        if _bearer(request):
-            pass  # a script with the token: no cookie, so no CSRF to guard against
-        elif not _signed_in(request):
+        # Authenticated before the body is read: an anonymous client never gets it buffered.
+        bearer = _bearer(request)
+        if not bearer and not _signed_in(request):
             return error(request, 401, "sign in with the dashboard token first", api)
-        elif not _csrf_ok(request, form):
+        try:
+            form = await _form(request)
+        except _TooLarge:
+            return error(request, 413, f"a request body is at most {MAX_FORM} bytes", api)
+        except InvalidArgument as exc:
+            return error(request, 400, str(exc), api)
+        # A script with the token sends no cookie, so it has no CSRF to guard against.
+        if not bearer and not _csrf_ok(request, form):
             return error(
                 request, 403, "the form's CSRF token does not match: reload and retry", api
             )
@@ -435,15 +497,9 @@ def create_app(
                 q.reprocess(job_id)
             elif action == "remove":
                 q.remove(job_id)
-            else:  # retry: a scheduled job runs now
-                k = _p.Keys(queue)
-                key = k.job(job_id)  # gate the id first
-                del key
-                if st.client.zadd(k.schedule, {job_id: 0}, xx=True, ch=True) == 0:
-                    place = q.job_state(job_id)
-                    if place != "scheduled":
-                        raise StateError(f"EMQSTATE retry now needs a scheduled job, not {place}")
-                return q.promote(1)
+            else:  # retry: a scheduled job runs now, in one script
+                q.run_now(job_id)
+                return 1
             return None
         lane = f.get("lane") or None
         if action == "pause":

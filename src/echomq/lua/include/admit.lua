@@ -32,6 +32,10 @@ local function admit(base, id, payload, g, run_at, now, fresh)
   if attempts ~= '0' then
     unretire(base, id)
   end
+  -- A new incarnation of an id the caller named: an earlier one's kept outcome and wake token
+  -- must not answer this one's waiters (docs/PROTOCOL.md, the side-key lifecycle). A minted
+  -- id never had an earlier incarnation, so the common path pays nothing.
+  if not fresh then rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id) end
   if due then
     rcall('ZADD', waiting_key(base, g), 0, id)
     emit_in(base, 'enqueued', id, g)
@@ -68,7 +72,9 @@ end
 -- An enqueue_many call leaves one STRING p..recent:<nonce> with every job's verdict.
 
 local function marker_key(base, nonce, replay_ms, second)
-  return base .. 'recent:' .. replay_ms .. ':' .. second .. ':' .. string.sub(nonce, 1, 2)
+  -- %d: a Lua number past 1e14 would print in exponent form (the module prints digits).
+  return base .. 'recent:' .. string.format('%d', replay_ms) .. ':' .. second .. ':'
+    .. string.sub(nonce, 1, 2)
 end
 
 local function marker_field(id, nonce)

@@ -1,21 +1,43 @@
--- compose: repeatable jobs (D19), and later flows (D18). Needs common and admit.
+-- compose: repeatable jobs (D19), and later flows (D18). Needs common, control and admit.
 --
--- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms) and
--- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner).
+-- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms),
+-- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner, slot), p..repeatfree
+-- LIST (slots freed by repeat_remove) and meta.repeat_slots (slots minted so far).
 
 --@lazy repeats
 local EPOCH_MS = 1672531200000
 local B62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
+-- A repeat's slot: a number in [0, 2^22) minted once per registration (a freed slot first,
+-- else the meta counter `repeat_slots`) and kept in its row (`slot`), so no two repeats
+-- registered on the queue at once hold the same slot: occurrence ids never collide, whatever
+-- the names. A row written before slots existed (no `slot`) gets one here, on its next
+-- repeat_set or fire, before any occurrence of it uses the new id. Returns the slot, or nil
+-- when all 2^22 are held (checked before any write).
+local REPEAT_SLOTS = 4194304
+local function repeat_slot(base, name)
+  local sk = base .. 'repeat:' .. name
+  local s = rcall('HGET', sk, 'slot')
+  if s then return tonumber(s) end
+  s = rcall('LPOP', base .. 'repeatfree')
+  if not s then
+    local used = tonumber(rcall('HGET', base .. 'meta', 'repeat_slots') or '0')
+    if used >= REPEAT_SLOTS then return nil end
+    s = rcall('HINCRBY', base .. 'meta', 'repeat_slots', 1) - 1
+  end
+  rcall('HSET', sk, 'slot', s)
+  return tonumber(s)
+end
+
 -- The job id of one occurrence, the same for every caller: the branded id of the integer
--- (fire ms since the id epoch) << 22 | (22 bits of SHA1(name)). It has the layout of a minted
--- id (time in the high bits, modulo 2^41 ms), so occurrences sort by fire time among the queue's other jobs.
+-- (fire ms since the id epoch) << 22 | slot. It has the layout of a minted id (time in the
+-- high bits, modulo 2^41 ms), so occurrences sort by fire time among the queue's other jobs.
 -- The 63-bit integer does not fit a Lua double, so it is divided by 62 as two limbs:
 -- hi (the ms, < 2^41) and lo (< 2^22).
-local function occurrence_id(name, fire_ms)
+local function occurrence_id(slot, fire_ms)
   -- Kept below 2^41 ms (the year 2092) so the integer stays below 2^63.
   local hi = (fire_ms - EPOCH_MS) % 2199023255552
-  local lo = tonumber(string.sub(redis.sha1hex(name), 1, 6), 16) % 4194304
+  local lo = slot % REPEAT_SLOTS
   local digits = {}
   for i = 11, 1, -1 do
     local r = hi % 62
@@ -36,7 +58,9 @@ local function fire_repeat(base, name, fire_ms, now)
   if not spec or not spec[1] then return 0 end
   local g = spec[2]
   if g == '' then g = false end
-  local verdict = admit(base, occurrence_id(name, fire_ms), spec[1], g, nil, now)
+  local slot = repeat_slot(base, name)
+  if not slot then return 0 end
+  local verdict = admit(base, occurrence_id(slot, fire_ms), spec[1], g, nil, now)
   if verdict ~= 'enqueued' then return 0 end
   touch(base, g, 1)
   return 1
@@ -102,12 +126,47 @@ local function flow_release(base, pid)
   touch(base, p[2] or false, 1)
 end
 
--- One child settled toward its parent (HSETNX `hash`, then DECR): release at 0.
+-- The hashes a parent records its settled children in. A child is in at most one of them:
+-- it counts once toward its parent, by its latest outcome. A child that died ignored
+-- ('unsuccessful'), was reprocessed and then completed moves to 'processed' without a second
+-- decrement, so the parent is never released while a sibling still runs (one incarnation of
+-- the child cannot be counted on top of an earlier one's outcome).
+local FLOW_HASHES = {'processed', 'unsuccessful', 'failed'}
+
+-- Where child `id` is recorded in parent row pk's hashes, or nil.
+local function flow_recorded(pk, id)
+  for _, h in ipairs(FLOW_HASHES) do
+    if rcall('HEXISTS', pk .. ':' .. h, id) == 1 then return h end
+  end
+  return nil
+end
+
+-- One child settled toward its parent: recorded in `hash` (its previous record, if any, is
+-- moved there) and, when it was not counted before, deps drops by one: release at 0.
+-- 'failed' (a fail_parent death) never counted: it killed the parent instead. A parent row
+-- that is gone (removed) takes nothing: no orphan counter or hash is ever created.
 local function flow_settled(base, pid, hash, id, value)
   local pk = base .. 'job:' .. pid
-  if rcall('HSETNX', pk .. ':' .. hash, id, value) == 1 then
-    if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
+  if rcall('EXISTS', pk) == 0 then return end
+  local before = flow_recorded(pk, id)
+  if before == hash then
+    -- The same outcome again (a pump's redelivery, or a second ignored death): no count.
+    rcall('HSET', pk .. ':' .. hash, id, value)
+    return
   end
+  if before then rcall('HDEL', pk .. ':' .. before, id) end
+  rcall('HSET', pk .. ':' .. hash, id, value)
+  if before == 'processed' or before == 'unsuccessful' then return end
+  if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
+end
+
+-- A child that will never settle (removed, cancelled while waiting, drained): its parent
+-- stops waiting for it. Nothing is recorded; deps drops by one unless the child was already
+-- counted (or killed the parent).
+local function flow_dropped(base, pid, id)
+  local pk = base .. 'job:' .. pid
+  if rcall('EXISTS', pk) == 0 or flow_recorded(pk, id) then return end
+  if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
 end
 
 -- A child completed (f = flow_parent of its row, read before the row was deleted).
@@ -135,18 +194,60 @@ local function flow_child_dead(base, id, f, error_text)
       flow_settled(base, pid, 'unsuccessful', id, error_text or '')
       return
     end
+    if rcall('EXISTS', pk) == 0 then return end
     if rcall('HSETNX', pk .. ':failed', id, error_text or '') == 0 then return end
-    local p = hmget(pk, 'state', 'group')
+    local p = hmget(pk, 'state', 'group', 'attempts')
     if not p or p[1] ~= 'awaiting_children' then return end
     error_text = 'child ' .. id .. ' failed'
     rcall('HSET', pk, 'state', 'dead', 'last_error', error_text)
     rcall('ZADD', base .. 'dead', 0, pid)
+    -- Its waiters learn it now (include/control.lua keep_death).
+    keep_death(base, pid, error_text, p[3], nil, nil)
     id, f, depth = pid, flow_parent(pk), depth + 1
+  end
+end
+
+-- A child row (f = flow_parent of it) leaves without a settle: removed, or cancelled while
+-- it waited. A child on another queue tells its parent through the outbox (policy 'rm').
+local function flow_child_removed(base, id, f)
+  if not f or not f[1] then return end
+  if cross_queue(f) then
+    flow_outbox(base, {f[1], 'rm', f[3], f[4]}, id, 'fail', '')
+  else
+    flow_dropped(base, f[1], id)
   end
 end
 
 -- Delete a row's flow keys (remove, and a parent's completion).
 local function flow_forget(jk)
   rcall('DEL', jk .. ':deps', jk .. ':processed', jk .. ':failed', jk .. ':unsuccessful')
+end
+--@end
+
+-- D22: a job whose lease lapsed while its holder had been asked to stop is not run again:
+-- the sweep (reap.lua, the counted stall sweep) ends it as the holder would have, dead-
+-- lettered "cancelled", or removed for cancel(remove=True). The job has already left active
+-- (the sweep's ZREM, its lane slot freed). Needs control (dedup, kept outcomes).
+--@lazy cancels
+local function end_cancelled(base, id, jk, g, flag, attempts, now)
+  local f = flow_parent(jk)
+  release_dedup(base, id, jk)
+  if flag == 'remove' then
+    if f then flow_child_removed(base, id, f) end
+    flow_forget(jk)
+    rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
+    retire_one(base, id, attempts)
+    emit_in(base, 'removed', id, g, 'state', 'active', 'cancelled', '1')
+  else
+    rcall('HSET', jk, 'state', 'dead', 'last_error', 'cancelled')
+    rcall('HDEL', jk, 'lease_epoch', 'cancel')
+    rcall('ZADD', base .. 'dead', 0, id)
+    bump_metrics(base, 'failed', 1, now)
+    emit_in(base, 'dead', id, g, 'error', 'cancelled')
+    if f then flow_child_dead(base, id, f, 'cancelled') end
+  end
+  if rcall('EXISTS', base .. 'want:' .. id) == 1 then
+    keep_outcome(base, id, 'error', 'cancelled', attempts, 60000, now)
+  end
 end
 --@end

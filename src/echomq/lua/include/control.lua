@@ -26,6 +26,17 @@ local function keep_outcome(base, id, field, value, attempts, keep_ms, now)
 end
 --@end
 
+-- D17: a job died. Its error is kept keep_ms when the caller asked for it; else, when a
+-- waiter is already waiting, for 60 s (as cancel and a stall death do), so the waiter raises
+-- JobFailed at once instead of waiting out its timeout. Nobody waiting: nothing written.
+local function keep_death(base, id, error_text, attempts, keep_ms, now)
+  if keep_ms and keep_ms > 0 then
+    keep_outcome(base, id, 'error', error_text, attempts, keep_ms, now)
+  elseif rcall('EXISTS', base .. 'want:' .. id) == 1 then
+    keep_outcome(base, id, 'error', error_text, attempts, 60000, now)
+  end
+end
+
 -- D20: a finishing job (completed, dead, removed, cancelled) releases the dedup key it holds.
 -- Only a simple key (no TTL) is released, and only while it still names this job: throttle
 -- and debounce keys live out their TTL. Call it before the row is deleted (reads `dedup`).
@@ -55,9 +66,13 @@ local function dedup_holder(base, did, mode, payload, run_at, now)
     return false
   end
   if mode ~= 'debounce' then return holder end
-  local row = hmget(jk, 'state', 'group')
+  local row = hmget(jk, 'state', 'group', 'lease_epoch')
   if not row or (row[1] ~= 'pending' and row[1] ~= 'scheduled') then return holder end
   rcall('HSET', jk, 'payload', payload)
+  -- A pending holder with an open lease generation was reaped while its lapsed holder may
+  -- still run the old payload (D5 lets that holder settle it): that lease ends here, so the
+  -- holder cannot complete the job and lose the payload folded into it.
+  if row[3] then rcall('HDEL', jk, 'lease_epoch', 'cancel') end
   local due = run_at == nil or run_at <= now
   if row[1] == 'scheduled' then
     -- promote moves it to its waiting set (now when due), keeping the lane bookkeeping.

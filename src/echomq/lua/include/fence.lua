@@ -35,8 +35,10 @@ end
 -- Release a fenced job from where it is: active, or (D5) pending/its lane when its lease
 -- lapsed and was reaped but nobody claimed it since, so it is never in two places. The
 -- lease generation closes here.
+-- A cancel flag (D22) is a request to this lease's holder: it ends with the lease, so a job
+-- that runs again (retried, delayed, pushed back) is not cancelled again by an old request.
 local function release(base, id, jk, row)
-  rcall('HDEL', jk, 'lease_epoch')
+  rcall('HDEL', jk, 'lease_epoch', 'cancel')
   if row[2] == 'active' then return leave_active(base, id, row[3]) end
   return leave_waiting(base, id, row[3])
 end

@@ -33,11 +33,15 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
   local row, err = fence(jk, token, 'retry', true)
   if err then return err end
   if not row then return 0 end
+  -- D22: the flag is read before release() clears it (it belongs to this lease generation).
+  local remove = error_text == 'cancelled' and rcall('HGET', jk, 'cancel') == 'remove'
   release(base, id, jk, row)
   -- D22, cancel(remove=True): the holder's "cancelled" settle removes the job instead of
   -- dead-lettering it (as remove.lua does); a kept outcome still tells its waiters why.
-  if error_text == 'cancelled' and rcall('HGET', jk, 'cancel') == 'remove' then
+  if remove then
     release_dedup_of(base, id, row[6])
+    local flow = flow_of(row)
+    if flow then flow_child_removed(base, id, flow) end
     flow_forget(jk)
     rcall('DEL', jk, jk .. ':logs', jk .. ':errors')
     retire_one(base, id, row[1])
@@ -57,7 +61,7 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
     bump_metrics(base, 'failed', 1, now)
     emit_in(base, 'dead', id, row[3], 'attempts', row[1], 'error', error_text)
     release_dedup_of(base, id, row[6])
-    if keep_ms and keep_ms > 0 then keep_outcome(base, id, 'error', error_text, row[1], keep_ms, now) end
+    keep_death(base, id, error_text, row[1], keep_ms, now)
     local flow = flow_of(row)  -- D18 (include/compose.lua)
     if flow then flow_child_dead(base, id, flow, error_text) end
     return 'dead'
