@@ -1047,9 +1047,26 @@ class ModelMachine(RuleBasedStateMachine):
         m = self.m(qi)
         states = ("pending", "scheduled") if include_schedule else ("pending",)
         doomed = [jid for jid, j in m.jobs.items() if j.state in states]
-        assert self.q(qi).drain(include_schedule=include_schedule) == len(doomed)
+        held = {jid for jid, j in m.jobs.items() if j.state == "awaiting_children"}
+        got = self.q(qi).drain(include_schedule=include_schedule)
         for jid in doomed:
             self.w.removed(qi, jid)
+        # A parent the drain itself released (its last children drained: dropped) is waiting
+        # before the drain ends; whether the drain takes it too depends on the order it
+        # walks the sets (FINDINGS F11). The model follows the server, one release at a time.
+        extra = 0
+        while True:
+            released = [
+                jid for jid in sorted(held) if jid in m.jobs and m.jobs[jid].state in states
+            ]
+            taken = [jid for jid in released if not self.r.exists(self.jkey(qi, jid))]
+            if not taken:
+                break
+            for jid in taken:
+                note("drain: took a parent it released")
+                self.w.removed(qi, jid)
+                extra += 1
+        assert got == len(doomed) + extra, f"drained {got}, model {len(doomed)} + {extra}"
 
     @rule(qi=QI, n=PICK)
     def wait(self, qi: int, n: int) -> None:
