@@ -1,43 +1,44 @@
 """Mutation check of the model test (issue 22, point 4): re-introduce each seam bug on a
 scratch copy and show that tests/test_model.py fails within its CI budget.
 
-One command, from the repository root, after the fixes landed::
+One command, from the repository root::
 
-    .venv/bin/python tests/model/mutations.py                 # every seam, auto-detected
-    .venv/bin/python tests/model/mutations.py --fix 1=abc123 --fix 5=def456,0a1b2c
+    .venv/bin/python tests/model/mutations.py                 # every seam, built-in patches
     .venv/bin/python tests/model/mutations.py --only 1,reap-dedup --no-shrink
+    .venv/bin/python tests/model/mutations.py --revert 5=df649c5   # revert a fix instead
 
-How a bug is re-introduced: each seam's *fix commit(s)* are reverted on a scratch worktree
-(``git worktree add --detach`` of ``--base``, default HEAD) for the product's code only
-(``src/`` and ``native/``): the tests stay as they are on the base, so the model test and the
-regression tests are the fixed ones. A seam's commits come from ``--fix NAME=SHA[,SHA...]``,
-else from the commits whose message carries the tag ``seam:NAME`` (e.g. a line
-``seam:remove-flows`` in the body). A seam with neither is reported as "no fix commit".
+How a bug is re-introduced. By default each seam has a built-in patch (``PATCHES``): a few
+exact-text edits of the *fixed* code, in Lua and in the native C twin alike (so both
+executors regress), that undo the one line of the fix that matters. They are written
+against the fixes of df649c5; an edit whose anchor text is no longer there exactly once is
+reported ("anchor not found": update its entry), never applied loosely.
+``--revert SEAM=SHA[,SHA]`` instead reverts those commits' ``src/`` and ``native/`` changes
+(the tests stay as on the base).
 
-Then, per seam, in the scratch tree (PYTHONPATH=<scratch>/src, so both ``echomq`` and the
-native module built from ``<scratch>/native`` are the mutant):
+Everything happens in a scratch worktree (``git worktree add --detach`` of ``--base``,
+default HEAD, removed afterwards); the repository's own files are never written. Per seam,
+with PYTHONPATH=<scratch>/src (so ``echomq`` and the native module built from
+``<scratch>/native`` are the mutant):
 
-1. the whole model file at its CI budget (machine legs and fixed scenarios);
+1. the whole model file at its CI budget (the three machine legs and the fixed scenarios);
 2. the random machine alone (``-k machine``: every leg, no fixed scenario), so the report
-   shows whether hypothesis finds the bug by itself within the CI budget, with the sequence
-   it printed (``--no-shrink``: the first, unshrunk, failing sequence; faster).
+   shows whether hypothesis finds the bug by itself within the CI budget, and the sequence
+   it printed (shrunk; ``--no-shrink`` reports the first failing sequence unshrunk, faster).
 
-The report is a table: seam, reverted commits, model file failed (yes/no, which tests), the
-machine's verdict and its printed sequence. Exit status 1 when any mutant survives (the model
-passed with the bug back in), 2 on a usage or git error.
+The report is a table (seam, mutation, model file, machine alone, time) and, per seam, the
+failed tests and the machine's sequence. Exit status 1 when a mutant survives (the model
+file passed with the bug back in), 2 on a usage, patch or git error.
 
-Seams (the names ``--fix`` and ``seam:`` use):
+Seams:
 
 - ``1``: a flow child counted twice (ignored death, reprocess, completion);
-- ``4``: the cancel flag outlives its run;
+- ``4``: the cancel flag outlives its run (a release keeps it);
 - ``5``: a re-admitted or reprocessed id reads its previous incarnation's result;
-- ``remove-flows``: a child settling toward a removed (or drained/cancelled) parent writes
-  orphan flow keys (FINDINGS.md F1, F10);
-- ``reap-dedup``: a debounce hands its payload to a reaped holder whose old lease is still
-  open (FINDINGS.md F9).
+- ``remove-flows``: a child's settle writes orphan flow keys of a removed parent (F1);
+- ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9).
 
-Run it on a quiet machine: each seam costs one CI-budget run of the model file (~1 minute)
-plus the machine run.
+Each seam costs a CI-budget run of the model file (~40-60 s on a quiet machine), a machine
+run and a build of the native module.
 """
 
 from __future__ import annotations
@@ -58,6 +59,83 @@ SEAMS: dict[str, str] = {
     "5": "a re-admitted/reprocessed id reads its previous result",
     "remove-flows": "a child's settle writes orphan keys of a removed parent",
     "reap-dedup": "a debounce hands its payload to a reaped, still-leased holder",
+}
+
+# seam -> [(file, the fixed code's exact text, the mutant's)]: each undoes the line of the
+# fix that matters, in Lua and in the native twin.
+PATCHES: dict[str, list[tuple[str, str, str]]] = {
+    "1": [
+        (
+            "src/echomq/lua/include/compose.lua",
+            "  if before == 'processed' or before == 'unsuccessful' then return end\n",
+            "",
+        ),
+        ("native/flow.c", "    if (before == 0 || before == 1) return;\n", ""),
+    ],
+    "4": [
+        (
+            "src/echomq/lua/include/fence.lua",
+            "local function release(base, id, jk, row)\n"
+            "  rcall('HDEL', jk, 'lease_epoch', 'cancel')",
+            "local function release(base, id, jk, row)\n  rcall('HDEL', jk, 'lease_epoch')",
+        ),
+        (
+            "native/emq.c",
+            '    emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));\n'
+            '    if (emq_eqs(row[1], "active")) return emq_leave_active(e, id, row[2]);',
+            '    emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));\n'
+            '    if (emq_eqs(row[1], "active")) return emq_leave_active(e, id, row[2]);',
+        ),
+    ],
+    "5": [
+        (
+            "src/echomq/lua/reprocess.lua",
+            "rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)\n",
+            "",
+        ),
+        (
+            "src/echomq/lua/include/admit.lua",
+            "  if not fresh then rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)"
+            " end\n",
+            "",
+        ),
+        (
+            "native/cmd_reprocess.c",
+            '    emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));\n',
+            "",
+        ),
+        (
+            "native/cmd_enqueue.c",
+            '    if (!fresh) emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:",'
+            " id));\n",
+            "",
+        ),
+    ],
+    "remove-flows": [
+        (
+            "src/echomq/lua/include/compose.lua",
+            "  if rcall('EXISTS', pk) == 0 then return end\n  local before = flow_recorded(pk, id)",
+            "  local before = flow_recorded(pk, id)",
+        ),
+        (
+            "native/flow.c",
+            "    if (emq_exists(e, pk) == 0) return;\n    int before = flow_recorded(e, pk, id);",
+            "    int before = flow_recorded(e, pk, id);",
+        ),
+    ],
+    "reap-dedup": [
+        (
+            "src/echomq/lua/include/control.lua",
+            "  if row[3] then rcall('HDEL', jk, 'lease_epoch', 'cancel') end\n",
+            "",
+        ),
+        (
+            "native/cmd_enqueue.c",
+            '    if (row[2].p) emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"),'
+            ' EMQ_LIT("cancel"));\n',
+            "",
+        ),
+    ],
 }
 
 SEQUENCE = re.compile(r"^(?:E\s+)?(state = ModelMachine\(\)|state\.\w+\(.*\))\s*$")
@@ -82,11 +160,6 @@ def git(repo: Path, *args: str) -> str:
     if done.returncode:
         raise RuntimeError(f"git {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout
-
-
-def tagged(repo: Path, base: str, seam: str) -> list[str]:
-    out = git(repo, "log", "--format=%H", f"--grep=seam:{seam}\\b", "-E", base)
-    return out.split()[::-1]  # oldest first
 
 
 def pytest(scratch: Path, python: str, k: str | None, shrink: bool) -> tuple[int, str]:
@@ -119,14 +192,18 @@ def run_seam(
     repo: Path, base: str, seam: str, commits: list[str], python: str, shrink: bool
 ) -> Outcome:
     out = Outcome(seam, commits)
-    if not commits:
-        out.note = f"no fix commit (pass --fix or tag the fix 'seam:{seam}')"
-        return out
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"emq-mut-{seam}-") as tmp:
         scratch = Path(tmp) / "tree"
         git(repo, "worktree", "add", "--detach", str(scratch), base)
         try:
+            for path, old, new in [] if commits else PATCHES[seam]:
+                f = scratch / path
+                text = f.read_text()
+                if text.count(old) != 1:
+                    out.note = f"anchor not found once in {path}: {old.strip()[:60]!r}"
+                    return out
+                f.write_text(text.replace(old, new))
             for sha in reversed(commits):  # newest first, as a revert stack
                 diff = git(repo, "diff", f"{sha}^", sha, "--", "src", "native")
                 if not diff.strip():
@@ -154,14 +231,14 @@ def run_seam(
 
 
 def report(outcomes: list[Outcome]) -> str:
-    lines = ["| seam | reverted | model file | machine alone | time |", "|---|---|---|---|---|"]
+    lines = ["| seam | mutation | model file | machine alone | time |", "|---|---|---|---|---|"]
     for o in outcomes:
         if o.file_failed is None:
             lines.append(f"| {o.seam} | - | {o.note} | - | - |")
             continue
         file_v = "FAILED (caught)" if o.file_failed else "passed (SURVIVED)"
         mach = "FAILED" if o.machine_failed else "passed"
-        shas = ",".join(c[:10] for c in o.commits)
+        shas = ",".join(c[:10] for c in o.commits) or "patch"
         lines.append(f"| {o.seam} | {shas} | {file_v} | {mach} | {o.seconds:.0f} s |")
     for o in outcomes:
         if o.failed_tests or o.sequence:
@@ -176,7 +253,9 @@ def report(outcomes: list[Outcome]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="HEAD", help="the commit to mutate (default HEAD)")
-    ap.add_argument("--fix", action="append", default=[], help="SEAM=SHA[,SHA...]")
+    ap.add_argument(
+        "--revert", action="append", default=[], help="SEAM=SHA[,SHA...]: revert, not patch"
+    )
     ap.add_argument("--only", default="", help="comma-separated seams (default: all)")
     ap.add_argument("--no-shrink", action="store_true", help="report unshrunk sequences")
     ap.add_argument("--python", default=sys.executable)
@@ -184,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(git(Path.cwd(), "rev-parse", "--show-toplevel").strip())
     base = git(repo, "rev-parse", args.base).strip()
     given: dict[str, list[str]] = {}
-    for item in args.fix:
+    for item in args.revert:
         name, _, shas = item.partition("=")
         if name not in SEAMS or not shas:
-            print(f"--fix {item!r}: expected one of {', '.join(SEAMS)} = SHA[,SHA]")
+            print(f"--revert {item!r}: expected one of {', '.join(SEAMS)} = SHA[,SHA]")
             return 2
         given[name] = [git(repo, "rev-parse", s).strip() for s in shas.split(",")]
     only = [s for s in args.only.split(",") if s] or list(SEAMS)
@@ -196,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         if seam not in SEAMS:
             print(f"unknown seam {seam!r}: one of {', '.join(SEAMS)}")
             return 2
-        commits = given.get(seam) or tagged(repo, base, seam)
-        print(f"seam {seam}: reverting {[c[:10] for c in commits] or 'nothing'} ...", flush=True)
+        commits = given.get(seam, [])
+        how = f"reverting {[c[:10] for c in commits]}" if commits else "built-in patch"
+        print(f"seam {seam}: {how} ...", flush=True)
         outcomes.append(run_seam(repo, base, seam, commits, args.python, not args.no_shrink))
     print(report(outcomes))
+    if any(o.file_failed is None for o in outcomes):
+        return 2
     return 1 if any(o.file_failed is False for o in outcomes) else 0
 
 
