@@ -1508,3 +1508,23 @@ def test_a_released_parent_drained_or_cancelled_leaves_nothing(sm: ModelMachine,
     else:
         s.cancel(qi=0, n=live_pick(sm, 0, root), remove=False)
     assert root not in sm.m(0).jobs
+
+
+@pytest.mark.parametrize("sweep", ["reap", "sweep_stalled"])
+def test_a_sweep_that_releases_a_parent_keeps_the_flat_set_served(
+    sm: ModelMachine, sweep: str
+) -> None:
+    """FINDINGS F12: a lapsed job parked by a sweep and a parent released by the same sweep
+    (its last child's cancelled run removed) must both be claimable."""
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group=None, delay=None, did=None, mode="simple")
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, None)])
+    s.claim_batch(qi=0, n=2, lease=SHORT)
+    child = next(j for j, row in sm.m(0).jobs.items() if row.parent)
+    sm.do_cancel(0, child, True)
+    sm.server_agrees_with_model()
+    if sweep == "reap":
+        s.reap(qi=0)
+    else:
+        s.sweep_stalled(qi=0, max_stalled=2)
+    s.claim_batch(qi=0, n=3, lease=LONG)  # the flat job and the released parent
