@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SEAMS: dict[str, str] = {
+    "base": "no mutation (the baseline)",
     "1": "a flow child counted twice (ignored death, reprocess, completion)",
     "4": "the cancel flag outlives its run",
     "5": "a re-admitted/reprocessed id reads its previous result",
@@ -149,6 +150,7 @@ class Outcome:
     file_failed: bool | None = None
     failed_tests: list[str] = field(default_factory=list)
     machine_failed: bool | None = None
+    message: str = ""
     sequence: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -188,8 +190,40 @@ def pytest(scratch: Path, python: str, k: str | None, shrink: bool) -> tuple[int
     return done.returncode, done.stdout + done.stderr
 
 
+def first_failure(text: str) -> tuple[str, list[str]]:
+    """The first machine failure's assertion line and the sequence hypothesis printed."""
+    lines = text.splitlines()
+    message, seq = "", []
+    for n, line in enumerate(lines):
+        if not message and re.match(r"^E\s+\w*(Error|Exception|Failed)\b", line):
+            message = line[1:].strip()[:300]
+        m = SEQUENCE.match(line)
+        if m and m.group(1).startswith("state = "):
+            if seq:
+                break
+            seq = [m.group(1)]
+            for follow in lines[n + 1 :]:
+                f = SEQUENCE.match(follow)
+                if not f:
+                    if seq and not follow.startswith("E"):
+                        break
+                    continue
+                if f.group(1).startswith("state = "):
+                    break
+                if "server_agrees_with_model" not in f.group(1):
+                    seq.append(f.group(1))
+            break
+    return message, seq
+
+
 def run_seam(
-    repo: Path, base: str, seam: str, commits: list[str], python: str, shrink: bool
+    repo: Path,
+    base: str,
+    seam: str,
+    commits: list[str],
+    python: str,
+    shrink: bool,
+    baseline: set[str],
 ) -> Outcome:
     out = Outcome(seam, commits)
     start = time.monotonic()
@@ -197,7 +231,7 @@ def run_seam(
         scratch = Path(tmp) / "tree"
         git(repo, "worktree", "add", "--detach", str(scratch), base)
         try:
-            for path, old, new in [] if commits else PATCHES[seam]:
+            for path, old, new in [] if commits or seam == "base" else PATCHES[seam]:
                 f = scratch / path
                 text = f.read_text()
                 if text.count(old) != 1:
@@ -219,11 +253,13 @@ def run_seam(
                     out.note = f"revert of {sha[:10]} did not apply: {apply.stderr.strip()[:200]}"
                     return out
             code, text = pytest(scratch, python, None, shrink)
-            out.file_failed = code != 0
             out.failed_tests = re.findall(r"^FAILED (\S+)", text, re.M)
+            out.file_failed = bool(set(out.failed_tests) - baseline) or (
+                code != 0 and not out.failed_tests
+            )
             code, text = pytest(scratch, python, "machine", shrink)
             out.machine_failed = code != 0
-            out.sequence = [m.group(1) for m in map(SEQUENCE.match, text.splitlines()) if m]
+            out.message, out.sequence = first_failure(text)
         finally:
             git(repo, "worktree", "remove", "--force", str(scratch))
     out.seconds = time.monotonic() - start
@@ -244,6 +280,8 @@ def report(outcomes: list[Outcome]) -> str:
         if o.failed_tests or o.sequence:
             lines.append(f"\n### seam {o.seam}: {SEAMS[o.seam]}")
             lines += [f"- failed: {t}" for t in o.failed_tests]
+            if o.message:
+                lines.append(f"- the machine's first failure: {o.message}")
             if o.sequence:
                 lines.append("- the machine's failing sequence:")
                 lines += [f"      {s}" for s in o.sequence]
@@ -269,7 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--revert {item!r}: expected one of {', '.join(SEAMS)} = SHA[,SHA]")
             return 2
         given[name] = [git(repo, "rev-parse", s).strip() for s in shas.split(",")]
-    only = [s for s in args.only.split(",") if s] or list(SEAMS)
+    only = [s for s in args.only.split(",") if s] or [s for s in SEAMS if s != "base"]
+    print("base: the model file without any mutation ...", flush=True)
+    base_out = run_seam(repo, base, "base", [], args.python, not args.no_shrink, set())
+    baseline = set(base_out.failed_tests)
+    if baseline:
+        print(f"note: on the base these already fail (not counted as catches): {sorted(baseline)}")
     outcomes = []
     for seam in only:
         if seam not in SEAMS:
@@ -278,8 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         commits = given.get(seam, [])
         how = f"reverting {[c[:10] for c in commits]}" if commits else "built-in patch"
         print(f"seam {seam}: {how} ...", flush=True)
-        outcomes.append(run_seam(repo, base, seam, commits, args.python, not args.no_shrink))
+        outcomes.append(
+            run_seam(repo, base, seam, commits, args.python, not args.no_shrink, baseline)
+        )
     print(report(outcomes))
+    if base_out.machine_failed:
+        print(
+            "\nnote: the machine fails on the base too (first failure: "
+            f"{base_out.message}); its verdicts above cannot be told apart from that"
+        )
     if any(o.file_failed is None for o in outcomes):
         return 2
     return 1 if any(o.file_failed is False for o in outcomes) else 0
