@@ -290,7 +290,10 @@ class World:
         if how == "dropped":
             pass
         elif how == "processed":
+            # A child is recorded in at most one hash: a completion after a reprocess moves
+            # its record out of unsuccessful (or failed, the parent being dead already).
             fl.unsuccessful.pop(cid, None)
+            fl.failed.pop(cid, None)
             fl.processed.setdefault(cid, value)
         else:
             if cid in fl.processed:
