@@ -191,29 +191,22 @@ def pytest(scratch: Path, python: str, k: str | None, shrink: bool) -> tuple[int
 
 
 def first_failure(text: str) -> tuple[str, list[str]]:
-    """The first machine failure's assertion line and the sequence hypothesis printed."""
-    lines = text.splitlines()
-    message, seq = "", []
-    for n, line in enumerate(lines):
+    """The first machine failure's assertion line and the sequence hypothesis printed (the
+    longest block of ``state...`` lines: pytest may show a sequence more than once)."""
+    message = ""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
         if not message and re.match(r"^E\s+\w*(Error|Exception|Failed)\b", line):
             message = line[1:].strip()[:300]
         m = SEQUENCE.match(line)
-        if m and m.group(1).startswith("state = "):
-            if seq:
-                break
-            seq = [m.group(1)]
-            for follow in lines[n + 1 :]:
-                f = SEQUENCE.match(follow)
-                if not f:
-                    if seq and not follow.startswith("E"):
-                        break
-                    continue
-                if f.group(1).startswith("state = "):
-                    break
-                if "server_agrees_with_model" not in f.group(1):
-                    seq.append(f.group(1))
-            break
-    return message, seq
+        if m is None:
+            continue
+        step = m.group(1)
+        if step.startswith("state = "):
+            blocks.append([step])
+        elif blocks and "server_agrees_with_model" not in step:
+            blocks[-1].append(step)
+    return message, max(blocks, key=len, default=[])
 
 
 def run_seam(
