@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for test_model
 
-import redis  # noqa: E402
-import test_model  # noqa: E402
+import redis
 
-from echomq import _native  # noqa: E402
-from echomq.server import EmbeddedServer  # noqa: E402
+import test_model
+from echomq import _native
+from echomq.server import EmbeddedServer
 
 
 def main() -> int:
@@ -48,7 +48,7 @@ def main() -> int:
             for n, step in enumerate(steps, 1):
                 print(f"{n:3} {step[:150]}")
                 try:
-                    eval(step, {"state": state})  # noqa: S307 - a sequence hypothesis printed
+                    eval(step, {"state": state})
                     state.server_agrees_with_model()
                 except Exception:
                     traceback.print_exc()
