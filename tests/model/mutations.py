@@ -6,6 +6,7 @@ One command, from the repository root::
     .venv/bin/python tests/model/mutations.py                 # every seam, built-in patches
     .venv/bin/python tests/model/mutations.py --only 1,reap-dedup --no-shrink
     .venv/bin/python tests/model/mutations.py --revert 5=df649c5   # revert a fix instead
+    .venv/bin/python tests/model/mutations.py --waive ring   # look past an open finding (F12)
 
 How a bug is re-introduced. By default each seam has a built-in patch (``PATCHES``): a few
 exact-text edits of the *fixed* code, in Lua and in the native C twin alike (so both
@@ -164,10 +165,14 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout
 
 
-def pytest(scratch: Path, python: str, k: str | None, shrink: bool) -> tuple[int, str]:
+def pytest(
+    scratch: Path, python: str, k: str | None, shrink: bool, waive: str = ""
+) -> tuple[int, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(scratch / "src") + os.pathsep + str(scratch / "tests")
     env.pop("ECHOMQ_MODEL_WAIVE", None)
+    if waive:
+        env["ECHOMQ_MODEL_WAIVE"] = waive
     env.pop("ECHOMQ_MODEL_DEEP", None)
     if not shrink:
         env["ECHOMQ_MODEL_NOSHRINK"] = "1"
@@ -217,6 +222,7 @@ def run_seam(
     python: str,
     shrink: bool,
     baseline: set[str],
+    waive: str = "",
 ) -> Outcome:
     out = Outcome(seam, commits)
     start = time.monotonic()
@@ -245,12 +251,12 @@ def run_seam(
                 if apply.returncode:
                     out.note = f"revert of {sha[:10]} did not apply: {apply.stderr.strip()[:200]}"
                     return out
-            code, text = pytest(scratch, python, None, shrink)
+            code, text = pytest(scratch, python, None, shrink, waive)
             out.failed_tests = re.findall(r"^FAILED (\S+)", text, re.M)
             out.file_failed = bool(set(out.failed_tests) - baseline) or (
                 code != 0 and not out.failed_tests
             )
-            code, text = pytest(scratch, python, "machine", shrink)
+            code, text = pytest(scratch, python, "machine", shrink, waive)
             out.machine_failed = code != 0
             out.message, out.sequence = first_failure(text)
         finally:
@@ -290,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated seams (default: all)")
     ap.add_argument("--no-shrink", action="store_true", help="report unshrunk sequences")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument(
+        "--waive",
+        default="",
+        help="ECHOMQ_MODEL_WAIVE for every run: look past an open finding of the base "
+        "(e.g. ring while FINDINGS F12 is open); never a seam's own tag",
+    )
     args = ap.parse_args(argv)
     repo = Path(git(Path.cwd(), "rev-parse", "--show-toplevel").strip())
     base = git(repo, "rev-parse", args.base).strip()
@@ -302,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         given[name] = [git(repo, "rev-parse", s).strip() for s in shas.split(",")]
     only = [s for s in args.only.split(",") if s] or [s for s in SEAMS if s != "base"]
     print("base: the model file without any mutation ...", flush=True)
-    base_out = run_seam(repo, base, "base", [], args.python, not args.no_shrink, set())
+    shrink = not args.no_shrink
+    base_out = run_seam(repo, base, "base", [], args.python, shrink, set(), args.waive)
     baseline = set(base_out.failed_tests)
     if baseline:
         print(f"note: on the base these already fail (not counted as catches): {sorted(baseline)}")
@@ -315,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         how = f"reverting {[c[:10] for c in commits]}" if commits else "built-in patch"
         print(f"seam {seam}: {how} ...", flush=True)
         outcomes.append(
-            run_seam(repo, base, seam, commits, args.python, not args.no_shrink, baseline)
+            run_seam(repo, base, seam, commits, args.python, shrink, baseline, args.waive)
         )
     print(report(outcomes))
     if base_out.machine_failed:
