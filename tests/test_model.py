@@ -28,10 +28,24 @@ and checked against the call's window). Then exactly the short ones are due and 
 long ones, so the model predicts every sweep exactly. Dedup TTLs and rate windows are LONG.
 No verdict depends on how loaded the machine is.
 
+Besides one rule per verb, three rules take short walks a worker would take, so seams are
+reached within the CI budget: ``work`` (claim a batch, settle each job as drawn), ``seam``
+(a cancelled run that ends by retry, delay or lapse; a finished run that comes back by
+reprocess or re-admission and is waited on) and ``flow_seam`` (an ignored child that dies,
+is reprocessed and completes while its sibling waits, on one queue or across; a parent
+removed before its children settle; a debounce onto a reaped holder). Each reply on the way
+is checked like any other.
+
 Legs: Lua, native (the conftest ``executor`` legs) and mixed (one queue driven alternately
 through a Lua and a native client on a server that loads the module).
 
-Budget: ``ECHOMQ_MODEL_DEEP=1`` runs 20x the examples with twice the steps.
+Budget: 30 examples of up to 40 steps per leg (the file takes ~40 s when it passes);
+``ECHOMQ_MODEL_DEEP=1`` runs 20x the examples with twice the steps.
+
+Triage (never in CI): ``ECHOMQ_MODEL_WAIVE=<tags>`` looks past reported findings (see
+``strict``), ``ECHOMQ_MODEL_NOSHRINK=1`` reports the first failing sequence unshrunk,
+``ECHOMQ_MODEL_STATS=1`` prints coverage counts; tests/model/replay.py replays a printed
+sequence step by step; tests/model/mutations.py is the mutation check of issue 22 point 4.
 
 Below the machine, fixed scenarios replay the seam chains of issue 22 through the same
 machine (every step checked), so each is exercised on every run whatever hypothesis draws.
