@@ -288,7 +288,10 @@ class World:
         # Its latest outcome, once: a child reprocessed after an ignored death and then
         # completed moves from unsuccessful to processed, and is not counted again (#1).
         if how == "dropped":
-            pass
+            # Nothing recorded; a child already recorded (counted, or one that failed its
+            # parent and so was never counted) is not dropped again.
+            if cid in fl.failed or cid in fl.processed or cid in fl.unsuccessful:
+                return
         elif how == "processed":
             # A child is recorded in at most one hash: a completion after a reprocess moves
             # its record out of unsuccessful (or failed, the parent being dead already).
