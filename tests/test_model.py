@@ -1218,6 +1218,11 @@ class ModelMachine(RuleBasedStateMachine):
         for jid in seen:
             pipe.hgetall(self.key(qi, "result:" + jid))
             pipe.exists(self.key(qi, "notify:" + jid))
+        flowless = [jid for jid, _ in jobs if jid not in m.flows]
+        if strict("orphans"):
+            for jid in flowless:
+                jk = self.jkey(qi, jid)
+                pipe.exists(*(jk + s for s in (":deps", ":processed", ":failed", ":unsuccessful")))
         flows = sorted(m.flows.items())
         for pid, _ in flows:
             jk = self.jkey(qi, pid)
@@ -1280,6 +1285,9 @@ class ModelMachine(RuleBasedStateMachine):
             if strict("results"):
                 assert got_r == want_r, f"{name} result:{jid} {got_r} != model {want_r}"
                 assert not notify or kept is not None, f"notify:{jid} outlives its result"
+        if strict("orphans"):
+            for jid in flowless:
+                assert next(replies) == 0, f"{name}: {jid} is in no flow but has flow keys"
         for pid, fl in flows:
             deps, proc, fail, unsucc = (next(replies) for _ in range(4))
             got_f = (
@@ -1550,3 +1558,22 @@ def test_a_sweep_that_releases_a_parent_keeps_the_flat_set_served(
     else:
         s.sweep_stalled(qi=0, max_stalled=2)
     s.claim_batch(qi=0, n=3, lease=LONG)  # the flat job and the released parent
+
+
+@pytest.mark.parametrize("end", ["complete", "remove"])
+def test_an_old_child_never_settles_into_a_new_incarnation(sm: ModelMachine, end: str) -> None:
+    """FINDINGS F13: the parent's id removed and admitted again as an unrelated job; its old
+    child's completion (or removal) must not count down the new row."""
+    s = Steps(sm)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, "la")])
+    root = next(iter(sm.m(0).flows))
+    child = next(j for j, row in sm.m(0).jobs.items() if row.parent == root)
+    s.remove(qi=0, n=live_pick(sm, 0, root))
+    sm.admit_one(0, root, b"a new job", "lb", None, None, "simple")
+    sm.server_agrees_with_model()
+    if end == "remove":
+        s.remove(qi=0, n=live_pick(sm, 0, child))
+    else:
+        tok = sm.claim_only(0, LONG, {child})[child]
+        sm.do_complete(0, child, tok, False, b"R")
+        sm.server_agrees_with_model()
