@@ -94,9 +94,9 @@ pytestmark = pytest.mark.executors
 
 DEEP = os.environ.get("ECHOMQ_MODEL_DEEP", "") not in ("", "0")
 # Triage aid, never set in CI: ECHOMQ_MODEL_WAIVE=<tags> (events, did255, results, cancel,
-# waitdead, orphans, count1, debounce, dropchild, ring, negdeps) turns the checks of known, reported findings
-# (FINDINGS.md) into no-ops or models today's behaviour, so a run can look past them for the
-# next discrepancy. Unset (the default), every check holds.
+# waitdead, orphans, count1, debounce, dropchild, ring, negdeps) turns the checks of known,
+# reported findings (FINDINGS.md) into no-ops or models today's behaviour, so a run can look
+# past them for the next discrepancy. Unset (the default), every check holds.
 WAIVED = set(filter(None, os.environ.get("ECHOMQ_MODEL_WAIVE", "").split(",")))
 
 
