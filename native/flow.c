@@ -58,6 +58,14 @@ static void flow_release(emq *e, emq_sv pid) {
 
 static const char *FLOW_HASHES[3] = {":processed", ":unsuccessful", ":failed"};
 
+/* flow_parent_row (compose.lua): a flow parent's row (it has `children`); gone or an unrelated
+ * job admitted under the id since takes nothing from an old child. A non-hash is not one. */
+static int flow_parent_row(emq *e, emq_sv pk) {
+    RedisModuleCallReply *r = RedisModule_Call(e->ctx, "HEXISTS", "bc", pk.p, pk.n, "children");
+    return r && RedisModule_CallReplyType(r) == REDISMODULE_REPLY_INTEGER &&
+           RedisModule_CallReplyInteger(r) == 1;
+}
+
 /* flow_recorded: the index in FLOW_HASHES of the hash child id is recorded in, or -1. */
 static int flow_recorded(emq *e, emq_sv pk, emq_sv id) {
     for (int i = 0; i < 3; i++) {
@@ -70,7 +78,7 @@ static int flow_recorded(emq *e, emq_sv pk, emq_sv id) {
 /* hash: 0 processed, 1 unsuccessful (the FLOW_HASHES index). */
 static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value) {
     emq_sv pk = emq_key2(e, "job:", pid);
-    if (emq_exists(e, pk) == 0) return;
+    if (!flow_parent_row(e, pk)) return;
     int before = flow_recorded(e, pk, id);
     emq_sv hk = emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[hash], strlen(FLOW_HASHES[hash])});
     if (before == hash) {
@@ -89,7 +97,7 @@ static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value) 
 
 static void flow_dropped(emq *e, emq_sv pid, emq_sv id) {
     emq_sv pk = emq_key2(e, "job:", pid);
-    if (emq_exists(e, pk) == 0 || flow_recorded(e, pk, id) >= 0) return;
+    if (!flow_parent_row(e, pk) || flow_recorded(e, pk, id) >= 0) return;
     if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
         flow_release(e, pid);
 }
@@ -133,7 +141,7 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
             flow_settled(e, pid, 1, id, err);
             return;
         }
-        if (emq_exists(e, pk) == 0) return;
+        if (!flow_parent_row(e, pk)) return;
         if (emq_int(e, emq_call(e, "HSETNX", 3, emq_cat(e, 2, pk, EMQ_LIT(":failed")), id, err)) ==
             0)
             return;

@@ -137,6 +137,12 @@ end
 -- the child cannot be counted on top of an earlier one's outcome).
 local FLOW_HASHES = {'processed', 'unsuccessful', 'failed'}
 
+-- Whether pk is a flow parent's row: gone (removed), or an unrelated job admitted under the
+-- id since (no `children` field), it takes nothing from an old child (the model's F13).
+local function flow_parent_row(pk)
+  return redis.pcall('HEXISTS', pk, 'children') == 1
+end
+
 -- Where child `id` is recorded in parent row pk's hashes, or nil.
 local function flow_recorded(pk, id)
   for _, h in ipairs(FLOW_HASHES) do
@@ -151,7 +157,7 @@ end
 -- that is gone (removed) takes nothing: no orphan counter or hash is ever created.
 local function flow_settled(base, pid, hash, id, value)
   local pk = base .. 'job:' .. pid
-  if rcall('EXISTS', pk) == 0 then return end
+  if not flow_parent_row(pk) then return end
   local before = flow_recorded(pk, id)
   if before == hash then
     -- The same outcome again (a pump's redelivery, or a second ignored death): no count.
@@ -169,7 +175,7 @@ end
 -- counted (or killed the parent).
 local function flow_dropped(base, pid, id)
   local pk = base .. 'job:' .. pid
-  if rcall('EXISTS', pk) == 0 or flow_recorded(pk, id) then return end
+  if not flow_parent_row(pk) or flow_recorded(pk, id) then return end
   if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
 end
 
@@ -198,7 +204,7 @@ local function flow_child_dead(base, id, f, error_text)
       flow_settled(base, pid, 'unsuccessful', id, error_text or '')
       return
     end
-    if rcall('EXISTS', pk) == 0 then return end
+    if not flow_parent_row(pk) then return end
     if rcall('HSETNX', pk .. ':failed', id, error_text or '') == 0 then return end
     local p = hmget(pk, 'state', 'group', 'attempts')
     if not p or p[1] ~= 'awaiting_children' then return end
