@@ -240,11 +240,12 @@ _private_home: str | None = None
 
 def _isolate_from_the_users_home() -> None:
     """The whole session, and every process it starts, runs with a HOME, XDG_CACHE_HOME and
-    ECHOMQ_HOME of its own and none of the user's ECHOMQ_* settings (ECHOMQ_TEST_* stay:
-    they steer the suite; so does ECHOMQ_SERVER_BIN, the binary the suite's servers run,
-    which test_valkey's nested run sets): a module the user built into ~/.cache/echomq, a
-    server recorded in ./.echomq, an ECHOMQ_URL or ECHOMQ_EXECUTOR in the shell can never
-    change what a test sees. Set at configure time, before any fixture or test reads them."""
+    ECHOMQ_HOME of its own and none of the user's ECHOMQ_* settings (ECHOMQ_TEST_* and
+    ECHOMQ_MODEL_* stay: they steer the suite; so does ECHOMQ_SERVER_BIN, the binary the
+    suite's servers run, which test_valkey's nested run sets): a module the user built into
+    ~/.cache/echomq, a server recorded in ./.echomq, an ECHOMQ_URL or ECHOMQ_EXECUTOR in the
+    shell can never change what a test sees. Set at configure time, before any fixture or
+    test reads them."""
     global _saved_env, _private_home
     if _saved_env is not None:
         return
@@ -253,7 +254,7 @@ def _isolate_from_the_users_home() -> None:
     _saved_env = dict(os.environ)
     _private_home = tempfile.mkdtemp(prefix="echomq-test-home-")
     for key in [k for k in os.environ if k.startswith("ECHOMQ_")]:
-        if not key.startswith("ECHOMQ_TEST_") and key != "ECHOMQ_SERVER_BIN":
+        if not key.startswith(("ECHOMQ_TEST_", "ECHOMQ_MODEL_")) and key != "ECHOMQ_SERVER_BIN":
             del os.environ[key]
     os.environ["HOME"] = os.path.join(_private_home, "home")
     os.environ["XDG_CACHE_HOME"] = os.path.join(_private_home, "cache")
