@@ -250,8 +250,8 @@ ACL_COMMANDS = sorted(
         *("xadd", "xread", "pexpire", "pttl", "incrby", "decr"),
         # the worker names its connections (the registry's id; skipped when refused)
         "client|setname",
-        # replay markers (per-second hashes that expire whole), the retired record's rotation
-        *("pexpireat", "unlink", "rename"),
+        # the retired record's rotation (replay markers expire by PEXPIRE, above)
+        *("unlink", "rename"),
         # executor="auto" reads MODULE LIST once to find the trafikey module (_native.py)
         "module|list",
     }
