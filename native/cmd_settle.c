@@ -14,8 +14,6 @@
 
 #define ERR_NUM "ERR a numeric argument is not an integer"
 
-static long long need(emq *e, emq_sv s) { return emq_need_ll(e, s); }
-
 /* Lua '^(%d+):?(%d*)$' (digits, an optional ':', optional digits): *a gets the first number,
  * *b the second or -1 when it is empty (the Lua's nil). A number too big for 64 bits is
  * refused like any malformed number. */
@@ -70,8 +68,8 @@ static void settle(emq *e) {
 
     /* ---- parse everything before the first write: lease_ms and n first, as the Lua's
      * prologue does (include/args.lua) ---- */
-    long long lease = need(e, emq_arg(e, 2));
-    long long n = need(e, emq_arg(e, 3));
+    long long lease = emq_need_ll(e, emq_arg(e, 2));
+    long long n = emq_need_ll(e, emq_arg(e, 3));
     long long nc, nr;
     if (!digits_pair(emq_arg(e, 4), &nc, &nr))
         emq_fail(e, "ERR EMQ.SETTLE completes must be 'c' or 'c:r' (decimal counts)");
@@ -92,7 +90,7 @@ static void settle(emq *e) {
     for (int j = 0; j < r; j++) {
         res_ids[j] = pairs[2 * (c - r + j)];
         res_vals[j] = kept[2 * j];
-        keep_ms[j] = need(e, kept[2 * j + 1]);
+        keep_ms[j] = emq_need_ll(e, kept[2 * j + 1]);
     }
     long long now = emq_now_ms(e);
     settle_retry *rt = RedisModule_PoolAlloc(e->ctx, sizeof(settle_retry) * (size_t)(nretry + 1));
@@ -100,7 +98,7 @@ static void settle(emq *e) {
     for (int k = 0; k < nretry; k++, ra += 5) {
         rt[k].id = ra[0];
         rt[k].token = ra[1];
-        rt[k].delay = need(e, ra[2]);
+        rt[k].delay = emq_need_ll(e, ra[2]);
         long long ignored;
         /* now + delay_ms is the schedule score: one that overflows is malformed input. */
         if (__builtin_add_overflow(now, rt[k].delay, &ignored)) emq_fail(e, ERR_NUM);
