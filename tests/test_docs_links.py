@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("src", "docs", "README.md", "examples", "bench", "tests", "pyproject.toml", "scripts")
+PRODUCT = (
+    "src",
+    "docs",
+    "README.md",
+    "CHANGELOG.md",
+    "examples",
+    "bench",
+    "tests",
+    "pyproject.toml",
+    "scripts",
+)
 THIS = Path(__file__).resolve()
 TEXT_SUFFIXES = {".py", ".lua", ".md", ".toml", ".txt", ".html", ".css", ".js", ".mjs", ".sh", ""}
 
@@ -180,3 +190,13 @@ def test_every_citation_resolves(kind: str) -> None:
                 bad = [m for m in SECTION_CITE.findall(line) if m not in sections]
             unresolved += [f"{path.relative_to(ROOT)}:{n}: {kind} {b}" for b in bad]
     assert unresolved == []
+
+
+def test_the_changelog_names_the_packages_version() -> None:
+    """CHANGELOG.md's newest release is the version the package reports, so a bump of one
+    without the other fails here."""
+    import echomq
+
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", _text(ROOT / "CHANGELOG.md"), re.M)
+    assert releases, "CHANGELOG.md names no release"
+    assert releases[0] == echomq.__version__

@@ -49,7 +49,7 @@ from echomq.hooks import Hooks
 from echomq.queue import AsyncQueue, Queue
 from echomq.worker import Worker
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "WIRE_VERSION",
