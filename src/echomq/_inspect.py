@@ -277,7 +277,8 @@ def page(
             raise InvalidArgument("a lane can only be browsed in the pending state")
         key = k.lane(group)
     if lexical:
-        rng: Call[Any] = _cmd(("ZRANGE", key, "+", "-", "BYLEX", "REV", "LIMIT", off, n), list)
+        # By reverse rank, as browse: waiting sets are scored by priority (not all 0).
+        rng: Call[Any] = _cmd(("ZRANGE", key, off, off + n - 1, "REV"), list)
     else:
         args = ("ZRANGE", key, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", off, n, "WITHSCORES")
         rng = _cmd(args, list)
