@@ -282,7 +282,11 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
         InvalidArgument,
     ),
     ("change-priority-active", lambda q, j: q.change_priority(j["active"], 1), StateError),
-    ("change-priority-lane-active", lambda q, j: q.change_priority(j["active_lane"], 1), StateError),
+    (
+        "change-priority-lane-active",
+        lambda q, j: q.change_priority(j["active_lane"], 1),
+        StateError,
+    ),
     ("change-priority-dead", lambda q, j: q.change_priority(j["dead"], 1), StateError),
     ("change-priority-gone", lambda q, j: q.change_priority(ABSENT, 1), JobGone),
     ("change-priority-done", lambda q, j: q.change_priority(j["done"], 1), JobGone),

@@ -1123,6 +1123,56 @@ def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everythi
     click.echo(f"reprocessed {_run(ctx, go)} job(s)")
 
 
+@main.command("change-priority")
+@click.argument("queue")
+@click.argument("job_id")
+@click.argument("priority", type=int)
+@click.pass_context
+def change_priority(ctx: click.Context, queue: str, job_id: str, priority: int) -> None:
+    """Set a waiting or scheduled job's PRIORITY (0..2097152, lower runs first); prints
+    "ID: priority P", "ID: gone" or "ID: not waiting or scheduled" and exits 1 unless set."""
+    try:
+        keyspace.check_id(job_id)
+        _p._priority(priority)
+    except EchoMQError as exc:
+        _fail(str(exc))
+    q = _existing(ctx, queue)
+
+    def go() -> int:
+        try:
+            q.change_priority(job_id, priority)
+        except JobGone:
+            click.echo(f"{job_id}: gone")
+            return 1
+        except StateError:
+            click.echo(f"{job_id}: not waiting or scheduled")
+            return 1
+        click.echo(f"{job_id}: priority {priority}")
+        return 0
+
+    sys.exit(_run(ctx, go))
+
+
+@main.command("limit")
+@click.argument("queue")
+@click.argument("n")
+@_CREATE
+@click.pass_context
+def limit(ctx: click.Context, queue: str, n: str, create: bool) -> None:
+    """At most N jobs of QUEUE active at once across every worker, lanes included ("none"
+    removes the limit); exit 1 when QUEUE does not exist."""
+    value: int | None = None
+    if n.lower() != "none":
+        try:
+            value = int(n)
+            _p._int("n", value, 1)
+        except (ValueError, EchoMQError):
+            _fail(f"N must be a positive integer or 'none', got {n!r}")
+    q = _existing(ctx, queue, create=create, verb="limits")
+    _run(ctx, lambda: q.limit(value))
+    click.echo(f"limited {queue} to {value}" if value else f"unlimited {queue}")
+
+
 @main.command()
 @click.argument("queue")
 @click.option("--lane", help="Pause one lane instead of the whole queue.")
