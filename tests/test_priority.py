@@ -13,9 +13,9 @@ import redis
 
 import echomq
 from conftest import wait_for
-from test_worker import InProcWorker
 from echomq import _control as _ctl
 from echomq.errors import JobGone, StateError
+from test_worker import InProcWorker
 
 pytestmark = pytest.mark.executors
 
