@@ -1044,6 +1044,7 @@ def lanes(k: Keys) -> Call[list[str]]:
 __all__ += [
     "add_log",
     "browse",
+    "change_priority",
     "check",
     "claim",
     "claim_batch",
@@ -1060,6 +1061,8 @@ __all__ += [
     "job_state",
     "lane_depth",
     "lanes",
+    "limit",
+    "get_limit",
     "limit_lane",
     "logs",
     "errors",
