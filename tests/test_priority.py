@@ -295,3 +295,19 @@ def test_limited_worker_does_not_spin(url: str, qname: str, r: redis.Redis) -> N
         w.stop()
         q.close()
         app.close()
+
+
+def test_oldest_waiting_sees_past_the_head(q: echomq.Queue) -> None:
+    """The dashboard's and top's "oldest waiting": the head of a prioritised set is the next
+    to run, not the oldest; the oldest is found in whichever band holds it (flat and lane)."""
+    from echomq import _inspect, ids
+
+    for group in (None, LANE_A):
+        old = q.enqueue(b"old", group=group, priority=9).id
+        time.sleep(0.01)
+        q.enqueue(b"urgent", group=group, priority=1)
+        q.enqueue(b"mid", group=group, priority=5)
+        view = _inspect.snapshot(q._x, [q.name], lanes=True)[0]
+        lane = [v for v in view.lanes if v.name == LANE_A]
+        got = lane[0].oldest_ms if group else view.oldest_waiting_ms
+        assert got == ids.decode_time_ms(old)
