@@ -313,6 +313,9 @@ def test_limit(cli, q: echomq.Queue, qname: str) -> None:
     assert ok(cli("limit", qname, "2")).strip() == f"limited {qname} to 2"
     assert q.get_limit() == 2
     assert len(q.claim_batch(3)) == 2
+    line = next(ln for ln in ok(cli("stats", qname)).splitlines() if qname in ln)
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    assert cells[-1] == "2"  # the limit column (paused is empty)
     for bad in ("0", "-1", "two", "1.5"):
         res = cli("limit", "--", qname, bad)
         assert res.exit_code == 2 and res.stderr.startswith("error: "), res.stderr

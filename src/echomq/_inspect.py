@@ -61,6 +61,7 @@ class QueueView:
     completed: list[int] = field(default_factory=list)  # per minute, current first (D16)
     failed: list[int] = field(default_factory=list)
     lanes: list[LaneView] = field(default_factory=list)
+    limit: int | None = None  # the queue-wide concurrency limit (PROTOCOL D24), None: none
 
     @property
     def oldest_waiting_age_s(self) -> float | None:
@@ -221,7 +222,8 @@ def snapshot(
         calls += [
             _p.counts(k),
             _cmd(
-                ("HMGET", k.meta, "paused", "events"), lambda r: [_s(v) if v else None for v in r]
+                ("HMGET", k.meta, "paused", "events", "limit"),
+                lambda r: [_s(v) if v else None for v in r],
             ),
             _cmd(("ZRANGE", k.pending, 0, 0, "WITHSCORES"), lambda r: r),
             _cmd(("ZRANGE", k.active, 0, 0, "WITHSCORES"), lambda r: r),
@@ -267,6 +269,7 @@ def snapshot(
             oldest_waiting_ms=_oldest_waiting(x, k.pending, pend, tail),
             lease_deadline_ms=_first_score(act),
             lanes=lane_views,
+            limit=_to_int(meta[2], 0) or None,
         )
         if minutes:
             view.completed = _observe.decode_metrics(now // 1000, part[11], minutes)

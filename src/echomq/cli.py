@@ -723,6 +723,7 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
             [f"{v.counts.get(k, 0):,}" for k in _STATS]
             + [str(sum(1 for lane in v.lanes if lane.depth))]
             + [str(len(w)) if isinstance(w, list) else "?"]
+            + [str(v.limit) if v.limit else ""]
             + ["yes" if v.paused else ""],
         )
         for v, w in zip(views, fleet, strict=True)
@@ -740,7 +741,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     executor, rows = _stats_rows(url, names)
     title = f"echomq @ {_shown(url)} (executor: {executor})"
     table = Table(title=title, title_justify="left")
-    for col in ("queue", *_STATS, "lanes", "workers", "paused"):
+    for col in ("queue", *_STATS, "lanes", "workers", "limit", "paused"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, cells in rows:
         table.add_row(name, *cells)
@@ -753,7 +754,8 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     for name, cells in rows:
         lines.append("")
         lines += [name[i : i + width] for i in range(0, len(name), width)]
-        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes", "workers"), cells, strict=False)]
+        shown = (*_STATS, "lanes", "workers", "limit")
+        fields = [f"{k} {v}" for k, v in zip(shown, cells, strict=False) if v]
         if cells[-1]:
             fields.append("paused")
         line = ""
