@@ -112,7 +112,9 @@ static void settle(emq *e) {
 
     /* ---- the writes, in the Lua's order ---- */
     emq_verdict *completed = RedisModule_PoolAlloc(e->ctx, sizeof(emq_verdict) * (size_t)(c + 1));
-    emq_complete_many(e, pairs, c, res_ids, res_vals, r, now, completed);
+    emq_keep history; /* kept history: claim_gate read meta keep_completed (history.h) */
+    emq_keep_parse(e->keep_completed, &history);
+    emq_complete_many(e, pairs, c, res_ids, res_vals, r, now, &history, completed);
     for (int j = 0; j < r; j++) {
         int at = c - r + j;
         /* The attempts a kept result records is the settling token. */

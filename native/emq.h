@@ -37,6 +37,8 @@ typedef struct emq {
     int events_known;
     emq_sv events_bound; /* absent: events off */
     int lanes_rated;     /* -1: not read yet */
+    int keep_known;      /* kept history (history.h): meta keep_completed read yet */
+    emq_sv keep_completed;
     jmp_buf fail;
     const char *err;
 } emq;

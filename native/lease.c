@@ -54,10 +54,13 @@ static void rate_charge(emq *e, emq_sv key, long long n, long long window) {
 /* ------------------------------------------------------------------ common.lua claim_gate */
 
 int emq_claim_gate(emq *e, emq_lease *out) {
-    static const char *fields[5] = {"paused", "rate_max", "rate_window_ms", "events", "grated"};
-    emq_sv m[5];
+    static const char *fields[6] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
+                                    "keep_completed"};
+    emq_sv m[6];
     /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    emq_hmget_strict(e, emq_key(e, "meta"), 5, fields, m);
+    emq_hmget_strict(e, emq_key(e, "meta"), 6, fields, m);
+    e->keep_completed = m[5]; /* kept history (history.h), for settle's completions */
+    e->keep_known = 1;
     e->events_bound = m[3];
     e->events_known = 1;
     seed_queue_rate(out, m[1], m[2]);

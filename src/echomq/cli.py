@@ -851,13 +851,14 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
     default="pending",
     show_default=True,
     # "scheduled" is the state's name; "schedule" (its set's key) stays as an alias.
-    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead"]),
+    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead", "completed"]),
 )
 @click.option("-n", "count", default=20, show_default=True)
 @click.option("--group", help="Browse one lane (pending only).")
 @click.pass_context
 def browse(ctx: click.Context, queue: str, state: str, count: int, group: str | None) -> None:
-    """List job ids in a state (pending, active, scheduled, dead), newest first."""
+    """List job ids in a state (pending, active, scheduled, dead, completed: the rows a queue
+    keeps with keep_completed), newest first."""
     q = _queue(ctx, queue)
     for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
         click.echo(job_id)

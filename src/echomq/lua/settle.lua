@@ -55,7 +55,7 @@ if nr > 0 then
   end
 end
 local now = now_ms()
-local i, completed = complete_many(base, ARGV, 5, nc, results, now)
+local i, completed = complete_many(base, ARGV, 5, nc, results, now, kept_specs.keep_completed)
 for j = 1, nr do
   local at = 5 + 2 * (nc - nr + j - 1)
   if completed[nc - nr + j] == 1 then

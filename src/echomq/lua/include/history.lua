@@ -1,0 +1,78 @@
+-- history: kept history (issue 24). Needs common (and observe, which common includes).
+--
+-- A queue may keep its completed rows (meta `keep_completed`) and bound its dead set (meta
+-- `keep_dead`). Each setting is one meta field "<count>:<age_ms>", either part empty for no
+-- bound of that kind; an absent field is the default (completion deletes the row; the dead
+-- set is unbounded). Kept completed rows sit in the ZSET p..completed scored by their finish
+-- time (server ms); the dead set's score is 0 (mint order), so keep_dead trims by count only
+-- (the oldest minted first) and its age part is refused by the client.
+--
+-- The script that adds to a set trims it, in the same call: at most `added + TRIM_SLACK`
+-- rows per call (a lowered bound catches up over the next calls, never in one long call).
+-- Trimming deletes each row with every side key the lifecycle table (docs/PROTOCOL.md §2.4)
+-- ties to it -- logs, errors, a flow parent's counter and hashes -- and records its last
+-- token as retired, as every deletion of a claimed row does. A kept result and its wake
+-- token keep their own TTL. Trimming emits no event (history housekeeping, not a move).
+local TRIM_SLACK = 100
+
+-- The setting `name` ('keep_completed' | 'keep_dead') of the queue, read once per call.
+local function kept_spec(base, name)
+  local s = kept_specs[name]
+  if s == nil then
+    s = kept_parse(rcall('HGET', base .. 'meta', name))
+    kept_specs[name] = s
+  end
+  return s
+end
+
+-- Delete trimmed rows and what the lifecycle table ties to them; retire their tokens.
+local function kept_drop(base, ids)
+  local keys, retired = {}, {}
+  for _, id in ipairs(ids) do
+    local jk = base .. 'job:' .. id
+    local att = redis.pcall('HGET', jk, 'attempts')
+    if type(att) == 'string' and att ~= '0' and string.match(att, '^[0-9]+$') then
+      retired[#retired + 1] = id
+      retired[#retired + 1] = att
+    end
+    keys[#keys + 1] = jk
+    keys[#keys + 1] = jk .. ':logs'
+    keys[#keys + 1] = jk .. ':errors'
+    keys[#keys + 1] = jk .. ':deps'
+    keys[#keys + 1] = jk .. ':processed'
+    keys[#keys + 1] = jk .. ':failed'
+    keys[#keys + 1] = jk .. ':unsuccessful'
+  end
+  for j = 1, #keys, 2000 do rcall('DEL', unpack(keys, j, math.min(j + 1999, #keys))) end
+  retire(base, retired)
+end
+
+-- Trim set `name` ('completed' | 'dead') to its setting after `added` rows joined it.
+local function kept_trim(base, name, spec, added, now)
+  local key = base .. name
+  local n = 0
+  if spec[1] then n = rcall('ZCARD', key) - spec[1] end
+  if spec[2] then
+    local aged = rcall('ZCOUNT', key, '-inf', '(' .. (now - spec[2]))
+    if aged > n then n = aged end
+  end
+  if n <= 0 then return end
+  if n > added + TRIM_SLACK then n = added + TRIM_SLACK end
+  local ids = rcall('ZRANGE', key, 0, n - 1)
+  rcall('ZREMRANGEBYRANK', key, 0, n - 1)
+  kept_drop(base, ids)
+end
+
+-- A completion that keeps its row: state `completed`, its finish time, the lease closed; the
+-- row joins p..completed. Logs, errors and a parent's flow hashes stay with it.
+local function keep_completed_row(base, id, jk, now)
+  rcall('HSET', jk, 'state', 'completed', 'finished_ms', now)
+  rcall('HDEL', jk, 'lease_epoch', 'cancel')
+  rcall('ZADD', base .. 'completed', now, id)
+end
+
+-- After `added` dead-letters in this call: bound the dead set when the queue asks for it.
+local function trim_dead(base, added, now)
+  local spec = kept_spec(base, 'keep_dead')
+  if spec and added > 0 then kept_trim(base, 'dead', spec, added, now or now_ms()) end
+end
