@@ -1,5 +1,5 @@
 /* history.h: kept history (issue 24), the C twin of src/echomq/lua/include/history.lua and
- * common.lua's kept_parse: a queue's meta keep_completed / keep_dead "<count>:<age_ms>", the
+ * common.lua's kept_parse: a queue's meta keep_completed "<count>:<age_ms>", the
  * completed row kept in emq:{q}:completed, and the trims, command for command. */
 #ifndef TRAFIKEY_HISTORY_H
 #define TRAFIKEY_HISTORY_H

@@ -863,7 +863,7 @@ def test_reprocess_refuses_a_job_that_is_not_dead(anyq: Any, r: redis.Redis, qna
     for jid in (waiting, held, later):
         with pytest.raises(StateError) as info:
             anyq.reprocess(jid)
-        assert info.value.reason == "not dead"
+        assert info.value.reason == "not dead or completed"
     assert snapshot(r, qname) == before
     with pytest.raises(JobGone):
         anyq.reprocess(ids.mint())

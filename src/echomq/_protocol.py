@@ -762,40 +762,22 @@ def reprocess(
     return _call("reprocess", (jk, k.dead), args, _gone_if_zero(id))
 
 
-def _keep_value(name: str, count: object, age_ms: object, *, zero_off: bool) -> str:
-    """A kept-history setting as the meta field holds it, ``<count>:<age_ms>`` (either part
-    empty: no bound of that kind), or "" for the default. Refuses bad input before I/O."""
-    c = None if count is None else _int(f"{name} count", count, 0)
-    a = None if age_ms is None else _int(f"{name} age_ms", age_ms, 1, MAX_MS)
-    if c == 0:
-        if not zero_off:
-            raise InvalidArgument(f"{name} count must be >= 1 (None: no count bound)")
-        if a is not None:
-            raise InvalidArgument(f"{name}(count=0) turns keeping off: pass no age_ms with it")
-        return ""
-    if c is None and a is None:
-        return ""
-    return f"{'' if c is None else c}:{'' if a is None else a}"
-
-
 def keep_completed(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
     """Keep completed rows in ``completed``, at most ``count`` of them and none older than
     ``age_ms`` (by finish time, server clock); ``count=0`` or both None: off (the default,
-    completion deletes the row)."""
-    value = _keep_value("keep_completed", count, age_ms, zero_off=True)
+    completion deletes the row). The setting is the meta field ``keep_completed``,
+    ``<count>:<age_ms>`` (either part empty: no bound of that kind). Refused before I/O:
+    a negative or non-int count, an age below 1 ms, an age with ``count=0``."""
+    c = None if count is None else _int("keep_completed count", count, 0)
+    a = None if age_ms is None else _int("keep_completed age_ms", age_ms, 1, MAX_MS)
+    if c == 0 and a is not None:
+        raise InvalidArgument("keep_completed(count=0) turns keeping off: pass no age_ms with it")
+    value = "" if c == 0 or (c is None and a is None) else f"{_opt(c)}:{_opt(a)}"
     return _call("keep", (k.meta,), ("keep_completed", value), lambda _: None)
 
 
-def keep_dead(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
-    """Bound the dead set to ``count`` rows (the oldest minted go first); None: unbounded
-    (the default). The dead set is ordered by mint order (score 0, D6), not by the time of
-    death, so it has no age bound: ``age_ms`` is refused."""
-    if age_ms is not None:
-        raise InvalidArgument(
-            "keep_dead bounds by count only: the dead set holds no death times (age_ms=None)"
-        )
-    value = _keep_value("keep_dead", count, None, zero_off=False)
-    return _call("keep", (k.meta,), ("keep_dead", value), lambda _: None)
+def _opt(n: int | None) -> str:
+    return "" if n is None else str(n)
 
 
 def remove(k: Keys, id: str) -> Call[None]:
@@ -1064,7 +1046,6 @@ __all__ += [
     "get_job",
     "is_paused",
     "keep_completed",
-    "keep_dead",
     "job_state",
     "lane_depth",
     "lanes",

@@ -276,9 +276,7 @@ class Queue:
         """The counted stall sweep: ``(recovered, dead)`` ids."""
         return self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
 
-    def reprocess(
-        self, id: str, *, delay_ms: int | None = None, at_ms: int | None = None
-    ) -> None:
+    def reprocess(self, id: str, *, delay_ms: int | None = None, at_ms: int | None = None) -> None:
         """Run a dead or kept completed job again (a new incarnation): waiting now (its lane
         when grouped), or scheduled after ``delay_ms`` / at ``at_ms``. A live job (pending,
         active, scheduled) raises StateError, a missing one JobGone; nothing is written."""
@@ -310,12 +308,6 @@ class Queue:
         than ``age_ms`` (finish time, server clock), trimmed by the completing script.
         ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
         return self._x.run(_p.keep_completed(self._k, count, age_ms))
-
-    def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
-        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by the
-        dead-lettering scripts; None: unbounded (the default). ``age_ms`` is refused (the
-        dead set holds no death times)."""
-        return self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
@@ -785,12 +777,6 @@ class AsyncQueue:
         than ``age_ms`` (finish time, server clock), trimmed by the completing script.
         ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
         return await self._x.run(_p.keep_completed(self._k, count, age_ms))
-
-    async def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
-        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by the
-        dead-lettering scripts; None: unbounded (the default). ``age_ms`` is refused (the
-        dead set holds no death times)."""
-        return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     async def remove(self, id: str) -> None:
         """Delete a job wherever it is."""

@@ -275,5 +275,5 @@ local function leave_waiting(base, id, g)
   return n
 end
 
--- Kept history: keep_completed / keep_dead and their trims (issue 24).
+-- Kept history: keep_completed and its trim (issue 24).
 --@include history

@@ -1,11 +1,10 @@
 -- history: kept history (issue 24). Needs common (and observe, which common includes).
 --
--- A queue may keep its completed rows (meta `keep_completed`) and bound its dead set (meta
--- `keep_dead`). Each setting is one meta field "<count>:<age_ms>", either part empty for no
--- bound of that kind; an absent field is the default (completion deletes the row; the dead
--- set is unbounded). Kept completed rows sit in the ZSET p..completed scored by their finish
--- time (server ms); the dead set's score is 0 (mint order), so keep_dead trims by count only
--- (the oldest minted first) and its age part is refused by the client.
+-- A queue may keep its completed rows (meta `keep_completed`): one meta field
+-- "<count>:<age_ms>", either part empty for no bound of that kind; an absent field is the
+-- default (completion deletes the row). Kept completed rows sit in the ZSET p..completed
+-- scored by their finish time (server ms). (keep_dead, bounding the dead set, is not built:
+-- kept_trim is written for any set, but no dead-lettering script calls it yet.)
 --
 -- The script that adds to a set trims it, in the same call: at most `added + TRIM_SLACK`
 -- rows per call (a lowered bound catches up over the next calls, never in one long call).
@@ -15,7 +14,7 @@
 -- token keep their own TTL. Trimming emits no event (history housekeeping, not a move).
 local TRIM_SLACK = 100
 
--- The setting `name` ('keep_completed' | 'keep_dead') of the queue, read once per call.
+-- The setting `name` ('keep_completed') of the queue, read once per call.
 local function kept_spec(base, name)
   local s = kept_specs[name]
   if s == nil then
@@ -69,10 +68,4 @@ local function keep_completed_row(base, id, jk, now)
   rcall('HSET', jk, 'state', 'completed', 'finished_ms', now)
   rcall('HDEL', jk, 'lease_epoch', 'cancel')
   rcall('ZADD', base .. 'completed', now, id)
-end
-
--- After `added` dead-letters in this call: bound the dead set when the queue asks for it.
-local function trim_dead(base, added, now)
-  local spec = kept_spec(base, 'keep_dead')
-  if spec and added > 0 then kept_trim(base, 'dead', spec, added, now or now_ms()) end
 end
