@@ -60,6 +60,7 @@ def populate(q: Any) -> dict[str, Any]:
         "dead": 2,
         "completed": 1,
         "failed": 2,
+        "kept": 0,
     }
     return out
 
