@@ -127,6 +127,7 @@ static void settle(emq *e) {
     for (int k = 0; k < nretry; k++)
         retried[k] = emq_retry_one(e, rt[k].id, emq_key2(e, "job:", rt[k].id), rt[k].token,
                                    rt[k].delay, rt[k].max, rt[k].error, now, rt[k].keep);
+    emq_trim_dead(e, now); /* keep_dead, after this call's dead-letters (history.h) */
     long long wait = 0;
     if (claims) {
         emq_claim_n(e, deadline, n, &out, now);

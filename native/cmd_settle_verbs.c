@@ -42,6 +42,7 @@ static void retry(emq *e) {
     long long now = emq_now_ms(e);
     emq_verdict v = emq_retry_one(e, emq_arg(e, 2), emq_key_at(e, 4), emq_arg(e, 3), delay, max,
                                   emq_arg(e, 6), now, keep);
+    emq_trim_dead(e, now); /* keep_dead (history.h) */
     reply_verdict(e, v, 1);
 }
 

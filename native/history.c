@@ -84,3 +84,21 @@ void emq_kept_trim(emq *e, const char *set, const emq_keep *k, long long added, 
     emq_call(e, "ZREMRANGEBYRANK", 3, key, EMQ_LIT("0"), last);
     kept_drop(e, ids, RedisModule_CallReplyLength(ids));
 }
+
+void emq_dead_letter(emq *e, emq_sv id) {
+    emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+    e->dead_added++;
+}
+
+void emq_trim_dead(emq *e, long long now) {
+    if (e->dead_added == 0) return;
+    long long added = e->dead_added;
+    e->dead_added = 0;
+    if (!e->keep_dead_known) {
+        e->keep_dead = emq_hget(e, emq_key(e, "meta"), EMQ_LIT("keep_dead"));
+        e->keep_dead_known = 1;
+    }
+    emq_keep k;
+    emq_keep_parse(e->keep_dead, &k);
+    if (k.on) emq_kept_trim(e, "dead", &k, added, now > 0 ? now : emq_now_ms(e));
+}

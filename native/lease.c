@@ -4,6 +4,8 @@
  * commands in the same order. */
 #include "lease.h"
 
+#include "history.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,8 +131,13 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             if (ok) {
                 att += 1;
                 emq_sv a = emq_fmt_ll(e, att);
-                emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
-                         EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
+                if (e->claim_stamp.p)
+                    emq_hset(e, 9, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a,
+                             EMQ_LIT("claimed_ms"), e->claim_stamp);
+                else
+                    emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
                 if (ns + 2 > cap) {
                     long long nc = cap ? cap * 2 : 32;
                     emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(nc + 1));
@@ -152,7 +159,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
                 emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                          why);
                 emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-                emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+                emq_dead_letter(e, id);
                 emq_bump_metrics(e, "failed", 1, 0);
                 emq_sv extra[2] = {EMQ_LIT("error"), why};
                 emq_emit(e, "dead", id, 2, extra);
@@ -295,6 +302,9 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
     emq_sv ring = emq_key(e, "ring");
     long long got = 0;
     if (now <= 0) now = emq_now_ms(e);
+    emq_keep kept; /* kept history: stamp claimed_ms while the queue keeps completed rows */
+    emq_keep_parse(e->keep_completed, &kept);
+    if (kept.on) e->claim_stamp = emq_fmt_ll(e, now);
     readmit_rated(e, now);
     queue_rate(e, out);
     if (out->qrated) {
@@ -327,6 +337,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         }
     }
     if (out->qrated && got > 0) rate_charge(e, emq_key(e, "limiter"), got, out->qwindow);
+    emq_trim_dead(e, now); /* keep_dead: a malformed row was dead-lettered (history.h) */
     return got;
 }
 

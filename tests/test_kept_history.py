@@ -203,3 +203,74 @@ def test_flow_parent_kept_with_its_children(url: str, qname: str) -> None:
     assert q.check() == []
     q.keep_completed(count=0)
     q.close()
+
+
+def test_kept_row_shows_its_run_time(anyq: Any) -> None:
+    anyq.keep_completed(count=10)
+    jid_ = anyq.enqueue(b"t").id
+    job = anyq.claim()
+    time.sleep(0.05)
+    anyq.complete(job.id, job.token)
+    row = anyq.get_job(jid_)
+    assert row is not None
+    run_ms = int(str(row["finished_ms"])) - int(str(row["claimed_ms"]))
+    assert 40 <= run_ms < 5_000
+    anyq.reprocess(jid_)
+    row = anyq.get_job(jid_)
+    assert row is not None and "claimed_ms" not in row and "finished_ms" not in row
+
+
+def test_no_claim_stamp_while_keeping_is_off(anyq: Any) -> None:
+    jid_ = anyq.enqueue(b"t").id
+    anyq.claim()
+    row = anyq.get_job(jid_)
+    assert row is not None and "claimed_ms" not in row
+
+
+def die(q: Any, payload: bytes = b"d") -> str:
+    jid_ = q.enqueue(payload).id
+    job = q.claim()
+    assert q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="x") == "dead"
+    return jid_
+
+
+def test_keep_dead_bounds_by_count_oldest_minted_first(
+    anyq: Any, r: redis.Redis, qname: str
+) -> None:
+    anyq.keep_dead(count=2)
+    dead = [die(anyq) for _ in range(4)]
+    assert sorted(anyq.browse("dead")) == sorted(dead[2:])
+    assert anyq.job_state(dead[0]) == "absent"
+    assert r.exists(f"emq:{{{qname}}}:job:{dead[0]}:errors") == 0
+    assert r.hget(f"emq:{{{qname}}}:retired", dead[0]) == b"1"
+    anyq.keep_dead(None)  # unbounded again
+    die(anyq)
+    assert anyq.counts()["dead"] == 3
+    assert anyq.check() == []
+
+
+def test_keep_dead_on_the_stall_sweep_and_settle(anyq: Any) -> None:
+    anyq.keep_dead(count=1)
+    a = anyq.enqueue(b"a").id
+    anyq.claim(lease_ms=1)
+    b = anyq.enqueue(b"b").id
+    anyq.claim(lease_ms=1)
+    time.sleep(0.02)
+    recovered, died = anyq.sweep_stalled(max_stalled=1)
+    assert sorted(died) == sorted([a, b]) and anyq.browse("dead") == [b]
+    c = anyq.enqueue(b"c").id
+    job = anyq.claim()
+    anyq.settle(retried=[(job.id, job.token, 0, 1, "x")])
+    assert anyq.browse("dead") == [c]
+    assert anyq.check() == []
+
+
+def test_keep_dead_refusals_write_nothing(anyq: Any, r: redis.Redis, qname: str) -> None:
+    anyq.keep_dead(count=5)
+    before = snapshot(r, qname)
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(InvalidArgument):
+            anyq.keep_dead(count=bad)
+    with pytest.raises(InvalidArgument):
+        anyq.keep_dead(count=5, age_ms=1000)
+    assert snapshot(r, qname) == before

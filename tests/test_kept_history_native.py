@@ -4,6 +4,8 @@ and a kept outcome's within the clock tolerance)."""
 
 from __future__ import annotations
 
+import time
+
 from native_fixtures import (
     TOLERANCE_MS,
     Pair,
@@ -17,7 +19,7 @@ from native_fixtures import (
 
 class KeptPair(Pair):
     """A Pair that forgives the clock reads of each executor: a kept outcome's and a kept
-    row's finished_ms, within the tolerance (as scores are)."""
+    row's finished_ms and claimed_ms, within the tolerance (as scores are)."""
 
     def check(self, what: str = "") -> None:
         sa, sb = snapshot(self.r, self.a), snapshot(self.r, self.b)
@@ -25,9 +27,10 @@ class KeptPair(Pair):
         for name in set(sa) & set(sb):
             if sa[name][0] != "hash" or sb[name][0] != "hash":
                 continue
-            fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
-            if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
-                sb[name][1][b"finished_ms"] = fa
+            for field in (b"finished_ms", b"claimed_ms"):
+                fa, fb = sa[name][1].get(field), sb[name][1].get(field)
+                if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
+                    sb[name][1][field] = fa
         d = diff(sa, sb)
         assert not d, f"keyspaces differ {what}:\n" + "\n".join(d[:20])
 
@@ -79,3 +82,29 @@ def test_native_twins_keep_alike(pair: Pair) -> None:
         1,
     )
     assert pair.r.zcard(f"emq:{{{QB}}}:completed") == 1
+
+
+def test_native_twins_bound_dead_alike(pair: Pair) -> None:
+    for q in (QA, QB):
+        pair.r.hset(f"emq:{{{q}}}:meta", "keep_dead", "2:")
+    for n in range(1, 9):
+        args = ["@", jid(n), "p", "g" if n % 2 else "", "now", "0", "", "0", "", "", "simple", "0"]
+        assert pair.run("enqueue", ["@job:" + jid(n), "@meta"], args) == ("ok", b"enqueued")
+    claim = (["@meta", "@ring", "@active"], ["@", "30000"])
+    retry_keys = ["@active", "@schedule", "@dead"]
+    for _ in range(3):  # retry at the ceiling, one at a time
+        _kind, job = pair.run("claim", *claim)
+        jid_, token = job[0].decode(), str(job[2])
+        args = ["@", jid_, token, "0", "1", "boom"]
+        assert pair.run("retry", [*retry_keys, "@job:" + jid_], args) == ("ok", b"dead")
+    assert pair.r.zcard(f"emq:{{{QB}}}:dead") == 2
+    _kind, jobs = pair.run("claim_batch", claim[0], ["@", "30000", "3"])
+    args2: list[str | bytes] = ["@", "30000", "0", "0"]
+    for j in jobs:  # the worker's batch dead-letters three at once
+        args2 += [j[0].decode(), str(j[2]), "0", "1", "boom"]
+    pair.run("settle", ["@meta", "@ring", "@active", "@schedule", "@dead"], args2)
+    assert pair.r.zcard(f"emq:{{{QB}}}:dead") == 2
+    _kind, jobs = pair.run("claim_batch", claim[0], ["@", "1", "2"])
+    time.sleep(0.02)
+    pair.run("sweep_stalled", ["@active", "@dead"], ["@", "1", "100"])  # stall deaths
+    assert pair.r.zcard(f"emq:{{{QB}}}:dead") == 2

@@ -776,6 +776,16 @@ def keep_completed(k: Keys, count: int | None, age_ms: int | None = None) -> Cal
     return _call("keep", (k.meta,), ("keep_completed", value), lambda _: None)
 
 
+def keep_dead(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
+    """Bound the dead set to ``count`` rows, the oldest minted first (the dead set is scored
+    0, mint order, D6, and holds no death time, so ``age_ms`` is refused); ``None``:
+    unbounded (the default). Every script that dead-letters trims it in the same call."""
+    if age_ms is not None:
+        raise InvalidArgument("keep_dead bounds by count only: the dead set holds no death times")
+    c = None if count is None else _int("keep_dead count", count, 1)
+    return _call("keep", (k.meta,), ("keep_dead", "" if c is None else f"{c}:"), lambda _: None)
+
+
 def _opt(n: int | None) -> str:
     return "" if n is None else str(n)
 
@@ -1046,6 +1056,7 @@ __all__ += [
     "get_job",
     "is_paused",
     "keep_completed",
+    "keep_dead",
     "job_state",
     "lane_depth",
     "lanes",

@@ -309,6 +309,12 @@ class Queue:
         ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
         return self._x.run(_p.keep_completed(self._k, count, age_ms))
 
+    def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
+        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
+        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
+        dead set holds no death times."""
+        return self._x.run(_p.keep_dead(self._k, count, age_ms))
+
     def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
         return self._x.run(_p.remove(self._k, id))
@@ -777,6 +783,12 @@ class AsyncQueue:
         than ``age_ms`` (finish time, server clock), trimmed by the completing script.
         ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
         return await self._x.run(_p.keep_completed(self._k, count, age_ms))
+
+    async def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
+        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
+        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
+        dead set holds no death times."""
+        return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     async def remove(self, id: str) -> None:
         """Delete a job wherever it is."""

@@ -71,6 +71,7 @@ while i <= #ARGV do
     tonumber(ARGV[i + 2]), tonumber(max), ARGV[i + 4], now, tonumber(keep))
   i = i + 5
 end
+trim_dead(base, now)  -- keep_dead, after this call's dead-letters (include/history.lua)
 local jobs = {}
 local n = want
 local wait = 0

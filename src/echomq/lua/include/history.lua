@@ -1,10 +1,11 @@
 -- history: kept history (issue 24). Needs common (and observe, which common includes).
 --
--- A queue may keep its completed rows (meta `keep_completed`): one meta field
--- "<count>:<age_ms>", either part empty for no bound of that kind; an absent field is the
--- default (completion deletes the row). Kept completed rows sit in the ZSET p..completed
--- scored by their finish time (server ms). (keep_dead, bounding the dead set, is not built:
--- kept_trim is written for any set, but no dead-lettering script calls it yet.)
+-- A queue may keep its completed rows (meta `keep_completed`) and bound its dead set (meta
+-- `keep_dead`). Each setting is one meta field "<count>:<age_ms>", either part empty for no
+-- bound of that kind; an absent field is the default (completion deletes the row; the dead
+-- set is unbounded). Kept completed rows sit in the ZSET p..completed scored by their finish
+-- time (server ms). The dead set's score is 0 (mint order, D6) and holds no death time, so
+-- keep_dead bounds by count only, the oldest minted first (the client refuses an age).
 --
 -- The script that adds to a set trims it, in the same call: at most `added + TRIM_SLACK`
 -- rows per call (a lowered bound catches up over the next calls, never in one long call).
@@ -14,7 +15,7 @@
 -- token keep their own TTL. Trimming emits no event (history housekeeping, not a move).
 local TRIM_SLACK = 100
 
--- The setting `name` ('keep_completed') of the queue, read once per call.
+-- The setting `name` ('keep_completed' | 'keep_dead') of the queue, read once per call.
 local function kept_spec(base, name)
   local s = kept_specs[name]
   if s == nil then
@@ -68,4 +69,23 @@ local function keep_completed_row(base, id, jk, now)
   rcall('HSET', jk, 'state', 'completed', 'finished_ms', now)
   rcall('HDEL', jk, 'lease_epoch', 'cancel')
   rcall('ZADD', base .. 'completed', now, id)
+end
+
+-- Dead-lettering: every script that dead-letters a job adds it here, and calls trim_dead
+-- before it returns, so the dead set is bounded in the same call (keep_dead).
+local dead_added = 0
+
+local function dead_letter(base, id)
+  rcall('ZADD', base .. 'dead', 0, id)
+  dead_added = dead_added + 1
+end
+
+-- Trim the dead set after this call's dead-letters, when the queue bounds it. Idempotent
+-- within a call (the count restarts), so a script may call it on every way out.
+local function trim_dead(base, now)
+  if dead_added == 0 then return end
+  local added = dead_added
+  dead_added = 0
+  local spec = kept_spec(base, 'keep_dead')
+  if spec then kept_trim(base, 'dead', spec, added, now or now_ms()) end
 end
