@@ -256,7 +256,7 @@ def test_keep_dead_on_the_stall_sweep_and_settle(anyq: Any) -> None:
     b = anyq.enqueue(b"b").id
     anyq.claim(lease_ms=1)
     time.sleep(0.02)
-    recovered, died = anyq.sweep_stalled(max_stalled=1)
+    _recovered, died = anyq.sweep_stalled(max_stalled=1)
     assert sorted(died) == sorted([a, b]) and anyq.browse("dead") == [b]
     c = anyq.enqueue(b"c").id
     job = anyq.claim()
