@@ -274,3 +274,33 @@ def test_keep_dead_refusals_write_nothing(anyq: Any, r: redis.Redis, qname: str)
     with pytest.raises(InvalidArgument):
         anyq.keep_dead(count=5, age_ms=1000)
     assert snapshot(r, qname) == before
+
+
+def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qname: str) -> None:
+    from test_worker import InProcWorker
+
+    from conftest import wait_for
+
+    app = echomq.App(url=url, keep_completed=(2, 3_600_000), keep_dead=3)
+
+    @app.task(queue=qname, max_attempts=1)
+    def work(i: int) -> int:
+        if i < 0:
+            raise ValueError("no")
+        return i * 2
+
+    for i in range(4):
+        work.enqueue(i)
+    work.enqueue(-1)
+    handle = InProcWorker(echomq.Worker(app, queues=[qname], beat_ms=100))
+    try:
+        q = app.queue(qname)
+        wait_for(lambda: q.counts()["completed"] == 4 and q.counts()["dead"] == 1, timeout=10)
+    finally:
+        handle.stop()
+    assert len(q.browse("completed")) == 2  # a task user keeps history without a raw Queue
+    assert q.get_job(q.browse("completed")[0])["state"] == "completed"
+    for bad in ({"keep_completed": -1}, {"keep_completed": (1, 2, 3)}, {"keep_dead": 0}):
+        with pytest.raises(InvalidArgument):
+            echomq.App(url=url, **bad)  # type: ignore[arg-type]
+    app.close()
