@@ -277,9 +277,8 @@ def test_keep_dead_refusals_write_nothing(anyq: Any, r: redis.Redis, qname: str)
 
 
 def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qname: str) -> None:
-    from test_worker import InProcWorker
-
     from conftest import wait_for
+    from test_worker import InProcWorker
 
     app = echomq.App(url=url, keep_completed=(2, 3_600_000), keep_dead=3)
 
