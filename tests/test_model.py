@@ -660,11 +660,35 @@ class ModelMachine(RuleBasedStateMachine):
 
     def completed(self, qi: int, jid: str, result: bytes, keep: bool) -> None:
         m = self.m(qi)
+        if m.keep_count is not None:
+            self.kept_completion(qi, jid, result, keep)
+            return
         j = m.drop(jid)
         m.completed += 1
         if keep:
             m.keep(jid, result, j.attempts, None)
         self.w.child_done(qi, jid, j, result)
+
+    # ---- kept history (issue 24) ----------------------------------------------------------
+
+    def kept_completion(self, qi: int, jid: str, result: bytes, keep: bool) -> None:
+        """A completion while the queue keeps rows: the row stays as completed, scored by
+        its finish time (read back: the server clock), then the set is trimmed by count."""
+        m = self.m(qi)
+        j = m.jobs[jid]
+        m.completed += 1
+        if keep:
+            m.keep(jid, result, j.attempts, None)
+        s = self.r.zscore(self.key(qi, "completed"), jid)
+        # None: trimmed by its own call (a batch sharing one finish time, ordered by id): it
+        # ranked oldest there, so the model trims it first too.
+        m.keep_completed_row(jid, -1 if s is None else int(s))
+        self.w.child_done(qi, jid, j, result)
+        m.trim("completed", m.keep_count)
+
+    def dead_lettered(self, qi: int) -> None:
+        """A script dead-lettered on queue qi: it trims the dead set (keep_dead)."""
+        self.m(qi).dead_added = True
 
     def do_retry(
         self, qi: int, jid: str, token: int, delay: int, max_attempts: int, error: str, keep: bool
@@ -717,6 +741,8 @@ class ModelMachine(RuleBasedStateMachine):
             if keep or jid in m.wanted:  # a death while a waiter waits: kept 60 s (D17)
                 m.keep(jid, b"", j.attempts, error)
             self.w.child_dead(qi, jid, j, error)
+            self.dead_lettered(qi)
+            m.trim_dead()
             return "dead"
         j.state = "scheduled"
         j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
@@ -869,6 +895,7 @@ class ModelMachine(RuleBasedStateMachine):
                 continue
             m.leave_active(j)
             j.state = "pending"
+        m.trim_dead()
         self.ring_repair(qi)
 
     def ring_repair(self, qi: int) -> None:
@@ -903,10 +930,12 @@ class ModelMachine(RuleBasedStateMachine):
                 if jid in m.wanted:
                     m.keep(jid, b"", j.attempts, "stalled")
                 self.w.child_dead(qi, jid, j, "stalled")
+                self.dead_lettered(qi)
                 want_d.append(jid)
             else:
                 j.state = "pending"
                 want_r.append(jid)
+        m.trim_dead()
         assert (sorted(recovered), sorted(dead)) == (sorted(want_r), sorted(want_d))
         self.ring_repair(qi)
 
@@ -922,6 +951,7 @@ class ModelMachine(RuleBasedStateMachine):
             return
         m.leave_active(j)
         j.state, j.last_error, j.epoch = "dead", "cancelled", None
+        self.dead_lettered(qi)
         m.failed += 1
         m.release_dedup(jid)
         if jid in m.wanted:
@@ -981,6 +1011,8 @@ class ModelMachine(RuleBasedStateMachine):
         for jid in set(self.m(qi).jobs) - known:
             assert self.m(qi).jobs[jid].payload in {p for p, _ in self.m(qi).repeats.values()}
         self.w.deliver(qi)
+        for other in self.w.qs:  # a delivered fail_parent death trims its parent's queue
+            other.trim_dead()
 
     # ------------------------------------------------------------------ repeats
 
@@ -999,25 +1031,32 @@ class ModelMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ job admin
 
-    @rule(qi=QI, n=PICK)
-    def reprocess(self, qi: int, n: int) -> None:
-        """Mostly a dead job (a fresh incarnation: no result, no flag, a fresh budget)."""
+    @rule(qi=QI, n=PICK, delay=st.sampled_from((None, None, 0, SHORT, LONG)))
+    def reprocess(self, qi: int, n: int, delay: int | None) -> None:
+        """Mostly a dead or kept completed job (a fresh incarnation: no result, no flag, a
+        fresh budget), now or with a delay (issue 24)."""
         m = self.m(qi)
-        dead = self.live(qi, "dead")
-        jid = pick(dead, n) if n % 4 else pick(sorted(m.seen), n)
+        ended = self.live(qi, "dead", "completed")
+        jid = pick(ended, n) if n % 4 else pick(sorted(m.seen), n)
         if jid is not None:
-            self.do_reprocess(qi, jid)
+            self.do_reprocess(qi, jid, delay)
 
-    def do_reprocess(self, qi: int, jid: str) -> None:
+    def do_reprocess(self, qi: int, jid: str, delay: int | None = None) -> None:
         m = self.m(qi)
         j = m.jobs.get(jid)
-        err = JobGone if j is None else StateError if j.state != "dead" else None
-        self.expect(err, self.q(qi).reprocess, jid)
+        ended = j is not None and j.state in ("dead", "completed")
+        err = JobGone if j is None else None if ended else StateError
+        t0 = self.now()
+        self.expect(err, self.q(qi).reprocess, jid, delay_ms=delay)
+        t1 = self.now()
         note(f"reprocess: {j.state if j else 'gone'}{' with a result' if jid in m.results else ''}")
         if j is not None and err is None:
             j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
             j.floor = j.attempts
             m.results.pop(jid, None)
+            if delay:
+                j.state = "scheduled"
+                j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
 
     @rule(qi=QI, n=PICK)
     def remove(self, qi: int, n: int) -> None:
@@ -1053,7 +1092,7 @@ class ModelMachine(RuleBasedStateMachine):
         j = m.jobs.get(jid)
         note(f"cancel: {j.state if j else 'gone'}")
         got = self.q(qi).cancel(jid, remove=remove)
-        if j is None or j.state in ("dead", "awaiting_children"):
+        if j is None or j.state in ("dead", "completed", "awaiting_children"):
             assert got == "absent"
         elif j.state == "active":
             assert got == "signalled"
@@ -1134,7 +1173,17 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(
         qi=QI,
         what=st.sampled_from(
-            ("pause", "pause lane", "limit lane", "rate", "rate lane", "clear rate", "clear lane")
+            (
+                "pause",
+                "pause lane",
+                "limit lane",
+                "rate",
+                "rate lane",
+                "clear rate",
+                "clear lane",
+                "keep",
+                "keep dead",
+            )
         ),
         g=LANE,
         n=st.sampled_from((None, 1, 2)),
@@ -1167,6 +1216,12 @@ class ModelMachine(RuleBasedStateMachine):
         elif what == "clear rate":
             q.clear_rate_limit()
             m.rate = None
+        elif what == "keep":  # kept history (issue 24): None turns it off
+            q.keep_completed(n or 0)
+            m.keep_count = n
+        elif what == "keep dead":  # a lowered bound applies at the next death
+            q.keep_dead(n)
+            m.keep_dead = n
         else:
             q.clear_rate_limit(g)
             m.lane_rate.pop(g, None)
@@ -1265,7 +1320,7 @@ class ModelMachine(RuleBasedStateMachine):
                 f"{name} {jid}: row {dict(zip(fields, got, strict=True))} "
                 f"!= model {dict(zip(fields, want, strict=True))}"
             )
-            want_score = j.score if j.state in ("active", "scheduled") else 0
+            want_score = j.score if j.state in ("active", "scheduled", "completed") else 0
             if j.state == "awaiting_children":
                 assert score is None, f"{jid} is awaiting its children but is in a set"
             else:
@@ -1319,7 +1374,12 @@ class ModelMachine(RuleBasedStateMachine):
             )
         return self.key(
             qi,
-            {"active": "active", "scheduled": "schedule", "dead": "dead"}.get(j.state, "pending"),
+            {
+                "active": "active",
+                "scheduled": "schedule",
+                "dead": "dead",
+                "completed": "completed",
+            }.get(j.state, "pending"),
         )
 
     def teardown(self) -> None:
