@@ -46,23 +46,28 @@ void emq_keep_completed_row(emq *e, emq_sv id, emq_sv jk, long long now) {
 
 /* kept_drop: the rows and every side key the lifecycle table ties to them; their tokens
  * retired. */
-static void kept_drop(emq *e, RedisModuleCallReply *ids, size_t n) {
+static void kept_drop(emq *e, RedisModuleCallReply *ids, size_t n, int dead) {
     emq_sv *keys = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (7 * n + 1));
     emq_sv *retired = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (2 * n + 1));
-    static const char *fields[1] = {"attempts"};
-    static const char *sides[6] = {":logs", ":errors", ":deps", ":processed", ":failed",
-                                   ":unsuccessful"};
+    static const char *fields[2] = {"attempts", "children"};
+    static const char *flows[4] = {":deps", ":processed", ":failed", ":unsuccessful"};
     int nk = 0, nr = 0;
     for (size_t i = 0; i < n; i++) {
         emq_sv id = emq_str(e, RedisModule_CallReplyArrayElement(ids, i));
-        emq_sv jk = emq_key2(e, "job:", id), att;
-        if (emq_hmget(e, jk, 1, fields, &att) && att.p && !emq_eqs(att, "0") &&
-            emq_is_digits(att)) {
+        emq_sv jk = emq_key2(e, "job:", id), row[2];
+        if (!emq_hmget(e, jk, 2, fields, row)) row[0] = row[1] = EMQ_NONE;
+        emq_sv att = row[0];
+        if (att.p && !emq_eqs(att, "0") && emq_is_digits(att)) {
             retired[nr++] = id;
             retired[nr++] = att;
         }
         keys[nk++] = jk;
-        for (int s = 0; s < 6; s++) keys[nk++] = emq_cat(e, 2, jk, (emq_sv){sides[s], strlen(sides[s])});
+        keys[nk++] = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
+        /* Only a retry writes <row>:errors; only a flow parent has flow keys (history.lua). */
+        if (dead || !emq_eqs(att, "1")) keys[nk++] = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
+        if (row[1].p)
+            for (int s = 0; s < 4; s++)
+                keys[nk++] = emq_cat(e, 2, jk, (emq_sv){flows[s], strlen(flows[s])});
     }
     for (int j = 0; j < nk; j += 2000) emq_delv(e, nk - j < 2000 ? nk - j : 2000, keys + j);
     emq_retire(e, retired, nr);
@@ -82,7 +87,7 @@ void emq_kept_trim(emq *e, const char *set, const emq_keep *k, long long added, 
     emq_sv last = emq_fmt_ll(e, n - 1);
     RedisModuleCallReply *ids = emq_call(e, "ZRANGE", 3, key, EMQ_LIT("0"), last);
     emq_call(e, "ZREMRANGEBYRANK", 3, key, EMQ_LIT("0"), last);
-    kept_drop(e, ids, RedisModule_CallReplyLength(ids));
+    kept_drop(e, ids, RedisModule_CallReplyLength(ids), !strcmp(set, "dead"));
 }
 
 void emq_dead_letter(emq *e, emq_sv id) {

@@ -26,22 +26,28 @@ local function kept_spec(base, name)
 end
 
 -- Delete trimmed rows and what the lifecycle table ties to them; retire their tokens.
-local function kept_drop(base, ids)
+-- Only a retry writes <row>:errors (a completed row with attempts '1' has none; a dead one
+-- may: its one attempt failed) and only a flow parent (`children`) has flow keys: the DEL
+-- names the keys a row can have, not all seven.
+local function kept_drop(base, ids, dead)
   local keys, retired = {}, {}
   for _, id in ipairs(ids) do
     local jk = base .. 'job:' .. id
-    local att = redis.pcall('HGET', jk, 'attempts')
+    local row = hmget(jk, 'attempts', 'children') or {}
+    local att = row[1]
     if type(att) == 'string' and att ~= '0' and string.match(att, '^[0-9]+$') then
       retired[#retired + 1] = id
       retired[#retired + 1] = att
     end
     keys[#keys + 1] = jk
     keys[#keys + 1] = jk .. ':logs'
-    keys[#keys + 1] = jk .. ':errors'
-    keys[#keys + 1] = jk .. ':deps'
-    keys[#keys + 1] = jk .. ':processed'
-    keys[#keys + 1] = jk .. ':failed'
-    keys[#keys + 1] = jk .. ':unsuccessful'
+    if dead or att ~= '1' then keys[#keys + 1] = jk .. ':errors' end
+    if row[2] then
+      keys[#keys + 1] = jk .. ':deps'
+      keys[#keys + 1] = jk .. ':processed'
+      keys[#keys + 1] = jk .. ':failed'
+      keys[#keys + 1] = jk .. ':unsuccessful'
+    end
   end
   for j = 1, #keys, 2000 do rcall('DEL', unpack(keys, j, math.min(j + 1999, #keys))) end
   retire(base, retired)
@@ -60,7 +66,7 @@ local function kept_trim(base, name, spec, added, now)
   if n > added + TRIM_SLACK then n = added + TRIM_SLACK end
   local ids = rcall('ZRANGE', key, 0, n - 1)
   rcall('ZREMRANGEBYRANK', key, 0, n - 1)
-  kept_drop(base, ids)
+  kept_drop(base, ids, name == 'dead')
 end
 
 -- A completion that keeps its row: state `completed`, its finish time, the lease closed; the
