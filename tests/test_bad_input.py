@@ -14,7 +14,7 @@ import redis.asyncio
 import echomq
 from conftest import SyncOverAsync, snapshot
 from echomq import ids
-from echomq.errors import InvalidArgument, InvalidId, KindError, PayloadTooLarge
+from echomq.errors import InvalidArgument, InvalidId, KindError, PayloadTooLarge, StateError
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors
@@ -193,7 +193,21 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ),
     # unknown browse states
     ("browse-wait", lambda q, j: q.browse("wait"), InvalidArgument),
-    ("browse-completed", lambda q, j: q.browse("completed"), InvalidArgument),
+    ("browse-complete", lambda q, j: q.browse("complete"), InvalidArgument),
+    # kept history (issue 24): bad settings and reprocess options
+    ("keep-completed-negative", lambda q, j: q.keep_completed(-1), InvalidArgument),
+    ("keep-completed-float", lambda q, j: q.keep_completed(1.5), InvalidArgument),
+    ("keep-completed-age-zero", lambda q, j: q.keep_completed(5, age_ms=0), InvalidArgument),
+    ("keep-completed-off-age", lambda q, j: q.keep_completed(0, age_ms=5), InvalidArgument),
+    ("keep-dead-zero", lambda q, j: q.keep_dead(0), InvalidArgument),
+    ("keep-dead-age", lambda q, j: q.keep_dead(5, age_ms=5), InvalidArgument),
+    ("reprocess-delay-negative", lambda q, j: q.reprocess(j["dead"], delay_ms=-1), InvalidArgument),
+    (
+        "reprocess-delay-and-at",
+        lambda q, j: q.reprocess(j["dead"], delay_ms=1, at_ms=1),
+        InvalidArgument,
+    ),
+    ("reprocess-live", lambda q, j: q.reprocess(j["pending"]), StateError),
     ("browse-upper", lambda q, j: q.browse("PENDING"), InvalidArgument),
     ("browse-none", lambda q, j: q.browse(None), InvalidArgument),
     ("browse-lane-active", lambda q, j: q.browse("active", group=LANE), InvalidArgument),
