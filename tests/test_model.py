@@ -1032,7 +1032,7 @@ class ModelMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ job admin
 
     @rule(qi=QI, n=PICK, delay=st.sampled_from((None, None, 0, SHORT, LONG)))
-    def reprocess(self, qi: int, n: int, delay: int | None) -> None:
+    def reprocess(self, qi: int, n: int, delay: int | None = None) -> None:
         """Mostly a dead or kept completed job (a fresh incarnation: no result, no flag, a
         fresh budget), now or with a delay (issue 24)."""
         m = self.m(qi)
@@ -1640,3 +1640,60 @@ def test_an_old_child_never_settles_into_a_new_incarnation(sm: ModelMachine, end
         tok = sm.claim_only(0, LONG, {child})[child]
         sm.do_complete(0, child, tok, False, b"R")
         sm.server_agrees_with_model()
+
+
+# ---------------------------------------------------------------------- kept history (issue 24)
+# keep_completed / keep_dead by count (the age bound reads the server clock: it is driven in
+# tests/test_kept_history.py), the completed state, reprocess of a kept completed job with and
+# without a delay, re-admission, remove and cancel of a kept row; every step checked.
+
+
+def test_kept_completed_rows_trim_by_count_and_rerun(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.admin(qi=0, what="keep", g="la", n=2)
+    for i in range(4):
+        s.enqueue(qi=0, payload=b"k%d" % i, group=None, delay=None, did=None, mode="simple")
+    s.work(qi=0, outcomes=["done", "done+keep", "done", "done+keep"])  # trims to 2
+    kept = sm.live(0, "completed")
+    assert len(kept) == 2
+    s.enqueue_id(qi=0, n=1, payload=b"x", group=None, did=None, mode="simple")  # a duplicate
+    s.do_reprocess(qi=0, jid=kept[0], delay=LONG)  # a kept completed job, later
+    assert sm.m(0).jobs[kept[0]].state == "scheduled"
+    s.do_reprocess(qi=0, jid=kept[1])  # and now
+    assert sm.m(0).jobs[kept[1]].state == "pending"
+    s.admin(qi=0, what="keep", g="la", n=1)  # a lower bound: the next completion trims
+    s.work(qi=0, outcomes=["done"])
+    assert len(sm.live(0, "completed")) == 1
+    s.do_cancel(qi=0, jid=sm.live(0, "completed")[0], remove=False)  # absent: nothing runs
+    s.remove_id(qi=0, jid=sm.live(0, "completed")[0])
+    s.admin(qi=0, what="keep", g="la", n=None)  # off: completions delete again
+    s.work(qi=0, outcomes=["done", "done"])
+
+
+def test_kept_dead_rows_trim_by_count(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.admin(qi=0, what="keep dead", g="la", n=1)
+    for i in range(3):
+        s.enqueue(qi=0, payload=b"d%d" % i, group="la", delay=None, did=None, mode="simple")
+    s.work(qi=0, outcomes=["die", "die+keep", "hold"])
+    assert len(sm.live(0, "dead")) == 1
+    s.claim(qi=0, lease=SHORT)
+    s.sweep_stalled(qi=0, max_stalled=1)  # a stall death trims too
+    assert len(sm.live(0, "dead")) == 1
+    s.do_reprocess(qi=0, jid=sm.live(0, "dead")[0], delay=SHORT)
+    s.pump(qi=0)  # due: promoted back to waiting
+    s.admin(qi=0, what="keep dead", g="la", n=None)
+
+
+def test_a_kept_flow_parent_and_its_rerun_child(sm: ModelMachine) -> None:
+    """A kept parent keeps its children's outcomes; a kept child reprocessed and completed
+    again moves its record, never counts twice."""
+    s = Steps(sm)
+    s.admin(qi=0, what="keep", g="la", n=2)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, None)])
+    s.work(qi=0, outcomes=["done+keep"])  # the child
+    s.work(qi=0, outcomes=["done"])  # the parent
+    child = next(i for i, j in sm.m(0).jobs.items() if j.parent is not None)
+    assert sm.m(0).jobs[child].state == "completed"
+    s.do_reprocess(qi=0, jid=child)
+    s.work(qi=0, outcomes=["done"])
