@@ -680,9 +680,14 @@ class ModelMachine(RuleBasedStateMachine):
         if keep:
             m.keep(jid, result, j.attempts, None)
         s = self.r.zscore(self.key(qi, "completed"), jid)
-        # None: trimmed by its own call (a batch sharing one finish time, ordered by id): it
-        # ranked oldest there, so the model trims it first too.
-        m.keep_completed_row(jid, -1 if s is None else int(s))
+        if s is None:
+            # Trimmed by its own call: only a batch's completions can be, sharing one finish
+            # time (then ordered by id), and a batch's newest survive (a bound is >= 1), so
+            # the set's newest score is this call's. The model's trim then decides whether
+            # the server was right to drop it.
+            newest = self.r.zrange(self.key(qi, "completed"), -1, -1, withscores=True)
+            s = newest[0][1] if newest else self.now()
+        m.keep_completed_row(jid, int(s))
         self.w.child_done(qi, jid, j, result)
         m.trim("completed", m.keep_count)
 
