@@ -1,4 +1,4 @@
-"""What kept history costs (issue 24, D23): bytes per kept completed job, and the completing
+"""What kept history costs (issue 24, D25): bytes per kept completed job, and the completing
 script's server time per job with ``keep_completed(count=10_000)`` against keeping off, on
 the Lua scripts and on the native module.
 

@@ -46,11 +46,11 @@ static void flow_outbox(emq *e, const emq_flow *f, emq_sv id, int done, emq_sv v
 }
 
 static void flow_release(emq *e, emq_sv pid) {
-    static const char *fields[2] = {"state", "group"};
-    emq_sv pk = emq_key2(e, "job:", pid), p[2];
-    if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+    static const char *fields[3] = {"state", "group", "priority"};
+    emq_sv pk = emq_key2(e, "job:", pid), p[3];
+    if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
     emq_hset(e, 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
-    emq_zadd(e, 3, emq_waiting_key(e, p[1]), EMQ_LIT("0"), pid);
+    emq_zadd(e, 3, emq_waiting_key(e, p[1]), p[2].p ? p[2] : EMQ_LIT("0"), pid);
     /* A full sync, not touch's flat fast path (compose.lua flow_release, F12). */
     int inring, inserted;
     emq_sync(e, p[1], 0, &inring, &inserted);

@@ -55,13 +55,20 @@ static void rate_charge(emq *e, emq_sv key, long long n, long long window) {
 
 /* ------------------------------------------------------------------ common.lua claim_gate */
 
+/* ratelimit.lua qlimit: tonumber(meta.limit) or false. */
+static void seed_limit(emq_lease *c, emq_sv lim) {
+    c->qlimit_known = 1;
+    c->qlimited = lim.p && emq_parse_ll(lim, &c->qlimit);
+}
+
 int emq_claim_gate(emq *e, emq_lease *out) {
-    static const char *fields[6] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
-                                    "keep_completed"};
-    emq_sv m[6];
+    static const char *fields[7] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
+                                    "limit", "keep_completed"};
+    emq_sv m[7];
     /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    emq_hmget_strict(e, emq_key(e, "meta"), 6, fields, m);
-    e->keep_completed = m[5]; /* kept history (history.h), for settle's completions */
+    emq_hmget_strict(e, emq_key(e, "meta"), 7, fields, m);
+    seed_limit(out, m[5]);
+    e->keep_completed = m[6]; /* kept history (history.h), for settle's completions */
     e->keep_known = 1;
     e->events_bound = m[3];
     e->events_known = 1;
@@ -298,6 +305,15 @@ long long emq_rate_wait(emq *e, long long now) {
     return emq_rate_wait_in(e, now, &c);
 }
 
+/* ratelimit.lua limit_room: n capped by the queue-wide concurrency limit's room, >= 0. */
+static long long limit_room(emq *e, emq_lease *c, long long n) {
+    if (!c->qlimit_known) seed_limit(c, emq_hget(e, emq_key(e, "meta"), EMQ_LIT("limit")));
+    if (!c->qlimited) return n;
+    long long room = c->qlimit - emq_card(e, emq_key(e, "active"), REDISMODULE_KEYTYPE_ZSET);
+    if (room < n) n = room;
+    return n > 0 ? n : 0;
+}
+
 long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, long long now) {
     emq_sv ring = emq_key(e, "ring");
     long long got = 0;
@@ -312,6 +328,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         if (left < 0) left = 0;
         if (left < n) n = left;
     }
+    n = limit_room(e, out, n);
     while (got < n) {
         emq_sv g = ring_head(e);
         if (!g.p) break;

@@ -14,7 +14,14 @@ import redis.asyncio
 import echomq
 from conftest import SyncOverAsync, snapshot
 from echomq import ids
-from echomq.errors import InvalidArgument, InvalidId, KindError, PayloadTooLarge, StateError
+from echomq.errors import (
+    InvalidArgument,
+    InvalidId,
+    JobGone,
+    KindError,
+    PayloadTooLarge,
+    StateError,
+)
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors
@@ -97,6 +104,7 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "reprocess": lambda q, i: q.reprocess(i),
     "remove": lambda q, i: q.remove(i),
     "run_now": lambda q, i: q.run_now(i),
+    "change_priority": lambda q, i: q.change_priority(i, 1),
     "get_job": lambda q, i: q.get_job(i),
     "job_state": lambda q, i: q.job_state(i),
     "update_progress": lambda q, i: q.update_progress(i, "1"),
@@ -271,6 +279,38 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ("weight-0", lambda q, j: q.weight_lane(LANE, 0), InvalidArgument),
     ("weight-neg", lambda q, j: q.weight_lane(LANE, -2), InvalidArgument),
     ("weight-bool", lambda q, j: q.weight_lane(LANE, True), InvalidArgument),
+    # --- priorities (issue 24): 0..2**21, an int and not a bool
+    ("priority-neg", lambda q, j: q.enqueue(b"x", priority=-1), InvalidArgument),
+    ("priority-huge", lambda q, j: q.enqueue(b"x", priority=2**21 + 1), InvalidArgument),
+    ("priority-float", lambda q, j: q.enqueue(b"x", priority=1.0), InvalidArgument),
+    ("priority-bool", lambda q, j: q.enqueue(b"x", priority=True), InvalidArgument),
+    ("priority-str", lambda q, j: q.enqueue(b"x", priority="1"), InvalidArgument),
+    ("priority-none", lambda q, j: q.enqueue(b"x", priority=None), InvalidArgument),
+    ("many-priority-neg", lambda q, j: q.enqueue_many([b"x"], priority=-1), InvalidArgument),
+    ("many-priority-bool", lambda q, j: q.enqueue_many([b"x"], priority=False), InvalidArgument),
+    ("many-priority-huge", lambda q, j: q.enqueue_many([b"x"], priority=2**22), InvalidArgument),
+    ("change-priority-neg", lambda q, j: q.change_priority(j["pending"], -1), InvalidArgument),
+    ("change-priority-bool", lambda q, j: q.change_priority(j["pending"], True), InvalidArgument),
+    (
+        "change-priority-huge",
+        lambda q, j: q.change_priority(j["scheduled"], 2**21 + 1),
+        InvalidArgument,
+    ),
+    ("change-priority-active", lambda q, j: q.change_priority(j["active"], 1), StateError),
+    (
+        "change-priority-lane-active",
+        lambda q, j: q.change_priority(j["active_lane"], 1),
+        StateError,
+    ),
+    ("change-priority-dead", lambda q, j: q.change_priority(j["dead"], 1), StateError),
+    ("change-priority-gone", lambda q, j: q.change_priority(ABSENT, 1), JobGone),
+    ("change-priority-done", lambda q, j: q.change_priority(j["done"], 1), JobGone),
+    # --- the queue-wide concurrency limit (issue 24): a positive int, or None
+    ("queue-limit-0", lambda q, j: q.limit(0), InvalidArgument),
+    ("queue-limit-neg", lambda q, j: q.limit(-3), InvalidArgument),
+    ("queue-limit-bool", lambda q, j: q.limit(True), InvalidArgument),
+    ("queue-limit-float", lambda q, j: q.limit(2.0), InvalidArgument),
+    ("queue-limit-str", lambda q, j: q.limit("2"), InvalidArgument),
     # extend_many with a malformed pair (the good pair before it is not extended either)
     (
         "pair-short",

@@ -135,6 +135,7 @@ PAYLOADS = st.binary(max_size=4)
 # Which item of a list (tickets: counted from the most recent): mostly one of the last few.
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 255))
 QI = st.sampled_from((0, 0, 0, 0, 1))
+PRIORITIES = st.sampled_from((0, 1, 5, 2**21))  # issue 24: the default, low, the maximum
 # D3's grammar: a dedup id is [A-Za-z0-9._-]{1,255}; the long one is past the old 128 cap.
 DIDS = ("d1", "d2", "L" * 200)
 MODES = st.sampled_from(("simple", "throttle", "debounce"))
@@ -249,7 +250,8 @@ class ModelMachine(RuleBasedStateMachine):
         assert j is not None and j.state == "pending", f"claimed {job.id}, which is {j}"
         assert m.capacity(j.group) > 0, f"claimed {job.id} from unserviceable {j.group}"
         assert m.rate is None or m.rate[1] < m.rate[0], "a claim past the queue's rate limit"
-        assert job.id == m.waiting(j.group)[0], "a claim must serve the oldest of its set"
+        assert m.limit is None or m.active_count() < m.limit, "a claim past the queue's limit"
+        assert job.id == m.waiting(j.group)[0], "a claim must serve the head of its set"
         assert job.token == j.attempts + 1, f"token {job.token}, model {j.attempts + 1}"
         assert (job.group, job.payload) == (j.group, j.payload)
         m.take(job.id)
@@ -316,6 +318,34 @@ class ModelMachine(RuleBasedStateMachine):
                 note("enqueue_id: re-admits an id with a kept result")
             self.admit_one(qi, jid, payload, group, None, did, mode)
 
+    # --- issue 24, priorities: an enqueue with a priority, and change_priority of any job
+    # the model knows (waiting or scheduled: set; active, dead, a held parent: StateError and
+    # nothing written; gone: JobGone).
+
+    @rule(qi=QI, payload=PAYLOADS, group=GROUPS, delay=DELAYS, priority=PRIORITIES)
+    def enqueue_prioritized(
+        self, qi: int, payload: bytes, group: str | None, delay: int | None, priority: int
+    ) -> None:
+        self.admit_one(qi, None, payload, group, delay, None, "simple", priority)
+
+    @rule(qi=QI, n=PICK, priority=PRIORITIES)
+    def change_priority(self, qi: int, n: int, priority: int) -> None:
+        m = self.m(qi)
+        jid = pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        if j is None:
+            self.expect(JobGone, self.q(qi).change_priority, jid, priority)
+        elif j.state in ("pending", "scheduled"):
+            self.q(qi).change_priority(jid, priority)
+            j.priority = priority
+        else:
+            note(f"change_priority refused: {j.state}")
+            self.expect(StateError, self.q(qi).change_priority, jid, priority)
+
+    # --- end of issue 24 (priorities)
+
     def admit_one(
         self,
         qi: int,
@@ -325,9 +355,12 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
+        priority: int = 0,
     ) -> None:
         m = self.m(qi)
         kw: dict[str, Any] = {}
+        if priority:  # issue 24 (sent only when set: the default call stays the default)
+            kw["priority"] = priority
         if did is not None:
             kw = {"dedup": did, "dedup_mode": mode}
             if mode != "simple":
@@ -353,7 +386,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert e == Enqueued(jid, "duplicate")
             assert "duplicate" in new or not strict("events"), f"a refused duplicate: {new}"
             return
-        j = Job(payload, group)
+        j = Job(payload, group, priority=priority)
         if delay:
             assert e.status == "scheduled", e
             j.state = "scheduled"
@@ -1195,6 +1228,7 @@ class ModelMachine(RuleBasedStateMachine):
                 "rate lane",
                 "clear rate",
                 "clear lane",
+                "limit queue",  # issue 24: the queue-wide concurrency limit
                 "keep",
                 "keep dead",
             )
@@ -1230,6 +1264,9 @@ class ModelMachine(RuleBasedStateMachine):
         elif what == "clear rate":
             q.clear_rate_limit()
             m.rate = None
+        elif what == "limit queue":  # issue 24
+            q.limit(n)
+            m.limit = n
         elif what == "keep":  # kept history (issue 24): None turns it off
             q.keep_completed(n or 0)
             m.keep_count = n
@@ -1273,6 +1310,7 @@ class ModelMachine(RuleBasedStateMachine):
             "parent_policy",
             "parent_queue",
             "children",
+            "priority",  # issue 24: absent for 0
         )
         jobs = sorted(m.jobs.items())
         gone = sorted(m.seen - set(m.jobs))
@@ -1323,6 +1361,7 @@ class ModelMachine(RuleBasedStateMachine):
                 j.policy,
                 self.names[j.pq] if j.pq is not None else None,
                 str(j.children) if j.children else None,
+                str(j.priority) if j.priority else None,
             ]
             got = [
                 v if v is None or f == "payload" else v.decode()
@@ -1335,6 +1374,8 @@ class ModelMachine(RuleBasedStateMachine):
                 f"!= model {dict(zip(fields, want, strict=True))}"
             )
             want_score = j.score if j.state in ("active", "scheduled", "completed") else 0
+            if j.state == "pending":
+                want_score = j.priority  # issue 24: a waiting job is scored by its priority
             if j.state == "awaiting_children":
                 assert score is None, f"{jid} is awaiting its children but is in a set"
             else:

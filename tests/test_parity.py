@@ -146,7 +146,11 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
         ("dedup", KW, None),
         ("dedup_ttl_ms", KW, None),
         ("dedup_mode", KW, "simple"),
+        ("priority", KW, 0),
     ],
+    "change_priority": [("id", POS, EMPTY), ("priority", POS, EMPTY)],
+    "limit": [("n", POS, EMPTY)],
+    "get_limit": [],
     "claim": [("lease_ms", KW, 30_000)],
     "claim_batch": [("n", POS, EMPTY), ("lease_ms", KW, 30_000)],
     "complete": [

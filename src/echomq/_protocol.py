@@ -245,6 +245,15 @@ def _int(name: str, value: object, lo: int, hi: int = MAX_INT) -> int:
     return value
 
 
+# A job's priority: 0..2^21, lower runs first, 0 the default (PROTOCOL §2.2). It is the job's
+# score in its waiting set, so 2^21 keeps every score an exact small integer.
+MAX_PRIORITY = 2**21
+
+
+def _priority(value: object) -> int:
+    return _int("priority", value, 0, MAX_PRIORITY)
+
+
 def _lease(value: object) -> int:
     return _int("lease_ms", value, 1, MAX_MS)
 
@@ -376,13 +385,16 @@ def enqueue(
     dedup: str | None = None,
     dedup_ttl_ms: int | None = None,
     dedup_mode: str = "simple",
+    priority: int = 0,
 ) -> Plan[Enqueued]:
-    """``replay_ms``: how long the server remembers this call for its resends (a resend
+    """``priority``: 0..2^21, lower runs first (ARGV[14], sent only when not 0).
+    ``replay_ms``: how long the server remembers this call for its resends (a resend
     after a lost reply then finds its first copy even once that job has completed: it is
     never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control."""
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    pri = _priority(priority)
     extra: tuple[Arg, ...] = ()
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
         from echomq._control import dedup_args  # _control builds on this module
@@ -408,6 +420,10 @@ def enqueue(
             tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
         else:
             tail = extra
+        if pri:
+            # ARGV[14] follows the optional ARGV[8..13]: fill the ones this call left out.
+            head = ("", "simple", 0) if not tail else tail[:3]
+            tail = (*head, tail[3] if len(tail) > 3 else 0, pri)
         args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *tail)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
         keys = (k.base + "job:" + jid, k.meta)
@@ -477,9 +493,11 @@ def enqueue_many(
     delay_ms: int | None = None,
     at_ms: int | None = None,
     replay_ms: int = 0,
+    priority: int = 0,
 ) -> Plan[list[Enqueued | EchoMQError]]:
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    pri = _priority(priority)  # one priority for every job of the call (ARGV[8])
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
@@ -515,7 +533,7 @@ def enqueue_many(
         # retired record), 'r' on a resend.
         fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call("enqueue_many", (k.meta,), (*head, f, *_flat(jobs, span)), _str_list)
+            _call("enqueue_many", (k.meta,), (*head, f, pri, *_flat(jobs, span)), _str_list)
             for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
@@ -528,7 +546,10 @@ def enqueue_many(
                 # admitted jobs, even once they completed), never a second admission.
                 calls = [
                     _call(
-                        "enqueue_many", (k.meta,), (*head, f + "r", *_flat(jobs, span)), _str_list
+                        "enqueue_many",
+                        (k.meta,),
+                        (*head, f + "r", pri, *_flat(jobs, span)),
+                        _str_list,
                     )
                     for head, f, span in zip(heads, fresh, spans, strict=True)
                 ]
@@ -794,6 +815,13 @@ def remove(k: Keys, id: str) -> Call[None]:
     return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
 
 
+def change_priority(k: Keys, id: str, priority: int) -> Call[None]:
+    """change_priority.lua: a waiting job is rescored in its set, a scheduled one gets the
+    row field (read at its promotion); any other state is ``StateError``, no row ``JobGone``."""
+    args = (k.base, id, _priority(priority))
+    return _call("change_priority", (k.job(id),), args, _gone_if_zero(id))
+
+
 def run_now(k: Keys, id: str) -> Call[None]:
     return _call("run_now", (k.job(id), k.schedule), (k.base, id), _gone_if_zero(id))
 
@@ -890,10 +918,12 @@ def browse(
         if key != k.pending:
             raise InvalidArgument("a group can only be browsed in the pending state")
         key = k.lane(group)
-    # pending, lanes and dead hold score 0: lexical order is mint order, so REV BYLEX is
-    # newest first. active and schedule are ordered by their times (lease, run-at), newest first.
+    # pending and lanes are scored by priority (ties in mint order), dead by 0: the reverse
+    # rank is the reverse claim order, i.e. newest first among jobs of one priority (a
+    # lexical range would be undefined on mixed scores). active and schedule are ordered by
+    # their times (lease, run-at), newest first.
     if lexical:
-        args: tuple[Arg, ...] = ("ZRANGE", key, "+", "-", "BYLEX", "REV", "LIMIT", 0, count)
+        args: tuple[Arg, ...] = ("ZRANGE", key, 0, count - 1, "REV")
     else:
         args = ("ZRANGE", key, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, count)
     return _cmd(args, _str_list)
@@ -1016,6 +1046,17 @@ def limit_lane(k: Keys, group: str, n: int | None) -> Call[None]:
     return _call("limit_lane", (k.glimit,), (k.base, keyspace.check_lane(group), limit), _none)
 
 
+def limit(k: Keys, n: int | None) -> Call[None]:
+    """limit.lua: at most ``n`` jobs of the queue active at once, lanes included (None: no
+    limit). Every claim path takes no more than the room left."""
+    value = "" if n is None else _int("n", n, 1)
+    return _call("limit", (k.meta,), (k.base, value), _none)
+
+
+def get_limit(k: Keys) -> Call[int | None]:
+    return _cmd(("HGET", k.meta, "limit"), lambda r: None if r is None else int(r))
+
+
 def weight_lane(k: Keys, group: str, w: int) -> Call[None]:
     return _call(
         "weight_lane", (k.gweight,), (keyspace.check_lane(group), _int("w", w, 1, 1_000_000)), _none
@@ -1042,6 +1083,7 @@ def lanes(k: Keys) -> Call[list[str]]:
 __all__ += [
     "add_log",
     "browse",
+    "change_priority",
     "check",
     "claim",
     "claim_batch",
@@ -1060,6 +1102,8 @@ __all__ += [
     "job_state",
     "lane_depth",
     "lanes",
+    "limit",
+    "get_limit",
     "limit_lane",
     "logs",
     "errors",

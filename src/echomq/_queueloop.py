@@ -171,7 +171,7 @@ class QueueLoop:
     async def register(self, x: AsyncExecutor, app: App) -> None:
         """At worker start: the app's ``@app.periodic`` repeats of this queue (stale ones of
         the same app dropped, D19), its tasks' queue-wide ``rate_limit`` (D21) and the app's
-        kept-history settings (``App(keep_completed=, keep_dead=)``, D23)."""
+        kept-history settings (``App(keep_completed=, keep_dead=)``, D25)."""
         await x.run(app.sync_periodic(self.keys))
         if app.keep_completed is not None:
             await x.call(_p.keep_completed(self.keys, *app.keep_completed))

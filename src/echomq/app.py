@@ -41,10 +41,11 @@ from echomq._connect import (
     resolve_url,
     sync_client,
 )
-from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan
+from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan, _priority
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
+from echomq.outcomes import Discard, RateLimit, Retry
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer, resolve_serializer
 
@@ -63,35 +64,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class Retry(Exception):
-    """Raise inside a handler to retry the job after ``delay_ms`` (the task's backoff when
-    None). The attempt ceiling still applies: at ``max_attempts`` the job is dead."""
-
-    def __init__(self, delay_ms: int | None = None, reason: str = "retry requested") -> None:
-        super().__init__(reason)
-        self.delay_ms = delay_ms
-        self.reason = reason
-
-
-class RateLimit(Exception):
-    """Raise inside a handler when an outside limit refused the work (HTTP 429, a quota): the
-    job runs again after ``delay_ms`` and this run does not count against ``max_attempts``."""
-
-    def __init__(self, delay_ms: int = 1_000) -> None:
-        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
-            raise InvalidArgument(f"delay_ms must be an int >= 0, got {delay_ms!r}")
-        super().__init__(f"rate limited for {delay_ms} ms")
-        self.delay_ms = delay_ms
-
-
-class Discard(Exception):
-    """Raise inside a handler to dead-letter the job now, with ``reason`` as last_error."""
-
-    def __init__(self, reason: str = "discarded") -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 @dataclass(frozen=True, slots=True)
 class Options:
     """Job options for one enqueue: ``task.options(delay_ms=..., group=..., id=...)``."""
@@ -103,6 +75,7 @@ class Options:
     dedup: str | None = None  # D20: see Queue.enqueue
     dedup_ttl_ms: int | None = None
     dedup_mode: str = "simple"
+    priority: int | None = None  # None: the task's own (``@app.task(priority=)``)
 
 
 class Task(Generic[P, R]):
@@ -124,6 +97,7 @@ class Task(Generic[P, R]):
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
         pool: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -185,6 +159,9 @@ class Task(Generic[P, R]):
                 raise InvalidArgument(f"rate_limit is (max, window_ms), got {rate_limit!r}")
             _check_rate(Keys(self.queue), *rate_limit)
         self.rate_limit = rate_limit
+        # Every job of the task gets this priority unless its enqueue names one (0..2**21,
+        # lower runs first).
+        self.priority = _priority(priority)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -275,13 +252,19 @@ class Task(Generic[P, R]):
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        priority: int | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options: a delay, an absolute run time, a lane, an id, a dedup
-        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL)."""
+        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL), a
+        priority (0..2**21, lower runs first; None: the task's)."""
         from echomq._control import dedup_args
 
         dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
-        return BoundTask(self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode))
+        if priority is not None:
+            _priority(priority)
+        return BoundTask(
+            self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, priority)
+        )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         """Enqueue a call of this task with the handler's arguments; the receipt's
@@ -293,21 +276,27 @@ class Task(Generic[P, R]):
         return await self._plain.aenqueue(*args, **kwargs)
 
     def enqueue_many(
-        self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], *, group: str | None = None
+        self,
+        calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
+        *,
+        group: str | None = None,
+        priority: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many calls, each ``(args, kwargs)``, in few round trips."""
+        """Enqueue many calls, each ``(args, kwargs)``, in few round trips (``priority``:
+        for every call; None: the task's)."""
+        pri = self.priority if priority is None else _priority(priority)
         otel = self.app._otel
         if otel is not None:
             span, payloads = otel.start_send(self, self._wire_calls(calls))
             try:
-                found = self.app.queue(self.queue).enqueue_many(payloads, group=group)
+                found = self.app.queue(self.queue).enqueue_many(payloads, group=group, priority=pri)
             except BaseException as exc:
                 otel.end_send(span, None, exc)
                 raise
             otel.end_send(span, None, None)
             return found
         payloads = _each_call(calls, self.payload)
-        return self.app.queue(self.queue).enqueue_many(payloads, group=group)
+        return self.app.queue(self.queue).enqueue_many(payloads, group=group, priority=pri)
 
     def _wire_calls(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
@@ -334,12 +323,20 @@ class Signature:
     id: str | None = None
     group: str | None = None
     fail_parent: bool = True
+    priority: int | None = None  # None: the task's
 
     def options(
-        self, *, id: str | None = None, group: str | None = None, fail_parent: bool = True
+        self,
+        *,
+        id: str | None = None,
+        group: str | None = None,
+        fail_parent: bool = True,
+        priority: int | None = None,
     ) -> Signature:
         """This signature with job options."""
-        return Signature(self.task, self.args, self.kwargs, id, group, fail_parent)
+        if priority is not None:
+            _priority(priority)
+        return Signature(self.task, self.args, self.kwargs, id, group, fail_parent, priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +363,7 @@ class BoundTask(Generic[P, R]):
                 dedup=o.dedup,
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
+                priority=self.task.priority if o.priority is None else o.priority,
             )
         except BaseException as exc:
             if otel is not None:
@@ -392,6 +390,7 @@ class BoundTask(Generic[P, R]):
                 dedup=o.dedup,
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
+                priority=self.task.priority if o.priority is None else o.priority,
             )
         except BaseException as exc:
             if otel is not None:
@@ -582,6 +581,7 @@ class App:
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
         pool: str | None = None,
+        priority: int = 0,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -600,6 +600,7 @@ class App:
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
         pool: str | None = None,
+        priority: int = 0,
     ) -> Any:
         """Register a handler (sync or ``async def``) as a task; usable bare or with options.
 
@@ -628,6 +629,8 @@ class App:
                 per CPU), so it uses other cores than the worker's own; a ``timeout`` kills
                 and replaces the child, and a cancel reaches it. Same constraints as
                 ``isolate`` (see docs/API.md, "Process pool").
+            priority: its jobs' priority, 0..2**21, lower runs first (0, the default);
+                ``task.options(priority=)`` overrides it per job.
         """
 
         def register(f: Callable[P, R]) -> Task[P, R]:
@@ -650,6 +653,7 @@ class App:
                 rate_limit=rate_limit,
                 isolate=isolate,
                 pool=pool,
+                priority=priority,
             )
             self.tasks[task_name] = t
             return t
@@ -709,6 +713,7 @@ class App:
             group=sig.group,
             fail_parent=sig.fail_parent,
             children=kids,
+            priority=sig.task.priority if sig.priority is None else sig.priority,
         )
 
     def flow(

@@ -723,6 +723,7 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
             [f"{v.counts.get(k, 0):,}" for k in _STATS]
             + [str(sum(1 for lane in v.lanes if lane.depth))]
             + [str(len(w)) if isinstance(w, list) else "?"]
+            + [str(v.limit) if v.limit else ""]
             + ["yes" if v.paused else ""],
         )
         for v, w in zip(views, fleet, strict=True)
@@ -740,7 +741,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     executor, rows = _stats_rows(url, names)
     title = f"echomq @ {_shown(url)} (executor: {executor})"
     table = Table(title=title, title_justify="left")
-    for col in ("queue", *_STATS, "lanes", "workers", "paused"):
+    for col in ("queue", *_STATS, "lanes", "workers", "limit", "paused"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, cells in rows:
         table.add_row(name, *cells)
@@ -753,7 +754,8 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     for name, cells in rows:
         lines.append("")
         lines += [name[i : i + width] for i in range(0, len(name), width)]
-        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes", "workers"), cells, strict=False)]
+        shown = (*_STATS, "lanes", "workers", "limit")
+        fields = [f"{k} {v}" for k, v in zip(shown, cells, strict=False) if v]
         if cells[-1]:
             fields.append("paused")
         line = ""
@@ -1125,6 +1127,56 @@ def reprocess(
         return q.reprocess_all(state, delay_ms=delay_ms)
 
     click.echo(f"reprocessed {_run(ctx, go)} job(s)")
+
+
+@main.command("change-priority")
+@click.argument("queue")
+@click.argument("job_id")
+@click.argument("priority", type=int)
+@click.pass_context
+def change_priority(ctx: click.Context, queue: str, job_id: str, priority: int) -> None:
+    """Set a waiting or scheduled job's PRIORITY (0..2097152, lower runs first); prints
+    "ID: priority P", "ID: gone" or "ID: not waiting or scheduled" and exits 1 unless set."""
+    try:
+        keyspace.check_id(job_id)
+        _p._priority(priority)
+    except EchoMQError as exc:
+        _fail(str(exc))
+    q = _existing(ctx, queue)
+
+    def go() -> int:
+        try:
+            q.change_priority(job_id, priority)
+        except JobGone:
+            click.echo(f"{job_id}: gone")
+            return 1
+        except StateError:
+            click.echo(f"{job_id}: not waiting or scheduled")
+            return 1
+        click.echo(f"{job_id}: priority {priority}")
+        return 0
+
+    sys.exit(_run(ctx, go))
+
+
+@main.command("limit")
+@click.argument("queue")
+@click.argument("n")
+@_CREATE
+@click.pass_context
+def limit(ctx: click.Context, queue: str, n: str, create: bool) -> None:
+    """At most N jobs of QUEUE active at once across every worker, lanes included ("none"
+    removes the limit); exit 1 when QUEUE does not exist."""
+    value: int | None = None
+    if n.lower() != "none":
+        try:
+            value = int(n)
+            _p._int("n", value, 1)
+        except (ValueError, EchoMQError):
+            _fail(f"N must be a positive integer or 'none', got {n!r}")
+    q = _existing(ctx, queue, create=create, verb="limits")
+    _run(ctx, lambda: q.limit(value))
+    click.echo(f"limited {queue} to {value}" if value else f"unlimited {queue}")
 
 
 @main.command()

@@ -152,10 +152,12 @@ class Queue:
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        priority: int = 0,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
-        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
+        ``priority``: 0..2**21, lower runs first (FIFO within one priority)."""
         return self._x.run(
             _p.enqueue(
                 self._k,
@@ -168,6 +170,7 @@ class Queue:
                 dedup=dedup,
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
+                priority=priority,
             )
         )
 
@@ -178,8 +181,10 @@ class Queue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        """Enqueue many jobs in few round trips; one verdict per item, in input order.
+        ``priority``: one priority for every job (0..2**21, lower runs first)."""
         return self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -188,6 +193,7 @@ class Queue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                priority=priority,
             )
         )
 
@@ -319,6 +325,11 @@ class Queue:
         """Delete a job wherever it is."""
         return self._x.run(_p.remove(self._k, id))
 
+    def change_priority(self, id: str, priority: int) -> None:
+        """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
+        for any other state (active, dead, a flow parent awaiting), JobGone with no row."""
+        return self._x.run(_p.change_priority(self._k, id, priority))
+
     def run_now(self, id: str) -> None:
         """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
         return self._x.run(_p.run_now(self._k, id))
@@ -367,6 +378,15 @@ class Queue:
     def resume_lane(self, g: str) -> None:
         """Serve lane ``g`` again."""
         return self._x.run(_p.resume_lane(self._k, g))
+
+    def limit(self, n: int | None) -> None:
+        """At most ``n`` jobs of the queue active at once across every worker, lanes included
+        (None removes the limit); claims past it take nothing."""
+        return self._x.run(_p.limit(self._k, n))
+
+    def get_limit(self) -> int | None:
+        """The queue-wide concurrency limit, or None."""
+        return self._x.run(_p.get_limit(self._k))
 
     def limit_lane(self, g: str, n: int | None) -> None:
         """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""
@@ -625,10 +645,12 @@ class AsyncQueue:
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        priority: int = 0,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
-        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
+        ``priority``: 0..2**21, lower runs first (FIFO within one priority)."""
         return await self._pipe.run(
             _p.enqueue(
                 self._k,
@@ -641,6 +663,7 @@ class AsyncQueue:
                 dedup=dedup,
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
+                priority=priority,
             )
         )
 
@@ -651,8 +674,10 @@ class AsyncQueue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        """Enqueue many jobs in few round trips; one verdict per item, in input order.
+        ``priority``: one priority for every job (0..2**21, lower runs first)."""
         return await self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -661,6 +686,7 @@ class AsyncQueue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                priority=priority,
             )
         )
 
@@ -794,6 +820,11 @@ class AsyncQueue:
         """Delete a job wherever it is."""
         return await self._x.run(_p.remove(self._k, id))
 
+    async def change_priority(self, id: str, priority: int) -> None:
+        """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
+        for any other state (active, dead, a flow parent awaiting), JobGone with no row."""
+        return await self._x.run(_p.change_priority(self._k, id, priority))
+
     async def run_now(self, id: str) -> None:
         """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
         return await self._x.run(_p.run_now(self._k, id))
@@ -844,6 +875,15 @@ class AsyncQueue:
     async def resume_lane(self, g: str) -> None:
         """Serve lane ``g`` again."""
         return await self._x.run(_p.resume_lane(self._k, g))
+
+    async def limit(self, n: int | None) -> None:
+        """At most ``n`` jobs of the queue active at once across every worker, lanes included
+        (None removes the limit); claims past it take nothing."""
+        return await self._x.run(_p.limit(self._k, n))
+
+    async def get_limit(self) -> int | None:
+        """The queue-wide concurrency limit, or None."""
+        return await self._x.run(_p.get_limit(self._k))
 
     async def limit_lane(self, g: str, n: int | None) -> None:
         """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""

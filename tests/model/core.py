@@ -41,6 +41,10 @@ class Job:
     policy: str | None = None  # 'fp' | 'id'
     pq: int | None = None  # the parent's queue index when it is not this job's queue
     children: int | None = None  # an inner flow node's child count
+    # --- issue 24, priorities: the row field `priority` (absent for 0) and the job's score
+    # in its waiting set. Only an enqueue or change_priority sets it; every way back to
+    # waiting (promote, reap, stall, delay, reprocess, run_now) keeps it.
+    priority: int = 0
 
 
 @dataclass
@@ -90,6 +94,9 @@ class QueueModel:
         self.limits: dict[str, int] = {}
         self.rate: tuple[int, int] | None = None  # (max, used) queue-wide, window LONG
         self.lane_rate: dict[str, tuple[int, int]] = {}
+        # --- issue 24, the queue-wide concurrency limit (meta `limit`): at most this many
+        # jobs of the queue in active, lanes included.
+        self.limit: int | None = None
         self.completed = 0
         self.failed = 0
         self.seen: set[str] = set()  # every id this queue ever held
@@ -102,7 +109,11 @@ class QueueModel:
     # ------------------------------------------------------------------ reads
 
     def waiting(self, g: str | None) -> list[str]:
-        return sorted(i for i, j in self.jobs.items() if j.state == "pending" and j.group == g)
+        """A waiting set in claim order: by priority, then mint order (issue 24)."""
+        found = [
+            (j.priority, i) for i, j in self.jobs.items() if j.state == "pending" and j.group == g
+        ]
+        return [i for _, i in sorted(found)]
 
     def active_in(self, g: str) -> int:
         return sum(1 for j in self.jobs.values() if j.state == "active" and j.group == g)
@@ -127,7 +138,12 @@ class QueueModel:
         n = sum(self.capacity(g) for g in (None, *LANES))
         if self.rate is not None:
             n = min(n, max(0, self.rate[0] - self.rate[1]))
+        if self.limit is not None:  # issue 24: the queue-wide limit's room
+            n = min(n, max(0, self.limit - self.active_count()))
         return n
+
+    def active_count(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.state == "active")
 
     def lanes(self) -> list[str]:
         return [g for g in LANES if self.waiting(g)]

@@ -64,7 +64,7 @@ local function member(place, id, score, lane)
     bad(id .. ' in ' .. place .. ' has no row (ghost)')
     return
   end
-  local row = hmget(jk, 'state', 'group')
+  local row = hmget(jk, 'state', 'group', 'priority')
   if not row then
     bad(id .. ' in ' .. place .. ' has a row that is not a hash')
     return
@@ -79,8 +79,11 @@ local function member(place, id, score, lane)
   if place == 'pending' and row[2] then
     bad(id .. ' in the flat pending set has group ' .. row[2])
   end
-  if (lane or place == 'pending' or place == 'dead') and tonumber(score) ~= 0 then
-    bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not 0')
+  -- A waiting set scores a job by its priority (the row field, absent = 0); dead is all 0.
+  local want = 0
+  if place ~= 'dead' then want = tonumber(row[3] or '0') end
+  if (lane or place == 'pending' or place == 'dead') and tonumber(score) ~= want then
+    bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not ' .. tostring(want))
   end
   two_places(id, places_of(id, row[2], lane))
 end

@@ -53,15 +53,17 @@ end
 
 -- One read of the queue's meta for a claim: the pause flag, the queue-wide rate limit
 -- (cached for queue_rate), whether lanes have rate limits (cached for any_lane_rated), the
--- events bound (cached for emit) and the kept-history setting of completions (cached for
--- settle's completions). True when paused.
+-- events bound (cached for emit), the queue-wide concurrency limit (cached for
+-- queue_limit) and the kept-history setting of completions (cached for settle's
+-- completions). True when paused.
 local function claim_gate(base)
   local m = rcall('HMGET', base .. 'meta', 'paused', 'rate_max', 'rate_window_ms', 'events',
-    'grated', 'keep_completed')
+    'grated', 'limit', 'keep_completed')
   events_bound = m[4] or false
   seed_queue_rate(m[2], m[3])
+  qlimit = tonumber(m[6]) or false
   lanes_rated = m[5] ~= false
-  kept_specs.keep_completed = kept_parse(m[6])
+  kept_specs.keep_completed = kept_parse(m[7])
   return m[1] ~= false
 end
 
@@ -248,8 +250,10 @@ local function touch_all(base, added)
 end
 
 -- Put a live job into its waiting set (its lane when grouped), state pending. No sync.
+-- Its score is its priority (the row field, absent = 0): a job keeps its priority through
+-- every way back to waiting (promote, reap, stall, delay, push-back, reprocess, run_now).
 local function park(base, id, jk, g)
-  rcall('ZADD', waiting_key(base, g), 0, id)
+  rcall('ZADD', waiting_key(base, g), rcall('HGET', jk, 'priority') or 0, id)
   rcall('HSET', jk, 'state', 'pending')
 end
 

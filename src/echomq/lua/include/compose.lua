@@ -119,10 +119,10 @@ end
 -- Make an awaiting parent runnable.
 local function flow_release(base, pid)
   local pk = base .. 'job:' .. pid
-  local p = hmget(pk, 'state', 'group')
+  local p = hmget(pk, 'state', 'group', 'priority')
   if not p or p[1] ~= 'awaiting_children' then return end
   rcall('HSET', pk, 'state', 'pending')
-  rcall('ZADD', waiting_key(base, p[2]), 0, pid)
+  rcall('ZADD', waiting_key(base, p[2]), p[3] or 0, pid)
   -- A full sync, not touch(): touch's fast path trusts that a non-empty flat set is in the
   -- ring, and a sweep releasing a parent mid-loop has parked flat jobs it syncs only at its
   -- end (issue 22's model, F12: the flat set fell out of the ring).

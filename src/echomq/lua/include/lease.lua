@@ -198,6 +198,8 @@ local function claim_n(base, deadline, n, out, now)
   -- D21: the queue-wide window caps every claim, lanes included.
   local qmax, qwindow = queue_rate(base)
   if qmax then n = math.min(n, math.max(rate_left(base .. 'limiter', qmax), 0)) end
+  -- The queue-wide concurrency limit (limit.lua): no more than the room left in active.
+  n = limit_room(base, n)
   while got < n do
     local g = ring_head(base)
     if not g then break end
