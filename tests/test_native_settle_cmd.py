@@ -659,3 +659,11 @@ def test_valgrind(tmp_path: Path) -> None:
             with contextlib.suppress(redis.ResponseError):
                 command(r, "EMQ.SETTLE", *args)
         qb.close()
+
+
+def test_priority_text_is_canonical_on_both(pair: Pair) -> None:
+    """A raw priority '-0' or '007' is stored as the number it is, alike on both executors."""
+    assert enq_p(pair, jid(1), "-0") == ("ok", b"enqueued")
+    assert enq_p(pair, jid(2), "007") == ("ok", b"enqueued")
+    assert pair.r.zscore(base(QA) + "pending", jid(1)) == 0.0
+    assert pair.r.hget(base(QA) + "job:" + jid(2), "priority") == b"7"
