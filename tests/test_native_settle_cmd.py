@@ -155,9 +155,10 @@ def test_priorities_and_the_queue_limit(pair: Pair, both: Both) -> None:
     got = held_of(settle(pair, 4))
     assert [i for i, _ in got] == [jid(2), jid(5), jid(4), jid(7)]  # flat, lane, flat, lane
     # Dead and reprocessed (EMQ.REPROCESS), then lapsed and swept (EMQ.SWEEP): same score.
-    settle(pair, 0, retries=[(jid(2), 1, 0, "1", "e")])
-    assert pair.run("reprocess", ["@job:" + jid(2), "@dead"], ["@", jid(2)]) == ("ok", 1)
-    settle(pair, 1, lease=1)
+    settle(pair, 0, retries=[(jid(4), 1, 0, "1", "e")])
+    assert pair.run("reprocess", ["@job:" + jid(4), "@dead"], ["@", jid(4)]) == ("ok", 1)
+    assert pair.r.zscore(base(QB) + "pending", jid(4)) == 1.0  # parked by its priority
+    settle(pair, 1, lease=1)  # a prioritised head (jid 4, or lane g's jid 8), lapsing
     time.sleep(0.01)
     pair.run("sweep_stalled", ["@active", "@dead"], ["@", "5", "100"])
     # A flow parent released by its child's completion (EMQ.SETTLE) keeps its priority.
