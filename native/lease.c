@@ -4,6 +4,8 @@
  * commands in the same order. */
 #include "lease.h"
 
+#include "history.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,12 +62,14 @@ static void seed_limit(emq_lease *c, emq_sv lim) {
 }
 
 int emq_claim_gate(emq *e, emq_lease *out) {
-    static const char *fields[6] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
-                                    "limit"};
-    emq_sv m[6];
+    static const char *fields[7] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
+                                    "limit", "keep_completed"};
+    emq_sv m[7];
     /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    emq_hmget_strict(e, emq_key(e, "meta"), 6, fields, m);
+    emq_hmget_strict(e, emq_key(e, "meta"), 7, fields, m);
     seed_limit(out, m[5]);
+    e->keep_completed = m[6]; /* kept history (history.h), for settle's completions */
+    e->keep_known = 1;
     e->events_bound = m[3];
     e->events_known = 1;
     seed_queue_rate(out, m[1], m[2]);
@@ -134,8 +138,13 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             if (ok) {
                 att += 1;
                 emq_sv a = emq_fmt_ll(e, att);
-                emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
-                         EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
+                if (e->claim_stamp.p)
+                    emq_hset(e, 9, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a,
+                             EMQ_LIT("claimed_ms"), e->claim_stamp);
+                else
+                    emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
                 if (ns + 2 > cap) {
                     long long nc = cap ? cap * 2 : 32;
                     emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(nc + 1));
@@ -157,7 +166,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
                 emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                          why);
                 emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-                emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+                emq_dead_letter(e, id);
                 emq_bump_metrics(e, "failed", 1, 0);
                 emq_sv extra[2] = {EMQ_LIT("error"), why};
                 emq_emit(e, "dead", id, 2, extra);
@@ -309,6 +318,9 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
     emq_sv ring = emq_key(e, "ring");
     long long got = 0;
     if (now <= 0) now = emq_now_ms(e);
+    emq_keep kept; /* kept history: stamp claimed_ms while the queue keeps completed rows */
+    emq_keep_parse(e->keep_completed, &kept);
+    if (kept.on) e->claim_stamp = emq_fmt_ll(e, now);
     readmit_rated(e, now);
     queue_rate(e, out);
     if (out->qrated) {
@@ -342,6 +354,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         }
     }
     if (out->qrated && got > 0) rate_charge(e, emq_key(e, "limiter"), got, out->qwindow);
+    emq_trim_dead(e, now); /* keep_dead: a malformed row was dead-lettered (history.h) */
     return got;
 }
 

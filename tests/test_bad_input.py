@@ -67,6 +67,7 @@ def populate(q: Any) -> dict[str, Any]:
         "dead": 2,
         "completed": 1,
         "failed": 2,
+        "kept": 0,
     }
     return out
 
@@ -200,7 +201,21 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ),
     # unknown browse states
     ("browse-wait", lambda q, j: q.browse("wait"), InvalidArgument),
-    ("browse-completed", lambda q, j: q.browse("completed"), InvalidArgument),
+    ("browse-complete", lambda q, j: q.browse("complete"), InvalidArgument),
+    # kept history (issue 24): bad settings and reprocess options
+    ("keep-completed-negative", lambda q, j: q.keep_completed(-1), InvalidArgument),
+    ("keep-completed-float", lambda q, j: q.keep_completed(1.5), InvalidArgument),
+    ("keep-completed-age-zero", lambda q, j: q.keep_completed(5, age_ms=0), InvalidArgument),
+    ("keep-completed-off-age", lambda q, j: q.keep_completed(0, age_ms=5), InvalidArgument),
+    ("keep-dead-zero", lambda q, j: q.keep_dead(0), InvalidArgument),
+    ("keep-dead-age", lambda q, j: q.keep_dead(5, age_ms=5), InvalidArgument),
+    ("reprocess-delay-negative", lambda q, j: q.reprocess(j["dead"], delay_ms=-1), InvalidArgument),
+    (
+        "reprocess-delay-and-at",
+        lambda q, j: q.reprocess(j["dead"], delay_ms=1, at_ms=1),
+        InvalidArgument,
+    ),
+    ("reprocess-live", lambda q, j: q.reprocess(j["pending"]), StateError),
     ("browse-upper", lambda q, j: q.browse("PENDING"), InvalidArgument),
     ("browse-none", lambda q, j: q.browse(None), InvalidArgument),
     ("browse-lane-active", lambda q, j: q.browse("active", group=LANE), InvalidArgument),

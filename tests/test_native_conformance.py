@@ -304,7 +304,7 @@ def test_reprocess(pair: Pair, both: Any, events: bool) -> None:
     pair.check()
     assert repro(pair, jid(1)) == ("ok", 1)
     assert repro(pair, jid(2)) == ("ok", 1)
-    assert repro(pair, jid(2)) == ("err", "EMQSTATE not dead")
+    assert repro(pair, jid(2)) == ("err", "EMQSTATE not dead or completed")
     assert repro(pair, jid(3)) == ("ok", 0)
     pair.r.set(base(QA) + "job:" + jid(4), "x")
     pair.r.set(base(QB) + "job:" + jid(4), "x")

@@ -19,7 +19,7 @@ from echomq import _protocol as _p
 from echomq._scripts import SCRIPTS, parse_flags
 
 LUA = Path(_p.__file__).parent / "lua"
-JOB_STATES = {"pending", "active", "scheduled", "dead", "awaiting_children"}
+JOB_STATES = {"pending", "active", "scheduled", "dead", "completed", "awaiting_children"}
 
 K = _p.Keys("contract")
 JID = "JOB0KHTOWnGLuC"
@@ -42,6 +42,8 @@ VERBS: dict[str, Callable[[], Any]] = {
     "reap": lambda: _p.reap(K),
     "sweep_stalled": lambda: _p.sweep_stalled(K),
     "reprocess": lambda: _p.reprocess(K, JID),
+    "keep_completed": lambda: _p.keep_completed(K, 10, 60_000),
+    "keep_dead": lambda: _p.keep_dead(K, 10),
     "remove": lambda: _p.remove(K, JID),
     "run_now": lambda: _p.run_now(K, JID),
     "change_priority": lambda: _p.change_priority(K, JID, 3),

@@ -49,7 +49,7 @@ MAX_INT = 2**53 - 1
 MAX_MS = 2**41
 # The user-facing state names (a row's `state` value); "schedule" (the set's key suffix) is
 # accepted as an alias wherever a state is named.
-STATES = ("pending", "active", "scheduled", "dead")
+STATES = ("pending", "active", "scheduled", "dead", "completed")
 _ENQUEUE_CHUNK_ITEMS = 1000
 _ENQUEUE_CHUNK_BYTES = 1 << 20
 _REMINT_TRIES = 8
@@ -196,6 +196,7 @@ class Keys:
     __slots__ = (
         "active",
         "base",
+        "completed",
         "dead",
         "gactive",
         "glimit",
@@ -220,6 +221,7 @@ class Keys:
         b = self.base
         self.pending, self.active = b + "pending", b + "active"
         self.schedule, self.dead = b + "schedule", b + "dead"
+        self.completed = b + "completed"  # kept completed rows (issue 24)
         self.meta, self.ring, self.wake = b + "meta", b + "ring", b + "wake"
         self.lanes, self.paused = b + "lanes", b + "paused"
         self.glimit, self.gactive, self.gweight = b + "glimit", b + "gactive", b + "gweight"
@@ -770,8 +772,43 @@ def sweep_stalled(
 # --------------------------------------------------------------------------- job verbs
 
 
-def reprocess(k: Keys, id: str) -> Call[None]:
-    return _call("reprocess", (k.job(id), k.dead), (k.base, id), _gone_if_zero(id))
+def reprocess(
+    k: Keys, id: str, delay_ms: int | None = None, at_ms: int | None = None
+) -> Call[None]:
+    """A dead or kept completed job runs again (issue 24): waiting now, or scheduled at
+    now + ``delay_ms`` (server clock) / ``at_ms`` (the caller's) when that is in the future."""
+    jk = k.job(id)
+    mode, value = _when(delay_ms, at_ms)
+    args: tuple[Arg, ...] = (k.base, id) if mode == "now" else (k.base, id, mode, value)
+    return _call("reprocess", (jk, k.dead), args, _gone_if_zero(id))
+
+
+def keep_completed(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
+    """Keep completed rows in ``completed``, at most ``count`` of them and none older than
+    ``age_ms`` (by finish time, server clock); ``count=0`` or both None: off (the default,
+    completion deletes the row). The setting is the meta field ``keep_completed``,
+    ``<count>:<age_ms>`` (either part empty: no bound of that kind). Refused before I/O:
+    a negative or non-int count, an age below 1 ms, an age with ``count=0``."""
+    c = None if count is None else _int("keep_completed count", count, 0)
+    a = None if age_ms is None else _int("keep_completed age_ms", age_ms, 1, MAX_MS)
+    if c == 0 and a is not None:
+        raise InvalidArgument("keep_completed(count=0) turns keeping off: pass no age_ms with it")
+    value = "" if c == 0 or (c is None and a is None) else f"{_opt(c)}:{_opt(a)}"
+    return _call("keep", (k.meta,), ("keep_completed", value), lambda _: None)
+
+
+def keep_dead(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
+    """Bound the dead set to ``count`` rows, the oldest minted first (the dead set is scored
+    0, mint order, D6, and holds no death time, so ``age_ms`` is refused); ``None``:
+    unbounded (the default). Every script that dead-letters trims it in the same call."""
+    if age_ms is not None:
+        raise InvalidArgument("keep_dead bounds by count only: the dead set holds no death times")
+    c = None if count is None else _int("keep_dead count", count, 1)
+    return _call("keep", (k.meta,), ("keep_dead", "" if c is None else f"{c}:"), lambda _: None)
+
+
+def _opt(n: int | None) -> str:
+    return "" if n is None else str(n)
 
 
 def remove(k: Keys, id: str) -> Call[None]:
@@ -863,6 +900,7 @@ def _state_key(k: Keys, state: object) -> tuple[str, bool]:
         "active": (k.active, False),
         "schedule": (k.schedule, False),
         "scheduled": (k.schedule, False),
+        "completed": (k.completed, False),
     }
     if not isinstance(state, str) or state not in table:
         raise InvalidArgument(
@@ -896,7 +934,7 @@ def pending_size(k: Keys) -> Call[int]:
 
 
 def counts(k: Keys) -> Call[dict[str, int]]:
-    names = ("pending", "active", "schedule", "dead", "completed", "failed")
+    names = ("pending", "active", "schedule", "dead", "completed", "failed", "kept")
 
     def decode(reply: Any) -> dict[str, int]:
         return dict(zip(names, (int(x) for x in reply), strict=True))
@@ -921,7 +959,8 @@ def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
 
     # stream: (section, where, position); a section is done at -1 (windows) or "0" (SCAN).
     streams: list[tuple[str, str, int]] = [("core", "", 0), ("ring", "", 0)]
-    streams += [("members", place, 0) for place in ("pending", "active", "schedule", "dead")]
+    places = ("pending", "active", "schedule", "dead", "completed")
+    streams += [("members", place, 0) for place in places]
     streams += [("lanes", "0", 0), ("rows", "0", 0), ("results", "0", 0), ("dedups", "0", 0)]
     found: dict[str, None] = {}
     lanes: dict[str, None] = {}
@@ -1058,6 +1097,8 @@ __all__ += [
     "extend_many",
     "get_job",
     "is_paused",
+    "keep_completed",
+    "keep_dead",
     "job_state",
     "lane_depth",
     "lanes",

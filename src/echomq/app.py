@@ -31,6 +31,7 @@ import msgspec
 import msgspec.inspect
 
 from echomq import _compose, _envelope, _native, keyspace
+from echomq import _protocol as _p
 from echomq._connect import (
     AsyncClient,
     Resolved,
@@ -472,6 +473,20 @@ class Periodic:
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
+def _keep_pair(
+    keep: int | tuple[int | None, int | None] | None,
+) -> tuple[int | None, int | None] | None:
+    """App(keep_completed=...) as (count, age_ms), checked now (a bad value is refused when
+    the app is built, not when a worker starts)."""
+    if keep is None:
+        return None
+    pair = keep if isinstance(keep, tuple) else (keep, None)
+    if len(pair) != 2:
+        raise InvalidArgument(f"keep_completed is a count or (count, age_ms), got {keep!r}")
+    _p.keep_completed(Keys("x"), *pair)
+    return pair
+
+
 class App:
     """Tasks, their queues, and the server they run on.
 
@@ -486,6 +501,11 @@ class App:
         name: the app's name, which owns its ``@app.periodic`` registrations: a worker
             removes the repeats this name registered that the app no longer declares
             (give apps that share a queue different names).
+        keep_completed: kept history for every queue of the app's tasks, set when a worker
+            starts: a count (``10_000``: keep the last 10,000 completed jobs), or
+            ``(count, age_ms)`` (either may be None); ``0`` turns it off. None (the default)
+            leaves each queue's own setting alone (``Queue.keep_completed``).
+        keep_dead: the same for the dead set's bound: a count; None leaves it alone.
     """
 
     def __init__(
@@ -497,8 +517,14 @@ class App:
         max_payload: int | None = None,
         durable: int | None = None,
         name: str = "app",
+        keep_completed: int | tuple[int | None, int | None] | None = None,
+        keep_dead: int | None = None,
     ) -> None:
         self.name = keyspace.check_lane(name)
+        self.keep_completed = _keep_pair(keep_completed)
+        self.keep_dead = keep_dead
+        if keep_dead is not None:
+            _p.keep_dead(Keys("x"), keep_dead)  # refused here, before any worker starts
         self.periodics: dict[tuple[str, str], Periodic] = {}
         self._url = url  # App(url=...): step 2 of echomq._connect.resolve_url
         self._resolved: Resolved | None = None

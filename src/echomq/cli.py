@@ -853,13 +853,14 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
     default="pending",
     show_default=True,
     # "scheduled" is the state's name; "schedule" (its set's key) stays as an alias.
-    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead"]),
+    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead", "completed"]),
 )
 @click.option("-n", "count", default=20, show_default=True)
 @click.option("--group", help="Browse one lane (pending only).")
 @click.pass_context
 def browse(ctx: click.Context, queue: str, state: str, count: int, group: str | None) -> None:
-    """List job ids in a state (pending, active, scheduled, dead), newest first."""
+    """List job ids in a state (pending, active, scheduled, dead, completed: the rows a queue
+    keeps with keep_completed), newest first."""
     q = _queue(ctx, queue)
     for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
         click.echo(job_id)
@@ -1093,10 +1094,26 @@ def _yes(flag: bool) -> str:
 @main.command()
 @click.argument("queue")
 @click.argument("job_ids", nargs=-1)
-@click.option("--all", "everything", is_flag=True, help="Reprocess every dead job of QUEUE.")
+@click.option("--all", "everything", is_flag=True, help="Reprocess every job of --state.")
+@click.option(
+    "--state",
+    type=click.Choice(["dead", "completed"]),
+    default="dead",
+    show_default=True,
+    help="With --all: the dead jobs, or the kept completed ones.",
+)
+@click.option("--delay-ms", type=int, default=None, help="Run them after this delay.")
 @click.pass_context
-def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everything: bool) -> None:
-    """Send dead jobs back to pending (a grouped job back to its lane)."""
+def reprocess(
+    ctx: click.Context,
+    queue: str,
+    job_ids: tuple[str, ...],
+    everything: bool,
+    state: str,
+    delay_ms: int | None,
+) -> None:
+    """Send dead (or kept completed) jobs back to pending (a grouped job back to its lane),
+    or to the schedule with --delay-ms."""
     if not job_ids and not everything:
         _fail("name job ids or pass --all")
     q = _existing(ctx, queue)
@@ -1104,23 +1121,10 @@ def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everythi
     def go() -> int:
         if not everything:
             for job_id in job_ids:
-                q.reprocess(job_id)
+                q.reprocess(job_id, delay_ms=delay_ms)
             return len(job_ids)
-        # Count each job once, and only when this command moved it: while workers run, a
-        # reprocessed job may die again and reappear in the dead set (it is not taken a
-        # second time, so the loop ends), and one may be removed or reprocessed by someone
-        # else between the browse and the reprocess (not counted).
-        seen: set[str] = set()
-        moved = 0
-        while batch := [j for j in q.browse("dead", 1000) if j not in seen]:
-            for job_id in batch:
-                seen.add(job_id)
-                try:
-                    q.reprocess(job_id)
-                except (JobGone, StateError):
-                    continue
-                moved += 1
-        return moved
+        # Each job once, counted only when this command moved it (Queue.reprocess_all).
+        return q.reprocess_all(state, delay_ms=delay_ms)
 
     click.echo(f"reprocessed {_run(ctx, go)} job(s)")
 

@@ -29,7 +29,7 @@ from echomq._executor import AsyncExecutor, SyncExecutor
 from echomq._native import resolve_executor
 from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq._waiters import ResultWaiters
-from echomq.errors import EchoMQError, InvalidArgument
+from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
 __all__ = ["AsyncQueue", "Queue"]
 
@@ -282,9 +282,44 @@ class Queue:
         """The counted stall sweep: ``(recovered, dead)`` ids."""
         return self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
 
-    def reprocess(self, id: str) -> None:
-        """Send a dead job back to pending (its lane when grouped)."""
-        return self._x.run(_p.reprocess(self._k, id))
+    def reprocess(self, id: str, *, delay_ms: int | None = None, at_ms: int | None = None) -> None:
+        """Run a dead or kept completed job again (a new incarnation): waiting now (its lane
+        when grouped), or scheduled after ``delay_ms`` / at ``at_ms``. A live job (pending,
+        active, scheduled) raises StateError, a missing one JobGone; nothing is written."""
+        return self._x.run(_p.reprocess(self._k, id, delay_ms, at_ms))
+
+    def reprocess_all(
+        self, state: str = "dead", *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> int:
+        """Reprocess every job of ``state`` (``dead`` or ``completed``), with the options of
+        ``reprocess``; returns how many this call moved (each once: a job that dies again
+        meanwhile is not taken a second time; one moved or removed by someone else is skipped)."""
+        if state not in ("dead", "completed"):
+            raise InvalidArgument(f"reprocess_all takes dead or completed, got {state!r}")
+        _p._when(delay_ms, at_ms)  # the options are refused before any I/O
+        seen: set[str] = set()
+        moved = 0
+        while batch := [j for j in self.browse(state, 1000) if j not in seen]:
+            for job_id in batch:
+                seen.add(job_id)
+                try:
+                    self.reprocess(job_id, delay_ms=delay_ms, at_ms=at_ms)
+                except (JobGone, StateError):
+                    continue
+                moved += 1
+        return moved
+
+    def keep_completed(self, count: int | None, age_ms: int | None = None) -> None:
+        """Keep completed jobs' rows (state ``completed``), at most ``count`` and none older
+        than ``age_ms`` (finish time, server clock), trimmed by the completing script.
+        ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
+        return self._x.run(_p.keep_completed(self._k, count, age_ms))
+
+    def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
+        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
+        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
+        dead set holds no death times."""
+        return self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
@@ -308,7 +343,8 @@ class Queue:
         return self._x.run(_p.pending_size(self._k))
 
     def counts(self) -> dict[str, int]:
-        """pending (flat + lanes), active, schedule, dead, completed, failed."""
+        """pending (flat + lanes), active, schedule, dead, completed, failed (the all-time
+        counters), kept (kept completed rows, ``keep_completed``)."""
         return self._x.run(_p.counts(self._k))
 
     def check(self) -> list[str]:
@@ -739,9 +775,46 @@ class AsyncQueue:
         """The counted stall sweep: ``(recovered, dead)`` ids."""
         return await self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
 
-    async def reprocess(self, id: str) -> None:
-        """Send a dead job back to pending (its lane when grouped)."""
-        return await self._x.run(_p.reprocess(self._k, id))
+    async def reprocess(
+        self, id: str, *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> None:
+        """Run a dead or kept completed job again (a new incarnation): waiting now (its lane
+        when grouped), or scheduled after ``delay_ms`` / at ``at_ms``. A live job (pending,
+        active, scheduled) raises StateError, a missing one JobGone; nothing is written."""
+        return await self._x.run(_p.reprocess(self._k, id, delay_ms, at_ms))
+
+    async def reprocess_all(
+        self, state: str = "dead", *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> int:
+        """Reprocess every job of ``state`` (``dead`` or ``completed``), with the options of
+        ``reprocess``; returns how many this call moved (each once: a job that dies again
+        meanwhile is not taken a second time; one moved or removed by someone else is skipped)."""
+        if state not in ("dead", "completed"):
+            raise InvalidArgument(f"reprocess_all takes dead or completed, got {state!r}")
+        _p._when(delay_ms, at_ms)  # the options are refused before any I/O
+        seen: set[str] = set()
+        moved = 0
+        while batch := [j for j in await self.browse(state, 1000) if j not in seen]:
+            for job_id in batch:
+                seen.add(job_id)
+                try:
+                    await self.reprocess(job_id, delay_ms=delay_ms, at_ms=at_ms)
+                except (JobGone, StateError):
+                    continue
+                moved += 1
+        return moved
+
+    async def keep_completed(self, count: int | None, age_ms: int | None = None) -> None:
+        """Keep completed jobs' rows (state ``completed``), at most ``count`` and none older
+        than ``age_ms`` (finish time, server clock), trimmed by the completing script.
+        ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
+        return await self._x.run(_p.keep_completed(self._k, count, age_ms))
+
+    async def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
+        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
+        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
+        dead set holds no death times."""
+        return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     async def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
@@ -767,7 +840,8 @@ class AsyncQueue:
         return await self._x.run(_p.pending_size(self._k))
 
     async def counts(self) -> dict[str, int]:
-        """pending (flat + lanes), active, schedule, dead, completed, failed."""
+        """pending (flat + lanes), active, schedule, dead, completed, failed (the all-time
+        counters), kept (kept completed rows, ``keep_completed``)."""
         return await self._x.run(_p.counts(self._k))
 
     async def check(self) -> list[str]:

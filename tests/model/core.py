@@ -28,13 +28,13 @@ LONG = 60_000  # ms: never lapses within an example
 class Job:
     payload: bytes
     group: str | None
-    state: str = "pending"  # pending | active | scheduled | dead | awaiting_children
+    state: str = "pending"  # pending | active | scheduled | dead | completed | awaiting_children
     attempts: int = 0
     floor: int = 0
     epoch: int | None = None
     stalled: int = 0
     last_error: str | None = None
-    score: int = 0  # the lease deadline (active) or run time (scheduled), server clock
+    score: int = 0  # the lease deadline (active), run time (scheduled), finish (completed)
     cancel: str | None = None  # '1' | 'remove' while its run was asked to stop
     dedup: str | None = None
     parent: str | None = None
@@ -100,6 +100,11 @@ class QueueModel:
         self.completed = 0
         self.failed = 0
         self.seen: set[str] = set()  # every id this queue ever held
+        # ---- kept history (issue 24): keep_completed / keep_dead, by count only (the age
+        # bound reads the server clock; tests/test_kept_history.py drives it).
+        self.keep_count: int | None = None  # keep_completed(count): None = off
+        self.keep_dead: int | None = None  # keep_dead(count): None = unbounded
+        self.dead_added = False  # a dead-letter since the last trim (only those trim)
 
     # ------------------------------------------------------------------ reads
 
@@ -154,6 +159,7 @@ class QueueModel:
             "dead": n("dead"),
             "completed": self.completed,
             "failed": self.failed,
+            "kept": n("completed"),
         }
 
     def fence(self, jid: str, token: int) -> str | None:
@@ -214,6 +220,35 @@ class QueueModel:
         """Any move out of active ends the run: its cancel flag goes (issue 22 #4)."""
         j.cancel = None
 
+    # ---- kept history (issue 24) ----------------------------------------------------------
+
+    def keep_completed_row(self, jid: str, finished: int) -> None:
+        """A completion while the queue keeps rows: the row stays, state completed, scored by
+        its finish time; its dedup key is released, its flow hashes stay, nothing retired."""
+        self.release_dedup(jid)
+        j = self.jobs[jid]
+        j.state, j.epoch, j.cancel, j.score = "completed", None, None, finished
+
+    def trim(self, state: str, bound: int | None) -> None:
+        """The completing (dead-lettering) script's trim by count: the oldest go, by finish
+        time then id (completed) or by id (dead, all score 0), each deleted with its side
+        keys and its token retired. Top-k is closed under repetition, so trimming once per
+        model step equals trimming once per script call."""
+        if bound is None:
+            return
+        held = sorted((j.score, i) for i, j in self.jobs.items() if j.state == state)
+        for _, jid in held[: max(0, len(held) - bound)]:
+            j = self.jobs.pop(jid)
+            if j.attempts:
+                self.retired[jid] = j.attempts
+            self.flows.pop(jid, None)
+
+    def trim_dead(self) -> None:
+        """Only a script that dead-lettered trims: a lowered bound waits for the next death."""
+        if self.dead_added:
+            self.dead_added = False
+            self.trim("dead", self.keep_dead)
+
 
 class World:
     """Two queues: 0 is the main one, 1 holds the other half of cross-queue flows.
@@ -273,6 +308,7 @@ class World:
         if p.state != "awaiting_children":
             return
         p.state = "dead"
+        m.dead_added = True  # kept history: the script that killed it trims dead
         p.last_error = f"child {cid} failed"
         if pid in m.wanted:  # a death while a waiter waits is kept 60 s (D17)
             m.keep(pid, b"", p.attempts, p.last_error)
@@ -313,7 +349,9 @@ class World:
             # its record out of unsuccessful (or failed, the parent being dead already).
             fl.unsuccessful.pop(cid, None)
             fl.failed.pop(cid, None)
-            fl.processed.setdefault(cid, value)
+            # Its latest outcome: a kept completed child reprocessed and completed again
+            # (issue 24) overwrites its record (a pump's redelivery carries the same value).
+            fl.processed[cid] = value
         else:
             if cid in fl.processed:
                 return
