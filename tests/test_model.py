@@ -344,7 +344,16 @@ class ModelMachine(RuleBasedStateMachine):
             note(f"change_priority refused: {j.state}")
             self.expect(StateError, self.q(qi).change_priority, jid, priority)
 
-    # --- end of issue 24 (priorities)
+    # --- issue 24, the queue-wide concurrency limit: at most n jobs of the queue active
+    # (claimable() caps every claim path by it; take() refuses a claim past it).
+
+    @rule(qi=QI, n=st.sampled_from((None, 1, 2, 3)))
+    def limit_queue(self, qi: int, n: int | None) -> None:
+        self.q(qi).limit(n)
+        self.m(qi).limit = n
+        assert self.q(qi).get_limit() == n
+
+    # --- end of issue 24 (priorities, the queue limit)
 
     def admit_one(
         self,
@@ -1228,7 +1237,6 @@ class ModelMachine(RuleBasedStateMachine):
                 "rate lane",
                 "clear rate",
                 "clear lane",
-                "limit queue",  # issue 24: the queue-wide concurrency limit
                 "keep",
                 "keep dead",
             )
@@ -1264,9 +1272,6 @@ class ModelMachine(RuleBasedStateMachine):
         elif what == "clear rate":
             q.clear_rate_limit()
             m.rate = None
-        elif what == "limit queue":  # issue 24
-            q.limit(n)
-            m.limit = n
         elif what == "keep":  # kept history (issue 24): None turns it off
             q.keep_completed(n or 0)
             m.keep_count = n
@@ -1695,6 +1700,47 @@ def test_an_old_child_never_settles_into_a_new_incarnation(sm: ModelMachine, end
         tok = sm.claim_only(0, LONG, {child})[child]
         sm.do_complete(0, child, tok, False, b"R")
         sm.server_agrees_with_model()
+
+
+# ---------------------------------------------------------------------- issue 24 scenarios
+# Priorities and the queue-wide limit, replayed through the machine (every step checked
+# against the model), so each runs on every CI run whatever hypothesis draws.
+
+
+def test_priorities_order_claims_and_survive_every_return(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    for p in (5, 1, 2**21, 0, 1):
+        s.enqueue_prioritized(qi=0, payload=b"f", group=None, delay=None, priority=p)
+    s.enqueue_prioritized(qi=0, payload=b"l", group="la", delay=None, priority=3)
+    s.enqueue_prioritized(qi=0, payload=b"s", group=None, delay=SHORT, priority=2)
+    s.claim_batch(qi=0, n=3, lease=SHORT)  # take() checks each is the head of its set
+    s.reap(qi=0)  # back to waiting with their priorities
+    s.work(qi=0, outcomes=["fail", "die", "hold"])  # retried, dead, held
+    s.promote(qi=0)
+    m = sm.m(0)
+    dead = next(i for i, j in m.jobs.items() if j.state == "dead")
+    s.reprocess(qi=0, n=live_pick(sm, 0, dead))
+    assert m.jobs[dead].priority != 0 or m.jobs[dead].state == "pending"
+    for state in ("active", "pending", "scheduled"):
+        for jid in [i for i, j in m.jobs.items() if j.state == state][:1]:
+            s.change_priority(qi=0, n=sorted(m.seen).index(jid), priority=7)
+    s.claim_batch(qi=0, n=5, lease=LONG)
+
+
+def test_the_queue_limit_caps_every_claim_path(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    for g in (None, "la", "lb", None):
+        s.enqueue_prioritized(qi=0, payload=b"x", group=g, delay=None, priority=0)
+    s.limit_queue(qi=0, n=2)
+    s.claim(qi=0, lease=LONG)
+    s.claim_batch(qi=0, n=5, lease=LONG)  # the room left: one
+    s.claim(qi=0, lease=LONG)  # empty at the limit
+    s.work(qi=0, outcomes=["done"])  # nothing claimable: nothing done
+    s.limit_queue(qi=0, n=3)
+    s.work(qi=0, outcomes=["done", "done"])  # one slot: one claimed, completed
+    s.limit_queue(qi=0, n=None)
+    s.claim_batch(qi=0, n=5, lease=LONG)
+    assert sm.m(0).active_count() == 3  # four jobs, one completed
 
 
 # ---------------------------------------------------------------------- kept history (issue 24)
