@@ -285,6 +285,7 @@ class Driver:
             "dead": len(m.ids("dead")),
             "completed": m.completed,
             "failed": m.failed,
+            "kept": 0,  # this walk never keeps history (tests/test_model.py does)
         }
         assert q.counts() == want, self.log[-5:]
         for jid, mj in m.jobs.items():

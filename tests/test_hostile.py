@@ -314,7 +314,7 @@ def _observe(w: World, verb: str, args: tuple[Any, ...], kwargs: dict[str, Any],
         assert isinstance(out, list) and all(isinstance(x, str) for x in out)
     elif verb == "counts":
         assert sorted(out) == sorted(
-            ["pending", "active", "schedule", "dead", "completed", "failed"]
+            ["pending", "active", "schedule", "dead", "completed", "failed", "kept"]
         )
         assert all(isinstance(v, int) and v >= 0 for v in out.values())
     elif verb == "job_state":
