@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -591,14 +592,8 @@ def create_app(
 
     def api_workers(request: Request) -> Response:
         data = workers_data(request)
-        return JSONResponse(
-            json.loads(
-                json.dumps(
-                    {"queue": data["queue"], "workers": [vars(w) for w in data["workers"]]},
-                    default=lambda o: vars(o) if hasattr(o, "__dict__") else repr(o),
-                )
-            )
-        )
+        shown = [dataclasses.asdict(w) for w in data["workers"]]
+        return JSONResponse({"queue": data["queue"], "workers": shown})
 
     def repeats_data(request: Request) -> dict[str, Any]:
         from echomq import _compose
@@ -612,7 +607,8 @@ def create_app(
 
     def api_repeats(request: Request) -> Response:
         data = repeats_data(request)
-        return JSONResponse({"queue": data["queue"], "repeats": [vars(r) for r in data["repeats"]]})
+        shown = [dataclasses.asdict(r) for r in data["repeats"]]
+        return JSONResponse({"queue": data["queue"], "repeats": shown})
 
     def flows_data(request: Request) -> dict[str, Any]:
         name = _queue_name(request)
