@@ -167,7 +167,7 @@ def test_paging_by_rank_with_first_last_and_page_size(url: str, q: echomq.Queue)
     newest_first = list(reversed(ids))
     with _client(url, [q.name]) as c:
         page = c.get(f"/queues/{q.name}", params={"per": 100}).text
-        assert "1–100 of 1,234" in page  # thousands separators
+        assert "1\u2013100 of 1,234" in page  # thousands separators
         assert "offset=1200" in page  # the last page's link
         last = c.get(f"/api/queues/{q.name}", params={"per": 100, "offset": 1200}).json()
         assert [i["id"] for i in last["page"]["items"]] == newest_first[1200:]
@@ -325,7 +325,7 @@ def test_actions_on_a_selection(url: str, q: echomq.Queue, signed: tuple[TestCli
     form = [("csrf", csrf), ("verb", "remove"), ("ids", dead[2])]
     ask = _post(c, f"/queues/{q.name}/selected", form)
     assert ask.status_code == 200 and dead[2] in ask.text and q.job_state(dead[2]) == "dead"
-    _post(c, f"/queues/{q.name}/selected", form + [("confirm", "yes")])
+    _post(c, f"/queues/{q.name}/selected", [*form, ("confirm", "yes")])
     assert q.job_state(dead[2]) == "absent" and q.job_state(dead[3]) == "dead"
     # Every id is checked before the first one moves: a malformed one refuses the lot.
     form = [("csrf", csrf), ("verb", "reprocess"), ("ids", dead[3]), ("ids", "<b>")]
