@@ -36,9 +36,11 @@ __all__ = [
     "bulk",
     "find",
     "flows",
+    "human",
     "one_line",
     "preview",
     "rows",
+    "table",
 ]
 
 # The row fields a list shows. `priority` is read whether or not the server writes it: a
@@ -294,6 +296,52 @@ def _matches(row: JobRow, kind: str, text: str, needle: str) -> bool:
     if kind == "task":
         return row.task is not None and needle in row.task.lower()
     return needle in row.error.lower()
+
+
+def human(delta_ms: float) -> str:
+    """A duration as a person reads it: 4.2s, 3.5m, 2.0h."""
+    d = abs(delta_ms) / 1000
+    return f"{d:.1f}s" if d < 120 else f"{d / 60:.1f}m" if d < 7200 else f"{d / 3600:.1f}h"
+
+
+def table(rows: Sequence[JobRow], state: str, now_ms: int, *, width: int = 30) -> list[str]:
+    """A job list as aligned text lines (``echomq browse``): the dashboard's columns, the
+    arguments and the error cut to ``width`` characters."""
+    head = ["id", "task", "args", "attempts", "priority", "error", "age"]
+    if state == "active":
+        head += ["worker", "running", "lease"]
+    elif state == "schedule":
+        head += ["runs"]
+    lines = [head]
+    for r in rows:
+        age = human(now_ms - r.minted_ms) if r.minted_ms is not None else "-"
+        cells = [
+            r.id,
+            r.task or "-",
+            _cut(r.args, width) or "-",
+            str(r.attempts),
+            r.priority or "-",
+            _cut(r.error, width) or "-",
+            age,
+        ]
+        if state == "active":
+            running = human(now_ms - r.since_ms) if r.since_ms is not None else "-"
+            lease = "in " + human(r.score_ms - now_ms) if r.score_ms is not None else "-"
+            cells += [r.worker or "-", running, lease]
+        elif state == "schedule":
+            due = r.score_ms is not None and r.score_ms <= now_ms
+            when = "due" if due or r.score_ms is None else "in " + human(r.score_ms - now_ms)
+            cells += [when]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    numeric = {3, 4}  # attempts, priority: right-aligned
+    return [
+        "  ".join(
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in lines
+    ]
 
 
 # --------------------------------------------------------------------------- flows
