@@ -7,7 +7,7 @@ Screenshots land in the test's tmp dir; the overview, queue and job shots are co
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 
 import echomq
-from conftest import wait_for
+from conftest import running, wait_for
 from echomq.web import create_app
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -119,10 +119,8 @@ def test_dashboard_in_a_browser(
 
     q = app.queue(qname)
     hq = echomq.Queue(hostile, url=url)
-    worker = echomq.Worker(app, [qname], 4, beat_ms=100)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))
-    thread.start()
+    stack = contextlib.ExitStack()
+    stack.enter_context(running(echomq.Worker(app, [qname], 4, beat_ms=100)))
     try:
         for i in range(30):
             resize.enqueue(i)
@@ -197,9 +195,7 @@ def test_dashboard_in_a_browser(
         browser.find_element(By.ID, "confirm").click()
         wait_for(lambda: hq.job_state(extra) == "absent", 10)
     finally:
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
-        loop.close()
+        stack.close()
         hq.close()
         app.close()
 
@@ -226,10 +222,8 @@ def test_console_pages_and_actions_in_a_browser(
         release.wait(30)
 
     q = app.queue(qname)
-    worker = echomq.Worker(app, [qname], 4, beat_ms=100)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))
-    thread.start()
+    stack = contextlib.ExitStack()
+    stack.enter_context(running(echomq.Worker(app, [qname], 4, beat_ms=100)))
     try:
         for i in range(40):
             send_invoice.enqueue(f"cust-{i}", 100 + i)
@@ -354,9 +348,7 @@ def test_console_pages_and_actions_in_a_browser(
         assert "no such queue" in browser.find_element(By.ID, "error").text
     finally:
         release.set()
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
-        loop.close()
+        stack.close()
         app.close()
 
 

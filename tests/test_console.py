@@ -6,7 +6,7 @@ repeats, flows and charts pages; bad input as a 4xx page; an unreachable server 
 
 from __future__ import annotations
 
-import asyncio
+import os
 import re
 import threading
 import time
@@ -23,27 +23,18 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 import echomq
-from conftest import wait_for
+from conftest import running, wait_for
 from echomq import _console, _envelope
 from echomq.serializers import JSON, MsgPack
 from echomq.server import free_port
 from echomq.web import create_app
+from test_dashboard import TOKEN, _sign_in
 
-TOKEN = "console-test-token"
 HTML = "<script>alert(1)</script>"
 
 
 def _client(url: str, queues: list[str] | None, **kw: Any) -> TestClient:
     return TestClient(create_app(url, queues=queues, **kw))
-
-
-def _sign_in(c: TestClient) -> str:
-    c.get("/login")
-    csrf = c.cookies.get("echomq_csrf")
-    assert csrf
-    res = c.post("/login", data={"token": TOKEN, "csrf": csrf}, follow_redirects=False)
-    assert res.status_code == 303
-    return csrf
 
 
 def _post(c: TestClient, path: str, pairs: list[tuple[str, str]], **kw: Any) -> Any:
@@ -131,35 +122,24 @@ def test_active_list_names_the_worker_holding_the_job(url: str, qname: str) -> N
     def hold() -> None:
         release.wait(20)
 
-    worker = echomq.Worker(app, [qname], 2, beat_ms=100)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))
-    thread.start()
     q = app.queue(qname)
     try:
-        jid = hold.enqueue().id
-        wait_for(lambda: any(w.jobs for w in q.workers()), 20)
-        with _client(url, [qname]) as c:
-            rows = c.get(f"/api/queues/{qname}", params={"state": "active"}).json()["rows"]
-            (row,) = rows
-            assert row["id"] == jid and row["task"] == "hold"
-            assert row["worker"] and row["worker"].endswith(f":{worker_pid()}")
-            page = c.get(f"/queues/{qname}/workers")
-            assert page.status_code == 200 and jid in page.text and "hold" in page.text
-            api = c.get(f"/api/queues/{qname}/workers").json()
-            assert api["workers"][0]["concurrency"] == 2
+        with running(echomq.Worker(app, [qname], 2, beat_ms=100)):
+            jid = hold.enqueue().id
+            wait_for(lambda: any(w.jobs for w in q.workers()), 20)
+            with _client(url, [qname]) as c:
+                rows = c.get(f"/api/queues/{qname}", params={"state": "active"}).json()["rows"]
+                (row,) = rows
+                assert row["id"] == jid and row["task"] == "hold"
+                assert row["worker"] and row["worker"].endswith(f":{os.getpid()}")
+                page = c.get(f"/queues/{qname}/workers")
+                assert page.status_code == 200 and jid in page.text and "hold" in page.text
+                api = c.get(f"/api/queues/{qname}/workers").json()
+                assert api["workers"][0]["concurrency"] == 2
+                release.set()
     finally:
         release.set()
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
-        loop.close()
         app.close()
-
-
-def worker_pid() -> int:
-    import os
-
-    return os.getpid()
 
 
 def test_paging_by_rank_with_first_last_and_page_size(url: str, q: echomq.Queue) -> None:

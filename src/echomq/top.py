@@ -19,20 +19,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from echomq import _inspect
+from echomq import _console, _inspect
 from echomq._executor import SyncExecutor, sync_client
 
 __all__ = ["render", "run_top"]
 
 
 def _fmt_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+    return "-" if seconds is None else _console.human(seconds * 1000)
 
 
 # Below this many columns the frame drops the lanes and lease columns and shortens the

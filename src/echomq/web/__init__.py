@@ -274,12 +274,9 @@ def _sparkline(values: Sequence[int], width: int = 120, height: int = 24) -> Mar
 def _ms(value: int | None, now_ms: int) -> str:
     if value is None:
         return ""
-    delta = (value - now_ms) / 1000
-    sign = "in " if delta >= 0 else ""
-    ago = "" if delta >= 0 else " ago"
-    d = abs(delta)
-    text = f"{d:.1f}s" if d < 120 else f"{d / 60:.1f}m" if d < 7200 else f"{d / 3600:.1f}h"
-    return f"{sign}{text}{ago}"
+    delta = value - now_ms
+    text = _console.human(delta)
+    return f"in {text}" if delta >= 0 else f"{text} ago"
 
 
 def _when(value: int | None, now_ms: int) -> Markup:
@@ -298,8 +295,7 @@ def _span(value: int | None, now_ms: int) -> Markup:
     """How long since ``value`` (a run time, an age), the raw value on hover."""
     if value is None:
         return Markup('<span class="muted">—</span>')
-    d = max(0.0, (now_ms - value) / 1000)
-    text = f"{d:.1f}s" if d < 120 else f"{d / 60:.1f}m" if d < 7200 else f"{d / 3600:.1f}h"
+    text = _console.human(max(0, now_ms - value))
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
     return Markup(f'<time title="since {stamp} UTC ({int(value)} unix ms)">{text}</time>')
 
