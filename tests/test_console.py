@@ -439,3 +439,24 @@ def test_pages_read_without_javascript(url: str, q: echomq.Queue, r: redis.Redis
             "resize" in c.get(f"/queues/{q.name}").text and jid in c.get(f"/queues/{q.name}").text
         )
     time.sleep(0)
+
+
+def test_an_id_prefix_find_is_exact_over_a_set_of_one_score(url: str, q: echomq.Queue) -> None:
+    """A prefix over a set whose members all share one score is a BYLEX range: it finds a
+    job however deep in the set, past any bound; with mixed scores (scheduled jobs, or
+    waiting jobs with priorities) it is a bounded scan instead."""
+    from echomq._executor import SyncExecutor, sync_client
+    from echomq._protocol import Keys
+
+    oldest = q.enqueue(b"first").id
+    q.enqueue_many([b"x"] * 1500)
+    later = [q.enqueue(b"s", delay_ms=60_000 + i).id for i in range(3)]
+    client = sync_client(url)
+    try:
+        x, k = SyncExecutor(client), Keys(q.name)
+        deep = _console.find(x, k, "pending", "id", oldest, bound=100)
+        assert [r.id for r in deep.rows] == [oldest] and deep.searched == 1501
+        mixed = _console.find(x, k, "schedule", "id", later[0], bound=2)
+        assert mixed.searched == 2 and mixed.total == 3  # bounded: a scan, not a range
+    finally:
+        client.close()

@@ -263,7 +263,7 @@ def find(
     page0 = _inspect.page(x, k, state, 0, 1, group)  # validates state and lane, reads ZCARD
     key = _set_key(k, page0.state, group)
     total = page0.total
-    if kind == "id" and page0.state in ("pending", "dead"):
+    if kind == "id" and _one_score(x, key):
         args = ("ZRANGE", key, "(" + text + "~", "[" + text, "BYLEX", "REV", "LIMIT", 0, limit)
         got = [_s(m) for m in _inspect._raise(x.pipeline([_cmd(args, list)])[0])]
         found = rows(x, k, [(m, None) for m in got], page0.state, serializer=serializer)
@@ -282,6 +282,15 @@ def find(
                 matches.append(row)
     capped = len(matches) >= limit
     return Found(kind, text, page0.state, matches[:limit], searched, total, capped)
+
+
+def _one_score(x: SyncExecutor, key: str) -> bool:
+    """Whether every member of ``key`` has the same score (its first and last do): only then
+    does the set's order by member hold, and a ``BYLEX`` range is exact. The dead set always
+    qualifies; a waiting set does while no job in it has a priority."""
+    ends = [_cmd(("ZRANGE", key, i, i, "WITHSCORES"), list) for i in (0, -1)]
+    first, last = (_inspect._raise(r) for r in x.pipeline(ends))
+    return not first or _inspect._first_score(first) == _inspect._first_score(last)
 
 
 def _set_key(k: Keys, state: str, group: str | None) -> str:
