@@ -110,6 +110,7 @@ class JobAction:
     places: tuple[str, ...]
     destructive: bool
     run: Callable[[Any, str, dict[str, str]], Any]
+    field: str | None = None  # a form input the verb reads (its name), shown beside the button
 
 
 def _cancel(q: Any, job_id: str, _f: dict[str, str]) -> str:
