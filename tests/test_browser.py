@@ -261,6 +261,12 @@ def test_console_pages_and_actions_in_a_browser(
         browser.execute_script("document.getElementById('jobs-heading').scrollIntoView()")
         _shot(browser, tmp_path, "active")
 
+        # The workers page.
+        browser.get(f"{base}/queues/{qname}/workers")
+        table = browser.find_element(By.ID, "workers").text
+        assert socket.gethostname() in table and held in table and "render_video" in table
+        _shot(browser, tmp_path, "workers")
+
         # The dead list: the error's one line; find by error text says what it searched.
         browser.get(f"{base}/queues/{qname}?state=dead")
         row = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{dead[2]}"]').text
@@ -312,12 +318,6 @@ def test_console_pages_and_actions_in_a_browser(
         browser.find_element(By.ID, "confirm").click()
         wait_for(lambda: q.job_state(held) in ("dead", "absent"), 20)
         release.set()
-
-        # The workers page.
-        browser.get(f"{base}/queues/{qname}/workers")
-        table = browser.find_element(By.ID, "workers").text
-        assert socket.gethostname() in table
-        _shot(browser, tmp_path, "workers")
 
         # The repeats page: both listed; remove one (confirmed).
         browser.get(f"{base}/queues/{qname}/repeats")
