@@ -13,7 +13,7 @@ static int is_job(emq_sv id) { return id.n >= 3 && memcmp(id.p, "JOB", 3) == 0; 
 /* admit.lua admit(): policy (kind) before existence (duplicate) before write. has_run_at = 0
  * is Lua's run_at == nil. The row's HSET is the first write (deny-oom, see admit.lua). */
 static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_at,
-                         long long run_at, long long now, int fresh) {
+                         long long run_at, long long now, int fresh, emq_sv pri) {
     if (!is_job(id)) return "kind";
     emq_sv jk = emq_key2(e, "job:", id);
     if (emq_exists(e, jk) == 1) return "duplicate";
@@ -21,7 +21,8 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
     emq_sv attempts = EMQ_LIT("0");
     if (!fresh) attempts = emq_retired_last(e, id);
     int carried = !emq_eqs(attempts, "0");
-    emq_sv f[12];
+    int prioritized = !emq_eqs(pri, "0");
+    emq_sv f[14];
     int n = 0;
     f[n++] = jk;
     f[n++] = EMQ_LIT("state");
@@ -38,12 +39,16 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
         f[n++] = EMQ_LIT("floor");
         f[n++] = attempts;
     }
+    if (prioritized) {
+        f[n++] = EMQ_LIT("priority");
+        f[n++] = pri;
+    }
     emq_hsetv(e, n, f);
     if (carried) emq_unretire(e, id);
     /* A new incarnation of a named id: an earlier one's outcome goes (admit.lua). */
     if (!fresh) emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));
     if (due) {
-        emq_zadd(e, 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
+        emq_zadd(e, 3, emq_waiting_key(e, g), pri, id);
         emq_emit_in(e, "enqueued", id, g, 0, NULL);
         return "enqueued";
     }
@@ -52,6 +57,14 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
     emq_sv extra[2] = {EMQ_LIT("run_at"), at};
     emq_emit_in(e, "scheduled", id, g, 2, extra);
     return "scheduled";
+}
+
+/* args.lua priority_arg: an integer argument in 0..2^21, or the refusal. The Lua stores the
+ * number, so the text stored is its canonical decimal (a leading zero or '-0' is folded). */
+static emq_sv priority_arg(emq *e, emq_sv s) {
+    long long p = emq_need_ll(e, s);
+    if (p < 0 || p > 2097152) emq_fail(e, "ERR priority must be 0..2097152");
+    return emq_fmt_ll(e, p);
 }
 
 /* run_time(): 'in' = server clock + ms, 'at' = the caller's absolute ms, else nil. */
@@ -155,6 +168,8 @@ static void enqueue_one(emq *e) {
     if (emq_arg(e, 8).p) replay_ms = emq_need_ll(e, emq_arg(e, 8));
     if (did.n) ttl_ms = emq_need_ll(e, emq_arg(e, 12));
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
+    emq_sv pri = EMQ_LIT("0");
+    if (emq_arg(e, 14).p) pri = priority_arg(e, emq_arg(e, 14));
     int resend = emq_has_char(flags, 'r');
     emq_sv second = emq_arg(e, 13);
     long long now = 0;
@@ -188,7 +203,7 @@ static void enqueue_one(emq *e) {
         }
     }
     int fresh = emq_has_char(flags, 'f');
-    const char *verdict = admit(e, id, payload, g, has_run_at, run_at, now, fresh);
+    const char *verdict = admit(e, id, payload, g, has_run_at, run_at, now, fresh, pri);
     int dup = strcmp(verdict, "duplicate") == 0;
     if (dup) emq_emit_in(e, "duplicate", id, g, 0, NULL);
     if (did.n && !dup) take_dedup(e, id, did, ttl_ms);
@@ -212,6 +227,7 @@ static void enqueue_many(emq *e) {
     long long replay_ms = emq_need_ll(e, emq_arg(e, 5));
     emq_sv nonce = emq_arg(e, 6), flags = emq_arg(e, 7);
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
+    emq_sv pri = priority_arg(e, emq_arg(e, 8));
     int marked = replay_ms > 0 && !emq_eqs(nonce, "");
     emq_sv rk = emq_key2(e, "recent:", nonce);
     if (marked && emq_has_char(flags, 'r')) {
@@ -235,15 +251,15 @@ static void enqueue_many(emq *e) {
     long long run_at = 0;
     int has_run_at = run_time(e, mode, value, now, &run_at);
     int fresh = emq_has_char(flags, 'f');
-    int jobs = (e->nargs - 7) / 2;
+    int jobs = (e->nargs - 8) / 2;
     const char **out = RedisModule_PoolAlloc(e->ctx, sizeof(char *) * (size_t)(jobs + 1));
     long long added = 0, admitted = 0;
     for (int j = 0; j < jobs; j++) {
-        const char *v = admit(e, emq_arg(e, 8 + 2 * j), emq_arg(e, 9 + 2 * j), g, has_run_at,
-                              run_at, now, fresh);
+        const char *v = admit(e, emq_arg(e, 9 + 2 * j), emq_arg(e, 10 + 2 * j), g, has_run_at,
+                              run_at, now, fresh, pri);
         if (strcmp(v, "enqueued") == 0) added++;
         if (strcmp(v, "enqueued") == 0 || strcmp(v, "scheduled") == 0) admitted++;
-        if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 8 + 2 * j), g, 0, NULL);
+        if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 9 + 2 * j), g, 0, NULL);
         out[j] = v;
     }
     if (added > 0) emq_touch(e, g, added);
@@ -258,9 +274,9 @@ static void enqueue_many(emq *e) {
 }
 
 emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && nargs >= 6 && nargs <= 13) return enqueue_one;
-    if (nkeys == 1 && nargs >= 7 && (nargs - 7) % 2 == 0) return enqueue_many;
-    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args "
+    if (nkeys == 2 && nargs >= 6 && nargs <= 14) return enqueue_one;
+    if (nkeys == 1 && nargs >= 8 && (nargs - 8) % 2 == 0) return enqueue_many;
+    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args "
            "(enqueue_many)";
     return NULL;
 }

@@ -112,7 +112,9 @@ static void settle(emq *e) {
 
     /* ---- the writes, in the Lua's order ---- */
     emq_verdict *completed = RedisModule_PoolAlloc(e->ctx, sizeof(emq_verdict) * (size_t)(c + 1));
-    emq_complete_many(e, pairs, c, res_ids, res_vals, r, now, completed);
+    emq_keep history; /* kept history: claim_gate read meta keep_completed (history.h) */
+    emq_keep_parse(e->keep_completed, &history);
+    emq_complete_many(e, pairs, c, res_ids, res_vals, r, now, &history, completed);
     for (int j = 0; j < r; j++) {
         int at = c - r + j;
         /* The attempts a kept result records is the settling token. */
@@ -125,6 +127,7 @@ static void settle(emq *e) {
     for (int k = 0; k < nretry; k++)
         retried[k] = emq_retry_one(e, rt[k].id, emq_key2(e, "job:", rt[k].id), rt[k].token,
                                    rt[k].delay, rt[k].max, rt[k].error, now, rt[k].keep);
+    emq_trim_dead(e, now); /* keep_dead, after this call's dead-letters (history.h) */
     long long wait = 0;
     if (claims) {
         emq_claim_n(e, deadline, n, &out, now);

@@ -19,11 +19,14 @@ static void complete(emq *e) {
      * after the completion on a malformed value). */
     long long keep = e->nargs >= 5 ? emq_need_ll(e, emq_arg(e, 5)) : 0;
     emq_sv id = emq_arg(e, 2), token = emq_arg(e, 3), result = emq_arg(e, 4);
-    emq_verdict v = emq_complete_one(e, id, emq_key_at(e, 2), token, result);
+    long long now = emq_now_ms(e);
+    emq_keep kept; /* kept history (history.h): the row stays while the queue asks */
+    emq_keep_completed_spec(e, &kept);
+    emq_verdict v = emq_complete_one(e, id, emq_key_at(e, 2), token, result, now, &kept);
     if (!v.text && v.n == 1) {
-        long long now = emq_now_ms(e);
         emq_bump_metrics(e, "completed", 1, now);
         if (keep > 0) emq_keep_outcome(e, id, "result", result, token, keep, now);
+        if (kept.on) emq_kept_trim(e, "completed", &kept, 1, now);
     }
     /* Every text complete_one returns is an EMQSTALE refusal: an error reply. */
     reply_verdict(e, v, 1);
@@ -39,6 +42,7 @@ static void retry(emq *e) {
     long long now = emq_now_ms(e);
     emq_verdict v = emq_retry_one(e, emq_arg(e, 2), emq_key_at(e, 4), emq_arg(e, 3), delay, max,
                                   emq_arg(e, 6), now, keep);
+    emq_trim_dead(e, now); /* keep_dead (history.h) */
     reply_verdict(e, v, 1);
 }
 

@@ -83,7 +83,7 @@ static void end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, e
         emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                  EMQ_LIT("cancelled"));
         emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
-        emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+        emq_dead_letter(e, id);
         emq_bump_metrics(e, "failed", 1, now);
         emq_sv extra[2] = {EMQ_LIT("error"), EMQ_LIT("cancelled")};
         emq_emit_in(e, "dead", id, g, 2, extra);
@@ -98,7 +98,7 @@ static void sweep(emq *e) {
     long long max_stalled = emq_need_ll(e, emq_arg(e, 2));
     emq_sv limit = emq_fmt_ll(e, emq_need_ll(e, emq_arg(e, 3)));
     long long now = emq_now_ms(e);
-    emq_sv active = emq_key_at(e, 1), dead = emq_key_at(e, 2);
+    emq_sv active = emq_key_at(e, 1); /* KEYS[2] is dead: dead_letter builds it from the base */
     RedisModuleCallReply *lapsed = emq_call(e, "ZRANGEBYSCORE", 6, active, EMQ_LIT("-inf"),
                                             emq_fmt_ll(e, now), EMQ_LIT("LIMIT"), EMQ_LIT("0"), limit);
     size_t len = RedisModule_CallReplyLength(lapsed);
@@ -139,7 +139,7 @@ static void sweep(emq *e) {
             emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                      EMQ_LIT("stalled"));
             emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-            emq_zadd(e, 3, dead, EMQ_LIT("0"), id);
+            emq_dead_letter(e, id);
             emq_bump_metrics(e, "failed", 1, now);
             emq_sv extra[4] = {EMQ_LIT("error"), EMQ_LIT("stalled"), EMQ_LIT("stalled"), st};
             emq_emit_in(e, "dead", id, g, 4, extra);
@@ -164,6 +164,7 @@ static void sweep(emq *e) {
         tally_entry *en = &added.entry[i];
         emq_touch(e, emq_eqs(en->key, "*") ? EMQ_NONE : en->key, en->n);
     }
+    emq_trim_dead(e, now); /* keep_dead (history.h) */
     RedisModule_ReplyWithArray(e->ctx, 2);
     RedisModule_ReplyWithArray(e->ctx, nrec);
     for (int i = 0; i < nrec; i++) emq_reply_sv(e, recovered[i]);

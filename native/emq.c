@@ -737,7 +737,9 @@ void emq_unretire(emq *e, emq_sv id) {
 }
 
 void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g) {
-    emq_zadd(e, 3, emq_waiting_key(e, g), EMQ_LIT("0"), id);
+    /* Scored by the row's priority (absent = 0): common.lua park. */
+    emq_sv pri = emq_hget(e, jk, EMQ_LIT("priority"));
+    emq_zadd(e, 3, emq_waiting_key(e, g), pri.p ? pri : EMQ_LIT("0"), id);
     emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("pending"));
 }
 

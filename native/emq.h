@@ -37,6 +37,12 @@ typedef struct emq {
     int events_known;
     emq_sv events_bound; /* absent: events off */
     int lanes_rated;     /* -1: not read yet */
+    int keep_known;      /* kept history (history.h): meta keep_completed read yet */
+    emq_sv keep_completed;
+    int keep_dead_known; /* meta keep_dead read yet */
+    emq_sv keep_dead;
+    long long dead_added; /* dead-letters in this call, for trim_dead */
+    emq_sv claim_stamp;   /* a claim's claimed_ms while keep_completed is set (lease.c) */
     jmp_buf fail;
     const char *err;
 } emq;

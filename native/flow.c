@@ -2,6 +2,7 @@
  * of its Lua twin in compose.lua, in the same order. */
 #include "flow.h"
 
+#include "history.h"
 #include "settle.h"
 
 #include <string.h>
@@ -45,11 +46,11 @@ static void flow_outbox(emq *e, const emq_flow *f, emq_sv id, int done, emq_sv v
 }
 
 static void flow_release(emq *e, emq_sv pid) {
-    static const char *fields[2] = {"state", "group"};
-    emq_sv pk = emq_key2(e, "job:", pid), p[2];
-    if (!emq_hmget(e, pk, 2, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+    static const char *fields[3] = {"state", "group", "priority"};
+    emq_sv pk = emq_key2(e, "job:", pid), p[3];
+    if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
     emq_hset(e, 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
-    emq_zadd(e, 3, emq_waiting_key(e, p[1]), EMQ_LIT("0"), pid);
+    emq_zadd(e, 3, emq_waiting_key(e, p[1]), p[2].p ? p[2] : EMQ_LIT("0"), pid);
     /* A full sync, not touch's flat fast path (compose.lua flow_release, F12). */
     int inring, inserted;
     emq_sync(e, p[1], 0, &inring, &inserted);
@@ -149,7 +150,7 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
         if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
         err = emq_cat(e, 3, EMQ_LIT("child "), id, EMQ_LIT(" failed"));
         emq_hset(e, 5, pk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), err);
-        emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), pid);
+        emq_dead_letter(e, pid);
         emq_keep_death(e, pid, err, p[2], 0, 0);
         id = pid;
         f = emq_flow_parent(e, pk, &cur) ? &cur : NULL;

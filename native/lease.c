@@ -4,6 +4,8 @@
  * commands in the same order. */
 #include "lease.h"
 
+#include "history.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,11 +55,21 @@ static void rate_charge(emq *e, emq_sv key, long long n, long long window) {
 
 /* ------------------------------------------------------------------ common.lua claim_gate */
 
+/* ratelimit.lua qlimit: tonumber(meta.limit) or false. */
+static void seed_limit(emq_lease *c, emq_sv lim) {
+    c->qlimit_known = 1;
+    c->qlimited = lim.p && emq_parse_ll(lim, &c->qlimit);
+}
+
 int emq_claim_gate(emq *e, emq_lease *out) {
-    static const char *fields[5] = {"paused", "rate_max", "rate_window_ms", "events", "grated"};
-    emq_sv m[5];
+    static const char *fields[7] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
+                                    "limit", "keep_completed"};
+    emq_sv m[7];
     /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    emq_hmget_strict(e, emq_key(e, "meta"), 5, fields, m);
+    emq_hmget_strict(e, emq_key(e, "meta"), 7, fields, m);
+    seed_limit(out, m[5]);
+    e->keep_completed = m[6]; /* kept history (history.h), for settle's completions */
+    e->keep_known = 1;
     e->events_bound = m[3];
     e->events_known = 1;
     seed_queue_rate(out, m[1], m[2]);
@@ -126,8 +138,13 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             if (ok) {
                 att += 1;
                 emq_sv a = emq_fmt_ll(e, att);
-                emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
-                         EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
+                if (e->claim_stamp.p)
+                    emq_hset(e, 9, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a,
+                             EMQ_LIT("claimed_ms"), e->claim_stamp);
+                else
+                    emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
                 if (ns + 2 > cap) {
                     long long nc = cap ? cap * 2 : 32;
                     emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(nc + 1));
@@ -149,7 +166,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
                 emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                          why);
                 emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-                emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+                emq_dead_letter(e, id);
                 emq_bump_metrics(e, "failed", 1, 0);
                 emq_sv extra[2] = {EMQ_LIT("error"), why};
                 emq_emit(e, "dead", id, 2, extra);
@@ -288,10 +305,22 @@ long long emq_rate_wait(emq *e, long long now) {
     return emq_rate_wait_in(e, now, &c);
 }
 
+/* ratelimit.lua limit_room: n capped by the queue-wide concurrency limit's room, >= 0. */
+static long long limit_room(emq *e, emq_lease *c, long long n) {
+    if (!c->qlimit_known) seed_limit(c, emq_hget(e, emq_key(e, "meta"), EMQ_LIT("limit")));
+    if (!c->qlimited) return n;
+    long long room = c->qlimit - emq_card(e, emq_key(e, "active"), REDISMODULE_KEYTYPE_ZSET);
+    if (room < n) n = room;
+    return n > 0 ? n : 0;
+}
+
 long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, long long now) {
     emq_sv ring = emq_key(e, "ring");
     long long got = 0;
     if (now <= 0) now = emq_now_ms(e);
+    emq_keep kept; /* kept history: stamp claimed_ms while the queue keeps completed rows */
+    emq_keep_parse(e->keep_completed, &kept);
+    if (kept.on) e->claim_stamp = emq_fmt_ll(e, now);
     readmit_rated(e, now);
     queue_rate(e, out);
     if (out->qrated) {
@@ -299,6 +328,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         if (left < 0) left = 0;
         if (left < n) n = left;
     }
+    n = limit_room(e, out, n);
     while (got < n) {
         emq_sv g = ring_head(e);
         if (!g.p) break;
@@ -324,6 +354,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         }
     }
     if (out->qrated && got > 0) rate_charge(e, emq_key(e, "limiter"), got, out->qwindow);
+    emq_trim_dead(e, now); /* keep_dead: a malformed row was dead-lettered (history.h) */
     return got;
 }
 

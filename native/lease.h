@@ -26,6 +26,8 @@ typedef struct {
     int qrate_known;
     int qrated; /* a queue-wide limit is set */
     long long qmax, qwindow;
+    int qlimit_known, qlimited; /* the queue-wide concurrency limit (meta limit), read once */
+    long long qlimit;
 } emq_lease;
 
 void emq_lease_init(emq_lease *out);

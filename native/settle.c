@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "flow.h"
+#include "history.h"
 
 #define ERRORS_KEPT "-10" /* per job: the errors of its last 10 attempts, in <row>:errors */
 
@@ -36,7 +37,8 @@ void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long 
 static emq_verdict v_int(long long n) { return (emq_verdict){n, NULL}; }
 static emq_verdict v_text(const char *t) { return (emq_verdict){0, t}; }
 
-emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv result) {
+emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv result,
+                             long long now, const emq_keep *keep) {
     emq_sv row[EMQ_ROW_WIDE];
     const char *err;
     int f = emq_fence(e, jk, token, "complete", 1, row, &err);
@@ -51,14 +53,19 @@ emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv 
     emq_flow flow;
     if (emq_flow_of(row, &flow)) {
         emq_flow_child_done(e, id, &flow, result);
-        if (flow.children.p) emq_flow_forget(e, jk);
+        /* A kept parent keeps its children's outcomes; its trim deletes them. */
+        if (flow.children.p && !keep->on) emq_flow_forget(e, jk);
     }
-    emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
-    if (emq_eqs(row[0], "1"))
-        emq_del(e, 2, jk, logs);
-    else
-        emq_del(e, 3, jk, logs, emq_cat(e, 2, jk, EMQ_LIT(":errors")));
-    emq_retire_one(e, id, row[0]);
+    if (keep->on) {
+        emq_keep_completed_row(e, id, jk, now);
+    } else {
+        emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
+        if (emq_eqs(row[0], "1"))
+            emq_del(e, 2, jk, logs);
+        else
+            emq_del(e, 3, jk, logs, emq_cat(e, 2, jk, EMQ_LIT(":errors")));
+        emq_retire_one(e, id, row[0]);
+    }
     emq_sv extra[2] = {EMQ_LIT("attempts"), row[0]};
     emq_emit_in(e, "completed", id, row[2], 2, extra);
     return v_int(1);
@@ -106,7 +113,7 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
     if (attempt >= max_attempts) {
         emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                  error_text);
-        emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+        emq_dead_letter(e, id);
         emq_bump_metrics(e, "failed", 1, now);
         emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("error"), error_text};
         emq_emit_in(e, "dead", id, row[2], 4, extra);
@@ -159,7 +166,8 @@ static void del_sliced(emq *e, const char *cmd, emq_sv first, const emq_sv *item
 }
 
 int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_ids,
-                      const emq_sv *res_vals, int nres, long long now, emq_verdict *verdicts) {
+                      const emq_sv *res_vals, int nres, long long now, const emq_keep *keep,
+                      emq_verdict *verdicts) {
     idset seen;
     size_t cap = 8;
     while (cap < (size_t)count * 2) cap <<= 1;
@@ -206,24 +214,31 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
                 }
             }
             emq_flow_child_done(e, id, &flow, result);
-            if (flow.children.p) emq_flow_forget(e, jk);
+            if (flow.children.p && !keep->on) emq_flow_forget(e, jk);
         }
-        rows[nrows++] = jk;
-        rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
-        /* Only a retry writes <row>:errors, and a job that was retried has attempts > 1. */
-        if (!emq_eqs(row[0], "1")) rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
-        retired[nretired++] = id;
-        retired[nretired++] = row[0];
+        if (keep->on) {
+            emq_keep_completed_row(e, id, jk, now);
+        } else {
+            rows[nrows++] = jk;
+            rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
+            /* Only a retry writes <row>:errors, and a job that was retried has attempts > 1. */
+            if (!emq_eqs(row[0], "1")) rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
+            retired[nretired++] = id;
+            retired[nretired++] = row[0];
+        }
         emq_sv extra[2] = {EMQ_LIT("attempts"), row[0]};
         emq_emit_in(e, "completed", id, row[2], 2, extra);
         ok++;
         verdicts[c] = v_int(1);
     }
     if (nflat > 0) del_sliced(e, "ZREM", emq_key(e, "active"), flat, nflat);
-    if (nrows > 0) {
-        del_sliced(e, "DEL", EMQ_NONE, rows, nrows);
+    if (nrows > 0) del_sliced(e, "DEL", EMQ_NONE, rows, nrows);
+    if (ok > 0) {
         emq_bump_metrics(e, "completed", ok, now);
-        emq_retire(e, retired, nretired);
+        if (keep->on)
+            emq_kept_trim(e, "completed", keep, ok, now);
+        else
+            emq_retire(e, retired, nretired);
     }
     return ok;
 }

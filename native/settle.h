@@ -5,6 +5,7 @@
 #define TRAFIKEY_SETTLE_H
 
 #include "emq.h"
+#include "history.h"
 
 /* A settle's verdict: text == NULL is the integer n (1 done, 0 gone), else the string text
  * (retry's 'scheduled' | 'dead' | 'removed', or an 'EMQSTALE ...' refusal). The single-job
@@ -24,7 +25,8 @@ void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long 
 
 /* complete_one(base, id, jk, token, result): result absent = nil (a flow parent records '').
  * The caller bumps metrics:completed. */
-emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv result);
+emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv result,
+                             long long now, const emq_keep *keep);
 
 /* retry_one(...): the numbers are the caller's (already parsed). keep_ms <= 0: none. */
 emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long delay_ms,
@@ -37,7 +39,8 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
  * table assignment does), or nres == 0 for nil. Issues the batched ZREM active / DEL rows /
  * metrics:completed / retire at the end, as the Lua does. Returns how many completed. */
 int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_ids,
-                      const emq_sv *res_vals, int nres, long long now, emq_verdict *verdicts);
+                      const emq_sv *res_vals, int nres, long long now, const emq_keep *keep,
+                      emq_verdict *verdicts);
 
 /* ---- command shapes (trafikey.c's table) ---- */
 emq_body emq_complete_shape(int nkeys, int nargs, const char **why);

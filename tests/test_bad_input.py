@@ -14,7 +14,14 @@ import redis.asyncio
 import echomq
 from conftest import SyncOverAsync, snapshot
 from echomq import ids
-from echomq.errors import InvalidArgument, InvalidId, KindError, PayloadTooLarge
+from echomq.errors import (
+    InvalidArgument,
+    InvalidId,
+    JobGone,
+    KindError,
+    PayloadTooLarge,
+    StateError,
+)
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors
@@ -60,6 +67,7 @@ def populate(q: Any) -> dict[str, Any]:
         "dead": 2,
         "completed": 1,
         "failed": 2,
+        "kept": 0,
     }
     return out
 
@@ -96,6 +104,7 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "reprocess": lambda q, i: q.reprocess(i),
     "remove": lambda q, i: q.remove(i),
     "run_now": lambda q, i: q.run_now(i),
+    "change_priority": lambda q, i: q.change_priority(i, 1),
     "get_job": lambda q, i: q.get_job(i),
     "job_state": lambda q, i: q.job_state(i),
     "update_progress": lambda q, i: q.update_progress(i, "1"),
@@ -192,7 +201,21 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ),
     # unknown browse states
     ("browse-wait", lambda q, j: q.browse("wait"), InvalidArgument),
-    ("browse-completed", lambda q, j: q.browse("completed"), InvalidArgument),
+    ("browse-complete", lambda q, j: q.browse("complete"), InvalidArgument),
+    # kept history (issue 24): bad settings and reprocess options
+    ("keep-completed-negative", lambda q, j: q.keep_completed(-1), InvalidArgument),
+    ("keep-completed-float", lambda q, j: q.keep_completed(1.5), InvalidArgument),
+    ("keep-completed-age-zero", lambda q, j: q.keep_completed(5, age_ms=0), InvalidArgument),
+    ("keep-completed-off-age", lambda q, j: q.keep_completed(0, age_ms=5), InvalidArgument),
+    ("keep-dead-zero", lambda q, j: q.keep_dead(0), InvalidArgument),
+    ("keep-dead-age", lambda q, j: q.keep_dead(5, age_ms=5), InvalidArgument),
+    ("reprocess-delay-negative", lambda q, j: q.reprocess(j["dead"], delay_ms=-1), InvalidArgument),
+    (
+        "reprocess-delay-and-at",
+        lambda q, j: q.reprocess(j["dead"], delay_ms=1, at_ms=1),
+        InvalidArgument,
+    ),
+    ("reprocess-live", lambda q, j: q.reprocess(j["pending"]), StateError),
     ("browse-upper", lambda q, j: q.browse("PENDING"), InvalidArgument),
     ("browse-none", lambda q, j: q.browse(None), InvalidArgument),
     ("browse-lane-active", lambda q, j: q.browse("active", group=LANE), InvalidArgument),
@@ -256,6 +279,38 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ("weight-0", lambda q, j: q.weight_lane(LANE, 0), InvalidArgument),
     ("weight-neg", lambda q, j: q.weight_lane(LANE, -2), InvalidArgument),
     ("weight-bool", lambda q, j: q.weight_lane(LANE, True), InvalidArgument),
+    # --- priorities (issue 24): 0..2**21, an int and not a bool
+    ("priority-neg", lambda q, j: q.enqueue(b"x", priority=-1), InvalidArgument),
+    ("priority-huge", lambda q, j: q.enqueue(b"x", priority=2**21 + 1), InvalidArgument),
+    ("priority-float", lambda q, j: q.enqueue(b"x", priority=1.0), InvalidArgument),
+    ("priority-bool", lambda q, j: q.enqueue(b"x", priority=True), InvalidArgument),
+    ("priority-str", lambda q, j: q.enqueue(b"x", priority="1"), InvalidArgument),
+    ("priority-none", lambda q, j: q.enqueue(b"x", priority=None), InvalidArgument),
+    ("many-priority-neg", lambda q, j: q.enqueue_many([b"x"], priority=-1), InvalidArgument),
+    ("many-priority-bool", lambda q, j: q.enqueue_many([b"x"], priority=False), InvalidArgument),
+    ("many-priority-huge", lambda q, j: q.enqueue_many([b"x"], priority=2**22), InvalidArgument),
+    ("change-priority-neg", lambda q, j: q.change_priority(j["pending"], -1), InvalidArgument),
+    ("change-priority-bool", lambda q, j: q.change_priority(j["pending"], True), InvalidArgument),
+    (
+        "change-priority-huge",
+        lambda q, j: q.change_priority(j["scheduled"], 2**21 + 1),
+        InvalidArgument,
+    ),
+    ("change-priority-active", lambda q, j: q.change_priority(j["active"], 1), StateError),
+    (
+        "change-priority-lane-active",
+        lambda q, j: q.change_priority(j["active_lane"], 1),
+        StateError,
+    ),
+    ("change-priority-dead", lambda q, j: q.change_priority(j["dead"], 1), StateError),
+    ("change-priority-gone", lambda q, j: q.change_priority(ABSENT, 1), JobGone),
+    ("change-priority-done", lambda q, j: q.change_priority(j["done"], 1), JobGone),
+    # --- the queue-wide concurrency limit (issue 24): a positive int, or None
+    ("queue-limit-0", lambda q, j: q.limit(0), InvalidArgument),
+    ("queue-limit-neg", lambda q, j: q.limit(-3), InvalidArgument),
+    ("queue-limit-bool", lambda q, j: q.limit(True), InvalidArgument),
+    ("queue-limit-float", lambda q, j: q.limit(2.0), InvalidArgument),
+    ("queue-limit-str", lambda q, j: q.limit("2"), InvalidArgument),
     # extend_many with a malformed pair (the good pair before it is not extended either)
     (
         "pair-short",

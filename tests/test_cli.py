@@ -305,6 +305,48 @@ def test_run_now_moves_scheduled_jobs(cli, q: echomq.Queue, qname: str) -> None:
     assert bad.exit_code == 2 and bad.stderr.startswith("error: ")
 
 
+def test_change_priority(cli, q: echomq.Queue, qname: str, r: redis.Redis) -> None:
+    waiting = q.enqueue(b"x").id
+    later = q.enqueue(b"y", delay_ms=3_600_000).id
+    job = q.enqueue(b"z")
+    held = q.claim()
+    assert held is not None and held.id == waiting
+    q.delay(held.id, held.token, 0)
+    assert ok(cli("change-priority", qname, waiting, "7")).strip() == f"{waiting}: priority 7"
+    assert r.zscore(f"emq:{{{qname}}}:pending", waiting) == 7.0
+    assert ok(cli("change-priority", qname, later, "2")).strip() == f"{later}: priority 2"
+    active = q.claim()
+    assert active is not None and active.id == job.id
+    out = cli("change-priority", qname, job.id, "1")
+    assert out.exit_code == 1 and out.output.strip() == f"{job.id}: not waiting or scheduled"
+    gone = echomq.ids.mint()
+    out = cli("change-priority", qname, gone, "1")
+    assert out.exit_code == 1 and out.output.strip() == f"{gone}: gone"
+    for bad in (("nope", "1"), (waiting, "-1"), (waiting, str(2**21 + 1))):
+        res = cli("change-priority", "--", qname, *bad)  # "--": -1 is a value, not an option
+        assert res.exit_code == 2 and res.stderr.startswith("error: "), res.stderr
+    assert r.zscore(f"emq:{{{qname}}}:pending", waiting) == 7.0
+
+
+def test_limit(cli, q: echomq.Queue, qname: str) -> None:
+    for _ in range(3):
+        q.enqueue(b"x")
+    assert ok(cli("limit", qname, "2")).strip() == f"limited {qname} to 2"
+    assert q.get_limit() == 2
+    assert len(q.claim_batch(3)) == 2
+    line = next(ln for ln in ok(cli("stats", qname)).splitlines() if qname in ln)
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    assert cells[-1] == "2"  # the limit column (paused is empty)
+    for bad in ("0", "-1", "two", "1.5"):
+        res = cli("limit", "--", qname, bad)
+        assert res.exit_code == 2 and res.stderr.startswith("error: "), res.stderr
+    assert q.get_limit() == 2
+    assert ok(cli("limit", qname, "none")).strip() == f"unlimited {qname}"
+    assert q.get_limit() is None and len(q.claim_batch(3)) == 1
+    missing = cli("limit", qname + "-nope", "3")
+    assert missing.exit_code == 1
+
+
 def test_pause_and_resume_queue(cli, q: echomq.Queue, qname: str) -> None:
     q.enqueue(b"x")
     assert ok(cli("pause", qname)).strip() == f"paused {qname}"

@@ -165,7 +165,7 @@ def _defined() -> tuple[set[int], set[str]]:
 
 def test_protocol_defines_the_decisions_and_sections() -> None:
     decisions, sections = _defined()
-    assert decisions == set(range(1, 23))
+    assert decisions == set(range(1, 26))
     assert {"0", "1", "1.2", "1.3", "3", "3.8", "6"} <= sections
 
 

@@ -188,11 +188,17 @@ VERBS: dict[str, Builder] = {
             group=st.one_of(st.none(), LANE),
             delay_ms=st.one_of(st.none(), DELAY),
             at_ms=st.one_of(st.none(), NUMBERS),
+            priority=NUMBERS,  # issue 24
         ),
     ),
     "enqueue_many": lambda w, d: (
         (_items(w, d),),
-        _kw(d, group=st.one_of(st.none(), LANE), delay_ms=st.one_of(st.none(), DELAY)),
+        _kw(
+            d,
+            group=st.one_of(st.none(), LANE),
+            delay_ms=st.one_of(st.none(), DELAY),
+            priority=NUMBERS,
+        ),
     ),
     "claim": lambda w, d: ((), _kw(d, lease_ms=LEASE)),
     "claim_batch": lambda w, d: ((d(COUNT),), _kw(d, lease_ms=LEASE)),
@@ -221,6 +227,8 @@ VERBS: dict[str, Builder] = {
     "reprocess": lambda w, d: ((w.job_id(d),), {}),
     "remove": lambda w, d: ((w.job_id(d),), {}),
     "run_now": lambda w, d: ((w.job_id(d),), {}),
+    "change_priority": lambda w, d: ((w.job_id(d), d(NUMBERS)), {}),
+    "limit": lambda w, d: ((d(st.one_of(st.none(), COUNT, NUMBERS)),), {}),
     "browse": lambda w, d: (
         (d(mostly(st.sampled_from(["pending", "dead", "active", "schedule"]), STATES)), d(COUNT)),
         _kw(d, group=st.one_of(st.none(), LANE)),
@@ -298,6 +306,10 @@ def _observe(w: World, verb: str, args: tuple[Any, ...], kwargs: dict[str, Any],
         assert q.job_state(args[0]) == "active"
     elif verb in ("reprocess", "run_now"):
         assert q.job_state(args[0]) == "pending"
+    elif verb == "change_priority":
+        assert q.job_state(args[0]) in ("pending", "scheduled")
+        field = q.get_job(args[0]).get("priority")
+        assert field == (str(args[1]) if args[1] else None)
     elif verb in ("complete_many", "extend_many", "browse", "lanes"):
         assert isinstance(out, list) and all(isinstance(x, str) for x in out)
     elif verb == "counts":

@@ -411,7 +411,7 @@ def test_top_level_exports() -> None:
             "job id must be JOB-namespaced",
         ),
         ("EMQSTALE complete token mismatch", errors.StaleToken, "complete token mismatch"),
-        ("EMQSTATE not dead", errors.StateError, "not dead"),
+        ("EMQSTATE not dead or completed", errors.StateError, "not dead or completed"),
         ("EMQLOCK job is locked", errors.Locked, "job is locked"),
         ("EMQRATE at concurrency ceiling", errors.RateLimited, "at concurrency ceiling"),
         ("EMQNEW something else", errors.ProtocolError, "something else"),

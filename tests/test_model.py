@@ -135,6 +135,7 @@ PAYLOADS = st.binary(max_size=4)
 # Which item of a list (tickets: counted from the most recent): mostly one of the last few.
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 255))
 QI = st.sampled_from((0, 0, 0, 0, 1))
+PRIORITIES = st.sampled_from((0, 1, 5, 2**21))  # issue 24: the default, low, the maximum
 # D3's grammar: a dedup id is [A-Za-z0-9._-]{1,255}; the long one is past the old 128 cap.
 DIDS = ("d1", "d2", "L" * 200)
 MODES = st.sampled_from(("simple", "throttle", "debounce"))
@@ -249,7 +250,8 @@ class ModelMachine(RuleBasedStateMachine):
         assert j is not None and j.state == "pending", f"claimed {job.id}, which is {j}"
         assert m.capacity(j.group) > 0, f"claimed {job.id} from unserviceable {j.group}"
         assert m.rate is None or m.rate[1] < m.rate[0], "a claim past the queue's rate limit"
-        assert job.id == m.waiting(j.group)[0], "a claim must serve the oldest of its set"
+        assert m.limit is None or m.active_count() < m.limit, "a claim past the queue's limit"
+        assert job.id == m.waiting(j.group)[0], "a claim must serve the head of its set"
         assert job.token == j.attempts + 1, f"token {job.token}, model {j.attempts + 1}"
         assert (job.group, job.payload) == (j.group, j.payload)
         m.take(job.id)
@@ -307,6 +309,34 @@ class ModelMachine(RuleBasedStateMachine):
                 note("enqueue_id: re-admits an id with a kept result")
             self.admit_one(qi, jid, payload, group, None, did, mode)
 
+    # --- issue 24, priorities: an enqueue with a priority, and change_priority of any job
+    # the model knows (waiting or scheduled: set; active, dead, a held parent: StateError and
+    # nothing written; gone: JobGone).
+
+    @rule(qi=QI, payload=PAYLOADS, group=GROUPS, delay=DELAYS, priority=PRIORITIES)
+    def enqueue_prioritized(
+        self, qi: int, payload: bytes, group: str | None, delay: int | None, priority: int
+    ) -> None:
+        self.admit_one(qi, None, payload, group, delay, None, "simple", priority)
+
+    @rule(qi=QI, n=PICK, priority=PRIORITIES)
+    def change_priority(self, qi: int, n: int, priority: int) -> None:
+        m = self.m(qi)
+        jid = pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        if j is None:
+            self.expect(JobGone, self.q(qi).change_priority, jid, priority)
+        elif j.state in ("pending", "scheduled"):
+            self.q(qi).change_priority(jid, priority)
+            j.priority = priority
+        else:
+            note(f"change_priority refused: {j.state}")
+            self.expect(StateError, self.q(qi).change_priority, jid, priority)
+
+    # --- end of issue 24 (priorities)
+
     def admit_one(
         self,
         qi: int,
@@ -316,9 +346,12 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
+        priority: int = 0,
     ) -> None:
         m = self.m(qi)
         kw: dict[str, Any] = {}
+        if priority:  # issue 24 (sent only when set: the default call stays the default)
+            kw["priority"] = priority
         if did is not None:
             kw = {"dedup": did, "dedup_mode": mode}
             if mode != "simple":
@@ -344,7 +377,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert e == Enqueued(jid, "duplicate")
             assert "duplicate" in new or not strict("events"), f"a refused duplicate: {new}"
             return
-        j = Job(payload, group)
+        j = Job(payload, group, priority=priority)
         if delay:
             assert e.status == "scheduled", e
             j.state = "scheduled"
@@ -660,11 +693,40 @@ class ModelMachine(RuleBasedStateMachine):
 
     def completed(self, qi: int, jid: str, result: bytes, keep: bool) -> None:
         m = self.m(qi)
+        if m.keep_count is not None:
+            self.kept_completion(qi, jid, result, keep)
+            return
         j = m.drop(jid)
         m.completed += 1
         if keep:
             m.keep(jid, result, j.attempts, None)
         self.w.child_done(qi, jid, j, result)
+
+    # ---- kept history (issue 24) ----------------------------------------------------------
+
+    def kept_completion(self, qi: int, jid: str, result: bytes, keep: bool) -> None:
+        """A completion while the queue keeps rows: the row stays as completed, scored by
+        its finish time (read back: the server clock), then the set is trimmed by count."""
+        m = self.m(qi)
+        j = m.jobs[jid]
+        m.completed += 1
+        if keep:
+            m.keep(jid, result, j.attempts, None)
+        s = self.r.zscore(self.key(qi, "completed"), jid)
+        if s is None:
+            # Trimmed by its own call: only a batch's completions can be, sharing one finish
+            # time (then ordered by id), and a batch's newest survive (a bound is >= 1), so
+            # the set's newest score is this call's. The model's trim then decides whether
+            # the server was right to drop it.
+            newest = self.r.zrange(self.key(qi, "completed"), -1, -1, withscores=True)
+            s = newest[0][1] if newest else self.now()
+        m.keep_completed_row(jid, int(s))
+        self.w.child_done(qi, jid, j, result)
+        m.trim("completed", m.keep_count)
+
+    def dead_lettered(self, qi: int) -> None:
+        """A script dead-lettered on queue qi: it trims the dead set (keep_dead)."""
+        self.m(qi).dead_added = True
 
     def do_retry(
         self, qi: int, jid: str, token: int, delay: int, max_attempts: int, error: str, keep: bool
@@ -717,6 +779,8 @@ class ModelMachine(RuleBasedStateMachine):
             if keep or jid in m.wanted:  # a death while a waiter waits: kept 60 s (D17)
                 m.keep(jid, b"", j.attempts, error)
             self.w.child_dead(qi, jid, j, error)
+            self.dead_lettered(qi)
+            m.trim_dead()
             return "dead"
         j.state = "scheduled"
         j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
@@ -869,6 +933,7 @@ class ModelMachine(RuleBasedStateMachine):
                 continue
             m.leave_active(j)
             j.state = "pending"
+        m.trim_dead()
         self.ring_repair(qi)
 
     def ring_repair(self, qi: int) -> None:
@@ -903,10 +968,12 @@ class ModelMachine(RuleBasedStateMachine):
                 if jid in m.wanted:
                     m.keep(jid, b"", j.attempts, "stalled")
                 self.w.child_dead(qi, jid, j, "stalled")
+                self.dead_lettered(qi)
                 want_d.append(jid)
             else:
                 j.state = "pending"
                 want_r.append(jid)
+        m.trim_dead()
         assert (sorted(recovered), sorted(dead)) == (sorted(want_r), sorted(want_d))
         self.ring_repair(qi)
 
@@ -922,6 +989,7 @@ class ModelMachine(RuleBasedStateMachine):
             return
         m.leave_active(j)
         j.state, j.last_error, j.epoch = "dead", "cancelled", None
+        self.dead_lettered(qi)
         m.failed += 1
         m.release_dedup(jid)
         if jid in m.wanted:
@@ -981,6 +1049,8 @@ class ModelMachine(RuleBasedStateMachine):
         for jid in set(self.m(qi).jobs) - known:
             assert self.m(qi).jobs[jid].payload in {p for p, _ in self.m(qi).repeats.values()}
         self.w.deliver(qi)
+        for other in self.w.qs:  # a delivered fail_parent death trims its parent's queue
+            other.trim_dead()
 
     # ------------------------------------------------------------------ repeats
 
@@ -999,25 +1069,32 @@ class ModelMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ job admin
 
-    @rule(qi=QI, n=PICK)
-    def reprocess(self, qi: int, n: int) -> None:
-        """Mostly a dead job (a fresh incarnation: no result, no flag, a fresh budget)."""
+    @rule(qi=QI, n=PICK, delay=st.sampled_from((None, None, 0, SHORT, LONG)))
+    def reprocess(self, qi: int, n: int, delay: int | None = None) -> None:
+        """Mostly a dead or kept completed job (a fresh incarnation: no result, no flag, a
+        fresh budget), now or with a delay (issue 24)."""
         m = self.m(qi)
-        dead = self.live(qi, "dead")
-        jid = pick(dead, n) if n % 4 else pick(sorted(m.seen), n)
+        ended = self.live(qi, "dead", "completed")
+        jid = pick(ended, n) if n % 4 else pick(sorted(m.seen), n)
         if jid is not None:
-            self.do_reprocess(qi, jid)
+            self.do_reprocess(qi, jid, delay)
 
-    def do_reprocess(self, qi: int, jid: str) -> None:
+    def do_reprocess(self, qi: int, jid: str, delay: int | None = None) -> None:
         m = self.m(qi)
         j = m.jobs.get(jid)
-        err = JobGone if j is None else StateError if j.state != "dead" else None
-        self.expect(err, self.q(qi).reprocess, jid)
+        ended = j is not None and j.state in ("dead", "completed")
+        err = JobGone if j is None else None if ended else StateError
+        t0 = self.now()
+        self.expect(err, self.q(qi).reprocess, jid, delay_ms=delay)
+        t1 = self.now()
         note(f"reprocess: {j.state if j else 'gone'}{' with a result' if jid in m.results else ''}")
         if j is not None and err is None:
             j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
             j.floor = j.attempts
             m.results.pop(jid, None)
+            if delay:
+                j.state = "scheduled"
+                j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
 
     @rule(qi=QI, n=PICK)
     def remove(self, qi: int, n: int) -> None:
@@ -1053,7 +1130,7 @@ class ModelMachine(RuleBasedStateMachine):
         j = m.jobs.get(jid)
         note(f"cancel: {j.state if j else 'gone'}")
         got = self.q(qi).cancel(jid, remove=remove)
-        if j is None or j.state in ("dead", "awaiting_children"):
+        if j is None or j.state in ("dead", "completed", "awaiting_children"):
             assert got == "absent"
         elif j.state == "active":
             assert got == "signalled"
@@ -1134,7 +1211,18 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(
         qi=QI,
         what=st.sampled_from(
-            ("pause", "pause lane", "limit lane", "rate", "rate lane", "clear rate", "clear lane")
+            (
+                "pause",
+                "pause lane",
+                "limit lane",
+                "rate",
+                "rate lane",
+                "clear rate",
+                "clear lane",
+                "limit queue",  # issue 24: the queue-wide concurrency limit
+                "keep",
+                "keep dead",
+            )
         ),
         g=LANE,
         n=st.sampled_from((None, 1, 2)),
@@ -1167,6 +1255,15 @@ class ModelMachine(RuleBasedStateMachine):
         elif what == "clear rate":
             q.clear_rate_limit()
             m.rate = None
+        elif what == "limit queue":  # issue 24
+            q.limit(n)
+            m.limit = n
+        elif what == "keep":  # kept history (issue 24): None turns it off
+            q.keep_completed(n or 0)
+            m.keep_count = n
+        elif what == "keep dead":  # a lowered bound applies at the next death
+            q.keep_dead(n)
+            m.keep_dead = n
         else:
             q.clear_rate_limit(g)
             m.lane_rate.pop(g, None)
@@ -1204,6 +1301,7 @@ class ModelMachine(RuleBasedStateMachine):
             "parent_policy",
             "parent_queue",
             "children",
+            "priority",  # issue 24: absent for 0
         )
         jobs = sorted(m.jobs.items())
         gone = sorted(m.seen - set(m.jobs))
@@ -1254,6 +1352,7 @@ class ModelMachine(RuleBasedStateMachine):
                 j.policy,
                 self.names[j.pq] if j.pq is not None else None,
                 str(j.children) if j.children else None,
+                str(j.priority) if j.priority else None,
             ]
             got = [
                 v if v is None or f == "payload" else v.decode()
@@ -1265,7 +1364,9 @@ class ModelMachine(RuleBasedStateMachine):
                 f"{name} {jid}: row {dict(zip(fields, got, strict=True))} "
                 f"!= model {dict(zip(fields, want, strict=True))}"
             )
-            want_score = j.score if j.state in ("active", "scheduled") else 0
+            want_score = j.score if j.state in ("active", "scheduled", "completed") else 0
+            if j.state == "pending":
+                want_score = j.priority  # issue 24: a waiting job is scored by its priority
             if j.state == "awaiting_children":
                 assert score is None, f"{jid} is awaiting its children but is in a set"
             else:
@@ -1319,7 +1420,12 @@ class ModelMachine(RuleBasedStateMachine):
             )
         return self.key(
             qi,
-            {"active": "active", "scheduled": "schedule", "dead": "dead"}.get(j.state, "pending"),
+            {
+                "active": "active",
+                "scheduled": "schedule",
+                "dead": "dead",
+                "completed": "completed",
+            }.get(j.state, "pending"),
         )
 
     def teardown(self) -> None:
@@ -1580,3 +1686,60 @@ def test_an_old_child_never_settles_into_a_new_incarnation(sm: ModelMachine, end
         tok = sm.claim_only(0, LONG, {child})[child]
         sm.do_complete(0, child, tok, False, b"R")
         sm.server_agrees_with_model()
+
+
+# ---------------------------------------------------------------------- kept history (issue 24)
+# keep_completed / keep_dead by count (the age bound reads the server clock: it is driven in
+# tests/test_kept_history.py), the completed state, reprocess of a kept completed job with and
+# without a delay, re-admission, remove and cancel of a kept row; every step checked.
+
+
+def test_kept_completed_rows_trim_by_count_and_rerun(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.admin(qi=0, what="keep", g="la", n=2)
+    for i in range(4):
+        s.enqueue(qi=0, payload=b"k%d" % i, group=None, delay=None, did=None, mode="simple")
+    s.work(qi=0, outcomes=["done", "done+keep", "done", "done+keep"])  # trims to 2
+    kept = sm.live(0, "completed")
+    assert len(kept) == 2
+    s.enqueue_id(qi=0, n=1, payload=b"x", group=None, did=None, mode="simple")  # a duplicate
+    s.do_reprocess(qi=0, jid=kept[0], delay=LONG)  # a kept completed job, later
+    assert sm.m(0).jobs[kept[0]].state == "scheduled"
+    s.do_reprocess(qi=0, jid=kept[1])  # and now
+    assert sm.m(0).jobs[kept[1]].state == "pending"
+    s.admin(qi=0, what="keep", g="la", n=1)  # a lower bound: the next completion trims
+    s.work(qi=0, outcomes=["done"])
+    assert len(sm.live(0, "completed")) == 1
+    s.do_cancel(qi=0, jid=sm.live(0, "completed")[0], remove=False)  # absent: nothing runs
+    s.remove_id(qi=0, jid=sm.live(0, "completed")[0])
+    s.admin(qi=0, what="keep", g="la", n=None)  # off: completions delete again
+    s.work(qi=0, outcomes=["done", "done"])
+
+
+def test_kept_dead_rows_trim_by_count(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.admin(qi=0, what="keep dead", g="la", n=1)
+    for i in range(3):
+        s.enqueue(qi=0, payload=b"d%d" % i, group="la", delay=None, did=None, mode="simple")
+    s.work(qi=0, outcomes=["die", "die+keep", "hold"])
+    assert len(sm.live(0, "dead")) == 1
+    s.claim(qi=0, lease=SHORT)
+    s.sweep_stalled(qi=0, max_stalled=1)  # a stall death trims too
+    assert len(sm.live(0, "dead")) == 1
+    s.do_reprocess(qi=0, jid=sm.live(0, "dead")[0], delay=SHORT)
+    s.pump(qi=0)  # due: promoted back to waiting
+    s.admin(qi=0, what="keep dead", g="la", n=None)
+
+
+def test_a_kept_flow_parent_and_its_rerun_child(sm: ModelMachine) -> None:
+    """A kept parent keeps its children's outcomes; a kept child reprocessed and completed
+    again moves its record, never counts twice."""
+    s = Steps(sm)
+    s.admin(qi=0, what="keep", g="la", n=2)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, None)])
+    s.work(qi=0, outcomes=["done+keep"])  # the child
+    s.work(qi=0, outcomes=["done"])  # the parent
+    child = next(i for i, j in sm.m(0).jobs.items() if j.parent is not None)
+    assert sm.m(0).jobs[child].state == "completed"
+    s.do_reprocess(qi=0, jid=child)
+    s.work(qi=0, outcomes=["done"])

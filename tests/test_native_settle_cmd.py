@@ -65,7 +65,7 @@ def enq(pair: Pair, id: str, *, group: str = "", dedup: str = "") -> Reply:
 
 
 def enq_many(pair: Pair, ids: list[str], *, group: str = "") -> Reply:
-    args: list[str | bytes] = ["@", group, "now", "0", "0", "", ""]
+    args: list[str | bytes] = ["@", group, "now", "0", "0", "", "", "0"]
     for i in ids:
         args += [i, "p" + i]
     return pair.run("enqueue_many", ["@meta"], args)
@@ -128,6 +128,54 @@ def want(r: redis.Redis, id: str) -> None:
 
 
 # ---- differential tests ----------------------------------------------------------------
+
+
+def enq_p(pair: Pair, id: str, priority: str, *, group: str = "", mode: str = "now") -> Reply:
+    """enqueue with a priority (ARGV[14], after ARGV[10..13])."""
+    value = "60000" if mode == "in" else "0"
+    args = ["@", id, "p" + id, group, mode, value, "", "0", "", "", "simple", "0", "0", priority]
+    return pair.run("enqueue", ["@job:" + id, "@meta"], list(args))
+
+
+def test_priorities_and_the_queue_limit(pair: Pair, both: Both) -> None:
+    """Issue 24 on both executors: a priority on enqueue and enqueue_many (refused alike out of
+    range), claims in priority order, the score kept by reprocess, the stall sweep and a flow
+    parent's release, and the queue-wide limit capping settle's claim."""
+    both(lambda q: q.enable_events(100))
+    for n, p in ((1, "5"), (2, "0"), (3, "2097152"), (4, "1")):
+        assert enq_p(pair, jid(n), p) == ("ok", b"enqueued")
+    assert enq_p(pair, jid(5), "3", group="g") == ("ok", b"enqueued")
+    assert enq_p(pair, jid(6), "9", mode="in") == ("ok", b"scheduled")
+    many = ["@", "g", "now", "0", "0", "", "", "7", jid(7), "x", jid(8), "y"]
+    assert pair.run("enqueue_many", ["@meta"], many)[0] == "ok"
+    for bad in ("-1", "2097153", "1.5", "x"):
+        assert enq_p(pair, jid(9), bad)[0] == "err"
+        bad_many = ["@", "", "now", "0", "0", "", "", bad, jid(9), "x"]
+        assert pair.run("enqueue_many", ["@meta"], bad_many)[0] == "err"
+    got = held_of(settle(pair, 4))
+    assert [i for i, _ in got] == [jid(2), jid(5), jid(4), jid(7)]  # flat, lane, flat, lane
+    # Dead and reprocessed (EMQ.REPROCESS), then lapsed and swept (EMQ.SWEEP): same score.
+    settle(pair, 0, retries=[(jid(2), 1, 0, "1", "e")])
+    assert pair.run("reprocess", ["@job:" + jid(2), "@dead"], ["@", jid(2)]) == ("ok", 1)
+    settle(pair, 1, lease=1)
+    time.sleep(0.01)
+    pair.run("sweep_stalled", ["@active", "@dead"], ["@", "5", "100"])
+    # A flow parent released by its child's completion (EMQ.SETTLE) keeps its priority.
+    both(
+        lambda q: q.add_flow(
+            FlowJob(b"p", id=jid(20), priority=4, children=[FlowJob(b"c", id=jid(21))])
+        )
+    )
+    pair.check()
+    active = pair.r.zcard(base(QA) + "active")
+    both(lambda q: q.limit(active + 2))
+    taken = held_of(settle(pair, 10))
+    assert len(taken) == 2  # the room left
+    assert held_of(settle(pair, 10)) == []
+    done = settle(pair, 10, completes=taken)
+    assert len(done[2]) == 2  # the two freed slots, taken again
+    both(lambda q: q.limit(None))
+    settle(pair, 50)
 
 
 @pytest.mark.parametrize("k", [1, 10, 50])

@@ -863,7 +863,7 @@ def test_reprocess_refuses_a_job_that_is_not_dead(anyq: Any, r: redis.Redis, qna
     for jid in (waiting, held, later):
         with pytest.raises(StateError) as info:
             anyq.reprocess(jid)
-        assert info.value.reason == "not dead"
+        assert info.value.reason == "not dead or completed"
     assert snapshot(r, qname) == before
     with pytest.raises(JobGone):
         anyq.reprocess(ids.mint())
@@ -940,7 +940,7 @@ def test_browse_every_state_newest_first(anyq: Any, r: redis.Redis, qname: str) 
     assert anyq.browse("scheduled", 1) == [s2]
     assert anyq.browse("dead") == [d2, d1]
     assert anyq.browse("dead", 1) == [d2]
-    for bad in ("wait", "completed", "PENDING", ""):
+    for bad in ("wait", "complete", "PENDING", ""):
         with pytest.raises(InvalidArgument):
             anyq.browse(bad)
 
@@ -963,6 +963,7 @@ def test_counts_every_state(anyq: Any, r: redis.Redis, qname: str) -> None:
         "dead": 0,
         "completed": 0,
         "failed": 0,
+        "kept": 0,
     }
     anyq.enqueue(b"c")
     done = anyq.claim()
@@ -982,6 +983,7 @@ def test_counts_every_state(anyq: Any, r: redis.Redis, qname: str) -> None:
         "dead": 1,
         "completed": 1,
         "failed": 1,
+        "kept": 0,
     }
     assert anyq.check() == []
 

@@ -19,7 +19,7 @@ from echomq import _protocol as _p
 from echomq._scripts import SCRIPTS, parse_flags
 
 LUA = Path(_p.__file__).parent / "lua"
-JOB_STATES = {"pending", "active", "scheduled", "dead", "awaiting_children"}
+JOB_STATES = {"pending", "active", "scheduled", "dead", "completed", "awaiting_children"}
 
 K = _p.Keys("contract")
 JID = "JOB0KHTOWnGLuC"
@@ -42,8 +42,11 @@ VERBS: dict[str, Callable[[], Any]] = {
     "reap": lambda: _p.reap(K),
     "sweep_stalled": lambda: _p.sweep_stalled(K),
     "reprocess": lambda: _p.reprocess(K, JID),
+    "keep_completed": lambda: _p.keep_completed(K, 10, 60_000),
+    "keep_dead": lambda: _p.keep_dead(K, 10),
     "remove": lambda: _p.remove(K, JID),
     "run_now": lambda: _p.run_now(K, JID),
+    "change_priority": lambda: _p.change_priority(K, JID, 3),
     "update_progress": lambda: _p.update_progress(K, JID, "50"),
     "add_log": lambda: _p.add_log(K, JID, "line", 2),
     "logs": lambda: _p.logs(K, JID),
@@ -62,6 +65,8 @@ VERBS: dict[str, Callable[[], Any]] = {
     "pause_lane": lambda: _p.pause_lane(K, LANE),
     "resume_lane": lambda: _p.resume_lane(K, LANE),
     "limit_lane": lambda: _p.limit_lane(K, LANE, 2),
+    "limit": lambda: _p.limit(K, 2),
+    "get_limit": lambda: _p.get_limit(K),
     "weight_lane": lambda: _p.weight_lane(K, LANE, 3),
     "reassign": lambda: _p.reassign(K, JID, LANE),
     "lane_depth": lambda: _p.lane_depth(K, LANE),
@@ -491,7 +496,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     base, a, b = _k(qname, ""), ids.mint(), ids.mint()
     head = [base, "", "now", 0, 60_000, "ef0123456789"]
     pairs = [a, b"1", b, b"2", "ORD" + a[3:], b"3"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", *pairs]) == [
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", 0, *pairs]) == [
         b"enqueued",
         b"enqueued",
         b"kind",
@@ -499,7 +504,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.get(base + "recent:ef0123456789") == b"eek"
     assert 59_000 <= r.pttl(base + "recent:ef0123456789") <= 61_000
     r.delete(_k(qname, "job:" + a))  # as if it completed
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", *pairs]) == [
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", 0, *pairs]) == [
         b"replayed",
         b"replayed",
         b"kind",
@@ -507,7 +512,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.exists(_k(qname, "job:" + a)) == 0  # never admitted twice
     # A call that admits nothing leaves no marker.
     head2 = [base, "", "now", 0, 60_000, "aa0123456789"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", b, b"x"]) == [b"duplicate"]
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", 0, b, b"x"]) == [b"duplicate"]
     assert r.exists(base + "recent:aa0123456789") == 0
 
 

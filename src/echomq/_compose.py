@@ -56,6 +56,7 @@ from echomq._protocol import (
     _int,
     _int_reply,
     _payload,
+    _priority,
     _s,
     _text,
 )
@@ -388,6 +389,7 @@ class FlowJob:
     group: str | None = None
     fail_parent: bool = True
     children: Sequence[FlowJob] = ()
+    priority: int = 0
 
     def __init__(
         self,
@@ -398,6 +400,7 @@ class FlowJob:
         group: str | None = None,
         fail_parent: bool = True,
         children: Sequence[FlowJob] = (),
+        priority: int = 0,
     ) -> None:
         for name, value in (
             ("payload", payload),
@@ -407,6 +410,7 @@ class FlowJob:
             ("fail_parent", fail_parent),
             # A bad value is kept as given: add_flow refuses it with InvalidArgument.
             ("children", tuple(children) if isinstance(children, (list, tuple)) else children),
+            ("priority", priority),
         ):
             object.__setattr__(self, name, value)
 
@@ -430,6 +434,7 @@ class _Node:
     queue: str
     parent_queue: str
     depth: int
+    priority: int
 
 
 def _flow_nodes(k: Keys, root: object) -> list[_Node]:
@@ -466,6 +471,7 @@ def _flow_nodes(k: Keys, root: object) -> list[_Node]:
                 queue,
                 parent_queue if parent and parent_queue != queue else "",
                 depth,
+                _priority(node.priority),
             )
         )
         stack.extend((c, jid, queue, depth + 1) for c in reversed(kids))
@@ -497,7 +503,16 @@ def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
     for (_, queue), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
         args: list[Arg] = [keyspace.base(queue), len(members)]
         for n in members:
-            args += (n.id, n.payload, n.group, n.parent, n.policy, n.kids, n.parent_queue)
+            args += (
+                n.id,
+                n.payload,
+                n.group,
+                n.parent,
+                n.policy,
+                n.kids,
+                n.parent_queue,
+                n.priority,
+            )
         yield _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
     return FlowAdded(root_id, child_ids)
 

@@ -61,6 +61,7 @@ class QueueView:
     completed: list[int] = field(default_factory=list)  # per minute, current first (D16)
     failed: list[int] = field(default_factory=list)
     lanes: list[LaneView] = field(default_factory=list)
+    limit: int | None = None  # the queue-wide concurrency limit (PROTOCOL D24), None: none
 
     @property
     def oldest_waiting_age_s(self) -> float | None:
@@ -132,6 +133,55 @@ def _oldest_id(reply: Any) -> int | None:
         return None
 
 
+def _member_score(reply: Any) -> tuple[str, float] | None:
+    """The one member of a ``ZRANGE ... WITHSCORES`` of one element, with its score."""
+    if not reply:
+        return None
+    first = reply[0]
+    # RESP2: [member, score]; RESP3: [[member, score]]
+    member, score = first if isinstance(first, (list, tuple)) else (reply[0], reply[1])
+    return _s(member), float(score)
+
+
+# How many priority bands of one waiting set the oldest-job search walks (a ZRANGE each).
+_BANDS = 32
+
+
+def _oldest_waiting(x: SyncExecutor, key: str, head: Any, tail: Any) -> int | None:
+    """The mint time of the oldest job of a waiting set. Its sets are scored by priority (PROTOCOL
+    D23), so the head is the next job to run, not always the oldest: with one score (every
+    priority 0, the common case) it is; else the oldest is the first of some band, and the
+    bands are walked, at most _BANDS of them (past that the figure is the oldest seen)."""
+    first, last = _member_score(head), _member_score(tail)
+    if first is None:
+        return None
+    best, score = first
+    if last is not None and last[1] != score:
+        for _ in range(_BANDS):
+            found = _member_score(
+                x.call(
+                    _cmd(
+                        (
+                            "ZRANGE",
+                            key,
+                            f"({score}",
+                            "+inf",
+                            "BYSCORE",
+                            "LIMIT",
+                            0,
+                            1,
+                            "WITHSCORES",
+                        ),
+                        lambda r: r,
+                    )
+                )
+            )
+            if found is None:
+                break
+            best, score = min(best, found[0]), found[1]
+    return _oldest_id([best])
+
+
 def _first_score(reply: Any) -> int | None:
     if not reply:
         return None
@@ -166,15 +216,16 @@ def snapshot(
     """Views of the queues ``names``: one pipeline for all of them, one more for lane depths
     when ``lanes``. ``minutes`` of D16 history per kind (0: none)."""
     keys = [Keys(n) for n in names]
-    per = 10 + (2 if minutes else 0)
+    per = 11 + (2 if minutes else 0)
     calls: list[Call[Any]] = [_cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)]
     for k in keys:
         calls += [
             _p.counts(k),
             _cmd(
-                ("HMGET", k.meta, "paused", "events"), lambda r: [_s(v) if v else None for v in r]
+                ("HMGET", k.meta, "paused", "events", "limit"),
+                lambda r: [_s(v) if v else None for v in r],
             ),
-            _cmd(("ZRANGE", k.pending, 0, 0), lambda r: r),
+            _cmd(("ZRANGE", k.pending, 0, 0, "WITHSCORES"), lambda r: r),
             _cmd(("ZRANGE", k.active, 0, 0, "WITHSCORES"), lambda r: r),
             _cmd(("SMEMBERS", k.lanes), lambda r: sorted(_s(m) for m in r)),
             _cmd(("HGETALL", k.gactive), _hash),
@@ -182,6 +233,7 @@ def snapshot(
             _cmd(("HGETALL", k.gweight), _hash),
             _cmd(("SMEMBERS", k.paused), lambda r: {_s(m) for m in r}),
             _cmd(("ZCARD", k.pending), int),
+            _cmd(("ZRANGE", k.pending, -1, -1, "WITHSCORES"), lambda r: r),
         ]
         if minutes:
             calls += [
@@ -192,10 +244,10 @@ def snapshot(
     now = int(replies[0]) if keys else int(time.time() * 1000)
     views: list[QueueView] = []
     lane_calls: list[Call[Any]] = []
-    lane_owner: list[LaneView] = []
+    lane_owner: list[tuple[LaneView, str]] = []
     for i, k in enumerate(keys):
         part = replies[1 + i * per : 1 + (i + 1) * per]
-        counts, meta, pend, act, waiting, gactive, glimit, gweight, gpaused, _flat = part[:10]
+        counts, meta, pend, act, waiting, gactive, glimit, gweight, gpaused, _flat, tail = part[:11]
         names_all = set(waiting) | set(gactive) | set(glimit) | set(gweight) | set(gpaused)
         lane_views = [
             LaneView(
@@ -214,13 +266,14 @@ def snapshot(
             paused=meta[0] is not None,
             events=_to_int(meta[1], 0),
             now_ms=now,
-            oldest_waiting_ms=_oldest_id(pend),
+            oldest_waiting_ms=_oldest_waiting(x, k.pending, pend, tail),
             lease_deadline_ms=_first_score(act),
             lanes=lane_views,
+            limit=_to_int(meta[2], 0) or None,
         )
         if minutes:
-            view.completed = _observe.decode_metrics(now // 1000, part[10], minutes)
-            view.failed = _observe.decode_metrics(now // 1000, part[11], minutes)
+            view.completed = _observe.decode_metrics(now // 1000, part[11], minutes)
+            view.failed = _observe.decode_metrics(now // 1000, part[12], minutes)
         views.append(view)
         if lanes:
             for lane in lane_views:
@@ -230,14 +283,16 @@ def snapshot(
                     continue  # a field no echomq script could have written: shown, not read
                 lane_calls += [
                     _cmd(("ZCARD", lane_key), int),
-                    _cmd(("ZRANGE", lane_key, 0, 0), list),
+                    _cmd(("ZRANGE", lane_key, 0, 0, "WITHSCORES"), list),
+                    _cmd(("ZRANGE", lane_key, -1, -1, "WITHSCORES"), list),
                 ]
-                lane_owner.append(lane)
+                lane_owner.append((lane, lane_key))
     if lane_calls:
         lane_replies = [_raise(r) for r in x.pipeline(lane_calls)]
-        for j, lane in enumerate(lane_owner):
-            lane.depth = int(lane_replies[2 * j])
-            lane.oldest_ms = _oldest_id(lane_replies[2 * j + 1])
+        for j, (lane, lane_key) in enumerate(lane_owner):
+            lane.depth = int(lane_replies[3 * j])
+            head, tail = lane_replies[3 * j + 1], lane_replies[3 * j + 2]
+            lane.oldest_ms = _oldest_waiting(x, lane_key, head, tail)
     for view in views:
         for lane in view.lanes:
             if lane.oldest_ms is not None and (
@@ -285,7 +340,7 @@ def page(
         pairs = [(_s(m), int(float(s))) for m, s in items]
     else:
         pairs = [(_s(m), int(float(s))) for m, s in zip(items[::2], items[1::2], strict=True)]
-    # A lexical set's scores are all 0: no time in them.
+    # A waiting set is scored by priority, the dead set by 0: no time in their scores.
     out = [(m, None if lexical else sc) for m, sc in pairs]
     return PageView("schedule" if state == "scheduled" else state, total, off, n, out)
 

@@ -49,7 +49,7 @@ MAX_INT = 2**53 - 1
 MAX_MS = 2**41
 # The user-facing state names (a row's `state` value); "schedule" (the set's key suffix) is
 # accepted as an alias wherever a state is named.
-STATES = ("pending", "active", "scheduled", "dead")
+STATES = ("pending", "active", "scheduled", "dead", "completed")
 _ENQUEUE_CHUNK_ITEMS = 1000
 _ENQUEUE_CHUNK_BYTES = 1 << 20
 _REMINT_TRIES = 8
@@ -196,6 +196,7 @@ class Keys:
     __slots__ = (
         "active",
         "base",
+        "completed",
         "dead",
         "gactive",
         "glimit",
@@ -220,6 +221,7 @@ class Keys:
         b = self.base
         self.pending, self.active = b + "pending", b + "active"
         self.schedule, self.dead = b + "schedule", b + "dead"
+        self.completed = b + "completed"  # kept completed rows (issue 24)
         self.meta, self.ring, self.wake = b + "meta", b + "ring", b + "wake"
         self.lanes, self.paused = b + "lanes", b + "paused"
         self.glimit, self.gactive, self.gweight = b + "glimit", b + "gactive", b + "gweight"
@@ -241,6 +243,15 @@ def _int(name: str, value: object, lo: int, hi: int = MAX_INT) -> int:
     if not lo <= value <= hi:
         raise InvalidArgument(f"{name} must be in [{lo}, {hi}], got {value}")
     return value
+
+
+# A job's priority: 0..2^21, lower runs first, 0 the default (PROTOCOL §2.2). It is the job's
+# score in its waiting set, so 2^21 keeps every score an exact small integer.
+MAX_PRIORITY = 2**21
+
+
+def _priority(value: object) -> int:
+    return _int("priority", value, 0, MAX_PRIORITY)
 
 
 def _lease(value: object) -> int:
@@ -374,13 +385,16 @@ def enqueue(
     dedup: str | None = None,
     dedup_ttl_ms: int | None = None,
     dedup_mode: str = "simple",
+    priority: int = 0,
 ) -> Plan[Enqueued]:
-    """``replay_ms``: how long the server remembers this call for its resends (a resend
+    """``priority``: 0..2^21, lower runs first (ARGV[14], sent only when not 0).
+    ``replay_ms``: how long the server remembers this call for its resends (a resend
     after a lost reply then finds its first copy even once that job has completed: it is
     never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control."""
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    pri = _priority(priority)
     extra: tuple[Arg, ...] = ()
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
         from echomq._control import dedup_args  # _control builds on this module
@@ -406,6 +420,10 @@ def enqueue(
             tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
         else:
             tail = extra
+        if pri:
+            # ARGV[14] follows the optional ARGV[8..13]: fill the ones this call left out.
+            head = ("", "simple", 0) if not tail else tail[:3]
+            tail = (*head, tail[3] if len(tail) > 3 else 0, pri)
         args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *tail)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
         keys = (k.base + "job:" + jid, k.meta)
@@ -475,9 +493,11 @@ def enqueue_many(
     delay_ms: int | None = None,
     at_ms: int | None = None,
     replay_ms: int = 0,
+    priority: int = 0,
 ) -> Plan[list[Enqueued | EchoMQError]]:
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    pri = _priority(priority)  # one priority for every job of the call (ARGV[8])
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
@@ -513,7 +533,7 @@ def enqueue_many(
         # retired record), 'r' on a resend.
         fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call("enqueue_many", (k.meta,), (*head, f, *_flat(jobs, span)), _str_list)
+            _call("enqueue_many", (k.meta,), (*head, f, pri, *_flat(jobs, span)), _str_list)
             for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
@@ -526,7 +546,10 @@ def enqueue_many(
                 # admitted jobs, even once they completed), never a second admission.
                 calls = [
                     _call(
-                        "enqueue_many", (k.meta,), (*head, f + "r", *_flat(jobs, span)), _str_list
+                        "enqueue_many",
+                        (k.meta,),
+                        (*head, f + "r", pri, *_flat(jobs, span)),
+                        _str_list,
                     )
                     for head, f, span in zip(heads, fresh, spans, strict=True)
                 ]
@@ -749,12 +772,54 @@ def sweep_stalled(
 # --------------------------------------------------------------------------- job verbs
 
 
-def reprocess(k: Keys, id: str) -> Call[None]:
-    return _call("reprocess", (k.job(id), k.dead), (k.base, id), _gone_if_zero(id))
+def reprocess(
+    k: Keys, id: str, delay_ms: int | None = None, at_ms: int | None = None
+) -> Call[None]:
+    """A dead or kept completed job runs again (issue 24): waiting now, or scheduled at
+    now + ``delay_ms`` (server clock) / ``at_ms`` (the caller's) when that is in the future."""
+    jk = k.job(id)
+    mode, value = _when(delay_ms, at_ms)
+    args: tuple[Arg, ...] = (k.base, id) if mode == "now" else (k.base, id, mode, value)
+    return _call("reprocess", (jk, k.dead), args, _gone_if_zero(id))
+
+
+def keep_completed(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
+    """Keep completed rows in ``completed``, at most ``count`` of them and none older than
+    ``age_ms`` (by finish time, server clock); ``count=0`` or both None: off (the default,
+    completion deletes the row). The setting is the meta field ``keep_completed``,
+    ``<count>:<age_ms>`` (either part empty: no bound of that kind). Refused before I/O:
+    a negative or non-int count, an age below 1 ms, an age with ``count=0``."""
+    c = None if count is None else _int("keep_completed count", count, 0)
+    a = None if age_ms is None else _int("keep_completed age_ms", age_ms, 1, MAX_MS)
+    if c == 0 and a is not None:
+        raise InvalidArgument("keep_completed(count=0) turns keeping off: pass no age_ms with it")
+    value = "" if c == 0 or (c is None and a is None) else f"{_opt(c)}:{_opt(a)}"
+    return _call("keep", (k.meta,), ("keep_completed", value), lambda _: None)
+
+
+def keep_dead(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
+    """Bound the dead set to ``count`` rows, the oldest minted first (the dead set is scored
+    0, mint order, D6, and holds no death time, so ``age_ms`` is refused); ``None``:
+    unbounded (the default). Every script that dead-letters trims it in the same call."""
+    if age_ms is not None:
+        raise InvalidArgument("keep_dead bounds by count only: the dead set holds no death times")
+    c = None if count is None else _int("keep_dead count", count, 1)
+    return _call("keep", (k.meta,), ("keep_dead", "" if c is None else f"{c}:"), lambda _: None)
+
+
+def _opt(n: int | None) -> str:
+    return "" if n is None else str(n)
 
 
 def remove(k: Keys, id: str) -> Call[None]:
     return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
+
+
+def change_priority(k: Keys, id: str, priority: int) -> Call[None]:
+    """change_priority.lua: a waiting job is rescored in its set, a scheduled one gets the
+    row field (read at its promotion); any other state is ``StateError``, no row ``JobGone``."""
+    args = (k.base, id, _priority(priority))
+    return _call("change_priority", (k.job(id),), args, _gone_if_zero(id))
 
 
 def run_now(k: Keys, id: str) -> Call[None]:
@@ -835,6 +900,7 @@ def _state_key(k: Keys, state: object) -> tuple[str, bool]:
         "active": (k.active, False),
         "schedule": (k.schedule, False),
         "scheduled": (k.schedule, False),
+        "completed": (k.completed, False),
     }
     if not isinstance(state, str) or state not in table:
         raise InvalidArgument(
@@ -852,10 +918,12 @@ def browse(
         if key != k.pending:
             raise InvalidArgument("a group can only be browsed in the pending state")
         key = k.lane(group)
-    # pending, lanes and dead hold score 0: lexical order is mint order, so REV BYLEX is
-    # newest first. active and schedule are ordered by their times (lease, run-at), newest first.
+    # pending and lanes are scored by priority (ties in mint order), dead by 0: the reverse
+    # rank is the reverse claim order, i.e. newest first among jobs of one priority (a
+    # lexical range would be undefined on mixed scores). active and schedule are ordered by
+    # their times (lease, run-at), newest first.
     if lexical:
-        args: tuple[Arg, ...] = ("ZRANGE", key, "+", "-", "BYLEX", "REV", "LIMIT", 0, count)
+        args: tuple[Arg, ...] = ("ZRANGE", key, 0, count - 1, "REV")
     else:
         args = ("ZRANGE", key, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, count)
     return _cmd(args, _str_list)
@@ -866,7 +934,7 @@ def pending_size(k: Keys) -> Call[int]:
 
 
 def counts(k: Keys) -> Call[dict[str, int]]:
-    names = ("pending", "active", "schedule", "dead", "completed", "failed")
+    names = ("pending", "active", "schedule", "dead", "completed", "failed", "kept")
 
     def decode(reply: Any) -> dict[str, int]:
         return dict(zip(names, (int(x) for x in reply), strict=True))
@@ -891,7 +959,8 @@ def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
 
     # stream: (section, where, position); a section is done at -1 (windows) or "0" (SCAN).
     streams: list[tuple[str, str, int]] = [("core", "", 0), ("ring", "", 0)]
-    streams += [("members", place, 0) for place in ("pending", "active", "schedule", "dead")]
+    places = ("pending", "active", "schedule", "dead", "completed")
+    streams += [("members", place, 0) for place in places]
     streams += [("lanes", "0", 0), ("rows", "0", 0), ("results", "0", 0), ("dedups", "0", 0)]
     found: dict[str, None] = {}
     lanes: dict[str, None] = {}
@@ -977,6 +1046,17 @@ def limit_lane(k: Keys, group: str, n: int | None) -> Call[None]:
     return _call("limit_lane", (k.glimit,), (k.base, keyspace.check_lane(group), limit), _none)
 
 
+def limit(k: Keys, n: int | None) -> Call[None]:
+    """limit.lua: at most ``n`` jobs of the queue active at once, lanes included (None: no
+    limit). Every claim path takes no more than the room left."""
+    value = "" if n is None else _int("n", n, 1)
+    return _call("limit", (k.meta,), (k.base, value), _none)
+
+
+def get_limit(k: Keys) -> Call[int | None]:
+    return _cmd(("HGET", k.meta, "limit"), lambda r: None if r is None else int(r))
+
+
 def weight_lane(k: Keys, group: str, w: int) -> Call[None]:
     return _call(
         "weight_lane", (k.gweight,), (keyspace.check_lane(group), _int("w", w, 1, 1_000_000)), _none
@@ -1003,6 +1083,7 @@ def lanes(k: Keys) -> Call[list[str]]:
 __all__ += [
     "add_log",
     "browse",
+    "change_priority",
     "check",
     "claim",
     "claim_batch",
@@ -1016,9 +1097,13 @@ __all__ += [
     "extend_many",
     "get_job",
     "is_paused",
+    "keep_completed",
+    "keep_dead",
     "job_state",
     "lane_depth",
     "lanes",
+    "limit",
+    "get_limit",
     "limit_lane",
     "logs",
     "errors",

@@ -170,8 +170,13 @@ class QueueLoop:
 
     async def register(self, x: AsyncExecutor, app: App) -> None:
         """At worker start: the app's ``@app.periodic`` repeats of this queue (stale ones of
-        the same app dropped, D19) and its tasks' queue-wide ``rate_limit`` (D21)."""
+        the same app dropped, D19), its tasks' queue-wide ``rate_limit`` (D21) and the app's
+        kept-history settings (``App(keep_completed=, keep_dead=)``, D25)."""
         await x.run(app.sync_periodic(self.keys))
+        if app.keep_completed is not None:
+            await x.call(_p.keep_completed(self.keys, *app.keep_completed))
+        if app.keep_dead is not None:
+            await x.call(_p.keep_dead(self.keys, app.keep_dead))
         for task in app.tasks.values():
             if task.queue == self.keys.name and task.rate_limit is not None:
                 await x.call(_ctl.rate_limit(self.keys, *task.rate_limit))

@@ -31,6 +31,7 @@ import msgspec
 import msgspec.inspect
 
 from echomq import _compose, _envelope, _native, keyspace
+from echomq import _protocol as _p
 from echomq._connect import (
     AsyncClient,
     Resolved,
@@ -40,7 +41,7 @@ from echomq._connect import (
     resolve_url,
     sync_client,
 )
-from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan
+from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan, _priority
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
@@ -74,6 +75,7 @@ class Options:
     dedup: str | None = None  # D20: see Queue.enqueue
     dedup_ttl_ms: int | None = None
     dedup_mode: str = "simple"
+    priority: int | None = None  # None: the task's own (``@app.task(priority=)``)
 
 
 class Task(Generic[P, R]):
@@ -95,6 +97,7 @@ class Task(Generic[P, R]):
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
         pool: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -156,6 +159,9 @@ class Task(Generic[P, R]):
                 raise InvalidArgument(f"rate_limit is (max, window_ms), got {rate_limit!r}")
             _check_rate(Keys(self.queue), *rate_limit)
         self.rate_limit = rate_limit
+        # Every job of the task gets this priority unless its enqueue names one (0..2**21,
+        # lower runs first).
+        self.priority = _priority(priority)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -246,13 +252,19 @@ class Task(Generic[P, R]):
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        priority: int | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options: a delay, an absolute run time, a lane, an id, a dedup
-        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL)."""
+        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL), a
+        priority (0..2**21, lower runs first; None: the task's)."""
         from echomq._control import dedup_args
 
         dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
-        return BoundTask(self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode))
+        if priority is not None:
+            _priority(priority)
+        return BoundTask(
+            self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, priority)
+        )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         """Enqueue a call of this task with the handler's arguments; the receipt's
@@ -264,21 +276,27 @@ class Task(Generic[P, R]):
         return await self._plain.aenqueue(*args, **kwargs)
 
     def enqueue_many(
-        self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], *, group: str | None = None
+        self,
+        calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
+        *,
+        group: str | None = None,
+        priority: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many calls, each ``(args, kwargs)``, in few round trips."""
+        """Enqueue many calls, each ``(args, kwargs)``, in few round trips (``priority``:
+        for every call; None: the task's)."""
+        pri = self.priority if priority is None else _priority(priority)
         otel = self.app._otel
         if otel is not None:
             span, payloads = otel.start_send(self, self._wire_calls(calls))
             try:
-                found = self.app.queue(self.queue).enqueue_many(payloads, group=group)
+                found = self.app.queue(self.queue).enqueue_many(payloads, group=group, priority=pri)
             except BaseException as exc:
                 otel.end_send(span, None, exc)
                 raise
             otel.end_send(span, None, None)
             return found
         payloads = _each_call(calls, self.payload)
-        return self.app.queue(self.queue).enqueue_many(payloads, group=group)
+        return self.app.queue(self.queue).enqueue_many(payloads, group=group, priority=pri)
 
     def _wire_calls(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
@@ -305,12 +323,20 @@ class Signature:
     id: str | None = None
     group: str | None = None
     fail_parent: bool = True
+    priority: int | None = None  # None: the task's
 
     def options(
-        self, *, id: str | None = None, group: str | None = None, fail_parent: bool = True
+        self,
+        *,
+        id: str | None = None,
+        group: str | None = None,
+        fail_parent: bool = True,
+        priority: int | None = None,
     ) -> Signature:
         """This signature with job options."""
-        return Signature(self.task, self.args, self.kwargs, id, group, fail_parent)
+        if priority is not None:
+            _priority(priority)
+        return Signature(self.task, self.args, self.kwargs, id, group, fail_parent, priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +363,7 @@ class BoundTask(Generic[P, R]):
                 dedup=o.dedup,
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
+                priority=self.task.priority if o.priority is None else o.priority,
             )
         except BaseException as exc:
             if otel is not None:
@@ -363,6 +390,7 @@ class BoundTask(Generic[P, R]):
                 dedup=o.dedup,
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
+                priority=self.task.priority if o.priority is None else o.priority,
             )
         except BaseException as exc:
             if otel is not None:
@@ -445,6 +473,20 @@ class Periodic:
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
+def _keep_pair(
+    keep: int | tuple[int | None, int | None] | None,
+) -> tuple[int | None, int | None] | None:
+    """App(keep_completed=...) as (count, age_ms), checked now (a bad value is refused when
+    the app is built, not when a worker starts)."""
+    if keep is None:
+        return None
+    pair = keep if isinstance(keep, tuple) else (keep, None)
+    if len(pair) != 2:
+        raise InvalidArgument(f"keep_completed is a count or (count, age_ms), got {keep!r}")
+    _p.keep_completed(Keys("x"), *pair)
+    return pair
+
+
 class App:
     """Tasks, their queues, and the server they run on.
 
@@ -459,6 +501,11 @@ class App:
         name: the app's name, which owns its ``@app.periodic`` registrations: a worker
             removes the repeats this name registered that the app no longer declares
             (give apps that share a queue different names).
+        keep_completed: kept history for every queue of the app's tasks, set when a worker
+            starts: a count (``10_000``: keep the last 10,000 completed jobs), or
+            ``(count, age_ms)`` (either may be None); ``0`` turns it off. None (the default)
+            leaves each queue's own setting alone (``Queue.keep_completed``).
+        keep_dead: the same for the dead set's bound: a count; None leaves it alone.
     """
 
     def __init__(
@@ -470,8 +517,14 @@ class App:
         max_payload: int | None = None,
         durable: int | None = None,
         name: str = "app",
+        keep_completed: int | tuple[int | None, int | None] | None = None,
+        keep_dead: int | None = None,
     ) -> None:
         self.name = keyspace.check_lane(name)
+        self.keep_completed = _keep_pair(keep_completed)
+        self.keep_dead = keep_dead
+        if keep_dead is not None:
+            _p.keep_dead(Keys("x"), keep_dead)  # refused here, before any worker starts
         self.periodics: dict[tuple[str, str], Periodic] = {}
         self._url = url  # App(url=...): step 2 of echomq._connect.resolve_url
         self._resolved: Resolved | None = None
@@ -528,6 +581,7 @@ class App:
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
         pool: str | None = None,
+        priority: int = 0,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -546,6 +600,7 @@ class App:
         rate_limit: tuple[int, int] | None = None,
         isolate: bool = False,
         pool: str | None = None,
+        priority: int = 0,
     ) -> Any:
         """Register a handler (sync or ``async def``) as a task; usable bare or with options.
 
@@ -574,6 +629,8 @@ class App:
                 per CPU), so it uses other cores than the worker's own; a ``timeout`` kills
                 and replaces the child, and a cancel reaches it. Same constraints as
                 ``isolate`` (see docs/API.md, "Process pool").
+            priority: its jobs' priority, 0..2**21, lower runs first (0, the default);
+                ``task.options(priority=)`` overrides it per job.
         """
 
         def register(f: Callable[P, R]) -> Task[P, R]:
@@ -596,6 +653,7 @@ class App:
                 rate_limit=rate_limit,
                 isolate=isolate,
                 pool=pool,
+                priority=priority,
             )
             self.tasks[task_name] = t
             return t
@@ -655,6 +713,7 @@ class App:
             group=sig.group,
             fail_parent=sig.fail_parent,
             children=kids,
+            priority=sig.task.priority if sig.priority is None else sig.priority,
         )
 
     def flow(

@@ -733,6 +733,7 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
             [f"{v.counts.get(k, 0):,}" for k in _STATS]
             + [str(sum(1 for lane in v.lanes if lane.depth))]
             + [str(len(w)) if isinstance(w, list) else "?"]
+            + [str(v.limit) if v.limit else ""]
             + ["yes" if v.paused else ""],
         )
         for v, w in zip(views, fleet, strict=True)
@@ -750,7 +751,7 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     executor, rows = _stats_rows(url, names)
     title = f"echomq @ {_shown(url)} (executor: {executor})"
     table = Table(title=title, title_justify="left")
-    for col in ("queue", *_STATS, "lanes", "workers", "paused"):
+    for col in ("queue", *_STATS, "lanes", "workers", "limit", "paused"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, cells in rows:
         table.add_row(name, *cells)
@@ -763,7 +764,8 @@ def _stats_view(url: str, names: list[str], width: int) -> Any:
     for name, cells in rows:
         lines.append("")
         lines += [name[i : i + width] for i in range(0, len(name), width)]
-        fields = [f"{k} {v}" for k, v in zip((*_STATS, "lanes", "workers"), cells, strict=False)]
+        shown = (*_STATS, "lanes", "workers", "limit")
+        fields = [f"{k} {v}" for k, v in zip(shown, cells, strict=False) if v]
         if cells[-1]:
             fields.append("paused")
         line = ""
@@ -863,7 +865,7 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
     default="pending",
     show_default=True,
     # "scheduled" is the state's name; "schedule" (its set's key) stays as an alias.
-    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead"]),
+    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead", "completed"]),
 )
 @click.option("-n", "count", default=20, show_default=True)
 @click.option("--group", help="Browse one lane (pending only).")
@@ -872,9 +874,10 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
 def browse(
     ctx: click.Context, queue: str, state: str, count: int, group: str | None, ids_only: bool
 ) -> None:
-    """List the jobs in a state (pending, active, scheduled, dead), newest first: id, task,
-    arguments, attempts, priority, last error, age, and the run-at (scheduled) or the
-    worker holding it (active), the columns of the dashboard's lists."""
+    """List the jobs in a state (pending, active, scheduled, dead, completed: the rows a
+    queue keeps with keep_completed), newest first: id, task, arguments, attempts, priority,
+    last error, age, and the run-at (scheduled), the finish time (completed) or the worker
+    holding it (active), the columns of the dashboard's lists."""
     q = _existing(ctx, queue)
     if ids_only:
         for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
@@ -1121,10 +1124,26 @@ def _yes(flag: bool) -> str:
 @main.command()
 @click.argument("queue")
 @click.argument("job_ids", nargs=-1)
-@click.option("--all", "everything", is_flag=True, help="Reprocess every dead job of QUEUE.")
+@click.option("--all", "everything", is_flag=True, help="Reprocess every job of --state.")
+@click.option(
+    "--state",
+    type=click.Choice(["dead", "completed"]),
+    default="dead",
+    show_default=True,
+    help="With --all: the dead jobs, or the kept completed ones.",
+)
+@click.option("--delay-ms", type=int, default=None, help="Run them after this delay.")
 @click.pass_context
-def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everything: bool) -> None:
-    """Send dead jobs back to pending (a grouped job back to its lane)."""
+def reprocess(
+    ctx: click.Context,
+    queue: str,
+    job_ids: tuple[str, ...],
+    everything: bool,
+    state: str,
+    delay_ms: int | None,
+) -> None:
+    """Send dead (or kept completed) jobs back to pending (a grouped job back to its lane),
+    or to the schedule with --delay-ms."""
     if not job_ids and not everything:
         _fail("name job ids or pass --all")
     q = _existing(ctx, queue)
@@ -1132,25 +1151,62 @@ def reprocess(ctx: click.Context, queue: str, job_ids: tuple[str, ...], everythi
     def go() -> int:
         if not everything:
             for job_id in job_ids:
-                q.reprocess(job_id)
+                q.reprocess(job_id, delay_ms=delay_ms)
             return len(job_ids)
-        # Count each job once, and only when this command moved it: while workers run, a
-        # reprocessed job may die again and reappear in the dead set (it is not taken a
-        # second time, so the loop ends), and one may be removed or reprocessed by someone
-        # else between the browse and the reprocess (not counted).
-        seen: set[str] = set()
-        moved = 0
-        while batch := [j for j in q.browse("dead", 1000) if j not in seen]:
-            for job_id in batch:
-                seen.add(job_id)
-                try:
-                    q.reprocess(job_id)
-                except (JobGone, StateError):
-                    continue
-                moved += 1
-        return moved
+        # Each job once, counted only when this command moved it (Queue.reprocess_all).
+        return q.reprocess_all(state, delay_ms=delay_ms)
 
     click.echo(f"reprocessed {_run(ctx, go)} job(s)")
+
+
+@main.command("change-priority")
+@click.argument("queue")
+@click.argument("job_id")
+@click.argument("priority", type=int)
+@click.pass_context
+def change_priority(ctx: click.Context, queue: str, job_id: str, priority: int) -> None:
+    """Set a waiting or scheduled job's PRIORITY (0..2097152, lower runs first); prints
+    "ID: priority P", "ID: gone" or "ID: not waiting or scheduled" and exits 1 unless set."""
+    try:
+        keyspace.check_id(job_id)
+        _p._priority(priority)
+    except EchoMQError as exc:
+        _fail(str(exc))
+    q = _existing(ctx, queue)
+
+    def go() -> int:
+        try:
+            q.change_priority(job_id, priority)
+        except JobGone:
+            click.echo(f"{job_id}: gone")
+            return 1
+        except StateError:
+            click.echo(f"{job_id}: not waiting or scheduled")
+            return 1
+        click.echo(f"{job_id}: priority {priority}")
+        return 0
+
+    sys.exit(_run(ctx, go))
+
+
+@main.command("limit")
+@click.argument("queue")
+@click.argument("n")
+@_CREATE
+@click.pass_context
+def limit(ctx: click.Context, queue: str, n: str, create: bool) -> None:
+    """At most N jobs of QUEUE active at once across every worker, lanes included ("none"
+    removes the limit); exit 1 when QUEUE does not exist."""
+    value: int | None = None
+    if n.lower() != "none":
+        try:
+            value = int(n)
+            _p._int("n", value, 1)
+        except (ValueError, EchoMQError):
+            _fail(f"N must be a positive integer or 'none', got {n!r}")
+    q = _existing(ctx, queue, create=create, verb="limits")
+    _run(ctx, lambda: q.limit(value))
+    click.echo(f"limited {queue} to {value}" if value else f"unlimited {queue}")
 
 
 @main.command()

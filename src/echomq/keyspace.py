@@ -43,6 +43,7 @@ QUEUE_TYPES = frozenset(
         "active",
         "schedule",
         "dead",
+        "completed",
         "meta",
         "ring",
         "inring",

@@ -29,7 +29,7 @@ from echomq._executor import AsyncExecutor, SyncExecutor
 from echomq._native import resolve_executor
 from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq._waiters import ResultWaiters
-from echomq.errors import EchoMQError, InvalidArgument
+from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
 __all__ = ["AsyncQueue", "Queue"]
 
@@ -152,10 +152,12 @@ class Queue:
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        priority: int = 0,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
-        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
+        ``priority``: 0..2**21, lower runs first (FIFO within one priority)."""
         return self._x.run(
             _p.enqueue(
                 self._k,
@@ -168,6 +170,7 @@ class Queue:
                 dedup=dedup,
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
+                priority=priority,
             )
         )
 
@@ -178,8 +181,10 @@ class Queue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        """Enqueue many jobs in few round trips; one verdict per item, in input order.
+        ``priority``: one priority for every job (0..2**21, lower runs first)."""
         return self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -188,6 +193,7 @@ class Queue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                priority=priority,
             )
         )
 
@@ -276,13 +282,53 @@ class Queue:
         """The counted stall sweep: ``(recovered, dead)`` ids."""
         return self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
 
-    def reprocess(self, id: str) -> None:
-        """Send a dead job back to pending (its lane when grouped)."""
-        return self._x.run(_p.reprocess(self._k, id))
+    def reprocess(self, id: str, *, delay_ms: int | None = None, at_ms: int | None = None) -> None:
+        """Run a dead or kept completed job again (a new incarnation): waiting now (its lane
+        when grouped), or scheduled after ``delay_ms`` / at ``at_ms``. A live job (pending,
+        active, scheduled) raises StateError, a missing one JobGone; nothing is written."""
+        return self._x.run(_p.reprocess(self._k, id, delay_ms, at_ms))
+
+    def reprocess_all(
+        self, state: str = "dead", *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> int:
+        """Reprocess every job of ``state`` (``dead`` or ``completed``), with the options of
+        ``reprocess``; returns how many this call moved (each once: a job that dies again
+        meanwhile is not taken a second time; one moved or removed by someone else is skipped)."""
+        if state not in ("dead", "completed"):
+            raise InvalidArgument(f"reprocess_all takes dead or completed, got {state!r}")
+        _p._when(delay_ms, at_ms)  # the options are refused before any I/O
+        seen: set[str] = set()
+        moved = 0
+        while batch := [j for j in self.browse(state, 1000) if j not in seen]:
+            for job_id in batch:
+                seen.add(job_id)
+                try:
+                    self.reprocess(job_id, delay_ms=delay_ms, at_ms=at_ms)
+                except (JobGone, StateError):
+                    continue
+                moved += 1
+        return moved
+
+    def keep_completed(self, count: int | None, age_ms: int | None = None) -> None:
+        """Keep completed jobs' rows (state ``completed``), at most ``count`` and none older
+        than ``age_ms`` (finish time, server clock), trimmed by the completing script.
+        ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
+        return self._x.run(_p.keep_completed(self._k, count, age_ms))
+
+    def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
+        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
+        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
+        dead set holds no death times."""
+        return self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
         return self._x.run(_p.remove(self._k, id))
+
+    def change_priority(self, id: str, priority: int) -> None:
+        """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
+        for any other state (active, dead, a flow parent awaiting), JobGone with no row."""
+        return self._x.run(_p.change_priority(self._k, id, priority))
 
     def run_now(self, id: str) -> None:
         """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
@@ -297,7 +343,8 @@ class Queue:
         return self._x.run(_p.pending_size(self._k))
 
     def counts(self) -> dict[str, int]:
-        """pending (flat + lanes), active, schedule, dead, completed, failed."""
+        """pending (flat + lanes), active, schedule, dead, completed, failed (the all-time
+        counters), kept (kept completed rows, ``keep_completed``)."""
         return self._x.run(_p.counts(self._k))
 
     def check(self) -> list[str]:
@@ -331,6 +378,15 @@ class Queue:
     def resume_lane(self, g: str) -> None:
         """Serve lane ``g`` again."""
         return self._x.run(_p.resume_lane(self._k, g))
+
+    def limit(self, n: int | None) -> None:
+        """At most ``n`` jobs of the queue active at once across every worker, lanes included
+        (None removes the limit); claims past it take nothing."""
+        return self._x.run(_p.limit(self._k, n))
+
+    def get_limit(self) -> int | None:
+        """The queue-wide concurrency limit, or None."""
+        return self._x.run(_p.get_limit(self._k))
 
     def limit_lane(self, g: str, n: int | None) -> None:
         """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""
@@ -589,10 +645,12 @@ class AsyncQueue:
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        priority: int = 0,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
-        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
+        ``priority``: 0..2**21, lower runs first (FIFO within one priority)."""
         return await self._pipe.run(
             _p.enqueue(
                 self._k,
@@ -605,6 +663,7 @@ class AsyncQueue:
                 dedup=dedup,
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
+                priority=priority,
             )
         )
 
@@ -615,8 +674,10 @@ class AsyncQueue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        """Enqueue many jobs in few round trips; one verdict per item, in input order.
+        ``priority``: one priority for every job (0..2**21, lower runs first)."""
         return await self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -625,6 +686,7 @@ class AsyncQueue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                priority=priority,
             )
         )
 
@@ -713,13 +775,55 @@ class AsyncQueue:
         """The counted stall sweep: ``(recovered, dead)`` ids."""
         return await self._x.run(_p.sweep_stalled(self._k, max_stalled, limit))
 
-    async def reprocess(self, id: str) -> None:
-        """Send a dead job back to pending (its lane when grouped)."""
-        return await self._x.run(_p.reprocess(self._k, id))
+    async def reprocess(
+        self, id: str, *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> None:
+        """Run a dead or kept completed job again (a new incarnation): waiting now (its lane
+        when grouped), or scheduled after ``delay_ms`` / at ``at_ms``. A live job (pending,
+        active, scheduled) raises StateError, a missing one JobGone; nothing is written."""
+        return await self._x.run(_p.reprocess(self._k, id, delay_ms, at_ms))
+
+    async def reprocess_all(
+        self, state: str = "dead", *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> int:
+        """Reprocess every job of ``state`` (``dead`` or ``completed``), with the options of
+        ``reprocess``; returns how many this call moved (each once: a job that dies again
+        meanwhile is not taken a second time; one moved or removed by someone else is skipped)."""
+        if state not in ("dead", "completed"):
+            raise InvalidArgument(f"reprocess_all takes dead or completed, got {state!r}")
+        _p._when(delay_ms, at_ms)  # the options are refused before any I/O
+        seen: set[str] = set()
+        moved = 0
+        while batch := [j for j in await self.browse(state, 1000) if j not in seen]:
+            for job_id in batch:
+                seen.add(job_id)
+                try:
+                    await self.reprocess(job_id, delay_ms=delay_ms, at_ms=at_ms)
+                except (JobGone, StateError):
+                    continue
+                moved += 1
+        return moved
+
+    async def keep_completed(self, count: int | None, age_ms: int | None = None) -> None:
+        """Keep completed jobs' rows (state ``completed``), at most ``count`` and none older
+        than ``age_ms`` (finish time, server clock), trimmed by the completing script.
+        ``count=0`` or ``(None, None)`` turns it off (the default: completion deletes)."""
+        return await self._x.run(_p.keep_completed(self._k, count, age_ms))
+
+    async def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
+        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
+        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
+        dead set holds no death times."""
+        return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     async def remove(self, id: str) -> None:
         """Delete a job wherever it is."""
         return await self._x.run(_p.remove(self._k, id))
+
+    async def change_priority(self, id: str, priority: int) -> None:
+        """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
+        for any other state (active, dead, a flow parent awaiting), JobGone with no row."""
+        return await self._x.run(_p.change_priority(self._k, id, priority))
 
     async def run_now(self, id: str) -> None:
         """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
@@ -736,7 +840,8 @@ class AsyncQueue:
         return await self._x.run(_p.pending_size(self._k))
 
     async def counts(self) -> dict[str, int]:
-        """pending (flat + lanes), active, schedule, dead, completed, failed."""
+        """pending (flat + lanes), active, schedule, dead, completed, failed (the all-time
+        counters), kept (kept completed rows, ``keep_completed``)."""
         return await self._x.run(_p.counts(self._k))
 
     async def check(self) -> list[str]:
@@ -770,6 +875,15 @@ class AsyncQueue:
     async def resume_lane(self, g: str) -> None:
         """Serve lane ``g`` again."""
         return await self._x.run(_p.resume_lane(self._k, g))
+
+    async def limit(self, n: int | None) -> None:
+        """At most ``n`` jobs of the queue active at once across every worker, lanes included
+        (None removes the limit); claims past it take nothing."""
+        return await self._x.run(_p.limit(self._k, n))
+
+    async def get_limit(self) -> int | None:
+        """The queue-wide concurrency limit, or None."""
+        return await self._x.run(_p.get_limit(self._k))
 
     async def limit_lane(self, g: str, n: int | None) -> None:
         """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""

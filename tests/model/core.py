@@ -28,19 +28,23 @@ LONG = 60_000  # ms: never lapses within an example
 class Job:
     payload: bytes
     group: str | None
-    state: str = "pending"  # pending | active | scheduled | dead | awaiting_children
+    state: str = "pending"  # pending | active | scheduled | dead | completed | awaiting_children
     attempts: int = 0
     floor: int = 0
     epoch: int | None = None
     stalled: int = 0
     last_error: str | None = None
-    score: int = 0  # the lease deadline (active) or run time (scheduled), server clock
+    score: int = 0  # the lease deadline (active), run time (scheduled), finish (completed)
     cancel: str | None = None  # '1' | 'remove' while its run was asked to stop
     dedup: str | None = None
     parent: str | None = None
     policy: str | None = None  # 'fp' | 'id'
     pq: int | None = None  # the parent's queue index when it is not this job's queue
     children: int | None = None  # an inner flow node's child count
+    # --- issue 24, priorities: the row field `priority` (absent for 0) and the job's score
+    # in its waiting set. Only an enqueue or change_priority sets it; every way back to
+    # waiting (promote, reap, stall, delay, reprocess, run_now) keeps it.
+    priority: int = 0
 
 
 @dataclass
@@ -90,14 +94,26 @@ class QueueModel:
         self.limits: dict[str, int] = {}
         self.rate: tuple[int, int] | None = None  # (max, used) queue-wide, window LONG
         self.lane_rate: dict[str, tuple[int, int]] = {}
+        # --- issue 24, the queue-wide concurrency limit (meta `limit`): at most this many
+        # jobs of the queue in active, lanes included.
+        self.limit: int | None = None
         self.completed = 0
         self.failed = 0
         self.seen: set[str] = set()  # every id this queue ever held
+        # ---- kept history (issue 24): keep_completed / keep_dead, by count only (the age
+        # bound reads the server clock; tests/test_kept_history.py drives it).
+        self.keep_count: int | None = None  # keep_completed(count): None = off
+        self.keep_dead: int | None = None  # keep_dead(count): None = unbounded
+        self.dead_added = False  # a dead-letter since the last trim (only those trim)
 
     # ------------------------------------------------------------------ reads
 
     def waiting(self, g: str | None) -> list[str]:
-        return sorted(i for i, j in self.jobs.items() if j.state == "pending" and j.group == g)
+        """A waiting set in claim order: by priority, then mint order (issue 24)."""
+        found = [
+            (j.priority, i) for i, j in self.jobs.items() if j.state == "pending" and j.group == g
+        ]
+        return [i for _, i in sorted(found)]
 
     def active_in(self, g: str) -> int:
         return sum(1 for j in self.jobs.values() if j.state == "active" and j.group == g)
@@ -122,7 +138,12 @@ class QueueModel:
         n = sum(self.capacity(g) for g in (None, *LANES))
         if self.rate is not None:
             n = min(n, max(0, self.rate[0] - self.rate[1]))
+        if self.limit is not None:  # issue 24: the queue-wide limit's room
+            n = min(n, max(0, self.limit - self.active_count()))
         return n
+
+    def active_count(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.state == "active")
 
     def lanes(self) -> list[str]:
         return [g for g in LANES if self.waiting(g)]
@@ -138,6 +159,7 @@ class QueueModel:
             "dead": n("dead"),
             "completed": self.completed,
             "failed": self.failed,
+            "kept": n("completed"),
         }
 
     def fence(self, jid: str, token: int) -> str | None:
@@ -198,6 +220,35 @@ class QueueModel:
         """Any move out of active ends the run: its cancel flag goes (issue 22 #4)."""
         j.cancel = None
 
+    # ---- kept history (issue 24) ----------------------------------------------------------
+
+    def keep_completed_row(self, jid: str, finished: int) -> None:
+        """A completion while the queue keeps rows: the row stays, state completed, scored by
+        its finish time; its dedup key is released, its flow hashes stay, nothing retired."""
+        self.release_dedup(jid)
+        j = self.jobs[jid]
+        j.state, j.epoch, j.cancel, j.score = "completed", None, None, finished
+
+    def trim(self, state: str, bound: int | None) -> None:
+        """The completing (dead-lettering) script's trim by count: the oldest go, by finish
+        time then id (completed) or by id (dead, all score 0), each deleted with its side
+        keys and its token retired. Top-k is closed under repetition, so trimming once per
+        model step equals trimming once per script call."""
+        if bound is None:
+            return
+        held = sorted((j.score, i) for i, j in self.jobs.items() if j.state == state)
+        for _, jid in held[: max(0, len(held) - bound)]:
+            j = self.jobs.pop(jid)
+            if j.attempts:
+                self.retired[jid] = j.attempts
+            self.flows.pop(jid, None)
+
+    def trim_dead(self) -> None:
+        """Only a script that dead-lettered trims: a lowered bound waits for the next death."""
+        if self.dead_added:
+            self.dead_added = False
+            self.trim("dead", self.keep_dead)
+
 
 class World:
     """Two queues: 0 is the main one, 1 holds the other half of cross-queue flows.
@@ -257,6 +308,7 @@ class World:
         if p.state != "awaiting_children":
             return
         p.state = "dead"
+        m.dead_added = True  # kept history: the script that killed it trims dead
         p.last_error = f"child {cid} failed"
         if pid in m.wanted:  # a death while a waiter waits is kept 60 s (D17)
             m.keep(pid, b"", p.attempts, p.last_error)
@@ -297,7 +349,9 @@ class World:
             # its record out of unsuccessful (or failed, the parent being dead already).
             fl.unsuccessful.pop(cid, None)
             fl.failed.pop(cid, None)
-            fl.processed.setdefault(cid, value)
+            # Its latest outcome: a kept completed child reprocessed and completed again
+            # (issue 24) overwrites its record (a pump's redelivery carries the same value).
+            fl.processed[cid] = value
         else:
             if cid in fl.processed:
                 return

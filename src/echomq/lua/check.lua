@@ -9,7 +9,7 @@
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base and the SCANs)
   ARGV[1] base            emq:{q}:   (a glob-safe prefix)
   ARGV[2] section         core | members | lanes | ring | rows | results | dedups
-  ARGV[3] where           members: pending | active | schedule | dead | lane:<g>; lanes,
+  ARGV[3] where           members: pending | active | schedule | dead | completed | lane:<g>; lanes,
                           rows, results, dedups: the SCAN cursor ('0' to start); core, ring: ''
   ARGV[4] offset          members, ring: the window's start (0 to start)
   ARGV[5] count           > 0, the window / SCAN COUNT
@@ -23,9 +23,11 @@ local offset, count = tonumber(ARGV[4] or '0'), tonumber(ARGV[5] or '1000')
 local out = {}
 local function bad(s) out[#out + 1] = s end
 local STATES = {pending = true, active = true, scheduled = true, dead = true,
-  awaiting_children = true}
-local SETS = {pending = 'pending', active = 'active', schedule = 'scheduled', dead = 'dead'}
-local SET_ORDER = {'pending', 'active', 'schedule', 'dead'}
+  completed = true, awaiting_children = true}
+-- completed: the kept completed rows (issue 24), scored by their finish time.
+local SETS = {pending = 'pending', active = 'active', schedule = 'scheduled', dead = 'dead',
+  completed = 'completed'}
+local SET_ORDER = {'pending', 'active', 'schedule', 'dead', 'completed'}
 local lane_prefix = base .. 'g:'
 
 -- Every place an id is in, read now: the four sets and its row's lane (and `also`, a lane
@@ -62,7 +64,7 @@ local function member(place, id, score, lane)
     bad(id .. ' in ' .. place .. ' has no row (ghost)')
     return
   end
-  local row = hmget(jk, 'state', 'group')
+  local row = hmget(jk, 'state', 'group', 'priority')
   if not row then
     bad(id .. ' in ' .. place .. ' has a row that is not a hash')
     return
@@ -77,8 +79,11 @@ local function member(place, id, score, lane)
   if place == 'pending' and row[2] then
     bad(id .. ' in the flat pending set has group ' .. row[2])
   end
-  if (lane or place == 'pending' or place == 'dead') and tonumber(score) ~= 0 then
-    bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not 0')
+  -- A waiting set scores a job by its priority (the row field, absent = 0); dead is all 0.
+  local want = 0
+  if place ~= 'dead' then want = tonumber(row[3] or '0') end
+  if (lane or place == 'pending' or place == 'dead') and tonumber(score) ~= want then
+    bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not ' .. tostring(want))
   end
   two_places(id, places_of(id, row[2], lane))
 end
@@ -235,14 +240,15 @@ elseif section == 'lanes' then
     lane_of(g)
   end
 elseif section == 'results' then
-  -- A kept outcome belongs to one incarnation: beside a live row (not dead) it is an older
+  -- A kept outcome belongs to one incarnation: beside a live row (not dead, not a kept
+  -- completed one) it is an older
   -- incarnation's, which a new admission or a reprocess must have deleted.
   local r = rcall('SCAN', where, 'MATCH', base .. 'result:*', 'COUNT', count)
   nxt = r[1]
   for _, key in ipairs(r[2]) do
     local id = string.sub(key, #base + 8)
     local state = redis.pcall('HGET', base .. 'job:' .. id, 'state')
-    if type(state) == 'string' and state ~= 'dead' then
+    if type(state) == 'string' and state ~= 'dead' and state ~= 'completed' then
       bad(id .. ' has a kept result beside a live row (state ' .. state .. '): an older incarnation\'s')
     end
   end

@@ -1,7 +1,8 @@
 --[[ counts: one consistent snapshot of the queue's sizes and metrics.
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base)
   ARGV[1] base            emq:{q}:
-  Returns {pending (flat + every lane), active, schedule, dead, completed, failed}
+  Returns {pending (flat + every lane), active, schedule, dead, completed, failed, kept}:
+    completed and failed are the all-time counters, kept the kept completed rows (issue 24)
   Flags: reads replay
 ]]
 local rcall = redis.call
@@ -17,4 +18,5 @@ return {
   rcall('ZCARD', base .. 'dead'),
   tonumber(rcall('HGET', base .. 'metrics:completed', 'count') or '0'),
   tonumber(rcall('HGET', base .. 'metrics:failed', 'count') or '0'),
+  rcall('ZCARD', base .. 'completed'),
 }

@@ -20,6 +20,8 @@
   ARGV[13] second         optional: the client's unix second that names the replay marker's
                           key (the same on every resend); absent: the server's, and the TTL
                           is always set
+  ARGV[14] priority       optional: 0..2097152 (2^21), lower runs first; absent or 0: the
+                          default, no row field (include/admit.lua). Needs ARGV[10..13]
   Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' / 'replayed:scheduled' (a
     resend whose first copy landed, and what that copy answered) | 'deduplicated:<holder id>'
     | error EMQKIND
@@ -32,10 +34,12 @@
 -- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named).
 --@cold sync retired_last unretire
-shape(2, 6, 13, 'ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+shape(2, 6, 14, 'ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args (enqueue_many)')
 if ARGV[8] then int_arg(ARGV[8]) end
 if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
 if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end
+local pri = 0
+if ARGV[14] then pri = priority_arg(ARGV[14]) end
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end
@@ -69,7 +73,7 @@ if did ~= '' then
   end
 end
 local fresh = string.find(flags, 'f', 1, true) ~= nil
-local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh)
+local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri)
 if verdict == 'kind' then return redis.error_reply(KIND) end
 if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end
 if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(ARGV[12])) end

@@ -4,9 +4,10 @@
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base)
   ARGV[1] base            emq:{q}:
   ARGV[2] n               nodes, parents before their children
-  ARGV[3..] nodes         7 each: id, payload, group ('' flat), parent id ('' for the root),
+  ARGV[3..] nodes         8 each: id, payload, group ('' flat), parent id ('' for the root),
                           policy ('fp' fail the parent | 'id' ignore), child count, the
-                          parent's queue when it is another one (else '')
+                          parent's queue when it is another one (else ''), priority (0..2^21;
+                          0 writes no field, include/admit.lua)
   A cross-queue flow is several calls, parents first (one per queue and depth): a call that
   fails leaves the parents already written held, never claimable.
   Returns 'ok' | error EMQKIND (a non-JOB id) | error EMQSTATE exists <id> (nothing written)
@@ -18,7 +19,7 @@
 --@include compose
 local base, n = ARGV[1], tonumber(ARGV[2])
 for i = 0, n - 1 do
-  local id = ARGV[3 + 7 * i]
+  local id = ARGV[3 + 8 * i]
   if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply('EMQKIND job id must be JOB-namespaced') end
   if rcall('EXISTS', base .. 'job:' .. id) == 1 then
     return redis.error_reply('EMQSTATE exists ' .. id)
@@ -27,9 +28,9 @@ end
 local now = now_ms()
 local added = tally()
 for i = 0, n - 1 do
-  local at = 3 + 7 * i
+  local at = 3 + 8 * i
   local id, payload, g, parent, policy = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
-  local kids, pq = tonumber(ARGV[at + 5]), ARGV[at + 6]
+  local kids, pq, pri = tonumber(ARGV[at + 5]), ARGV[at + 6], tonumber(ARGV[at + 7])
   if g == '' then g = false end
   local jk = base .. 'job:' .. id
   if kids > 0 then
@@ -37,12 +38,14 @@ for i = 0, n - 1 do
     local fields = {'state', 'awaiting_children', 'attempts', attempts, 'payload', payload}
     if g then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
     if attempts ~= '0' then fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts end
+    -- A held parent keeps its priority for its release (compose.lua flow_release).
+    if pri ~= 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = pri end
     rcall('HSET', jk, unpack(fields))
     if attempts ~= '0' then unretire(base, id) end
     rcall('HSET', jk, 'children', kids)
     rcall('SET', jk .. ':deps', kids)
   else
-    admit(base, id, payload, g, nil, now)
+    admit(base, id, payload, g, nil, now, false, pri)
     local key = g or FLAT
     tally_add(added, key, 1)
   end

@@ -25,4 +25,5 @@ elseif ARGV[5] == 'rm' then
 else
   flow_child_dead(base, cid, {pid, ARGV[5], false, ''}, ARGV[6])
 end
+trim_dead(base)  -- keep_dead: a fail_parent child kills its parent (include/history.lua)
 return 1

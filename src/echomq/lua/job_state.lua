@@ -2,7 +2,8 @@
   KEYS[1] row       HASH  emq:{q}:job:<id>
   ARGV[1] base            emq:{q}:
   ARGV[2] id
-  Returns pending | active | scheduled | dead | awaiting_children | unknown | absent
+  Returns pending | active | scheduled | dead | completed (a kept row, issue 24) |
+    awaiting_children | unknown | absent
   Flags: reads replay
 ]]
 local rcall = redis.call
@@ -14,6 +15,7 @@ if row[2] and rcall('ZSCORE', base .. 'g:' .. row[2] .. ':pending', id) then ret
 if rcall('ZSCORE', base .. 'active', id) then return 'active' end
 if rcall('ZSCORE', base .. 'schedule', id) then return 'scheduled' end
 if rcall('ZSCORE', base .. 'dead', id) then return 'dead' end
+if rcall('ZSCORE', base .. 'completed', id) then return 'completed' end
 if row[1] == 'awaiting_children' then return 'awaiting_children' end
 if rcall('EXISTS', KEYS[1]) == 1 then return 'unknown' end
 return 'absent'

@@ -37,4 +37,5 @@ for _, id in ipairs(lapsed) do
   end
 end
 touch_all(base, added)
+trim_dead(base, now)  -- keep_dead: a cancelled lapse dead-letters (include/history.lua)
 return moved

@@ -9,7 +9,7 @@
 --@include common
 local base, id, dst = ARGV[1], ARGV[2], ARGV[3]
 local jk = KEYS[1]
-local row = hmget(jk, 'state', 'group')
+local row = hmget(jk, 'state', 'group', 'priority')
 if not row or not row[1] then return 0 end
 local src = row[2]
 if src == dst then return 'noop' end
@@ -23,7 +23,7 @@ if row[1] ~= 'pending' or rcall('ZREM', waiting_key(base, src), id) == 0 then
 end
 sync(base, src)
 rcall('HSET', jk, 'group', dst)
-rcall('ZADD', waiting_key(base, dst), 0, id)
+rcall('ZADD', waiting_key(base, dst), row[3] or 0, id)  -- its priority comes along
 touch(base, dst, 1)
 emit(base, 'reassigned', id, 'group', dst, 'from', src or '')
 return 'reassigned'

@@ -1,11 +1,12 @@
---[[ remove: delete a job wherever it is (waiting, lane, active, schedule, dead) with its logs;
+--[[ remove: delete a job wherever it is (waiting, lane, active, schedule, dead, a kept
+  completed row in completed) with its logs;
   lanes, the ring and gactive stay consistent (D6).
   KEYS[1] row       HASH  emq:{q}:job:<id>
   ARGV[1] base            emq:{q}:
   ARGV[2] id
   The id's last token is recorded (common.lua retire): a re-admission continues from it.
   Returns 1 | 0 when gone (a ghost id is still taken out of the flat/active/schedule/dead
-    sets) | error EMQLOCK
+    sets, and completed) | error EMQLOCK
   Flags: writes once
 ]]
 --@include common
@@ -21,6 +22,7 @@ if rcall('EXISTS', jk) == 0 then
   leave_waiting(base, id, false)
   rcall('ZREM', base .. 'schedule', id)
   rcall('ZREM', base .. 'dead', id)
+  rcall('ZREM', base .. 'completed', id)
   return 0
 end
 if rcall('EXISTS', jk .. ':lock') == 1 then return redis.error_reply('EMQLOCK job is locked') end
@@ -30,6 +32,7 @@ leave_waiting(base, id, g)
 if g then leave_waiting(base, id, false) end
 rcall('ZREM', base .. 'schedule', id)
 rcall('ZREM', base .. 'dead', id)
+rcall('ZREM', base .. 'completed', id)
 release_dedup(base, id, jk)
 -- A flow child's parent stops waiting for it (D18); a parent's own keys go with it.
 local flow = flow_parent(jk)

@@ -23,8 +23,10 @@
 shape(4, 6, 7, 'ERR EMQ.RETRY takes 4 keys (active, schedule, dead, row) and 6 or 7 args (base, id, token, delay_ms, max_attempts, error[, keep_result_ms])')
 local delay_ms, max_attempts = int_arg(ARGV[4]), int_arg(ARGV[5])
 local keep_ms = ARGV[7] and int_arg(ARGV[7]) or 0
+local now = now_ms()
 local verdict = retry_one(ARGV[1], ARGV[2], KEYS[4], ARGV[3], delay_ms,
-  max_attempts, ARGV[6], now_ms(), keep_ms)
+  max_attempts, ARGV[6], now, keep_ms)
+trim_dead(ARGV[1], now)  -- keep_dead (include/history.lua)
 if type(verdict) == 'string' and string.sub(verdict, 1, 3) == 'EMQ' then
   return redis.error_reply(verdict)
 end

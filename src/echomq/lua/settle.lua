@@ -55,7 +55,7 @@ if nr > 0 then
   end
 end
 local now = now_ms()
-local i, completed = complete_many(base, ARGV, 5, nc, results, now)
+local i, completed = complete_many(base, ARGV, 5, nc, results, now, kept_specs.keep_completed)
 for j = 1, nr do
   local at = 5 + 2 * (nc - nr + j - 1)
   if completed[nc - nr + j] == 1 then
@@ -71,6 +71,7 @@ while i <= #ARGV do
     tonumber(ARGV[i + 2]), tonumber(max), ARGV[i + 4], now, tonumber(keep))
   i = i + 5
 end
+trim_dead(base, now)  -- keep_dead, after this call's dead-letters (include/history.lua)
 local jobs = {}
 local n = want
 local wait = 0

@@ -45,7 +45,7 @@ for _, id in ipairs(lapsed) do
     if stalled >= max_stalled then
       rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
       rcall('HDEL', jk, 'lease_epoch')
-      rcall('ZADD', KEYS[2], 0, id)
+      dead_letter(base, id)
       bump_metrics(base, 'failed', 1, now)
       emit_in(base, 'dead', id, g, 'error', 'stalled', 'stalled', stalled)
       release_dedup(base, id, jk)
@@ -68,4 +68,5 @@ for _, id in ipairs(lapsed) do
 end
 -- Every lane that lost an active job is synced: a freed slot may make it serviceable again.
 touch_all(base, added)
+trim_dead(base, now)  -- keep_dead (include/history.lua)
 return {recovered, died}

@@ -3,8 +3,11 @@
 -- run_at: nil = now; else the server-clock ms at which the job becomes due.
 -- fresh: the client minted the id in this call, so no token was ever handed out for it and
 -- the retired record is not read (a minted id is unique: time, node and sequence).
+-- pri: the job's priority (0..2^21, lower runs first; nil or 0 = the default). A non-zero
+-- one is the row field `priority` and the job's score in its waiting set, so claims (ZPOPMIN)
+-- serve it by priority, then mint order; 0 writes no field, so a default job pays no byte.
 -- Returns the verdict: 'enqueued' | 'scheduled' | 'duplicate' | 'kind'.
-local function admit(base, id, payload, g, run_at, now, fresh)
+local function admit(base, id, payload, g, run_at, now, fresh, pri)
   if string.sub(id, 1, 3) ~= 'JOB' then return 'kind' end
   local jk = base .. 'job:' .. id
   if rcall('EXISTS', jk) == 1 then return 'duplicate' end
@@ -25,6 +28,11 @@ local function admit(base, id, payload, g, run_at, now, fresh)
     fields[#fields + 1] = 'floor'
     fields[#fields + 1] = attempts
   end
+  pri = pri or 0
+  if pri ~= 0 then
+    fields[#fields + 1] = 'priority'
+    fields[#fields + 1] = pri
+  end
   -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so
   -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any
   -- other write first (a cleanup), Redis would let every later write of the script through.
@@ -37,7 +45,7 @@ local function admit(base, id, payload, g, run_at, now, fresh)
   -- id never had an earlier incarnation, so the common path pays nothing.
   if not fresh then rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id) end
   if due then
-    rcall('ZADD', waiting_key(base, g), 0, id)
+    rcall('ZADD', waiting_key(base, g), pri, id)
     emit_in(base, 'enqueued', id, g)
     return 'enqueued'
   end

@@ -34,6 +34,14 @@ local function int_arg(s)
   return tonumber(s)
 end
 
+-- A job priority (0..2^21, lower runs first): an integer argument in range, or the refusal.
+local MAX_PRIORITY = 2097152
+local function priority_arg(s)
+  local p = int_arg(s)
+  if p < 0 or p > MAX_PRIORITY then refuse('ERR priority must be 0..2097152') end
+  return p
+end
+
 -- Lua '^(%d+):?(%d*)$' (settle's 'c' / 'c:r' counts, a retry's 'max' / 'max:keep_ms'), each
 -- number of at most 15 digits: the two numbers (the second nil when empty), or the refusal.
 local function count_pair(text, err)

@@ -40,15 +40,30 @@ end
 -- D15/D16: emit (events) and bump_metrics, for every transition below and in the scripts.
 --@include observe
 
+-- Kept history (include/history.lua): per script call, a meta setting's name ->
+-- {count|nil, age_ms|nil}, or false when off. Parsed from "<count>:<age_ms>".
+local kept_specs = {}
+
+local function kept_parse(v)
+  if not v then return false end
+  local c, a = string.match(v, '^(%d*):(%d*)$')
+  if not c then return false end
+  return {tonumber(c), tonumber(a)}
+end
+
 -- One read of the queue's meta for a claim: the pause flag, the queue-wide rate limit
--- (cached for queue_rate), whether lanes have rate limits (cached for any_lane_rated) and
--- the events bound (cached for emit). True when paused.
+-- (cached for queue_rate), whether lanes have rate limits (cached for any_lane_rated), the
+-- events bound (cached for emit), the queue-wide concurrency limit (cached for
+-- queue_limit) and the kept-history setting of completions (cached for settle's
+-- completions). True when paused.
 local function claim_gate(base)
   local m = rcall('HMGET', base .. 'meta', 'paused', 'rate_max', 'rate_window_ms', 'events',
-    'grated')
+    'grated', 'limit', 'keep_completed')
   events_bound = m[4] or false
   seed_queue_rate(m[2], m[3])
+  qlimit = tonumber(m[6]) or false
   lanes_rated = m[5] ~= false
+  kept_specs.keep_completed = kept_parse(m[7])
   return m[1] ~= false
 end
 
@@ -235,8 +250,10 @@ local function touch_all(base, added)
 end
 
 -- Put a live job into its waiting set (its lane when grouped), state pending. No sync.
+-- Its score is its priority (the row field, absent = 0): a job keeps its priority through
+-- every way back to waiting (promote, reap, stall, delay, push-back, reprocess, run_now).
 local function park(base, id, jk, g)
-  rcall('ZADD', waiting_key(base, g), 0, id)
+  rcall('ZADD', waiting_key(base, g), rcall('HGET', jk, 'priority') or 0, id)
   rcall('HSET', jk, 'state', 'pending')
 end
 
@@ -261,3 +278,6 @@ local function leave_waiting(base, id, g)
   sync(base, g)
   return n
 end
+
+-- Kept history: keep_completed and its trim (issue 24).
+--@include history

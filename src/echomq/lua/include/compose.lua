@@ -119,10 +119,10 @@ end
 -- Make an awaiting parent runnable.
 local function flow_release(base, pid)
   local pk = base .. 'job:' .. pid
-  local p = hmget(pk, 'state', 'group')
+  local p = hmget(pk, 'state', 'group', 'priority')
   if not p or p[1] ~= 'awaiting_children' then return end
   rcall('HSET', pk, 'state', 'pending')
-  rcall('ZADD', waiting_key(base, p[2]), 0, pid)
+  rcall('ZADD', waiting_key(base, p[2]), p[3] or 0, pid)
   -- A full sync, not touch(): touch's fast path trusts that a non-empty flat set is in the
   -- ring, and a sweep releasing a parent mid-loop has parked flat jobs it syncs only at its
   -- end (issue 22's model, F12: the flat set fell out of the ring).
@@ -210,7 +210,7 @@ local function flow_child_dead(base, id, f, error_text)
     if not p or p[1] ~= 'awaiting_children' then return end
     error_text = 'child ' .. id .. ' failed'
     rcall('HSET', pk, 'state', 'dead', 'last_error', error_text)
-    rcall('ZADD', base .. 'dead', 0, pid)
+    dead_letter(base, pid)
     -- Its waiters learn it now (include/control.lua keep_death).
     keep_death(base, pid, error_text, p[3], nil, nil)
     id, f, depth = pid, flow_parent(pk), depth + 1
@@ -251,7 +251,7 @@ local function end_cancelled(base, id, jk, g, flag, attempts, now)
   else
     rcall('HSET', jk, 'state', 'dead', 'last_error', 'cancelled')
     rcall('HDEL', jk, 'lease_epoch', 'cancel')
-    rcall('ZADD', base .. 'dead', 0, id)
+    dead_letter(base, id)
     bump_metrics(base, 'failed', 1, now)
     emit_in(base, 'dead', id, g, 'error', 'cancelled')
     if f then flow_child_dead(base, id, f, 'cancelled') end

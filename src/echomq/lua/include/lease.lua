@@ -40,6 +40,11 @@ end
 -- dead-lettered with the reason; a key that is not a hash at all is dropped from the set and
 -- logged. Neither is ever run.
 -- Returns how many were leased.
+-- Kept history (include/history.lua): while the queue keeps completed rows, a claim stamps
+-- the row's claimed_ms (server ms), so a kept row shows its run time (finished - claimed).
+-- Set by claim_n from the setting claim_gate read; nil: nothing stamped.
+local claim_stamp = nil
+
 local function lease_many(base, g, deadline, k, out)
   local wk = waiting_key(base, g)
   local lane = false
@@ -56,7 +61,11 @@ local function lease_many(base, g, deadline, k, out)
       local att = hash and integer_text(row[2]) and branded(id) and tonumber(row[2])
       if att then
         att = att + 1
-        rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att)
+        if claim_stamp then
+          rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att, 'claimed_ms', claim_stamp)
+        else
+          rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att)
+        end
         scored[#scored + 1] = deadline
         scored[#scored + 1] = id
         -- A re-admitted (or pushed-back) job also reports its floor, so the worker counts
@@ -73,7 +82,7 @@ local function lease_many(base, g, deadline, k, out)
         if not branded(id) then why = 'malformed row: the id is not a branded job id' end
         rcall('HSET', jk, 'state', 'dead', 'last_error', why)
         rcall('HDEL', jk, 'lease_epoch')
-        rcall('ZADD', base .. 'dead', 0, id)
+        dead_letter(base, id)
         bump_metrics(base, 'failed', 1)
         emit(base, 'dead', id, 'error', why)
       elseif rcall('EXISTS', jk) == 1 then
@@ -184,10 +193,13 @@ local function claim_n(base, deadline, n, out, now)
   local ring = base .. 'ring'
   local got = 0
   now = now or now_ms()
+  if kept_specs.keep_completed then claim_stamp = now end
   readmit_rated(base, now)
   -- D21: the queue-wide window caps every claim, lanes included.
   local qmax, qwindow = queue_rate(base)
   if qmax then n = math.min(n, math.max(rate_left(base .. 'limiter', qmax), 0)) end
+  -- The queue-wide concurrency limit (limit.lua): no more than the room left in active.
+  n = limit_room(base, n)
   while got < n do
     local g = ring_head(base)
     if not g then break end
@@ -214,5 +226,6 @@ local function claim_n(base, deadline, n, out, now)
     end
   end
   if qmax and got > 0 then rate_charge(base .. 'limiter', got, qwindow) end
+  trim_dead(base, now)  -- keep_dead: a malformed row was dead-lettered (include/history.lua)
   return got
 end

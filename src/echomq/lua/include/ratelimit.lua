@@ -43,6 +43,17 @@ local function queue_rate(base)
   return qrate[1], qrate[2]
 end
 
+-- The queue-wide concurrency limit (meta `limit`, limit.lua): at most that many jobs of the
+-- queue in active at once, lanes included. Read once per script call, with the pause flag.
+local qlimit = nil  -- nil: not read yet; false: none; else the limit
+
+-- How many more jobs the queue may lease now (n capped by the limit's room), never below 0.
+local function limit_room(base, n)
+  if qlimit == nil then qlimit = tonumber(rcall('HGET', base .. 'meta', 'limit')) or false end
+  if not qlimit then return n end
+  return math.max(math.min(n, qlimit - rcall('ZCARD', base .. 'active')), 0)
+end
+
 -- How many claims a limiter key still allows (max - count), and its PTTL.
 --@lazy rates
 local function rate_left(key, max)

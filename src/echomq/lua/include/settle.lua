@@ -6,20 +6,27 @@
 -- logs (recording the id's last token, common.lua retire). The caller bumps
 -- metrics:completed (once per batch). Returns 1 | 0 (gone) | text.
 -- result (optional): what a flow parent records for this child (D18, include/compose.lua).
-local function complete_one(base, id, jk, token, result)
+-- now: the caller's clock read. keep: the queue's keep_completed setting (include/history.lua)
+-- or false: a kept row stays, state `completed`, in p..completed (trimmed by the caller).
+local function complete_one(base, id, jk, token, result, now, keep)
   local row, err = fence(jk, token, 'complete', true)
   if err then return err end
   if not row then return 0 end
-  -- No release(): the row is deleted just below, lease_epoch with it.
+  -- No release(): the row is deleted just below, lease_epoch with it (or closed when kept).
   if row[2] == 'active' then leave_active(base, id, row[3]) else leave_waiting(base, id, row[3]) end
   release_dedup_of(base, id, row[6])
   local flow = flow_of(row)  -- D18 (include/compose.lua)
   if flow then
     flow_child_done(base, id, flow, result)
-    if flow[3] then flow_forget(jk) end
+    -- A kept parent keeps its children's outcomes; its trim deletes them (history.lua).
+    if flow[3] and not keep then flow_forget(jk) end
   end
-  if row[1] == '1' then rcall('DEL', jk, jk .. ':logs') else rcall('DEL', jk, jk .. ':logs', jk .. ':errors') end
-  retire_one(base, id, row[1])
+  if keep then
+    keep_completed_row(base, id, jk, now)
+  else
+    if row[1] == '1' then rcall('DEL', jk, jk .. ':logs') else rcall('DEL', jk, jk .. ':logs', jk .. ':errors') end
+    retire_one(base, id, row[1])
+  end
   emit_in(base, 'completed', id, row[3], 'attempts', row[1])
   return 1
 end
@@ -57,7 +64,7 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
   rcall('LTRIM', jk .. ':errors', -ERRORS_KEPT, -1)
   if attempt >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
-    rcall('ZADD', base .. 'dead', 0, id)
+    dead_letter(base, id)
     bump_metrics(base, 'failed', 1, now)
     emit_in(base, 'dead', id, row[3], 'attempts', row[1], 'error', error_text)
     release_dedup_of(base, id, row[6])
@@ -76,7 +83,9 @@ end
 -- jobs' ZREM active, the row DELs and the metric batched into one command each.
 -- Reads count (id, token) pairs from args at index i; returns the next index and verdicts.
 -- results (optional): id -> the result a completion passed (what a flow parent records).
-local function complete_many(base, args, i, count, results, now)
+-- keep: the queue's keep_completed setting or false (as complete_one); kept rows are trimmed
+-- here, once for the batch.
+local function complete_many(base, args, i, count, results, now, keep)
   local verdicts, flat, rows, seen, ok, retired = {}, {}, {}, {}, 0, {}
   for _ = 1, count do
     local id = args[i]
@@ -104,14 +113,18 @@ local function complete_many(base, args, i, count, results, now)
       if row[7] or row[9] then
         local flow = flow_of(row)  -- D18 (include/compose.lua)
         flow_child_done(base, id, flow, (results and results[id]) or '')
-        if flow[3] then flow_forget(jk) end
+        if flow[3] and not keep then flow_forget(jk) end
       end
-      rows[#rows + 1] = jk
-      rows[#rows + 1] = jk .. ':logs'
-      -- Only a retry writes <row>:errors, and a job that was retried has attempts > 1.
-      if row[1] ~= '1' then rows[#rows + 1] = jk .. ':errors' end
-      retired[#retired + 1] = id
-      retired[#retired + 1] = row[1]
+      if keep then
+        keep_completed_row(base, id, jk, now)
+      else
+        rows[#rows + 1] = jk
+        rows[#rows + 1] = jk .. ':logs'
+        -- Only a retry writes <row>:errors, and a job that was retried has attempts > 1.
+        if row[1] ~= '1' then rows[#rows + 1] = jk .. ':errors' end
+        retired[#retired + 1] = id
+        retired[#retired + 1] = row[1]
+      end
       if events_bound ~= false then emit_in(base, 'completed', id, row[3], 'attempts', row[1]) end
       ok = ok + 1
       verdicts[#verdicts + 1] = 1
@@ -132,8 +145,10 @@ local function complete_many(base, args, i, count, results, now)
     else
       rcall('DEL', unpack(rows))
     end
+  end
+  if ok > 0 then
     bump_metrics(base, 'completed', ok, now)
-    retire(base, retired)
+    if keep then kept_trim(base, 'completed', keep, ok, now) else retire(base, retired) end
   end
   return i, verdicts
 end
