@@ -226,6 +226,16 @@ def test_browse_shows_the_dashboards_columns(cli, q: echomq.Queue, qname: str) -
     sched = ok(cli("browse", qname, "--state", "scheduled")).splitlines()
     assert sched[0].split()[-1] == "runs"
     assert sched[1].startswith(later) and " remind " in sched[1] and " in 10.0m" in sched[1]
+    urgent = q.enqueue(_envelope.build(JSON(), "page", []), priority=3).id
+    waiting = ok(cli("browse", qname)).splitlines()
+    assert waiting[1].startswith(urgent) and waiting[1].split()[4] == "3"  # priority column
+    q.keep_completed(10)
+    job = q.claim()
+    assert job is not None and job.id == urgent
+    q.complete(urgent, job.token)
+    kept = ok(cli("browse", qname, "--state", "completed")).splitlines()
+    assert kept[0].split()[-1] == "finished" and kept[1].startswith(urgent)
+    assert kept[1].rstrip().endswith(" ago")
     held = q.enqueue(b"raw bytes").id
     assert q.claim() is not None
     active = ok(cli("browse", qname, "--state", "active")).splitlines()

@@ -460,3 +460,71 @@ def test_an_id_prefix_find_is_exact_over_a_set_of_one_score(url: str, q: echomq.
         assert mixed.searched == 2 and mixed.total == 3  # bounded: a scan, not a range
     finally:
         client.close()
+
+
+# --------------------------------------------------------------------------- issue 24's verbs
+
+
+def test_priority_column_and_change_priority(
+    url: str, q: echomq.Queue, signed: tuple[TestClient, str]
+) -> None:
+    c, csrf = signed
+    urgent = q.enqueue(_call("page_oncall"), priority=1).id
+    plain = q.enqueue(_call("send_digest")).id
+    later = q.enqueue(_call("remind"), delay_ms=600_000).id
+    rows = {r["id"]: r for r in c.get(f"/api/queues/{q.name}").json()["rows"]}
+    assert rows[urgent]["priority"] == "1" and rows[plain]["priority"] is None
+    row = _row(c.get(f"/queues/{q.name}").text, urgent)
+    assert re.search(r'<td class="n">1</td>\s*<td class="bad err"', row)  # the priority cell
+    page = c.get(f"/queues/{q.name}/jobs/{plain}").text
+    assert 'name="priority"' in page and "set priority" in page
+    path = f"/queues/{q.name}/jobs/{plain}/change_priority"
+    res = c.post(path, data={"csrf": csrf, "priority": "7"}, follow_redirects=False)
+    assert res.status_code == 303 and (q.get_job(plain) or {}).get("priority") == "7"
+    c.post(f"/queues/{q.name}/jobs/{later}/change_priority", data={"csrf": csrf, "priority": "3"})
+    assert (q.get_job(later) or {}).get("priority") == "3"
+    for bad in ("x", "-1", "99999999", ""):
+        refused = c.post(path, data={"csrf": csrf, "priority": bad})
+        assert refused.status_code == 400, bad
+    assert (q.get_job(plain) or {}).get("priority") == "7"  # nothing written
+    held = q.claim()
+    assert held is not None and held.id == urgent
+    busy = c.post(
+        f"/queues/{q.name}/jobs/{urgent}/change_priority", data={"csrf": csrf, "priority": "2"}
+    )
+    assert busy.status_code == 409  # an active job has no place to rescore
+
+
+def test_completed_list_and_reprocess_of_a_completed_job(
+    url: str, q: echomq.Queue, signed: tuple[TestClient, str]
+) -> None:
+    c, csrf = signed
+    q.enqueue(b"x")
+    empty = c.get(f"/queues/{q.name}", params={"state": "completed"})
+    assert empty.status_code == 200 and "keep_completed" in empty.text  # history is off
+    q.claim_batch(1)  # the first job stays active: not history
+    q.keep_completed(100)
+    done = []
+    for i in range(3):
+        jid = q.enqueue(_call("render", i)).id
+        job = q.claim()
+        assert job is not None and job.id == jid
+        q.complete(jid, job.token)
+        done.append(jid)
+    page = c.get(f"/queues/{q.name}", params={"state": "completed"})
+    assert page.status_code == 200 and "completed, kept (3)" in page.text
+    row = _row(page.text, done[1])
+    assert "render" in row and "ago" in row  # task and finish time
+    api = c.get(f"/api/queues/{q.name}", params={"state": "completed"}).json()
+    assert {r["id"] for r in api["rows"]} == set(done)
+    job_page = c.get(f"/queues/{q.name}/jobs/{done[0]}").text
+    assert 'id="reprocess"' in job_page
+    c.post(f"/queues/{q.name}/jobs/{done[0]}/reprocess", data={"csrf": csrf})
+    assert q.job_state(done[0]) == "pending"
+    form = [("csrf", csrf), ("verb", "reprocess"), ("ids", done[1]), ("ids", done[2])]
+    assert _post(c, f"/queues/{q.name}/selected", form, follow_redirects=False).status_code == 303
+    assert [q.job_state(j) for j in done] == ["pending"] * 3
+    found = c.get(
+        f"/api/queues/{q.name}", params={"state": "completed", "find": "render", "by": "task"}
+    )
+    assert found.json()["find"]["total"] == 0

@@ -296,7 +296,8 @@ def _one_score(x: SyncExecutor, key: str) -> bool:
 def _set_key(k: Keys, state: str, group: str | None) -> str:
     if group is not None:
         return k.lane(group)
-    return {"pending": k.pending, "dead": k.dead, "active": k.active, "schedule": k.schedule}[state]
+    sets = {"pending": k.pending, "dead": k.dead, "active": k.active, "schedule": k.schedule}
+    return sets.get(state, k.completed)
 
 
 def _matches(row: JobRow, kind: str, text: str, needle: str) -> bool:
@@ -321,6 +322,8 @@ def table(rows: Sequence[JobRow], state: str, now_ms: int, *, width: int = 30) -
         head += ["worker", "running", "lease"]
     elif state == "schedule":
         head += ["runs"]
+    elif state == "completed":
+        head += ["finished"]
     lines = [head]
     for r in rows:
         age = human(now_ms - r.minted_ms) if r.minted_ms is not None else "-"
@@ -341,6 +344,9 @@ def table(rows: Sequence[JobRow], state: str, now_ms: int, *, width: int = 30) -
             due = r.score_ms is not None and r.score_ms <= now_ms
             when = "due" if due or r.score_ms is None else "in " + human(r.score_ms - now_ms)
             cells += [when]
+        elif state == "completed":
+            ago = human(now_ms - r.score_ms) + " ago" if r.score_ms is not None else "-"
+            cells += [ago]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     numeric = {3, 4}  # attempts, priority: right-aligned

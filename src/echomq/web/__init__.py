@@ -113,6 +113,13 @@ class JobAction:
     field: str | None = None  # a form input the verb reads (its name), shown beside the button
 
 
+def _priority(f: dict[str, str]) -> int:
+    raw = f.get("priority", "").strip()
+    if not raw.isdigit():
+        raise InvalidArgument(f"a priority is an int 0..2097152, got {raw[:40]!r}")
+    return int(raw)  # its range is the verb's to check (InvalidArgument past it)
+
+
 def _cancel(q: Any, job_id: str, _f: dict[str, str]) -> str:
     outcome: str = q.cancel(job_id)
     if outcome == "absent":
@@ -123,13 +130,23 @@ def _cancel(q: Any, job_id: str, _f: dict[str, str]) -> str:
 JOB_TABLE: dict[str, JobAction] = {
     a.name: a
     for a in (
-        JobAction("reprocess", "reprocess", ("dead",), False, lambda q, i, f: q.reprocess(i)),
+        JobAction(
+            "reprocess", "reprocess", ("dead", "completed"), False, lambda q, i, f: q.reprocess(i)
+        ),
         JobAction("retry", "run now", ("scheduled",), False, lambda q, i, f: q.run_now(i)),
+        JobAction(
+            "change_priority",
+            "set priority",
+            ("pending", "scheduled"),
+            False,
+            lambda q, i, f: q.change_priority(i, _priority(f)),
+            field="priority",
+        ),
         JobAction("cancel", "cancel", ("active",), True, _cancel),
         JobAction(
             "remove",
             "remove",
-            ("pending", "scheduled", "dead", "active", "awaiting_children"),
+            ("pending", "scheduled", "dead", "active", "awaiting_children", "completed"),
             True,
             lambda q, i, f: q.remove(i),
         ),
@@ -144,7 +161,7 @@ DESTRUCTIVE = {"drain", "delete_dead", "unrepeat"} | {
 }
 # A list's page sizes; the states a list shows (the set names, "schedule" for scheduled).
 PAGE_SIZES = (10, 25, 50, 100, 200, 500)
-LIST_STATES = ("pending", "active", "schedule", "dead")
+LIST_STATES = ("pending", "active", "schedule", "dead", "completed")
 _SESSION = "echomq_session"
 _CSRF = "echomq_csrf"
 _PAGE = 50
@@ -823,7 +840,7 @@ def create_app(
             return JOB_TABLE[action].run(q, job_id, f)
         lane = f.get("lane") or None
         if action == "retry_dead":
-            return _console.bulk(q, "reprocess")
+            return q.reprocess_all("dead")
         if action == "delete_dead":
             return _console.bulk(q, "remove")
         if action == "selected":
