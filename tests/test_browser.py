@@ -225,6 +225,7 @@ def test_console_pages_and_actions_in_a_browser(
     stack = contextlib.ExitStack()
     stack.enter_context(running(echomq.Worker(app, [qname], 4, beat_ms=100)))
     try:
+        q.keep_completed(1000)  # kept history: the completed list (D25)
         for i in range(40):
             send_invoice.enqueue(f"cust-{i}", 100 + i)
         dead = [send_invoice.enqueue(f"bad-{i}", -1 - i).id for i in range(4)]
@@ -310,7 +311,7 @@ def test_console_pages_and_actions_in_a_browser(
         # Run a scheduled job now, from its page.
         browser.get(f"{base}/queues/{qname}/jobs/{later}")
         browser.find_element(By.ID, "retry-now").click()
-        wait_for(lambda: q.job_state(later) == "absent", 20)  # it ran
+        wait_for(lambda: q.job_state(later) == "completed", 20)  # it ran (history is kept)
 
         # Cancel the running job: asked first, then its handler is signalled.
         browser.get(f"{base}/queues/{qname}/jobs/{held}")
@@ -340,10 +341,30 @@ def test_console_pages_and_actions_in_a_browser(
         assert "in 60 min" in done
         _shot(browser, tmp_path, "charts")
 
+        # The completed list (kept history): reprocess one from its page; it runs again.
+        browser.get(f"{base}/queues/{qname}?state=completed")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")
+        assert len(rows) == 41 and "send_invoice" in rows[0].text  # 40 invoices, the run-now one
+        again = rows[0].get_attribute("data-id")
+        _shot(browser, tmp_path, "completed")
+        browser.get(f"{base}/queues/{qname}/jobs/{again}")
+        browser.find_element(By.ID, "reprocess").click()
+        wait_for(lambda: q.counts()["completed"] == 42, 20)
+
+        # Change a waiting job's priority from its page; the list's priority column shows it.
+        waiting = send_invoice.options(group="paused-lane").enqueue("vip", 1).id
+        browser.get(f"{base}/queues/{qname}/jobs/{waiting}")
+        browser.find_element(By.ID, "change_priority-priority").send_keys("5")
+        browser.find_element(By.ID, "change_priority").click()
+        wait_for(lambda: (q.get_job(waiting) or {}).get("priority") == "5", 10)
+        browser.get(f"{base}/queues/{qname}?state=pending&lane=paused-lane")
+        cells = browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{waiting}"] td.n')
+        assert [c.text for c in cells] == ["0", "5"]  # attempts, priority
+
         # The pending list, paged, then the lane's list; an unknown queue is a 404 page.
         browser.get(f"{base}/queues/{qname}?state=pending&lane=paused-lane&per=10")
-        # three waiting jobs and the two flow children
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 5
+        # three waiting jobs, the two flow children and the vip job
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 6
         browser.get(f"{base}/queues/no-such-queue")
         assert "no such queue" in browser.find_element(By.ID, "error").text
     finally:
