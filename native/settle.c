@@ -186,7 +186,8 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
         /* The DELs come at the end: an id named twice is gone by its second mention once the
          * first completed it; a refused mention changed nothing, so the next is fenced anew. */
         emq_sv *mark = idset_find(&seen, id);
-        if (!mark->p) f = emq_fence(e, jk, pairs[2 * c + 1], "complete", 1, row, &err);
+        /* A kept row is written in place: its second mention is fenced on it (stale). */
+        if (!mark->p || keep->on) f = emq_fence(e, jk, pairs[2 * c + 1], "complete", 1, row, &err);
         if (f == EMQ_FENCE_STALE) {
             verdicts[c] = v_text(err);
             continue;

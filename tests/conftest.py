@@ -228,10 +228,21 @@ SLOW_TESTS = frozenset(
 )
 
 
+# The pytest-xdist worker this process is ("gw0", ...), or "" when the suite runs in one
+# process. scripts/check runs the suite on several workers, one test file per worker at a
+# time (--dist loadfile), so a file's module-scoped servers are started once.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.split("[", 1)[0] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    if _XDIST_WORKER:
+        # test_valkey's nested run (~100 s, mostly waiting on its servers) goes first, so the
+        # worker that draws its file starts it at once and the others run the suite beside
+        # it. Every worker orders alike, as xdist requires.
+        items.sort(key=lambda item: not item.nodeid.startswith("tests/test_valkey.py"))
 
 
 _saved_env: dict[str, str] | None = None
@@ -285,7 +296,10 @@ def _valkey_run_beside_the_suite(
     that is safe). A run the test never waited for is stopped at the session's end."""
     import test_valkey
 
-    if any(item.nodeid == test_valkey.NESTED_NODE for item in request.session.items):
+    # Under pytest-xdist every worker collects every test, but only one runs the nested
+    # test: there the test starts the run itself, and it comes first (see below).
+    selected = any(item.nodeid == test_valkey.NESTED_NODE for item in request.session.items)
+    if selected and not _XDIST_WORKER:
         test_valkey.start_nested(tmp_path_factory.mktemp("valkey-nested"))
     yield
     test_valkey.stop_nested()

@@ -36,7 +36,7 @@ def test_the_readme_says_what_scripts_check_installs_and_how_to_run_it_fast() ->
 def test_fast_runs_lint_types_and_the_tests_not_marked_slow() -> None:
     script = (ROOT / "scripts" / "check").read_text()
     assert re.search(r'if \[ "\$\{1:-\}" = "--fast" \]; then\s+FAST=1\s+shift', script)
-    assert '-m pytest -m "not slow" "$@"' in script
+    assert '-m pytest "${WORKERS[@]}" -m "not slow" "$@"' in script
     # ruff and mypy run either way: they come before the one branch on FAST that picks tests.
     lint = script.index("-m ruff check src tests bench examples")
     types = script.index("-m mypy --strict src")

@@ -525,3 +525,22 @@ def test_run_now_moves_exactly_the_job_asked_for(url: str, q: echomq.Queue, r: r
         assert c.post(f"/api/queues/{q.name}/jobs/{mine}/retry", headers=auth).status_code == 200
     assert q.job_state(mine) == "pending"
     assert q.browse("pending") == [mine]
+
+
+def test_a_kept_completed_job_has_its_page_and_list(url: str, q: echomq.Queue) -> None:
+    """Kept history (issue 24): the completed state's list and a kept job's page work (the
+    dashboard's own completed pages are issue 26)."""
+    q.keep_completed(count=10)
+    jid = q.enqueue(b"done").id
+    job = q.claim()
+    assert job is not None
+    q.complete(job.id, job.token, result=b"42", keep_result_ms=60_000)
+    with _client(url, [q.name]) as c:
+        page = c.get(f"/api/queues/{q.name}", params={"state": "completed"}).json()["page"]
+        assert [i["id"] for i in page["items"]] == [jid] and page["total"] == 1
+        assert c.get(f"/queues/{q.name}", params={"state": "completed"}).status_code == 200
+        view = c.get(f"/api/queues/{q.name}/jobs/{jid}").json()
+        assert view["place"] == "completed" and view["row"]["state"] == "completed"
+        assert int(view["row"]["finished_ms"]) >= int(view["row"]["claimed_ms"])
+        res = c.get(f"/queues/{q.name}/jobs/{jid}")
+        assert res.status_code == 200 and jid in res.text

@@ -481,8 +481,8 @@ def test_reprocess_all_counts_each_job_once_while_workers_rekill(
     real = echomq.Queue.reprocess
     killed: set[str] = set()
 
-    def reprocess_then_rekill(self: echomq.Queue, id: str) -> None:
-        real(self, id)
+    def reprocess_then_rekill(self: echomq.Queue, id: str, **options: Any) -> None:
+        real(self, id, **options)
         if id not in killed:  # a worker claims it at once and it dies again
             killed.add(id)
             job = self.claim()

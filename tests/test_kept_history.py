@@ -303,3 +303,15 @@ def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qna
         with pytest.raises(InvalidArgument):
             echomq.App(url=url, **bad)  # type: ignore[arg-type]
     app.close()
+
+
+def test_an_id_named_twice_in_a_batch_is_stale_the_second_time(anyq: Any) -> None:
+    """Found by the model: with rows kept, the second mention of a completed id in one settle
+    is fenced on the kept row (StaleToken), as a separate complete would be, not JobGone."""
+    anyq.keep_completed(count=1)
+    anyq.enqueue(b"x")
+    job = anyq.claim()
+    out = anyq.settle(completed=[(job.id, job.token), (job.id, job.token)])
+    assert out.completed[0] is None and isinstance(out.completed[1], echomq.StaleToken)
+    assert anyq.job_state(job.id) == "completed"
+    assert anyq.check() == []

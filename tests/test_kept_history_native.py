@@ -82,6 +82,11 @@ def test_native_twins_keep_alike(pair: Pair) -> None:
         1,
     )
     assert pair.r.zcard(f"emq:{{{QB}}}:completed") == 1
+    # An id named twice in one settle: the second mention is fenced on the kept row.
+    _kind, job = pair.run("claim", *claim)
+    twice = ["@", "30000", "0", "2", job[0].decode(), str(job[2]), job[0].decode(), str(job[2])]
+    _kind, reply = pair.run("settle", ["@meta", "@ring", "@active", "@schedule", "@dead"], twice)
+    assert reply[0][0] == 1 and b"EMQSTALE" in reply[0][1]
 
 
 def test_native_twins_bound_dead_alike(pair: Pair) -> None:

@@ -268,6 +268,15 @@ class ModelMachine(RuleBasedStateMachine):
         for _ in range(n):
             self.enqueue(qi=0, payload=b"s", group=g, delay=None, did=None, mode="simple")
 
+    # ---- kept history (issue 24): half the examples start with rows kept on queue 0, so
+    # completed rows, their trims and their reprocess are reached within the CI budget.
+    @initialize(keep=st.sampled_from((None, 1, 3)), dead=st.sampled_from((None, None, 2)))
+    def keep_history(self, keep: int | None, dead: int | None) -> None:
+        if keep is not None:
+            self.admin(qi=0, what="keep", g=LANES[0], n=keep)
+        if dead is not None:
+            self.admin(qi=0, what="keep dead", g=LANES[0], n=dead)
+
     @rule(
         qi=QI,
         payload=PAYLOADS,
@@ -335,7 +344,16 @@ class ModelMachine(RuleBasedStateMachine):
             note(f"change_priority refused: {j.state}")
             self.expect(StateError, self.q(qi).change_priority, jid, priority)
 
-    # --- end of issue 24 (priorities)
+    # --- issue 24, the queue-wide concurrency limit: at most n jobs of the queue active
+    # (claimable() caps every claim path by it; take() refuses a claim past it).
+
+    @rule(qi=QI, n=st.sampled_from((None, 1, 2, 3)))
+    def limit_queue(self, qi: int, n: int | None) -> None:
+        self.q(qi).limit(n)
+        self.m(qi).limit = n
+        assert self.q(qi).get_limit() == n
+
+    # --- end of issue 24 (priorities, the queue limit)
 
     def admit_one(
         self,
@@ -1219,7 +1237,6 @@ class ModelMachine(RuleBasedStateMachine):
                 "rate lane",
                 "clear rate",
                 "clear lane",
-                "limit queue",  # issue 24: the queue-wide concurrency limit
                 "keep",
                 "keep dead",
             )
@@ -1255,9 +1272,6 @@ class ModelMachine(RuleBasedStateMachine):
         elif what == "clear rate":
             q.clear_rate_limit()
             m.rate = None
-        elif what == "limit queue":  # issue 24
-            q.limit(n)
-            m.limit = n
         elif what == "keep":  # kept history (issue 24): None turns it off
             q.keep_completed(n or 0)
             m.keep_count = n
@@ -1688,6 +1702,47 @@ def test_an_old_child_never_settles_into_a_new_incarnation(sm: ModelMachine, end
         sm.server_agrees_with_model()
 
 
+# ---------------------------------------------------------------------- issue 24 scenarios
+# Priorities and the queue-wide limit, replayed through the machine (every step checked
+# against the model), so each runs on every CI run whatever hypothesis draws.
+
+
+def test_priorities_order_claims_and_survive_every_return(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    for p in (5, 1, 2**21, 0, 1):
+        s.enqueue_prioritized(qi=0, payload=b"f", group=None, delay=None, priority=p)
+    s.enqueue_prioritized(qi=0, payload=b"l", group="la", delay=None, priority=3)
+    s.enqueue_prioritized(qi=0, payload=b"s", group=None, delay=SHORT, priority=2)
+    s.claim_batch(qi=0, n=3, lease=SHORT)  # take() checks each is the head of its set
+    s.reap(qi=0)  # back to waiting with their priorities
+    s.work(qi=0, outcomes=["fail", "die", "hold"])  # retried, dead, held
+    s.promote(qi=0)
+    m = sm.m(0)
+    dead = next(i for i, j in m.jobs.items() if j.state == "dead")
+    s.reprocess(qi=0, n=live_pick(sm, 0, dead))
+    assert m.jobs[dead].priority != 0 or m.jobs[dead].state == "pending"
+    for state in ("active", "pending", "scheduled"):
+        for jid in [i for i, j in m.jobs.items() if j.state == state][:1]:
+            s.change_priority(qi=0, n=sorted(m.seen).index(jid), priority=7)
+    s.claim_batch(qi=0, n=5, lease=LONG)
+
+
+def test_the_queue_limit_caps_every_claim_path(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    for g in (None, "la", "lb", None):
+        s.enqueue_prioritized(qi=0, payload=b"x", group=g, delay=None, priority=0)
+    s.limit_queue(qi=0, n=2)
+    s.claim(qi=0, lease=LONG)
+    s.claim_batch(qi=0, n=5, lease=LONG)  # the room left: one
+    s.claim(qi=0, lease=LONG)  # empty at the limit
+    s.work(qi=0, outcomes=["done"])  # nothing claimable: nothing done
+    s.limit_queue(qi=0, n=3)
+    s.work(qi=0, outcomes=["done", "done"])  # one slot: one claimed, completed
+    s.limit_queue(qi=0, n=None)
+    s.claim_batch(qi=0, n=5, lease=LONG)
+    assert sm.m(0).active_count() == 3  # four jobs, one completed
+
+
 # ---------------------------------------------------------------------- kept history (issue 24)
 # keep_completed / keep_dead by count (the age bound reads the server clock: it is driven in
 # tests/test_kept_history.py), the completed state, reprocess of a kept completed job with and
@@ -1743,3 +1798,14 @@ def test_a_kept_flow_parent_and_its_rerun_child(sm: ModelMachine) -> None:
     assert sm.m(0).jobs[child].state == "completed"
     s.do_reprocess(qi=0, jid=child)
     s.work(qi=0, outcomes=["done"])
+
+
+def test_kept_dead_trims_by_id_whatever_the_last_lease(sm: ModelMachine) -> None:
+    """Found by the machine: a claimed job that dies and a never-claimed flow parent killed by
+    its child are ordered by id alone in the dead set (score 0), not by a past lease."""
+    s = Steps(sm)
+    s.admin(qi=0, what="keep dead", g="la", n=2)
+    s.enqueue(qi=0, payload=b"", group=None, delay=None, did=None, mode="simple")
+    s.add_flow(qi=0, shape=[(0, False, 0, None), (0, True, 0, None)])
+    s.work(qi=0, outcomes=["die", "die"])
+    assert len(sm.live(0, "dead")) == 2

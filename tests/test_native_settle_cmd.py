@@ -155,9 +155,10 @@ def test_priorities_and_the_queue_limit(pair: Pair, both: Both) -> None:
     got = held_of(settle(pair, 4))
     assert [i for i, _ in got] == [jid(2), jid(5), jid(4), jid(7)]  # flat, lane, flat, lane
     # Dead and reprocessed (EMQ.REPROCESS), then lapsed and swept (EMQ.SWEEP): same score.
-    settle(pair, 0, retries=[(jid(2), 1, 0, "1", "e")])
-    assert pair.run("reprocess", ["@job:" + jid(2), "@dead"], ["@", jid(2)]) == ("ok", 1)
-    settle(pair, 1, lease=1)
+    settle(pair, 0, retries=[(jid(4), 1, 0, "1", "e")])
+    assert pair.run("reprocess", ["@job:" + jid(4), "@dead"], ["@", jid(4)]) == ("ok", 1)
+    assert pair.r.zscore(base(QB) + "pending", jid(4)) == 1.0  # parked by its priority
+    settle(pair, 1, lease=1)  # a prioritised head (jid 4, or lane g's jid 8), lapsing
     time.sleep(0.01)
     pair.run("sweep_stalled", ["@active", "@dead"], ["@", "5", "100"])
     # A flow parent released by its child's completion (EMQ.SETTLE) keeps its priority.
@@ -615,7 +616,7 @@ def test_valgrind(tmp_path: Path) -> None:
         qb.rate_limit_lane("c", 30, 60000)
         for lane in ("", "a", "c"):
             ids = [jid(1000 * len(lane) + 100 * ord(lane[:1] or "x") + n) for n in range(60)]
-            command(r, "EMQ.ENQUEUE", 1, b + "meta", b, lane, "now", "0", "0", "", "",
+            command(r, "EMQ.ENQUEUE", 1, b + "meta", b, lane, "now", "0", "0", "", "", "3",
                     *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
         command(r, "EMQ.ENQUEUE", 2, b + "job:" + jid(1), b + "meta", b, jid(1), "p", "", "now",
                 "0", "", "0", "", "d", "simple", "0")  # fmt: skip
@@ -634,7 +635,7 @@ def test_valgrind(tmp_path: Path) -> None:
                 if not held:
                     fresh += 1
                     ids = [jid(500000 + 100 * fresh + n) for n in range(20)]
-                    command(r, "EMQ.ENQUEUE", 1, b + "meta", b, "", "now", "0", "0", "", "",
+                    command(r, "EMQ.ENQUEUE", 1, b + "meta", b, "", "now", "0", "0", "", "", "0",
                             *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
                     continue
             half = len(held) // 2 + 1
@@ -659,3 +660,11 @@ def test_valgrind(tmp_path: Path) -> None:
             with contextlib.suppress(redis.ResponseError):
                 command(r, "EMQ.SETTLE", *args)
         qb.close()
+
+
+def test_priority_text_is_canonical_on_both(pair: Pair) -> None:
+    """A raw priority '-0' or '007' is stored as the number it is, alike on both executors."""
+    assert enq_p(pair, jid(1), "-0") == ("ok", b"enqueued")
+    assert enq_p(pair, jid(2), "007") == ("ok", b"enqueued")
+    assert pair.r.zscore(base(QA) + "pending", jid(1)) == 0.0
+    assert pair.r.hget(base(QA) + "job:" + jid(2), "priority") == b"7"

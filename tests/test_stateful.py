@@ -177,6 +177,7 @@ class Model:
             "dead": n("dead"),
             "completed": self.completed,
             "failed": self.failed,
+            "kept": 0,  # this machine never turns kept history on (tests/test_model.py does)
         }
 
     def fence(self, jid: str, token: int) -> type[Exception] | None:

@@ -236,7 +236,12 @@ class QueueModel:
         model step equals trimming once per script call."""
         if bound is None:
             return
-        held = sorted((j.score, i) for i, j in self.jobs.items() if j.state == state)
+        # A dead row's score is 0 on the server (its model score is a stale lease deadline).
+        held = sorted(
+            (j.score if state == "completed" else 0, i)
+            for i, j in self.jobs.items()
+            if j.state == state
+        )
         for _, jid in held[: max(0, len(held) - bound)]:
             j = self.jobs.pop(jid)
             if j.attempts:

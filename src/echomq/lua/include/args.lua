@@ -39,6 +39,7 @@ local MAX_PRIORITY = 2097152
 local function priority_arg(s)
   local p = int_arg(s)
   if p < 0 or p > MAX_PRIORITY then refuse('ERR priority must be 0..2097152') end
+  if p == 0 then return 0 end  -- '-0' is 0, never a score of -0 (the module writes '0')
   return p
 end
 

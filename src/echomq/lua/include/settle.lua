@@ -93,7 +93,8 @@ local function complete_many(base, args, i, count, results, now, keep)
     local row, err = nil, nil
     -- The DELs come at the end: an id named twice is gone by its second mention once the
     -- first completed it; a refused mention changed nothing, so the next one is fenced anew.
-    if not seen[id] then row, err = fence(jk, args[i + 1], 'complete', true) end
+    -- A kept row (keep) is written in place: its second mention is fenced on it (stale).
+    if keep or not seen[id] then row, err = fence(jk, args[i + 1], 'complete', true) end
     if row then seen[id] = true end
     if err then
       verdicts[#verdicts + 1] = err
