@@ -465,6 +465,24 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+@contextlib.contextmanager
+def running(worker: echomq.Worker) -> Iterator[echomq.Worker]:
+    """``worker`` running in a thread of its own (its own event loop) for the block; stopped
+    and joined after it, whatever the block raised."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))
+    thread.start()
+    try:
+        yield worker
+    finally:
+        loop.call_soon_threadsafe(worker.stop)
+        thread.join(20)
+        loop.close()
+
+
 def snapshot(r: redis.Redis, queue: str) -> dict[bytes, Any]:
     """Every key of the queue with its type and full content (for 'nothing written' tests)."""
     out: dict[bytes, Any] = {}

@@ -7,7 +7,8 @@ Screenshots land in the test's tmp dir; the overview, queue and job shots are co
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import os
 import shutil
 import socket
 import threading
@@ -21,12 +22,13 @@ import pytest
 import uvicorn
 
 import echomq
-from conftest import wait_for
+from conftest import running, wait_for
 from echomq.web import create_app
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
 
 # Headless Chromium: scripts/check --fast neither runs these nor installs chromium.
 pytestmark = pytest.mark.slow
@@ -117,10 +119,8 @@ def test_dashboard_in_a_browser(
 
     q = app.queue(qname)
     hq = echomq.Queue(hostile, url=url)
-    worker = echomq.Worker(app, [qname], 4, beat_ms=100)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))
-    thread.start()
+    stack = contextlib.ExitStack()
+    stack.enter_context(running(echomq.Worker(app, [qname], 4, beat_ms=100)))
     try:
         for i in range(30):
             resize.enqueue(i)
@@ -195,8 +195,214 @@ def test_dashboard_in_a_browser(
         browser.find_element(By.ID, "confirm").click()
         wait_for(lambda: hq.job_state(extra) == "absent", 10)
     finally:
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
-        loop.close()
+        stack.close()
         hq.close()
         app.close()
+
+
+def _click(browser: Any, css: str) -> None:
+    browser.find_element(By.CSS_SELECTOR, css).click()
+
+
+def test_console_pages_and_actions_in_a_browser(
+    url: str, live_dashboard: tuple[str, list[str]], browser: Any, tmp_path: Path
+) -> None:
+    """Issue 26: every console page and action, in Chromium, with a worker running."""
+    base, (qname, _hostile) = live_dashboard
+    app = echomq.App(url=url)
+    release = threading.Event()
+
+    @app.task(queue=qname, name="send_invoice", max_attempts=1)
+    def send_invoice(customer: str, amount: int) -> None:
+        if amount < 0:
+            raise ValueError(f"negative amount for {customer}")
+
+    @app.task(queue=qname, name="render_video")
+    def render_video(clip: str) -> None:
+        release.wait(30)
+
+    q = app.queue(qname)
+    stack = contextlib.ExitStack()
+    stack.enter_context(running(echomq.Worker(app, [qname], 4, beat_ms=100)))
+    try:
+        q.keep_completed(1000)  # kept history: the completed list (D25)
+        for i in range(40):
+            send_invoice.enqueue(f"cust-{i}", 100 + i)
+        dead = [send_invoice.enqueue(f"bad-{i}", -1 - i).id for i in range(4)]
+        held = render_video.enqueue("intro.mp4").id
+        later = send_invoice.options(delay_ms=3_600_000).enqueue("later", 5).id
+        q.pause_lane("paused-lane")  # the flow's children wait there: its parent too
+        q.repeat("nightly-report", b'["report", []]', cron="0 3 * * *")
+        q.repeat("heartbeat", b'["beat", []]', every_ms=60_000)
+        flow = q.add_flow(
+            echomq.FlowJob(
+                b'["assemble", ["book"]]',
+                children=[
+                    echomq.FlowJob(b'["chapter", [1]]', group="paused-lane"),
+                    echomq.FlowJob(b'["chapter", [2]]', group="paused-lane"),
+                ],
+            )
+        )
+        wait_for(lambda: all(q.job_state(j) == "dead" for j in dead), 20)
+        wait_for(lambda: q.job_state(held) == "active", 20)
+        wait_for(lambda: any(w.jobs for w in q.workers()), 20)
+        for _ in range(3):
+            send_invoice.options(group="paused-lane").enqueue("waits", 1)
+
+        browser.get(base + "/login")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "sign-in").click()
+        wait_for(lambda: "sign out" in browser.page_source, 10)
+
+        # The active list: task, arguments, and the worker holding the job.
+        browser.get(f"{base}/queues/{qname}?state=active")
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{held}"]').text
+        assert "render_video" in row and "'intro.mp4'" in row
+        assert f":{os.getpid()}" in row  # host:pid of the worker
+        browser.execute_script("document.getElementById('jobs-heading').scrollIntoView()")
+        _shot(browser, tmp_path, "active")
+
+        # The workers page.
+        browser.get(f"{base}/queues/{qname}/workers")
+        table = browser.find_element(By.ID, "workers").text
+        assert socket.gethostname() in table and held in table and "render_video" in table
+        _shot(browser, tmp_path, "workers")
+
+        # The dead list: the error's one line; find by error text says what it searched.
+        browser.get(f"{base}/queues/{qname}?state=dead")
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{dead[2]}"]').text
+        assert "send_invoice" in row and "ValueError: negative amount for bad-2" in row
+        browser.execute_script("document.getElementById('jobs-heading').scrollIntoView()")
+        _shot(browser, tmp_path, "dead")
+        browser.find_element(By.ID, "find").send_keys("bad-3")
+        Select(browser.find_element(By.ID, "find-by")).select_by_value("error")
+        browser.find_element(By.ID, "find-go").click()
+        found = browser.find_element(By.ID, "find-result").text
+        assert "1 match" in found and "searched all 4 dead jobs" in found and dead[3] in found
+
+        # A selection: reprocess two of the dead (they run again and die again).
+        browser.get(f"{base}/queues/{qname}?state=dead")
+        for jid in dead[:2]:
+            _click(browser, f'input[value="{jid}"]')
+        Select(browser.find_element(By.ID, "bulk-verb")).select_by_value("reprocess")
+        browser.find_element(By.ID, "bulk-go").click()
+        # Both ran again and died again: six dead-letters in all.
+        wait_for(lambda: q.counts()["failed"] == 6 and q.counts()["dead"] == 4, 20)
+        # Delete a selection asks first.
+        browser.get(f"{base}/queues/{qname}?state=dead")
+        _click(browser, f'input[value="{dead[3]}"]')
+        Select(browser.find_element(By.ID, "bulk-verb")).select_by_value("remove")
+        browser.find_element(By.ID, "bulk-go").click()
+        assert dead[3] in browser.find_element(By.ID, "confirm-ids").text
+        assert q.job_state(dead[3]) == "dead"
+        browser.find_element(By.ID, "confirm").click()
+        wait_for(lambda: q.job_state(dead[3]) == "absent", 10)
+
+        # Retry all dead, then delete all dead (confirmed).
+        browser.get(f"{base}/queues/{qname}?state=dead")
+        browser.find_element(By.ID, "retry-dead").click()
+        wait_for(lambda: q.counts()["failed"] == 9 and q.counts()["dead"] == 3, 20)
+        browser.get(f"{base}/queues/{qname}?state=dead")
+        browser.find_element(By.ID, "delete-dead").click()
+        assert "Delete every dead job" in browser.find_element(By.ID, "confirm-what").text
+        browser.find_element(By.ID, "confirm").click()
+        wait_for(lambda: q.counts()["dead"] == 0, 10)
+
+        # Run a scheduled job now, from its page.
+        browser.get(f"{base}/queues/{qname}/jobs/{later}")
+        browser.find_element(By.ID, "retry-now").click()
+        wait_for(lambda: q.job_state(later) == "completed", 20)  # it ran (history is kept)
+
+        # Cancel the running job: asked first, then its handler is signalled.
+        browser.get(f"{base}/queues/{qname}/jobs/{held}")
+        browser.find_element(By.ID, "cancel").click()
+        browser.find_element(By.ID, "confirm").click()
+        wait_for(lambda: q.job_state(held) in ("dead", "absent"), 20)
+        release.set()
+
+        # The repeats page: both listed; remove one (confirmed).
+        browser.get(f"{base}/queues/{qname}/repeats")
+        assert "0 3 * * *" in browser.find_element(By.ID, "repeats").text
+        _shot(browser, tmp_path, "repeats")
+        _click(browser, 'tr[data-repeat="heartbeat"] button')
+        browser.find_element(By.ID, "confirm").click()
+        wait_for(lambda: [r.name for r in q.repeats()] == ["nightly-report"], 10)
+
+        # The flows page: the parent and its children still to settle.
+        browser.get(f"{base}/queues/{qname}/flows")
+        tree = browser.find_element(By.ID, "flows").text
+        assert flow.parent_id in tree and "assemble" in tree and "2 of 2 children" in tree
+        _shot(browser, tmp_path, "flows")
+
+        # The charts: completed and failed per minute, depth, oldest waiting.
+        browser.get(f"{base}/queues/{qname}/charts")
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".chart svg")) == 4
+        done = browser.find_element(By.ID, "chart-completed").text
+        assert "in 60 min" in done
+        _shot(browser, tmp_path, "charts")
+
+        # The completed list (kept history): reprocess one from its page; it runs again.
+        browser.get(f"{base}/queues/{qname}?state=completed")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")
+        assert len(rows) == 41 and "send_invoice" in rows[0].text  # 40 invoices, the run-now one
+        again = rows[0].get_attribute("data-id")
+        _shot(browser, tmp_path, "completed")
+        browser.get(f"{base}/queues/{qname}/jobs/{again}")
+        browser.find_element(By.ID, "reprocess").click()
+        wait_for(lambda: q.counts()["completed"] == 42, 20)
+
+        # Change a waiting job's priority from its page; the list's priority column shows it.
+        waiting = send_invoice.options(group="paused-lane").enqueue("vip", 1).id
+        browser.get(f"{base}/queues/{qname}/jobs/{waiting}")
+        browser.find_element(By.ID, "change_priority-priority").send_keys("5")
+        browser.find_element(By.ID, "change_priority").click()
+        wait_for(lambda: (q.get_job(waiting) or {}).get("priority") == "5", 10)
+        browser.get(f"{base}/queues/{qname}?state=pending&lane=paused-lane")
+        cells = browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{waiting}"] td.n')
+        assert [c.text for c in cells] == ["0", "5"]  # attempts, priority
+
+        # The pending list, paged, then the lane's list; an unknown queue is a 404 page.
+        browser.get(f"{base}/queues/{qname}?state=pending&lane=paused-lane&per=10")
+        # three waiting jobs, the two flow children and the vip job
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 6
+        browser.get(f"{base}/queues/no-such-queue")
+        assert "no such queue" in browser.find_element(By.ID, "error").text
+    finally:
+        release.set()
+        stack.close()
+        app.close()
+
+
+def test_read_only_badge_and_unreachable_page(url: str, qname: str, browser: Any) -> None:
+    """The read-only badge reads clearly on the dark bar; a server that does not answer
+    gets a page that says so (503), never a traceback."""
+    port = _free_port()
+    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(dead, read_only=True), host="127.0.0.1", port=port)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(base + "/healthz"), 20, 0.1)
+        assert httpx.get(base + "/healthz", timeout=10).status_code == 503
+        browser.get(base + "/")
+        assert "unreachable" in browser.find_element(By.ID, "error").text
+        badge = browser.find_element(By.ID, "read-only")
+        assert badge.text == "read-only"
+        assert badge.value_of_css_property("color") != badge.value_of_css_property(
+            "background-color"
+        )
+        assert badge.value_of_css_property("background-color") == "rgba(255, 216, 102, 1)"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _answers(target: str) -> bool:
+    try:
+        httpx.get(target, timeout=10)
+        return True
+    except httpx.HTTPError:
+        return False

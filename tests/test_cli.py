@@ -202,14 +202,45 @@ def test_browse(cli, q: echomq.Queue, qname: str) -> None:
     dead = make_dead(q)
     flat = [q.enqueue(b"x").id for _ in range(3)]
     lane = q.enqueue(b"y", group="g1").id
-    assert ok(cli("browse", qname)).split() == flat[::-1]  # newest first
-    assert ok(cli("browse", qname, "-n", "2")).split() == flat[::-1][:2]
-    assert ok(cli("browse", qname, "--group", "g1")).split() == [lane]
-    assert ok(cli("browse", qname, "--state", "dead")).split() == [dead]
-    assert ok(cli("browse", qname, "--state", "active")).split() == []
+    assert ok(cli("browse", qname, "--ids")).split() == flat[::-1]  # newest first
+    assert ok(cli("browse", qname, "--ids", "-n", "2")).split() == flat[::-1][:2]
+    assert ok(cli("browse", qname, "--ids", "--group", "g1")).split() == [lane]
+    assert ok(cli("browse", qname, "--ids", "--state", "dead")).split() == [dead]
+    assert ok(cli("browse", qname, "--ids", "--state", "active")).split() == []
     bad = cli("browse", qname, "--state", "dead", "--group", "g1")
     assert bad.exit_code == 2 and "pending" in bad.stderr
     assert cli("browse", qname, "--state", "nope").exit_code == 2
+
+
+def test_browse_shows_the_dashboards_columns(cli, q: echomq.Queue, qname: str) -> None:
+    from echomq import _envelope
+    from echomq.serializers import JSON
+
+    dead = make_dead(q, _envelope.build(JSON(), "charge", [12], {"cur": "eur"}))
+    later = q.enqueue(_envelope.build(JSON(), "remind", ["bob"]), delay_ms=600_000).id
+    lines = ok(cli("browse", qname, "--state", "dead")).splitlines()
+    assert lines[0].split() == ["id", "task", "args", "attempts", "priority", "error", "age"]
+    cells = lines[1].split()
+    assert cells[:5] == [dead, "charge", "12,", "cur='eur'", "1"]
+    assert cells[5:7] == ["-", "boom"] and cells[7].endswith("s")
+    sched = ok(cli("browse", qname, "--state", "scheduled")).splitlines()
+    assert sched[0].split()[-1] == "runs"
+    assert sched[1].startswith(later) and " remind " in sched[1] and " in 10.0m" in sched[1]
+    urgent = q.enqueue(_envelope.build(JSON(), "page", []), priority=3).id
+    waiting = ok(cli("browse", qname)).splitlines()
+    assert waiting[1].startswith(urgent) and waiting[1].split()[4] == "3"  # priority column
+    q.keep_completed(10)
+    job = q.claim()
+    assert job is not None and job.id == urgent
+    q.complete(urgent, job.token)
+    kept = ok(cli("browse", qname, "--state", "completed")).splitlines()
+    assert kept[0].split()[-1] == "finished" and kept[1].startswith(urgent)
+    assert kept[1].rstrip().endswith(" ago")
+    held = q.enqueue(b"raw bytes").id
+    assert q.claim() is not None
+    active = ok(cli("browse", qname, "--state", "active")).splitlines()
+    assert active[0].split()[-3:] == ["worker", "running", "lease"]
+    assert active[1].startswith(held) and "raw bytes" in active[1]
 
 
 def test_job_shows_row_and_logs(cli, q: echomq.Queue, qname: str) -> None:
@@ -391,6 +422,7 @@ def test_check_clean_and_violated(cli, q: echomq.Queue, qname: str, r: redis.Red
 
 def test_check_several_queues(cli, q: echomq.Queue, qname: str, r: redis.Redis) -> None:
     other = qname[:100] + "-b"
+    q.enqueue(b"x")  # a queue with no key at all is "no such queue", not "ok"
     r.zadd(f"emq:{{{other}}}:dead", {ids.mint(): 0})
     result = cli("check", qname, other)
     assert result.exit_code == 1

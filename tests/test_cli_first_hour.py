@@ -227,6 +227,10 @@ def test_remove_reports_each_id(env: dict[str, str], q: echomq.Queue, qname: str
         ["cancel", "JOB0KHTOWnGLuC"],
         ["remove", "JOB0KHTOWnGLuC"],
         ["lanes"],
+        ["stats"],
+        ["browse"],
+        ["check"],
+        ["events"],
     ],
 )
 def test_operator_commands_on_a_missing_queue_exit_1(
@@ -247,6 +251,24 @@ def test_pause_create_skips_the_check(env: dict[str, str], q: echomq.Queue, qnam
     assert q.is_paused()
     # Now it exists (its meta key holds the pause): the plain command works.
     assert run("resume", qname, env=env).stdout == f"resumed {qname}\n"
+
+
+def test_events_say_when_they_are_off_and_enable_turns_them_on(
+    env: dict[str, str], q: echomq.Queue, qname: str
+) -> None:
+    q.enqueue(b"before")
+    off = run("events", qname, env=env)
+    assert off.returncode == 0 and off.stdout == ""
+    assert off.stderr == (
+        f"events are off for {qname}: `echomq events {qname} --enable` turns them on\n"
+    )
+    on = run("events", qname, "--enable", env=env)
+    assert (on.returncode, on.stdout) == (0, f"events on for {qname}\n")
+    jid = q.enqueue(b"after").id
+    shown = run("events", qname, env=env)
+    assert shown.stderr == "" and f" enqueued {jid}" in shown.stdout
+    assert run("events", qname, "--disable", env=env).stdout == f"events off for {qname}\n"
+    assert "events are off" in run("events", qname, env=env).stderr
 
 
 # --------------------------------------------------------------------------- 7. lanes

@@ -40,3 +40,38 @@ def test_frame_shows_sets_rates_lanes_and_leases(q: echomq.Queue) -> None:
     assert cells[7] == "1 (1 paused)"
     assert cells[8].startswith("lapsed")
     assert cells[10] == "running"
+
+
+def test_frame_fits_80_columns(q: echomq.Queue) -> None:
+    long = echomq.Queue(q.name + "-with-a-long-tail-" + "x" * 40, client=q.client)
+    for _ in range(1234):
+        q.enqueue(b"x")
+    long.enqueue(b"y", group="g")
+    x = SyncExecutor(q.client, retry_for=0)
+    frame = top.render("u", _inspect.snapshot(x, [q.name, long.name]), {}, 1.0, 80)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(frame)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    row = next(line for line in lines if line.startswith("│ " + q.name[:10]))
+    assert "1,234" in row and "running" in row  # the numbers are not cut
+    header = next(line for line in lines if "queue" in line)
+    assert "pend" in header and "oldest" in header and "state" in header
+
+
+def test_top_without_a_terminal_prints_one_frame_and_exits(url: str, q: echomq.Queue) -> None:
+    import subprocess
+    import sys
+
+    q.enqueue(b"x")
+    done = subprocess.run(
+        [sys.executable, "-m", "echomq", "--url", url, "top", q.name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert q.name[:10] in done.stdout and "pend" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80

@@ -331,20 +331,17 @@ def page(
         if key != k.pending:
             raise InvalidArgument("a lane can only be browsed in the pending state")
         key = k.lane(group)
-    if lexical:
-        # By reverse rank, as browse: waiting sets are scored by priority (not all 0).
-        rng: Call[Any] = _cmd(("ZRANGE", key, off, off + n - 1, "REV"), list)
+    # By rank, never by LIMIT offset: a skiplist finds a rank in O(log N), so the last page
+    # of a 1M-job set costs what the first does (BYLEX/BYSCORE LIMIT walks the offset).
+    args = ("ZRANGE", key, off, off + n - 1, "REV", "WITHSCORES")
+    total, items = (_raise(r) for r in x.pipeline([_cmd(("ZCARD", key), int), _cmd(args, list)]))
+    out: list[tuple[str, int | None]]
+    if items and isinstance(items[0], (list, tuple)):
+        pairs = [(_s(m), int(float(s))) for m, s in items]
     else:
-        args = ("ZRANGE", key, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", off, n, "WITHSCORES")
-        rng = _cmd(args, list)
-    total, items = (_raise(r) for r in x.pipeline([_cmd(("ZCARD", key), int), rng]))
-    out: list[tuple[str, int | None]] = []
-    if lexical:
-        out = [(_s(m), None) for m in items]
-    elif items and isinstance(items[0], (list, tuple)):
-        out = [(_s(m), int(float(s))) for m, s in items]
-    else:
-        out = [(_s(m), int(float(s))) for m, s in zip(items[::2], items[1::2], strict=True)]
+        pairs = [(_s(m), int(float(s))) for m, s in zip(items[::2], items[1::2], strict=True)]
+    # A waiting set is scored by priority, the dead set by 0: no time in their scores.
+    out = [(m, None if lexical else sc) for m, sc in pairs]
     return PageView("schedule" if state == "scheduled" else state, total, off, n, out)
 
 

@@ -26,7 +26,17 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import _connect, _envelope, _executor, _inspect, _native, _registry, ids, keyspace
+from echomq import (
+    _connect,
+    _console,
+    _envelope,
+    _executor,
+    _inspect,
+    _native,
+    _registry,
+    ids,
+    keyspace,
+)
 from echomq import _protocol as _p
 from echomq.app import App
 from echomq.errors import (
@@ -787,6 +797,8 @@ def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: fl
             keyspace.check_queue(name)
         except EchoMQError as exc:
             _fail(str(exc))
+    for name in queues:  # a typo is said, not shown as a row of zeros
+        _existing(ctx, name)
     with _errors(url):
         if not watch:
             console.print(_stats_view(url, list(queues), console.width))
@@ -857,13 +869,31 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
 )
 @click.option("-n", "count", default=20, show_default=True)
 @click.option("--group", help="Browse one lane (pending only).")
+@click.option("--ids", "ids_only", is_flag=True, help="Print the ids only, one a line.")
 @click.pass_context
-def browse(ctx: click.Context, queue: str, state: str, count: int, group: str | None) -> None:
-    """List job ids in a state (pending, active, scheduled, dead, completed: the rows a queue
-    keeps with keep_completed), newest first."""
-    q = _queue(ctx, queue)
-    for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
-        click.echo(job_id)
+def browse(
+    ctx: click.Context, queue: str, state: str, count: int, group: str | None, ids_only: bool
+) -> None:
+    """List the jobs in a state (pending, active, scheduled, dead, completed: the rows a
+    queue keeps with keep_completed), newest first: id, task, arguments, attempts, priority,
+    last error, age, and the run-at (scheduled), the finish time (completed) or the worker
+    holding it (active), the columns of the dashboard's lists."""
+    q = _existing(ctx, queue)
+    if ids_only:
+        for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
+            click.echo(job_id)
+        return
+
+    def read() -> tuple[int, list[_console.JobRow]]:
+        x = q._x
+        k = q._k
+        page = _inspect.page(x, k, state, 0, _p._int("count", count, 1, 1000), group)
+        now_ms = int(x.run(_p._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)))
+        return now_ms, _console.rows(x, k, page.items, page.state)
+
+    now_ms, rows = _run(ctx, read)
+    for line in _console.table(rows, "schedule" if state == "scheduled" else state, now_ms):
+        click.echo(line)
 
 
 def _show_value(value: str | bytes) -> str:
@@ -1234,7 +1264,7 @@ def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """Run the consistency checker; exits 1 when any violation is found."""
     bad = 0
     for name in queues:
-        q = _queue(ctx, name)
+        q = _existing(ctx, name)
         violations = _run(ctx, q.check)
         for line in violations:
             click.echo(f"{name}: {line}")
@@ -1482,10 +1512,36 @@ def metrics_command(
     "--after", default="0", show_default=True, help="Start after this stream id ($: new only)."
 )
 @click.option("-n", "count", default=100, show_default=True, help="Events per read.")
+@click.option("--enable", is_flag=True, help="Turn QUEUE's events on (kept: --maxlen).")
+@click.option("--disable", is_flag=True, help="Turn QUEUE's events off.")
+@click.option("--maxlen", default=10_000, show_default=True, help="Events kept (--enable), about.")
 @click.pass_context
-def events(ctx: click.Context, queue: str, follow: bool, after: str, count: int) -> None:
-    """Print QUEUE's lifecycle events (enable them with Queue.enable_events)."""
-    q = _queue(ctx, queue)
+def events(
+    ctx: click.Context,
+    queue: str,
+    follow: bool,
+    after: str,
+    count: int,
+    enable: bool,
+    disable: bool,
+    maxlen: int,
+) -> None:
+    """Print QUEUE's lifecycle events; --enable turns them on (they are off by default)."""
+    if enable and disable:
+        _fail("--enable or --disable, not both")
+    q = _existing(ctx, queue)
+    if enable or disable:
+        _run(ctx, (lambda: q.enable_events(maxlen)) if enable else q.disable_events)
+        click.echo(f"events {'on' if enable else 'off'} for {queue}")
+        return
+    meta = _p.Keys(queue).meta
+    bound = _run(ctx, lambda: q._x.run(_p._cmd(("HGET", meta, "events"), lambda r: r)))
+    if not bound:
+        # Said on stderr: stdout stays the (empty) list a script reads.
+        click.echo(
+            f"events are off for {queue}: `echomq events {queue} --enable` turns them on",
+            err=True,
+        )
 
     def show() -> None:
         last = after

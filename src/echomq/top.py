@@ -19,20 +19,19 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from echomq import _inspect
+from echomq import _console, _inspect
 from echomq._executor import SyncExecutor, sync_client
 
 __all__ = ["render", "run_top"]
 
 
 def _fmt_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+    return "-" if seconds is None else _console.human(seconds * 1000)
+
+
+# Below this many columns the frame drops the lanes and lease columns and shortens the
+# headers, so every row stays one line at 80 columns (a name longer than its share folds).
+NARROW = 120
 
 
 def render(
@@ -40,14 +39,29 @@ def render(
     views: Sequence[_inspect.QueueView],
     previous: dict[str, tuple[float, int, int]],
     now: float,
+    width: int | None = None,
 ) -> Group:
     """The frame for ``views``; ``previous`` holds each queue's last (time, completed,
-    failed) and is updated, so rates are per second between two frames."""
+    failed) and is updated, so rates are per second between two frames. ``width``: the
+    terminal's columns (narrower than :data:`NARROW`: the compact frame)."""
+    narrow = width is not None and width < NARROW
     table = Table(title=f"echomq top @ {url}", title_justify="left", expand=True)
-    for col in ("queue", "pending", "active", "sched", "dead", "done/s", "dead/s"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
-    for col in ("lanes", "lease health", "oldest wait", "state"):
-        table.add_column(col, justify="right")
+    heads: tuple[str, ...]
+    if narrow:
+        heads = ("queue", "pend", "act", "sched", "dead", "ok/s", "fail/s", "oldest", "state")
+    else:
+        heads = ("queue", "pending", "active", "sched", "dead", "done/s", "dead/s")
+    for col in heads:
+        table.add_column(
+            col,
+            justify="left" if col == "queue" else "right",
+            overflow="fold" if col == "queue" else "ellipsis",
+            no_wrap=col != "queue",
+            ratio=1 if col == "queue" else None,
+        )
+    if not narrow:
+        for col in ("lanes", "lease health", "oldest wait", "state"):
+            table.add_column(col, justify="right", no_wrap=True)
     for v in views:
         c = v.counts
         before = previous.get(v.name)
@@ -69,7 +83,7 @@ def render(
             lease = Text(f"lapsed {-headroom:.1f}s", style="bold red")
         else:
             lease = Text(f"{headroom:.1f}s", style="green")
-        table.add_row(
+        cells: list[Any] = [
             Text(v.name),
             f"{c.get('pending', 0):,}",
             f"{c.get('active', 0):,}",
@@ -77,17 +91,22 @@ def render(
             Text(f"{c.get('dead', 0):,}", style="red" if c.get("dead") else ""),
             rate,
             dead_rate,
-            lanes,
-            lease,
-            _fmt_age(v.oldest_waiting_age_s),
-            Text("paused", style="yellow") if v.paused else Text("running", style="dim"),
-        )
+        ]
+        if not narrow:
+            cells += [lanes, lease]
+        cells.append(_fmt_age(v.oldest_waiting_age_s))
+        cells.append(Text("paused", style="yellow") if v.paused else Text("running", style="dim"))
+        table.add_row(*cells)
     footer = Text(f"{len(views)} queue(s) · Ctrl-C quits", style="dim")
     return Group(table, footer)
 
 
-def run_top(url: str, queues: Sequence[str] = (), interval: float = 1.0) -> None:
-    """Refresh every ``interval`` seconds until Ctrl-C."""
+def run_top(
+    url: str, queues: Sequence[str] = (), interval: float = 1.0, console: Console | None = None
+) -> None:
+    """Refresh every ``interval`` seconds until Ctrl-C; without a terminal (a pipe, a cron
+    job, CI) print one frame and return, since a live view needs a screen to redraw."""
+    console = console or Console()
     client: Any = sync_client(url)
     x = SyncExecutor(client, retry_for=0)
     previous: dict[str, tuple[float, int, int]] = {}
@@ -100,11 +119,15 @@ def run_top(url: str, queues: Sequence[str] = (), interval: float = 1.0) -> None
         if not queues and now - found_at > 10:
             names = _inspect.discover(client)
             found_at = now
-        return render(url, _inspect.snapshot(x, names, minutes=0), previous, now)
+        views = _inspect.snapshot(x, names, minutes=0)
+        return render(url, views, previous, now, console.width)
 
     try:
+        if not console.is_terminal:
+            console.print(frame())
+            return
         with (
-            Live(frame(), console=Console(), refresh_per_second=4) as live,
+            Live(frame(), console=console, refresh_per_second=4) as live,
             contextlib.suppress(KeyboardInterrupt),
         ):
             while True:

@@ -10,15 +10,24 @@ Stable routes (bookmark and script them; every page has a JSON twin under ``/api
 
 ========================================  ==============================================
 ``GET /``                                  all queues: counts, throughput, paused
-``GET /queues/<queue>``                    lanes, the four sets (``?state=&offset=&lane=``),
-                                           search by id (``?id=``)
+``GET /queues/<queue>``                    lanes, a state's job list
+                                           (``?state=&lane=&offset=&per=``): task, arguments,
+                                           attempts, priority, last error, times, worker;
+                                           find (``?find=&by=id|task|error``)
 ``GET /queues/<queue>/jobs/<id>``          a job: row, payload, logs, progress, events
+``GET /queues/<queue>/workers``            the live workers of the queue (the registry)
+``GET /queues/<queue>/repeats``            the repeatable jobs: schedule, next fire
+``GET /queues/<queue>/flows``              flow parents with their children's states
+``GET /queues/<queue>/charts``             completed and failed per minute, depth, oldest waiting
 ``GET /metrics``                           the Prometheus exposition
+``GET /healthz``                           200 ``ok`` when the server answers, else 503
 ``POST /queues/<queue>/<action>``          pause, resume, drain, pause_lane, resume_lane,
-                                           limit_lane, weight_lane (form: ``lane``, ``value``)
-``POST /queues/<queue>/jobs/<id>/<action>``  reprocess, remove, retry (run a scheduled job now)
-``GET /api/queues``, ``/api/queues/<queue>``, ``/api/queues/<queue>/jobs/<id>``, and
-``POST /api/queues/...`` (the same actions, JSON answers)
+                                           limit_lane, weight_lane (form: ``lane``, ``value``),
+                                           retry_dead, delete_dead, selected (form: ``verb``
+                                           and one ``ids`` per job), unrepeat (form: ``name``)
+``POST /queues/<queue>/jobs/<id>/<action>``  reprocess, remove, retry (run a scheduled job now),
+                                           cancel (an active job)
+``GET /api/...`` twins of every page; ``POST /api/queues/...`` (the same actions, JSON)
 ========================================  ==============================================
 
 Actions need the token in ``ECHOMQ_DASHBOARD_TOKEN`` (without one the dashboard is read-only):
@@ -28,13 +37,16 @@ is a random id whose record lives on the server (``{emq}:session:<sha256 of the 
 "sign out" deletes it, so a copied cookie stops working too. An action is authenticated
 before its body is read, and a body over 64 KiB is refused with 413, from its
 ``Content-Length`` or, without one, once the capped read passes the bound.
-Destructive actions (remove, drain) ask for confirmation first. ``read_only=True`` hides every
+Destructive actions (remove, drain, cancel, delete_dead, unrepeat and a selection's remove or
+cancel) ask for confirmation first. ``read_only=True`` hides every
 action and refuses them. Every name and payload is escaped by the templates (autoescape).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -43,7 +55,8 @@ import secrets
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +68,19 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from echomq import _envelope, _inspect, ids, keyspace
+from echomq import _console, _envelope, _inspect, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq._connect import TRANSIENT
 from echomq._executor import SyncExecutor, sync_client
-from echomq.errors import EchoMQError, InvalidArgument, InvalidId, JobGone, StateError
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    InvalidId,
+    JobGone,
+    StateError,
+)
 
-__all__ = ["ACTIONS", "JOB_ACTIONS", "create_app"]
+__all__ = ["ACTIONS", "JOB_ACTIONS", "JobAction", "create_app"]
 
 HERE = Path(__file__).parent
 QUEUE_ACTIONS = (
@@ -72,10 +91,77 @@ QUEUE_ACTIONS = (
     "resume_lane",
     "limit_lane",
     "weight_lane",
+    "retry_dead",
+    "delete_dead",
+    "selected",
+    "unrepeat",
 )
-JOB_ACTIONS = ("reprocess", "remove", "retry")
+
+
+@dataclass(frozen=True)
+class JobAction:
+    """One action on one job: the verb it runs, the places it applies to (as ``job_state``
+    names them), its button, and whether it asks for confirmation first. The job page, the
+    list's row buttons and the selection's verbs are all drawn from :data:`JOB_TABLE`, so a
+    new verb is one entry here."""
+
+    name: str
+    label: str
+    places: tuple[str, ...]
+    destructive: bool
+    run: Callable[[Any, str, dict[str, str]], Any]
+    field: str | None = None  # a form input the verb reads (its name), shown beside the button
+
+
+def _priority(f: dict[str, str]) -> int:
+    raw = f.get("priority", "").strip()
+    if not raw.isdigit():
+        raise InvalidArgument(f"a priority is an int 0..2097152, got {raw[:40]!r}")
+    return int(raw)  # its range is the verb's to check (InvalidArgument past it)
+
+
+def _cancel(q: Any, job_id: str, _f: dict[str, str]) -> str:
+    outcome: str = q.cancel(job_id)
+    if outcome == "absent":
+        raise JobGone(job_id)
+    return outcome
+
+
+JOB_TABLE: dict[str, JobAction] = {
+    a.name: a
+    for a in (
+        JobAction(
+            "reprocess", "reprocess", ("dead", "completed"), False, lambda q, i, f: q.reprocess(i)
+        ),
+        JobAction("retry", "run now", ("scheduled",), False, lambda q, i, f: q.run_now(i)),
+        JobAction(
+            "change_priority",
+            "set priority",
+            ("pending", "scheduled"),
+            False,
+            lambda q, i, f: q.change_priority(i, _priority(f)),
+            field="priority",
+        ),
+        JobAction("cancel", "cancel", ("active",), True, _cancel),
+        JobAction(
+            "remove",
+            "remove",
+            ("pending", "scheduled", "dead", "active", "awaiting_children", "completed"),
+            True,
+            lambda q, i, f: q.remove(i),
+        ),
+    )
+}
+JOB_ACTIONS = tuple(JOB_TABLE)
+# The verbs a list's selection can apply (the names of `_console.bulk`).
+SELECTION = {"reprocess": "reprocess", "retry": "run_now", "cancel": "cancel", "remove": "remove"}
 ACTIONS = QUEUE_ACTIONS
-DESTRUCTIVE = {"drain", "remove"}
+DESTRUCTIVE = {"drain", "delete_dead", "unrepeat"} | {
+    a.name for a in JOB_TABLE.values() if a.destructive
+}
+# A list's page sizes; the states a list shows (the set names, "schedule" for scheduled).
+PAGE_SIZES = (10, 25, 50, 100, 200, 500)
+LIST_STATES = ("pending", "active", "schedule", "dead", "completed")
 _SESSION = "echomq_session"
 _CSRF = "echomq_csrf"
 _PAGE = 50
@@ -108,6 +194,10 @@ class _State:
         self._found: list[str] = []
         self._found_at = -1e18
         self._lock = threading.Lock()
+        # Depth and oldest-waiting history for the charts: the server keeps per-minute
+        # completions and failures (D16) but no depth history, so this process samples it
+        # whenever it reads a queue (its pages and their live refresh), one point a minute.
+        self.samples: dict[str, collections.OrderedDict[int, tuple[int, float | None]]] = {}
 
     def _session(self, sid: str) -> tuple[str, bytes] | None:
         """The server key of session id ``sid`` and the value it holds while signed in: an
@@ -158,6 +248,28 @@ class _State:
         with self._lock:
             self._found_at = -1e18
 
+    def exists(self, name: str) -> bool:
+        """Whether queue ``name`` is one to show: a configured one, or one with keys (the
+        discovery's cached list, else one EXISTS over the queue's own key types)."""
+        keyspace.check_queue(name)  # a malformed name is InvalidId (400) before any I/O
+        if self.fixed is not None:
+            return name in self.fixed
+        # One EXISTS first: the discovery SCAN walks the whole keyspace (a second or more
+        # on a 1M-job server), so a page of a live queue never waits for it.
+        keys = [keyspace.queue_key(name, t) for t in sorted(keyspace.QUEUE_TYPES)]
+        if int(self.client.execute_command("EXISTS", *keys)):
+            return True
+        return name in self.names()
+
+    def sample(self, view: _inspect.QueueView) -> None:
+        minute = view.now_ms // 60_000
+        depth = view.counts.get("pending", 0)
+        with self._lock:
+            points = self.samples.setdefault(view.name, collections.OrderedDict())
+            points[minute] = (depth, view.oldest_waiting_age_s)
+            while points and next(iter(points)) <= minute - 60:
+                points.popitem(last=False)
+
 
 def _sparkline(values: Sequence[int], width: int = 120, height: int = 24) -> Markup:
     """An inline SVG of per-minute counts (current minute at the right)."""
@@ -180,12 +292,61 @@ def _sparkline(values: Sequence[int], width: int = 120, height: int = 24) -> Mar
 def _ms(value: int | None, now_ms: int) -> str:
     if value is None:
         return ""
-    delta = (value - now_ms) / 1000
-    sign = "in " if delta >= 0 else ""
-    ago = "" if delta >= 0 else " ago"
-    d = abs(delta)
-    text = f"{d:.1f}s" if d < 120 else f"{d / 60:.1f}m" if d < 7200 else f"{d / 3600:.1f}h"
-    return f"{sign}{text}{ago}"
+    delta = value - now_ms
+    text = _console.human(delta)
+    return f"in {text}" if delta >= 0 else f"{text} ago"
+
+
+def _when(value: int | None, now_ms: int) -> Markup:
+    """A time as a person reads it ("3.2m ago", "in 4.0s"), the raw value on hover: the
+    UTC date and the unix ms. Only numbers and fixed words go into the markup."""
+    if value is None:
+        return Markup('<span class="muted">—</span>')
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
+    return Markup(
+        f'<time datetime="{stamp}Z" title="{stamp} UTC ({int(value)} unix ms)">'
+        f"{_ms(int(value), now_ms)}</time>"
+    )
+
+
+def _span(value: int | None, now_ms: int) -> Markup:
+    """How long since ``value`` (a run time, an age), the raw value on hover."""
+    if value is None:
+        return Markup('<span class="muted">—</span>')
+    text = _console.human(max(0, now_ms - value))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
+    return Markup(f'<time title="since {stamp} UTC ({int(value)} unix ms)">{text}</time>')
+
+
+def _thousands(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _bars(
+    values: Sequence[float | None], *, width: int = 720, height: int = 120, cls: str = "bars"
+) -> Markup:
+    """A bar chart of ``values`` (oldest at the left), each bar titled with its value, the
+    maximum labelled: server-rendered SVG, readable without JavaScript. Only numbers go
+    into the markup."""
+    n = max(1, len(values))
+    top = max((v for v in values if v is not None), default=0) or 1
+    step = width / n
+    bars = []
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        h = (v / top) * (height - 16)
+        label = f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+        bars.append(
+            f'<rect x="{i * step + 1:.1f}" y="{height - h:.1f}" width="{max(1.0, step - 2):.1f}" '
+            f'height="{h:.1f}"><title>{n - i - 1} min ago: {label}</title></rect>'
+        )
+    top_label = f"{top:,.1f}" if isinstance(top, float) else f"{top:,}"
+    return Markup(
+        f'<svg class="{cls}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img"><text x="2" y="11" class="axis">max {top_label}</text>{"".join(bars)}'
+        f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" class="axis"/></svg>'
+    )
 
 
 def _id_time(job_id: str) -> int | None:
@@ -203,6 +364,10 @@ def _env() -> Environment:
     env.globals["sparkline"] = _sparkline
     env.filters["rel"] = _ms
     env.globals["id_time"] = _id_time
+    env.globals["when"] = _when
+    env.globals["span"] = _span
+    env.globals["bars"] = _bars
+    env.filters["n"] = _thousands
     return env
 
 
@@ -233,7 +398,18 @@ class _TooLarge(Exception):
     """A request body over :data:`MAX_FORM`."""
 
 
-async def _form(request: Request) -> dict[str, str]:
+class _Fields(dict[str, str]):
+    """A form's fields (the last value of each) and every value of a repeated one."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+
+    def every(self, name: str) -> list[str]:
+        return [v for k, v in self.pairs if k == name]
+
+
+async def _form(request: Request) -> _Fields:
     """The urlencoded form of a POST (the only kind the pages send; no multipart parser
     needed). A body over :data:`MAX_FORM` is not a form of ours: refused (``_TooLarge``) from
     its ``Content-Length`` before a byte is read, or, chunked, once the read passes the
@@ -253,7 +429,7 @@ async def _form(request: Request) -> dict[str, str]:
         chunks.append(chunk)
     body = b"".join(chunks)
     pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-    return dict(pairs)
+    return _Fields(pairs)
 
 
 def create_app(
@@ -293,6 +469,7 @@ def create_app(
 
     def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         csrf = request.cookies.get(_CSRF) or secrets.token_urlsafe(24)
+        ctx.setdefault("now_ms", int(time.time() * 1000))
         ctx.update(
             base=request.scope.get("root_path", ""),
             actions=st.actions,
@@ -310,7 +487,10 @@ def create_app(
         return response
 
     def _signed_in(request: Request) -> bool:
-        return st.signed_in(request.cookies.get(_SESSION))
+        try:
+            return st.signed_in(request.cookies.get(_SESSION))
+        except TRANSIENT:
+            return False  # the server is down: the page (an error page) renders signed out
 
     def _bearer(request: Request) -> bool:
         auth = request.headers.get("authorization", "")
@@ -336,28 +516,72 @@ def create_app(
     def api_overview(request: Request) -> Response:
         return JSONResponse({"queues": [v.as_dict() for v in overview_data()]})
 
+    def _queue_name(request: Request) -> str:
+        """The path's queue, known to exist: a malformed name is a 400, an unknown one 404."""
+        name: str = request.path_params["queue"]
+        if not st.exists(name):
+            raise _NoSuchQueue(name)
+        return name
+
+    def _int_param(request: Request, name: str, default: int) -> int:
+        raw = request.query_params.get(name)
+        if raw is None or raw == "":
+            return default
+        if not raw.strip().isdigit() or len(raw) > 12:
+            raise InvalidArgument(f"{name} must be a non-negative int, got {raw[:40]!r}")
+        return int(raw)
+
+    def _serializer() -> Any:
+        return getattr(st.app, "serializer", None)
+
     def queue_data(request: Request) -> dict[str, Any]:
-        name = request.path_params["queue"]
+        name = _queue_name(request)
         k = _p.Keys(name)
         q = request.query_params
         state = q.get("state", "pending")
+        if state == "scheduled":
+            state = "schedule"
+        if state not in LIST_STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(LIST_STATES)}, got {state!r}")
         lane = q.get("lane") or None
-        try:
-            offset = int(q.get("offset", "0"))
-        except ValueError:
-            raise InvalidArgument("offset must be an int") from None
+        per = _int_param(request, "per", _PAGE)
+        if per not in PAGE_SIZES:
+            raise InvalidArgument(f"per must be one of {', '.join(map(str, PAGE_SIZES))}")
+        offset = _int_param(request, "offset", 0)
         view = _inspect.snapshot(st.x, [name], lanes=True, minutes=30)[0]
-        page = _inspect.page(st.x, k, state, offset, _PAGE, lane)
+        st.sample(view)
+        page = _inspect.page(st.x, k, state, offset, per, lane)
+        if page.total and offset >= page.total:
+            raise _PastTheEnd(f"offset {offset:,} is past the last job ({page.total:,})")
+        rows = _console.rows(st.x, k, page.items, state, serializer=_serializer())
         found = None
-        wanted = q.get("id")
+        wanted = (q.get("find") or "").strip()
         if wanted:
-            k.job(wanted.strip())  # a malformed id is InvalidId
-            found = st.x.run(_p.job_state(k, wanted.strip()))
-        return {"view": view, "page": page, "lane": lane, "search": wanted, "found": found}
+            by = q.get("by") or "id"
+            found = _console.find(st.x, k, state, by, wanted, serializer=_serializer(), group=lane)
+        place = None
+        exact = (q.get("id") or "").strip()
+        if exact:  # one whole id, in whatever state it is
+            k.job(exact)  # a malformed id is InvalidId
+            place = st.x.run(_p.job_state(k, exact))
+        last = max(0, (page.total - 1) // per * per)
+        return {
+            "view": view,
+            "page": page,
+            "rows": rows,
+            "lane": lane,
+            "per": per,
+            "last_offset": last,
+            "search": wanted,
+            "by": q.get("by") or "id",
+            "found": found,
+            "exact": exact,
+            "place": place,
+        }
 
     def queue_page(request: Request) -> Response:
         data = queue_data(request)
-        return render(request, "queue.html", **data)
+        return render(request, "queue.html", **data, job_table=JOB_TABLE, selection=SELECTION)
 
     def api_queue(request: Request) -> Response:
         data = queue_data(request)
@@ -365,14 +589,108 @@ def create_app(
             {
                 **data["view"].as_dict(),
                 "page": data["page"].as_dict(),
+                "rows": [r.as_dict() for r in data["rows"]],
                 "lane": data["lane"],
-                "search": data["search"],
-                "found": data["found"],
+                "search": data["exact"] or None,
+                "found": data["place"],
+                "find": data["found"].as_dict() if data["found"] else None,
             }
         )
 
+    def workers_data(request: Request) -> dict[str, Any]:
+        name = _queue_name(request)
+        found = st.x.run(_registry.list_workers(_p.Keys(name)))
+        now = st.x.run(_cmd_time())
+        return {"queue": name, "workers": found, "now_ms": now}
+
+    def workers_page(request: Request) -> Response:
+        return render(request, "workers.html", **workers_data(request))
+
+    def api_workers(request: Request) -> Response:
+        data = workers_data(request)
+        shown = [dataclasses.asdict(w) for w in data["workers"]]
+        return JSONResponse({"queue": data["queue"], "workers": shown})
+
+    def repeats_data(request: Request) -> dict[str, Any]:
+        from echomq import _compose
+
+        name = _queue_name(request)
+        found = st.x.run(_compose.repeats(_p.Keys(name)))
+        return {"queue": name, "repeats": found, "now_ms": st.x.run(_cmd_time())}
+
+    def repeats_page(request: Request) -> Response:
+        return render(request, "repeats.html", **repeats_data(request))
+
+    def api_repeats(request: Request) -> Response:
+        data = repeats_data(request)
+        shown = [dataclasses.asdict(r) for r in data["repeats"]]
+        return JSONResponse({"queue": data["queue"], "repeats": shown})
+
+    def flows_data(request: Request) -> dict[str, Any]:
+        name = _queue_name(request)
+        view = _console.flows(st.x, st.client, _p.Keys(name), serializer=_serializer())
+        return {"queue": name, "flows": view}
+
+    def flows_page(request: Request) -> Response:
+        return render(request, "flows.html", **flows_data(request))
+
+    def api_flows(request: Request) -> Response:
+        v = flows_data(request)["flows"]
+        return JSONResponse(
+            {
+                "parents": [p.as_dict() for p in v.parents],
+                "scanned": v.scanned,
+                "keyspace": v.keyspace,
+                "complete": v.complete,
+            }
+        )
+
+    def charts_data(request: Request) -> dict[str, Any]:
+        name = _queue_name(request)
+        view = _inspect.snapshot(st.x, [name], lanes=True, minutes=60)[0]
+        st.sample(view)
+        minute = view.now_ms // 60_000
+        with st._lock:
+            points = dict(st.samples.get(name, {}))
+        depth = [points[m][0] if m in points else None for m in range(minute - 59, minute + 1)]
+        oldest = [points[m][1] if m in points else None for m in range(minute - 59, minute + 1)]
+        return {
+            "view": view,
+            "completed": list(reversed(view.completed)),
+            "failed": list(reversed(view.failed)),
+            "depth": depth,
+            "oldest": oldest,
+        }
+
+    def charts_page(request: Request) -> Response:
+        return render(request, "charts.html", **charts_data(request))
+
+    def api_charts(request: Request) -> Response:
+        data = charts_data(request)
+        return JSONResponse(
+            {
+                "queue": data["view"].name,
+                "completed_per_minute": data["completed"],
+                "failed_per_minute": data["failed"],
+                "depth": data["depth"],
+                "oldest_waiting_s": data["oldest"],
+            }
+        )
+
+    def healthz(request: Request) -> Response:
+        try:
+            st.client.ping()
+        except Exception as exc:  # every failure to answer is "unreachable" here
+            return Response(
+                f"unreachable: {type(exc).__name__}: {exc}\n",
+                status_code=503,
+                media_type="text/plain",
+                headers={"Retry-After": "2"},
+            )
+        return Response("ok\n", media_type="text/plain")
+
     def job_data(request: Request) -> tuple[_inspect.JobView, Any]:
-        k = _p.Keys(request.path_params["queue"])
+        k = _p.Keys(_queue_name(request))
         view = _inspect.job_view(st.x, k, request.path_params["id"])
         payload = _decode_payload(st.app, view.row.get("payload") if view.row else None)
         return view, payload
@@ -380,7 +698,7 @@ def create_app(
     def job_page(request: Request) -> Response:
         view, payload = job_data(request)
         shown = payload if isinstance(payload, str) else json.dumps(payload, indent=2, default=repr)
-        return render(request, "job.html", job=view, payload=shown)
+        return render(request, "job.html", job=view, payload=shown, job_table=JOB_TABLE)
 
     def api_job(request: Request) -> Response:
         view, payload = job_data(request)
@@ -417,15 +735,20 @@ def create_app(
         given = str(form.get("token", ""))
         if not st.token or not hmac.compare_digest(given.encode(), st.token.encode()):
             return render(request, "login.html", status=403, failed=True)
+        try:
+            sid = st.sign_in()
+        except TRANSIENT as exc:
+            return _unreachable(request, exc, False)
         response = RedirectResponse(base + "/", status_code=303)
-        response.set_cookie(
-            _SESSION, st.sign_in(), httponly=True, samesite="strict", secure=_https(request)
-        )
+        response.set_cookie(_SESSION, sid, httponly=True, samesite="strict", secure=_https(request))
         return response
 
     async def logout(request: Request) -> Response:
         # Revoked on the server: the cookie (or a copy of it) signs nobody in any more.
-        st.sign_out(request.cookies.get(_SESSION))
+        try:
+            st.sign_out(request.cookies.get(_SESSION))
+        except TRANSIENT as exc:
+            return _unreachable(request, exc, False)
         response = RedirectResponse(request.scope.get("root_path", "") + "/", status_code=303)
         response.delete_cookie(_SESSION)
         return response
@@ -465,7 +788,11 @@ def create_app(
                 request, 403, "the form's CSRF token does not match: reload and retry", api
             )
         fields = {k: str(v) for k, v in form.items()}
-        if action in DESTRUCTIVE and fields.get("confirm") != "yes":
+        selected = form.every("ids")
+        destructive = action in DESTRUCTIVE or (
+            action == "selected" and fields.get("verb") in ("remove", "cancel")
+        )
+        if destructive and fields.get("confirm") != "yes":
             if api:
                 return error(request, 409, f"{action} is destructive: send confirm=yes", api)
             return render(
@@ -474,40 +801,59 @@ def create_app(
                 queue=queue,
                 job_id=job_id,
                 action=action,
-                fields={k: v for k, v in fields.items() if k not in ("csrf", "confirm")},
+                fields={k: v for k, v in fields.items() if k not in ("csrf", "confirm", "ids")},
+                selected=selected,
             )
         try:
-            _p.Keys(queue)
-            result = _perform(queue, job_id, action, fields)
+            if not st.exists(queue):
+                return error(request, 404, f"no such queue: {queue!r}", api)
+            result = _perform(queue, job_id, action, fields, selected)
         except (InvalidId, InvalidArgument) as exc:
             return error(request, 400, str(exc), api)
         except JobGone as exc:
             return error(request, 404, f"no such job: {exc}", api)
         except StateError as exc:
             return error(request, 409, str(exc), api)
+        except TRANSIENT as exc:
+            return _unreachable(request, exc, api)
         st.forget()
         if api:
             return JSONResponse({"ok": True, "action": action, "result": result})
         base = request.scope.get("root_path", "")
         target = f"{base}/queues/{queue}" + (f"/jobs/{job_id}" if job_id else "")
-        if action == "remove":
-            target = f"{base}/queues/{queue}"
+        if action in {"remove", "selected"} or action.endswith("_dead"):
+            back = fields.get("back", "")
+            # Only a path of this dashboard's queue page: never an open redirect.
+            target = f"{base}/queues/{queue}" + (back if back.startswith("?") else "")
+        elif action == "unrepeat":
+            target = f"{base}/queues/{queue}/repeats"
         return RedirectResponse(target, status_code=303)
 
-    def _perform(queue: str, job_id: str | None, action: str, f: dict[str, str]) -> Any:
+    def _perform(
+        queue: str, job_id: str | None, action: str, f: dict[str, str], selected: list[str]
+    ) -> Any:
         from echomq.queue import Queue
 
         q = Queue(queue, client=st.client, retry_for=0)
         if job_id is not None:
-            if action == "reprocess":
-                q.reprocess(job_id)
-            elif action == "remove":
-                q.remove(job_id)
-            else:  # retry: a scheduled job runs now, in one script
-                q.run_now(job_id)
-                return 1
-            return None
+            q._k.job(job_id)  # a malformed id is InvalidId (400) before the verb runs
+            return JOB_TABLE[action].run(q, job_id, f)
         lane = f.get("lane") or None
+        if action == "retry_dead":
+            return q.reprocess_all("dead")
+        if action == "delete_dead":
+            return _console.bulk(q, "remove")
+        if action == "selected":
+            verb = f.get("verb", "")
+            if verb not in SELECTION:
+                raise InvalidArgument(f"a selection's verb is one of {', '.join(SELECTION)}")
+            if not selected or len(selected) > 1000:
+                raise InvalidArgument("select 1 to 1000 jobs")
+            for one in selected:
+                q._k.job(one)  # every id checked before the first one moves
+            return _console.bulk(q, SELECTION[verb], selected)
+        if action == "unrepeat":
+            return q.unrepeat(f.get("name", ""))
         if action == "pause":
             q.pause_lane(lane) if lane else q.pause()
         elif action == "resume":
@@ -545,26 +891,43 @@ def create_app(
                 return response
             except (InvalidId, InvalidArgument) as exc:
                 return error(request, 400, str(exc), api)
+            except _NoSuchQueue as exc:
+                return error(request, 404, str(exc), api)
+            except _PastTheEnd as exc:
+                return error(request, 404, str(exc), api)
             except TRANSIENT as exc:
-                # A read that did not get through in time (a failover longer than the
-                # overview waits, a server down): unavailable for now, not a server bug.
-                st.x.follow()
-                response = error(request, 503, f"the server is unreachable for now: {exc}", api)
-                response.headers["Retry-After"] = "2"
-                return response
+                return _unreachable(request, exc, api)
             except EchoMQError as exc:
                 return error(request, 500, str(exc), api)
 
         return endpoint
 
+    def _unreachable(request: Request, exc: BaseException, api: bool) -> Response:
+        # A read that did not get through in time (a failover longer than the overview
+        # waits, a server down): unavailable for now, not a server bug, never a traceback.
+        with contextlib.suppress(Exception):
+            st.x.follow()
+        response = error(request, 503, f"the server is unreachable for now: {exc}", api)
+        response.headers["Retry-After"] = "2"
+        return response
+
     routes = [
         Route("/", guard(overview, False)),
         Route("/api/queues", guard(api_overview, True)),
         Route("/metrics", guard(metrics, True)),
+        Route("/healthz", healthz),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/queues/{queue}", guard(queue_page, False)),
         Route("/api/queues/{queue}", guard(api_queue, True)),
+        Route("/queues/{queue}/workers", guard(workers_page, False)),
+        Route("/api/queues/{queue}/workers", guard(api_workers, True)),
+        Route("/queues/{queue}/repeats", guard(repeats_page, False)),
+        Route("/api/queues/{queue}/repeats", guard(api_repeats, True)),
+        Route("/queues/{queue}/flows", guard(flows_page, False)),
+        Route("/api/queues/{queue}/flows", guard(api_flows, True)),
+        Route("/queues/{queue}/charts", guard(charts_page, False)),
+        Route("/api/queues/{queue}/charts", guard(api_charts, True)),
         Route("/queues/{queue}/jobs/{id}", guard(job_page, False)),
         Route("/api/queues/{queue}/jobs/{id}", guard(api_job, True)),
         Route("/queues/{queue}/jobs/{id}/{action}", act, methods=["POST"]),
@@ -585,6 +948,19 @@ def create_app(
     web = Starlette(routes=routes, lifespan=lifespan)
     web.state.dashboard = st
     return web
+
+
+class _NoSuchQueue(EchoMQError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no such queue: {name!r}")
+
+
+class _PastTheEnd(EchoMQError):
+    """A page past the last one (a huge offset): 404, not an empty page."""
+
+
+def _cmd_time() -> Any:
+    return _p._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)
 
 
 class _Static:

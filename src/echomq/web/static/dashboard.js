@@ -11,7 +11,8 @@
   var busy = false;
 
   function set(el, value) {
-    var text = String(value);
+    // Counts as the server renders them: with thousands separators.
+    var text = typeof value === "number" ? value.toLocaleString("en-US") : String(value);
     if (el.textContent !== text) el.textContent = text;
   }
 
