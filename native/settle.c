@@ -206,7 +206,12 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
                 }
             }
             emq_flow_child_done(e, id, &flow, result);
-            if (flow.children.p) emq_flow_forget(e, jk);
+            if (flow.children.p) {
+                /* A parent's row goes now with its flow keys, not with the batch's DELs: a
+                 * child of it later in this batch must find it gone (settle.lua, F14). */
+                emq_flow_forget(e, jk);
+                emq_del(e, 1, jk);
+            }
         }
         rows[nrows++] = jk;
         rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":logs"));

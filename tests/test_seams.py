@@ -392,3 +392,25 @@ def test_a_sweep_that_releases_a_parent_keeps_the_flat_set_served(
     assert q.check() == []
     got = {j.id for j in q.claim_batch(5, lease_ms=1000)}
     assert got == {a, added.parent_id}
+
+
+@pytest.mark.parametrize("verb", ["settle", "complete_many"])
+def test_a_batch_that_completes_a_parent_then_its_child_leaves_no_orphan(
+    q: echomq.Queue, r: redis.Redis, verb: str
+) -> None:
+    # The model's F14: a batch completion deletes its rows at its end, so a child completed
+    # after its parent in the same batch still found the parent's row (its flow keys already
+    # forgotten) and wrote a fresh processed record and deps = -1 under the gone parent.
+    added = q.add_flow(FlowJob(b"p", children=[FlowJob(b"c", fail_parent=False)]))
+    pid, (cid,) = added.parent_id, added.child_ids
+    die(q, claim_id(q, cid))  # ignored: counted, the parent is released
+    parent = claim_id(q, pid)
+    q.reprocess(cid)
+    child = claim_id(q, cid)
+    pairs = [(parent.id, parent.token), (child.id, child.token)]
+    if verb == "settle":
+        assert q.settle(completed=pairs).completed == [None, None]
+    else:
+        assert q.complete_many(pairs) == []
+    assert r.keys(K(q.name, f"job:{pid}*")) == []
+    assert q.check() == []

@@ -104,7 +104,13 @@ local function complete_many(base, args, i, count, results, now)
       if row[7] or row[9] then
         local flow = flow_of(row)  -- D18 (include/compose.lua)
         flow_child_done(base, id, flow, (results and results[id]) or '')
-        if flow[3] then flow_forget(jk) end
+        if flow[3] then
+          -- A parent's row goes now with its flow keys, not with the batch's DELs: a child of
+          -- it settled later in this batch must find it gone, as after a complete of its own
+          -- (else it records into the forgotten keys: an orphan deps = -1, the model's F14).
+          flow_forget(jk)
+          rcall('DEL', jk)
+        end
       end
       rows[#rows + 1] = jk
       rows[#rows + 1] = jk .. ':logs'
