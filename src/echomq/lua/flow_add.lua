@@ -4,7 +4,11 @@
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base)
   ARGV[1] base            emq:{q}:
   ARGV[2] n               nodes, parents before their children
-  ARGV[3..] nodes         7 each: id, payload, group ('' flat), parent id ('' for the root),
+  ARGV[3] mark            the flow's mark, minted by the client once per add_flow (every call
+                          of a cross-queue tree gets the same): row field `flow` on every
+                          node, so a child counts only toward the parent incarnation it was
+                          added with, never a later flow under a re-used parent id
+  ARGV[4..] nodes         7 each: id, payload, group ('' flat), parent id ('' for the root),
                           policy ('fp' fail the parent | 'id' ignore), child count, the
                           parent's queue when it is another one (else '')
   A cross-queue flow is several calls, parents first (one per queue and depth): a call that
@@ -16,9 +20,9 @@
 --@include admit
 --@include control
 --@include compose
-local base, n = ARGV[1], tonumber(ARGV[2])
+local base, n, mark = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 for i = 0, n - 1 do
-  local id = ARGV[3 + 7 * i]
+  local id = ARGV[4 + 7 * i]
   if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply('EMQKIND job id must be JOB-namespaced') end
   if rcall('EXISTS', base .. 'job:' .. id) == 1 then
     return redis.error_reply('EMQSTATE exists ' .. id)
@@ -27,7 +31,7 @@ end
 local now = now_ms()
 local added = tally()
 for i = 0, n - 1 do
-  local at = 3 + 7 * i
+  local at = 4 + 7 * i
   local id, payload, g, parent, policy = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
   local kids, pq = tonumber(ARGV[at + 5]), ARGV[at + 6]
   if g == '' then g = false end
@@ -39,14 +43,14 @@ for i = 0, n - 1 do
     if attempts ~= '0' then fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts end
     rcall('HSET', jk, unpack(fields))
     if attempts ~= '0' then unretire(base, id) end
-    rcall('HSET', jk, 'children', kids)
+    rcall('HSET', jk, 'children', kids, 'flow', mark)
     rcall('SET', jk .. ':deps', kids)
   else
     admit(base, id, payload, g, nil, now)
     local key = g or FLAT
     tally_add(added, key, 1)
   end
-  if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy) end
+  if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy, 'flow', mark) end
   if pq ~= '' then rcall('HSET', jk, 'parent_queue', pq) end
 end
 touch_all(base, added)
