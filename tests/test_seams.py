@@ -489,3 +489,24 @@ def test_a_flow_written_before_marks_still_counts(q: echomq.Queue, r: redis.Redi
     assert q.pump() == 1
     assert q.job_state(pid) == "pending"
     assert q.children_values(pid) == {a: b"a", b: b"b"}
+
+
+def test_a_parent_id_readmitted_by_add_flow_does_not_read_the_old_result(
+    q: echomq.Queue,
+) -> None:
+    # Found by the model's deep run once add_flow could re-use a gone root's id: flow_add
+    # wrote an inner node without the admission's cleanup, so the new parent's waiter read
+    # the old incarnation's kept result.
+    pid = ids.mint()
+    q.add_flow(FlowJob(b"p1", id=pid, children=[FlowJob(b"c")]))
+    child = q.claim(lease_ms=10_000)
+    assert child is not None
+    q.complete(child.id, child.token)
+    job = claim_id(q, pid)
+    q.complete(job.id, job.token, result=b"old", keep_result_ms=60_000)
+    assert q.result(pid) is not None
+    q.add_flow(FlowJob(b"p2", id=pid, children=[FlowJob(b"c2")]))
+    assert q.result(pid) is None
+    with pytest.raises(TimeoutError):
+        q.wait(pid, timeout_s=0)
+    assert q.check() == []

@@ -43,6 +43,9 @@ for i = 0, n - 1 do
     if attempts ~= '0' then fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts end
     rcall('HSET', jk, unpack(fields))
     if attempts ~= '0' then unretire(base, id) end
+    -- A new incarnation, as admit() does for a leaf: an earlier one's kept outcome and wake
+    -- token under a re-used id must not answer this parent's waiters (PROTOCOL §2.4).
+    rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)
     rcall('HSET', jk, 'children', kids, 'flow', mark)
     rcall('SET', jk .. ':deps', kids)
   else
