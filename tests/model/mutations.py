@@ -28,6 +28,8 @@ with PYTHONPATH=<scratch>/src (so ``echomq`` and the native module built from
 2. the random machine alone (``-k machine``: every leg, no fixed scenario), so the report
    shows whether hypothesis finds the bug by itself within the CI budget, and the sequence
    it printed (shrunk; ``--no-shrink`` reports the first failing sequence unshrunk, faster).
+   ``--file-only`` skips this run and reads the machine legs' verdict and sequence from the
+   first (on a loaded machine, half the time).
 
 The report is a table (seam, mutation, model file, machine alone, time) and, per seam, the
 failed tests and the machine's sequence. Exit status 1 when a mutant survives (the model
@@ -241,6 +243,7 @@ def run_seam(
     shrink: bool,
     baseline: set[str],
     waive: str = "",
+    file_only: bool = False,
 ) -> Outcome:
     out = Outcome(seam, commits)
     start = time.monotonic()
@@ -274,8 +277,14 @@ def run_seam(
         out.file_failed = bool(set(out.failed_tests) - baseline) or (
             code != 0 and not out.failed_tests
         )
-        code, text = pytest(scratch, python, "machine", shrink, waive)
-        out.machine_failed = code != 0
+        if file_only:
+            # The machine legs ran inside the file run: their verdict and sequence are read
+            # from it (half the time; no verdict free of the fixed scenarios).
+            legs = [t for t in out.failed_tests if "test_machine" in t]
+            out.machine_failed = bool(set(legs) - baseline)
+        else:
+            code, text = pytest(scratch, python, "machine", shrink, waive)
+            out.machine_failed = code != 0
         out.message, out.sequence = first_failure(text)
     out.seconds = time.monotonic() - start
     return out
@@ -313,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-shrink", action="store_true", help="report unshrunk sequences")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument(
+        "--file-only",
+        action="store_true",
+        help="one run per seam (the model file); the machine legs' verdict and sequence are "
+        "read from it instead of a second, machine-only run",
+    )
+    ap.add_argument(
         "--waive",
         default="",
         help="ECHOMQ_MODEL_WAIVE for every run: look past an open finding of the base "
@@ -331,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     only = [s for s in args.only.split(",") if s] or [s for s in SEAMS if s != "base"]
     print("base: the model file without any mutation ...", flush=True)
     shrink = not args.no_shrink
-    base_out = run_seam(repo, base, "base", [], args.python, shrink, set(), args.waive)
+    base_out = run_seam(
+        repo, base, "base", [], args.python, shrink, set(), args.waive, args.file_only
+    )
     baseline = set(base_out.failed_tests)
     if baseline:
         print(f"note: on the base these already fail (not counted as catches): {sorted(baseline)}")
@@ -344,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         how = f"reverting {[c[:10] for c in commits]}" if commits else "built-in patch"
         print(f"seam {seam}: {how} ...", flush=True)
         outcomes.append(
-            run_seam(repo, base, seam, commits, args.python, shrink, baseline, args.waive)
+            run_seam(
+                repo, base, seam, commits, args.python, shrink, baseline, args.waive, args.file_only
+            )
         )
     print(report(outcomes))
     if base_out.machine_failed:
