@@ -129,7 +129,8 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "native/flow.c",
             "    if (!flow_parent_row(e, pk, mark)) return;\n"
             "    int before = flow_recorded(e, pk, id);",
-            "    int before = flow_recorded(e, pk, id);",
+            # (void): the build has -Werror, and mark is then unused.
+            "    (void)mark;\n    int before = flow_recorded(e, pk, id);",
         ),
     ],
     "reap-dedup": [
