@@ -876,7 +876,7 @@ int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_s
               const char **err) {
     static const char *fields[EMQ_ROW_WIDE] = {"attempts", "state",  "group",         "lease_epoch",
                                                "floor",    "dedup",  "parent",        "parent_policy",
-                                               "children", "parent_queue"};
+                                               "children", "parent_queue", "flow"};
     *err = NULL;
     if (!emq_hmget(e, jk, wide ? EMQ_ROW_WIDE : EMQ_ROW, fields, row) || !row[0].p)
         return EMQ_FENCE_GONE;

@@ -144,14 +144,14 @@ void emq_emit_in(emq *e, const char *event, emq_sv id, emq_sv g, int nextra,
 void emq_bump_metrics(emq *e, const char *kind, long long n, long long now);
 
 /* ---- fence.lua ---- row = {attempts, state, group, lease_epoch, floor}; wide adds
- * {dedup, parent, parent_policy, children, parent_queue} (row[5..9]) for the finishing
+ * {dedup, parent, parent_policy, children, parent_queue, flow} (row[5..10]) for the finishing
  * settles, so they read the row once (fence(..., wide) in the Lua). row must hold
  * EMQ_ROW_WIDE entries when wide. */
 #define EMQ_FENCE_GONE 0
 #define EMQ_FENCE_OK 1
 #define EMQ_FENCE_STALE 2
 #define EMQ_ROW 5
-#define EMQ_ROW_WIDE 10
+#define EMQ_ROW_WIDE 11
 int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_sv *row,
               const char **err);
 long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]);

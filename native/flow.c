@@ -7,17 +7,19 @@
 
 #include <string.h>
 
-static const char *FLOW_FIELDS[4] = {"parent", "parent_policy", "children", "parent_queue"};
+static const char *FLOW_FIELDS[5] = {"parent", "parent_policy", "children", "parent_queue",
+                                     "flow"};
 
 int emq_flow_parent(emq *e, emq_sv jk, emq_flow *f) {
-    emq_sv v[4];
+    emq_sv v[5];
     /* hmget (pcall): a planted non-hash row is "no flow", it fails nothing. */
-    if (!emq_hmget(e, jk, 4, FLOW_FIELDS, v)) return 0;
+    if (!emq_hmget(e, jk, 5, FLOW_FIELDS, v)) return 0;
     if (!v[0].p && !v[2].p) return 0;
     f->parent = v[0];
     f->policy = v[1];
     f->children = v[2];
     f->parent_queue = v[3];
+    f->mark = v[4];
     return 1;
 }
 
@@ -27,6 +29,7 @@ int emq_flow_of(const emq_sv *row, emq_flow *f) {
     f->policy = row[7];
     f->children = row[8];
     f->parent_queue = row[9];
+    f->mark = row[10];
     return 1;
 }
 
@@ -35,11 +38,13 @@ static int cross_queue(const emq_flow *f) { return f->parent_queue.p && f->paren
 /* The entry layouts are in compose.lua (flow_outbox); NUL separates the fields. */
 static void flow_outbox(emq *e, const emq_flow *f, emq_sv id, int done, emq_sv value) {
     emq_sv nul = {"\0", 1}, entry;
+    /* The parent's id, then ':' and the child's flow mark when it has one. */
+    emq_sv parent = f->mark.p ? emq_cat(e, 3, f->parent, EMQ_LIT(":"), f->mark) : f->parent;
     if (done) {
-        entry = emq_cat(e, 7, f->parent_queue, nul, f->parent, nul, id, nul, value);
+        entry = emq_cat(e, 7, f->parent_queue, nul, parent, nul, id, nul, value);
     } else {
         emq_sv policy = f->policy.p ? f->policy : EMQ_LIT("fp");
-        entry = emq_cat(e, 11, (emq_sv){"\0fail\0", 6}, f->parent_queue, nul, f->parent, nul,
+        entry = emq_cat(e, 11, (emq_sv){"\0fail\0", 6}, f->parent_queue, nul, parent, nul,
                         id, nul, policy, nul, value, EMQ_LIT(""));
     }
     emq_call(e, "RPUSH", 2, emq_key(e, "flow:outbox"), entry);
@@ -59,12 +64,15 @@ static void flow_release(emq *e, emq_sv pid) {
 
 static const char *FLOW_HASHES[3] = {":processed", ":unsuccessful", ":failed"};
 
-/* flow_parent_row (compose.lua): a flow parent's row (it has `children`); gone or an unrelated
- * job admitted under the id since takes nothing from an old child. A non-hash is not one. */
-static int flow_parent_row(emq *e, emq_sv pk) {
-    RedisModuleCallReply *r = RedisModule_Call(e->ctx, "HEXISTS", "bc", pk.p, pk.n, "children");
-    return r && RedisModule_CallReplyType(r) == REDISMODULE_REPLY_INTEGER &&
-           RedisModule_CallReplyInteger(r) == 1;
+/* flow_parent_row (compose.lua): the row of this child's own parent, a flow parent (it has
+ * `children`) with the child's flow mark; gone, an unrelated job admitted under the id since,
+ * or a new flow's parent under the re-used id takes nothing. A non-hash is not one. */
+static int flow_parent_row(emq *e, emq_sv pk, emq_sv mark) {
+    static const char *fields[2] = {"children", "flow"};
+    emq_sv p[2];
+    if (!emq_hmget(e, pk, 2, fields, p) || !p[0].p) return 0;
+    if (!mark.p || !p[1].p) return !mark.p && !p[1].p;
+    return emq_eq(p[1], mark);
 }
 
 /* flow_recorded: the index in FLOW_HASHES of the hash child id is recorded in, or -1. */
@@ -77,9 +85,9 @@ static int flow_recorded(emq *e, emq_sv pk, emq_sv id) {
 }
 
 /* hash: 0 processed, 1 unsuccessful (the FLOW_HASHES index). */
-static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value) {
+static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value, emq_sv mark) {
     emq_sv pk = emq_key2(e, "job:", pid);
-    if (!flow_parent_row(e, pk)) return;
+    if (!flow_parent_row(e, pk, mark)) return;
     int before = flow_recorded(e, pk, id);
     emq_sv hk = emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[hash], strlen(FLOW_HASHES[hash])});
     if (before == hash) {
@@ -96,9 +104,9 @@ static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value) 
         flow_release(e, pid);
 }
 
-static void flow_dropped(emq *e, emq_sv pid, emq_sv id) {
+static void flow_dropped(emq *e, emq_sv pid, emq_sv id, emq_sv mark) {
     emq_sv pk = emq_key2(e, "job:", pid);
-    if (!flow_parent_row(e, pk) || flow_recorded(e, pk, id) >= 0) return;
+    if (!flow_parent_row(e, pk, mark) || flow_recorded(e, pk, id) >= 0) return;
     if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
         flow_release(e, pid);
 }
@@ -110,7 +118,7 @@ void emq_flow_child_removed(emq *e, emq_sv id, const emq_flow *f) {
         rm.policy = EMQ_LIT("rm");
         flow_outbox(e, &rm, id, 0, EMQ_LIT(""));
     } else {
-        flow_dropped(e, f->parent, id);
+        flow_dropped(e, f->parent, id, f->mark);
     }
 }
 
@@ -120,7 +128,7 @@ void emq_flow_child_done(emq *e, emq_sv id, const emq_flow *f, emq_sv result) {
     if (cross_queue(f))
         flow_outbox(e, f, id, 1, value);
     else
-        flow_settled(e, f->parent, 0, id, value);
+        flow_settled(e, f->parent, 0, id, value, f->mark);
 }
 
 void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_text) {
@@ -139,10 +147,10 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
         }
         emq_sv pid = f->parent, pk = emq_key2(e, "job:", pid);
         if (emq_eqs(f->policy, "id")) {
-            flow_settled(e, pid, 1, id, err);
+            flow_settled(e, pid, 1, id, err, f->mark);
             return;
         }
-        if (!flow_parent_row(e, pk)) return;
+        if (!flow_parent_row(e, pk, f->mark)) return;
         if (emq_int(e, emq_call(e, "HSETNX", 3, emq_cat(e, 2, pk, EMQ_LIT(":failed")), id, err)) ==
             0)
             return;

@@ -7,9 +7,10 @@
 
 #include "emq.h"
 
-/* A row's flow fields, {parent, policy, children, parent_queue} in the Lua (absent = nil). */
+/* A row's flow fields, {parent, policy, children, parent_queue, flow} in the Lua (absent =
+ * nil); mark is the row's `flow`: the add_flow call that wrote it (compose.lua flow_parent). */
 typedef struct {
-    emq_sv parent, policy, children, parent_queue;
+    emq_sv parent, policy, children, parent_queue, mark;
 } emq_flow;
 
 /* flow_parent(jk): reads the row; 1 and *f when the row is in a flow, else 0. */

@@ -215,7 +215,13 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
                 }
             }
             emq_flow_child_done(e, id, &flow, result);
-            if (flow.children.p && !keep->on) emq_flow_forget(e, jk);
+            if (flow.children.p && !keep->on) {
+                /* A parent's row goes now with its flow keys, not with the batch's DELs: a
+                 * child of it later in this batch must find it gone (settle.lua, F14). A kept
+                 * parent keeps its row and its children's outcomes (D25). */
+                emq_flow_forget(e, jk);
+                emq_del(e, 1, jk);
+            }
         }
         if (keep->on) {
             emq_keep_completed_row(e, id, jk, now);

@@ -152,7 +152,31 @@ def snapshot(r: redis.Redis, queue: str) -> dict[str, Any]:
             merged.update({f: (v, ttl) for f, v in value.items()})
             value = merged
         out[name] = (kind, value, ttl)
+    _norm_marks(out)
     return out
+
+
+_MARKED_PARENT = re.compile(rb"(?<=JOB[0-9A-Za-z]{11}):([0-9A-Za-z]{11})\0")
+
+
+def _norm_marks(snap: dict[str, Any]) -> None:
+    """A flow's mark (row field ``flow``, and after a ':' in an outbox entry's parent) is
+    minted by the client for each add_flow, so the two queues of a pair hold different ones:
+    each is renamed M1, M2... by its first appearance in key order (the same on both sides)."""
+    names: dict[bytes, bytes] = {}
+    for name in sorted(snap):
+        kind, value, _ttl = snap[name]
+        if kind == "hash" and b"flow" in value:
+            value[b"flow"] = names.setdefault(value[b"flow"], b"M%d" % (len(names) + 1))
+    for name in sorted(snap):
+        kind, value, ttl = snap[name]
+        if kind == "list" and name.endswith(":flow:outbox"):
+
+            def alias(m: re.Match[bytes]) -> bytes:
+                return b":" + names.setdefault(m[1], b"M%d" % (len(names) + 1)) + b"\0"
+
+            fixed = [_MARKED_PARENT.sub(alias, entry, count=1) for entry in value]
+            snap[name] = (kind, fixed, ttl)
 
 
 def _close(a: Any, b: Any) -> bool:

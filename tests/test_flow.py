@@ -278,7 +278,10 @@ def test_cross_queue_child_goes_through_the_outbox(
     assert job is not None and job.id == far
     q2.complete(far, job.token, result=b"v\x00with nul")
     # Settled on its own queue: the parent is untouched until the pump delivers.
-    assert _outbox(r, q2) == [f"{q.name}\0{pid}\0{far}\0".encode() + b"v\x00with nul"]
+    # The parent field carries the flow's mark after a ':' (the row field `flow`, PROTOCOL §5.3).
+    mark = r.hget(_base(q) + "job:" + pid, "flow").decode()
+    entry = f"{q.name}\0{pid}:{mark}\0{far}\0".encode() + b"v\x00with nul"
+    assert _outbox(r, q2) == [entry]
     assert q.dependencies(pid) == 2 and q.children_values(pid) == {}
     assert q.pump() == 0  # the parent's queue has nothing to deliver
     assert q2.pump() == 1
@@ -304,7 +307,9 @@ def test_cross_queue_death_is_delivered_by_policy(
     assert job is not None
     assert q2.retry(far, job.token, delay_ms=0, max_attempts=1, error="bad") == "dead"
     policy = "fp" if fail_parent else "id"
-    assert _outbox(r, q2) == [f"\0fail\0{q.name}\0{pid}\0{far}\0{policy}\0bad".encode()]
+    mark = r.hget(_base(q) + "job:" + pid, "flow").decode()
+    want = f"\0fail\0{q.name}\0{pid}:{mark}\0{far}\0{policy}\0bad"
+    assert _outbox(r, q2) == [want.encode()]
     assert q2.pump() == 1 and _outbox(r, q2) == []
     if fail_parent:
         assert q.job_state(pid) == "dead"

@@ -172,6 +172,10 @@ class ModelMachine(RuleBasedStateMachine):
         self.w = World(per_hash=not strict("count1"), keep_dropped=not strict("dropchild"))
         self.tickets: list[tuple[int, str, int]] = []
         self.dids_used: set[tuple[int, str]] = set()
+        # i22close: the flow roots added per queue (add_flow may re-use a gone one's id) and
+        # the source of add_flow marks.
+        self.roots: list[list[str]] = [[], []]
+        self.marks = itertools.count(1)
         for qs in self.handles:
             qs[0].enable_events(10_000)
 
@@ -461,11 +465,25 @@ class ModelMachine(RuleBasedStateMachine):
             min_size=2,
             max_size=6,
         ),
+        reuse=st.one_of(st.none(), PICK),
     )
-    def add_flow(self, qi: int, shape: list[tuple[int, bool, int, str | None]]) -> None:
+    def add_flow(
+        self, qi: int, shape: list[tuple[int, bool, int, str | None]], reuse: int | None = None
+    ) -> None:
         """A tree laid out breadth-first from ``shape``: node 0 is the root; each node takes
-        the next nodes as its children."""
+        the next nodes as its children. ``reuse`` names the root with a gone flow parent's id
+        (its old children may still live)."""
         nodes = [(emq_ids.mint(), *s) for s in shape]
+        # ---- issue 22 (i22close): a parent id re-used for a new flow ----
+        # Every node of one add_flow carries its mark; an old child of a gone parent whose
+        # id names the new root counts toward nothing (PROTOCOL §2.4, row field `flow`).
+        mark = next(self.marks)
+        gone = [p for p in self.roots[qi] if p not in self.m(qi).jobs]
+        if reuse is not None and gone:
+            nodes[0] = (pick(gone, reuse), *shape[0])
+            note("add_flow: a re-used parent id")
+        self.roots[qi].append(nodes[0][0])
+        # ---- end i22close ----
         kids: dict[int, list[int]] = {0: []}
         queue_of = {0: qi}
         nxt, frontier = 1, [0]
@@ -504,6 +522,7 @@ class ModelMachine(RuleBasedStateMachine):
             if n_kids:
                 j.state = "awaiting_children"
                 j.children = n_kids
+            j.mark = mark  # i22close: the flow's mark, on every node
             if i in parent_of:
                 p = parent_of[i]
                 j.parent = nodes[p][0]
@@ -512,7 +531,7 @@ class ModelMachine(RuleBasedStateMachine):
                     j.pq = queue_of[p]
             m.admit(jid, j)
             if n_kids:
-                m.flows[jid] = Flow(n_kids)
+                m.flows[jid] = Flow(n_kids, mark=mark)
 
     # ------------------------------------------------------------------ consumers
 
@@ -1809,3 +1828,26 @@ def test_kept_dead_trims_by_id_whatever_the_last_lease(sm: ModelMachine) -> None
     s.add_flow(qi=0, shape=[(0, False, 0, None), (0, True, 0, None)])
     s.work(qi=0, outcomes=["die", "die"])
     assert len(sm.live(0, "dead")) == 2
+
+
+# ---- issue 22 (i22close): a parent id re-used for a new flow ----
+@pytest.mark.parametrize("cross", [0, 1])
+def test_an_old_child_never_counts_toward_a_new_flow(sm: ModelMachine, cross: int) -> None:
+    """The parent's id re-used for a new flow (add_flow with that id) while its old child
+    lives: the old child's completion must not count toward the new parent, whose own child
+    still waits."""
+    s = Steps(sm)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, cross, "la")])
+    root = next(iter(sm.m(0).flows))
+    s.remove(qi=0, n=live_pick(sm, 0, root))
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, "lb")], reuse=0)
+    assert sm.m(0).jobs[root].state == "awaiting_children"
+    old = next(j for j, row in sm.m(cross).jobs.items() if row.parent == root and row.group == "la")
+    tok = sm.claim_only(cross, LONG, {old})[old]
+    sm.do_complete(cross, old, tok, False, b"old")
+    sm.server_agrees_with_model()
+    s.pump(qi=1)
+    assert sm.m(0).jobs[root].state == "awaiting_children"
+
+
+# ---- end i22close ----

@@ -392,3 +392,121 @@ def test_a_sweep_that_releases_a_parent_keeps_the_flat_set_served(
     assert q.check() == []
     got = {j.id for j in q.claim_batch(5, lease_ms=1000)}
     assert got == {a, added.parent_id}
+
+
+@pytest.mark.parametrize("verb", ["settle", "complete_many"])
+def test_a_batch_that_completes_a_parent_then_its_child_leaves_no_orphan(
+    q: echomq.Queue, r: redis.Redis, verb: str
+) -> None:
+    # The model's F14: a batch completion deletes its rows at its end, so a child completed
+    # after its parent in the same batch still found the parent's row (its flow keys already
+    # forgotten) and wrote a fresh processed record and deps = -1 under the gone parent.
+    added = q.add_flow(FlowJob(b"p", children=[FlowJob(b"c", fail_parent=False)]))
+    pid, (cid,) = added.parent_id, added.child_ids
+    die(q, claim_id(q, cid))  # ignored: counted, the parent is released
+    parent = claim_id(q, pid)
+    q.reprocess(cid)
+    child = claim_id(q, cid)
+    pairs = [(parent.id, parent.token), (child.id, child.token)]
+    if verb == "settle":
+        assert q.settle(completed=pairs).completed == [None, None]
+    else:
+        assert q.complete_many(pairs) == []
+    assert r.keys(K(q.name, f"job:{pid}*")) == []
+    assert q.check() == []
+
+
+@pytest.mark.parametrize("end", ["remove", "complete"])
+def test_an_old_child_never_counts_toward_a_new_flow_under_its_parent_id(
+    q: echomq.Queue, end: str
+) -> None:
+    # The parent id re-used for a new flow (add_flow with a caller-named id) while a child of
+    # the old flow still lives: the old child's settle must not count toward the new parent,
+    # whose own child still waits (a child carried no parent incarnation before).
+    pid = ids.mint()
+    old = q.add_flow(
+        FlowJob(b"p1", id=pid, children=[FlowJob(b"old", fail_parent=False), FlowJob(b"o2")])
+    )
+    stale, other = old.child_ids
+    if end == "complete":
+        # The old flow runs to its end, its ignored child counted by a death, then reprocessed.
+        die(q, claim_id(q, stale))
+        job = claim_id(q, other)
+        q.complete(job.id, job.token)
+        job = claim_id(q, pid)
+        q.complete(job.id, job.token)
+        q.reprocess(stale)
+    else:
+        q.remove(pid)
+        q.remove(other)
+    new = q.add_flow(FlowJob(b"p2", id=pid, children=[FlowJob(b"new")], group="held"))
+    q.pause_lane("held")  # the new parent, once released, stays waiting where we can see it
+    job = claim_id(q, stale)
+    q.complete(job.id, job.token, result=b"old")
+    assert q.job_state(pid) == "awaiting_children"
+    assert q.dependencies(pid) == 1
+    assert q.children_values(pid) == {}
+    job = claim_id(q, new.child_ids[0])
+    q.complete(job.id, job.token, result=b"new")
+    assert q.job_state(pid) == "pending"
+    assert q.children_values(pid) == {new.child_ids[0]: b"new"}
+    assert q.check() == []
+
+
+def test_an_old_cross_queue_child_never_counts_toward_a_new_flow(url: str, qname: str) -> None:
+    # The same through the outbox: the old child's entry carries its flow's mark, and the
+    # pump delivers nothing to the new flow's parent under the re-used id.
+    with echomq.Queue(qname, url=url) as pq, echomq.Queue(qname + "-c", url=url) as cq:
+        pid = ids.mint()
+        old = pq.add_flow(FlowJob(b"p1", id=pid, children=[FlowJob(b"old", queue=cq.name)]))
+        pq.remove(pid)
+        new = pq.add_flow(FlowJob(b"p2", id=pid, children=[FlowJob(b"new", queue=cq.name)]))
+        job = claim_id(cq, old.child_ids[0])
+        cq.complete(job.id, job.token, result=b"old")
+        assert cq.pump() == 1
+        assert pq.job_state(pid) == "awaiting_children"
+        assert pq.dependencies(pid) == 1 and pq.children_values(pid) == {}
+        job = claim_id(cq, new.child_ids[0])
+        cq.complete(job.id, job.token, result=b"new")
+        assert cq.pump() == 1
+        assert pq.job_state(pid) == "pending"
+        assert pq.children_values(pid) == {new.child_ids[0]: b"new"}
+        assert pq.check() == [] and cq.check() == []
+
+
+def test_a_flow_written_before_marks_still_counts(q: echomq.Queue, r: redis.Redis) -> None:
+    # Rows written before the `flow` mark existed have none, on the parent and the child
+    # alike: they still match (and an unmarked outbox entry is delivered as before).
+    added = q.add_flow(FlowJob(b"p", children=[FlowJob(b"a"), FlowJob(b"b")]))
+    pid, (a, b) = added.parent_id, added.child_ids
+    for jid in (pid, a, b):
+        r.hdel(K(q.name, "job:" + jid), "flow")
+    job = claim_id(q, a)
+    q.complete(job.id, job.token, result=b"a")
+    assert q.dependencies(pid) == 1
+    assert q.children_values(pid) == {a: b"a"}
+    r.rpush(K(q.name, "flow:outbox"), f"{q.name}\0{pid}\0{b}\0".encode() + b"b")
+    assert q.pump() == 1
+    assert q.job_state(pid) == "pending"
+    assert q.children_values(pid) == {a: b"a", b: b"b"}
+
+
+def test_a_parent_id_readmitted_by_add_flow_does_not_read_the_old_result(
+    q: echomq.Queue,
+) -> None:
+    # Found by the model's deep run once add_flow could re-use a gone root's id: flow_add
+    # wrote an inner node without the admission's cleanup, so the new parent's waiter read
+    # the old incarnation's kept result.
+    pid = ids.mint()
+    q.add_flow(FlowJob(b"p1", id=pid, children=[FlowJob(b"c")]))
+    child = q.claim(lease_ms=10_000)
+    assert child is not None
+    q.complete(child.id, child.token)
+    job = claim_id(q, pid)
+    q.complete(job.id, job.token, result=b"old", keep_result_ms=60_000)
+    assert q.result(pid) is not None
+    q.add_flow(FlowJob(b"p2", id=pid, children=[FlowJob(b"c2")]))
+    assert q.result(pid) is None
+    with pytest.raises(TimeoutError):
+        q.wait(pid, timeout_s=0)
+    assert q.check() == []

@@ -500,8 +500,12 @@ def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
     for n in nodes:
         key = (0, n.queue) if one_queue else (n.depth, n.queue)
         groups.setdefault(key, []).append(n)
+    # The flow's mark, one per add_flow and the same in each of its calls: every node carries
+    # it (row field `flow`), and a child counts only toward a parent row with its mark, so a
+    # parent id re-used for a new flow never takes an old child's settle (PROTOCOL §2.4).
+    mark = ids.mint()[3:]
     for (_, queue), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
-        args: list[Arg] = [keyspace.base(queue), len(members)]
+        args: list[Arg] = [keyspace.base(queue), len(members), mark]
         for n in members:
             args += (
                 n.id,
@@ -544,9 +548,10 @@ def dependencies(k: Keys, parent_id: str) -> Call[int]:
 _OUTBOX_FAIL = b"\0fail\0"
 
 
-def _parse_entry(entry: bytes) -> tuple[str, str, str, str, str, bytes] | None:
-    """(parent queue, kind, parent id, child id, policy, value) of an outbox entry, or None
-    when it is malformed."""
+def _parse_entry(entry: bytes) -> tuple[str, str, str, str, str, bytes, str] | None:
+    """(parent queue, kind, parent id, child id, policy, value, flow mark) of an outbox
+    entry, or None when it is malformed. The parent field is the parent's id, then ``:`` and
+    the child's flow mark (none in an entry written before marks existed: mark '')."""
     try:
         if entry.startswith(_OUTBOX_FAIL):
             pq, pid, cid, policy, value = entry[len(_OUTBOX_FAIL) :].split(b"\0", 4)
@@ -555,13 +560,15 @@ def _parse_entry(entry: bytes) -> tuple[str, str, str, str, str, bytes] | None:
             pq, pid, cid, value = entry.split(b"\0", 3)
             kind, policy = "done", b""
         parent_queue = keyspace.check_queue(pq.decode())
+        parent, _, mark = pid.decode().partition(":")
         return (
             parent_queue,
             kind,
-            keyspace.check_id(pid.decode()),
+            keyspace.check_id(parent),
             keyspace.check_id(cid.decode()),
             policy.decode(),
             value,
+            mark,
         )
     except (ValueError, UnicodeDecodeError):
         return None
@@ -577,11 +584,11 @@ def deliver(k: Keys, entries: Sequence[bytes]) -> Plan[int]:
         parsed = _parse_entry(entry)
         if parsed is None:
             break
-        pq, kind, pid, cid, policy, value = parsed
+        pq, kind, pid, cid, policy, value, mark = parsed
         yield _call(
             "flow_deliver",
             (keyspace.job_key(pq, pid),),
-            (keyspace.base(pq), kind, pid, cid, policy, value),
+            (keyspace.base(pq), kind, pid, cid, policy, value, mark),
             _int_reply,
         )
         done.append(entry)

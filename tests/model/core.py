@@ -11,7 +11,9 @@ Incarnations (issue 22): a re-admission of an id (enqueue, add_flow, a repeat oc
 a reprocess start a clean incarnation: no kept result, no notify token, no cancel flag. The
 cancel flag belongs to one run: it lives only while the job is active and any move out of
 `active` ends it. A flow child counts once per parent (``counted``), and the parent's hashes
-hold its latest outcome. A settle toward a parent that is gone touches nothing.
+hold its latest outcome. A settle toward a parent that is gone touches nothing, nor toward a
+new flow's parent under the re-used id: every node of one add_flow carries that call's
+``mark``, and a child counts only toward a parent with its mark.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Job:
     # in its waiting set. Only an enqueue or change_priority sets it; every way back to
     # waiting (promote, reap, stall, delay, reprocess, run_now) keeps it.
     priority: int = 0
+    mark: int | None = None  # the add_flow call that wrote this node (row field `flow`)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Flow:
     failed: dict[str, str] = field(default_factory=dict)
     unsuccessful: dict[str, str] = field(default_factory=dict)
     counted: set[str] = field(default_factory=set)
+    mark: int | None = None  # the add_flow call that wrote this parent
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Entry:
     cid: str
     policy: str
     value: bytes
+    mark: int | None = None  # the child's flow mark
 
 
 class QueueModel:
@@ -272,19 +277,21 @@ class World:
         if j.parent is None:
             return
         if j.pq is not None:
-            self.qs[qi].outbox.append(Entry("done", j.pq, j.parent, cid, j.policy or "fp", result))
+            self.qs[qi].outbox.append(
+                Entry("done", j.pq, j.parent, cid, j.policy or "fp", result, j.mark)
+            )
         else:
-            self.settle_to_parent(qi, j.parent, cid, "processed", result)
+            self.settle_to_parent(qi, j.parent, cid, "processed", result, j.mark)
 
     def child_dead(self, qi: int, cid: str, j: Job, error: str) -> None:
         if j.parent is None:
             return
         if j.pq is not None:
             self.qs[qi].outbox.append(
-                Entry("fail", j.pq, j.parent, cid, j.policy or "fp", error.encode())
+                Entry("fail", j.pq, j.parent, cid, j.policy or "fp", error.encode(), j.mark)
             )
             return
-        self.parent_told_dead(qi, j.parent, cid, j.policy or "fp", error)
+        self.parent_told_dead(qi, j.parent, cid, j.policy or "fp", error, j.mark)
 
     def removed(self, qi: int, jid: str) -> Job:
         """The row is deleted without an outcome (remove, cancel, drain, a ``remove=True``
@@ -293,20 +300,24 @@ class World:
         j = self.qs[qi].drop(jid)
         if j.parent is not None and not self.keep_dropped:
             if j.pq is not None:
-                self.qs[qi].outbox.append(Entry("drop", j.pq, j.parent, jid, j.policy or "fp", b""))
+                self.qs[qi].outbox.append(
+                    Entry("drop", j.pq, j.parent, jid, j.policy or "fp", b"", j.mark)
+                )
             else:
-                self.settle_to_parent(qi, j.parent, jid, "dropped", b"")
+                self.settle_to_parent(qi, j.parent, jid, "dropped", b"", j.mark)
         return j
 
-    def parent_told_dead(self, pqi: int, pid: str, cid: str, policy: str, error: str) -> None:
+    def parent_told_dead(
+        self, pqi: int, pid: str, cid: str, policy: str, error: str, mark: int | None
+    ) -> None:
         if policy == "id":
-            self.settle_to_parent(pqi, pid, cid, "unsuccessful", error.encode())
+            self.settle_to_parent(pqi, pid, cid, "unsuccessful", error.encode(), mark)
             return
         m = self.qs[pqi]
         p = m.jobs.get(pid)
         fl = m.flows.get(pid)
-        if p is None or fl is None:
-            return  # the parent is gone: nothing to record (remove x flows)
+        if p is None or fl is None or fl.mark != mark:
+            return  # the parent is gone (remove x flows), or a new flow under its id
         if cid in fl.failed:
             return
         fl.failed[cid] = error
@@ -319,12 +330,14 @@ class World:
             m.keep(pid, b"", p.attempts, p.last_error)
         self.child_dead(pqi, pid, p, p.last_error)
 
-    def settle_to_parent(self, pqi: int, pid: str, cid: str, how: str, value: bytes) -> None:
+    def settle_to_parent(
+        self, pqi: int, pid: str, cid: str, how: str, value: bytes, mark: int | None
+    ) -> None:
         m = self.qs[pqi]
         p = m.jobs.get(pid)
         fl = m.flows.get(pid)
-        if p is None or fl is None:
-            return
+        if p is None or fl is None or fl.mark != mark:
+            return  # gone, or a new flow's parent under the re-used id: nothing counts
         if self.per_hash:
             if how == "dropped":
                 if cid in fl.counted:
@@ -375,11 +388,11 @@ class World:
         n = 0
         for e in m.outbox:
             if e.kind == "done":
-                self.settle_to_parent(e.pq, e.pid, e.cid, "processed", e.value)
+                self.settle_to_parent(e.pq, e.pid, e.cid, "processed", e.value, e.mark)
             elif e.kind == "drop":
-                self.settle_to_parent(e.pq, e.pid, e.cid, "dropped", b"")
+                self.settle_to_parent(e.pq, e.pid, e.cid, "dropped", b"", e.mark)
             else:
-                self.parent_told_dead(e.pq, e.pid, e.cid, e.policy, e.value.decode())
+                self.parent_told_dead(e.pq, e.pid, e.cid, e.policy, e.value.decode(), e.mark)
             n += 1
         m.outbox.clear()
         return n

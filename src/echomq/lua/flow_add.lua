@@ -4,7 +4,11 @@
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base)
   ARGV[1] base            emq:{q}:
   ARGV[2] n               nodes, parents before their children
-  ARGV[3..] nodes         8 each: id, payload, group ('' flat), parent id ('' for the root),
+  ARGV[3] mark            the flow's mark, minted by the client once per add_flow (every call
+                          of a cross-queue tree gets the same): row field `flow` on every
+                          node, so a child counts only toward the parent incarnation it was
+                          added with, never a later flow under a re-used parent id
+  ARGV[4..] nodes         8 each: id, payload, group ('' flat), parent id ('' for the root),
                           policy ('fp' fail the parent | 'id' ignore), child count, the
                           parent's queue when it is another one (else ''), priority (0..2^21;
                           0 writes no field, include/admit.lua)
@@ -17,9 +21,9 @@
 --@include admit
 --@include control
 --@include compose
-local base, n = ARGV[1], tonumber(ARGV[2])
+local base, n, mark = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 for i = 0, n - 1 do
-  local id = ARGV[3 + 8 * i]
+  local id = ARGV[4 + 8 * i]
   if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply('EMQKIND job id must be JOB-namespaced') end
   if rcall('EXISTS', base .. 'job:' .. id) == 1 then
     return redis.error_reply('EMQSTATE exists ' .. id)
@@ -28,7 +32,7 @@ end
 local now = now_ms()
 local added = tally()
 for i = 0, n - 1 do
-  local at = 3 + 8 * i
+  local at = 4 + 8 * i
   local id, payload, g, parent, policy = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
   local kids, pq, pri = tonumber(ARGV[at + 5]), ARGV[at + 6], tonumber(ARGV[at + 7])
   if g == '' then g = false end
@@ -42,14 +46,17 @@ for i = 0, n - 1 do
     if pri ~= 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = pri end
     rcall('HSET', jk, unpack(fields))
     if attempts ~= '0' then unretire(base, id) end
-    rcall('HSET', jk, 'children', kids)
+    -- A new incarnation, as admit() does for a leaf: an earlier one's kept outcome and wake
+    -- token under a re-used id must not answer this parent's waiters (PROTOCOL §2.4).
+    rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)
+    rcall('HSET', jk, 'children', kids, 'flow', mark)
     rcall('SET', jk .. ':deps', kids)
   else
     admit(base, id, payload, g, nil, now, false, pri)
     local key = g or FLAT
     tally_add(added, key, 1)
   end
-  if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy) end
+  if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy, 'flow', mark) end
   if pq ~= '' then rcall('HSET', jk, 'parent_queue', pq) end
 end
 touch_all(base, added)

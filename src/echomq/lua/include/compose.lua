@@ -81,10 +81,11 @@ end
 -- decrements deps; the parent becomes pending (its lane) when deps reaches 0.
 
 -- The flow fields of a row, read before a settle deletes it: {parent, policy, children,
--- parent_queue} (children: set on a flow's inner node; parent_queue: set when the parent is
--- on another queue) or nil for a job outside any flow.
+-- parent_queue, flow} (children: set on a flow's inner node; parent_queue: set when the
+-- parent is on another queue; flow: the mark of the add_flow call that wrote the node, the
+-- same on every node of one tree) or nil for a job outside any flow.
 local function flow_parent(jk)
-  local f = hmget(jk, 'parent', 'parent_policy', 'children', 'parent_queue')
+  local f = hmget(jk, 'parent', 'parent_policy', 'children', 'parent_queue', 'flow')
   if not f or (not f[1] and not f[3]) then return nil end
   return f
 end
@@ -92,22 +93,26 @@ end
 -- The same, from a row that fence read wide (include/fence.lua): no second read of the row.
 local function flow_of(row)
   if not row[7] and not row[9] then return nil end
-  return {row[7], row[8], row[9], row[10]}
+  return {row[7], row[8], row[9], row[10], row[11]}
 end
 
 -- A child whose parent is on another queue cannot touch the parent's keys (another cluster
 -- slot): its settle appends an entry to its OWN queue's outbox, in the same script, and the
 -- pump delivers it to the parent's queue (echomq/_compose.py deliver). Entries:
---   done: parent_queue \0 parent_id \0 child_id \0 result (the rest, may hold NULs)
---   fail: '' \0 'fail' \0 parent_queue \0 parent_id \0 child_id \0 policy \0 error
--- (a queue name is never empty, so the two kinds never collide).
+--   done: parent_queue \0 parent \0 child_id \0 result (the rest, may hold NULs)
+--   fail: '' \0 'fail' \0 parent_queue \0 parent \0 child_id \0 policy \0 error
+-- (a queue name is never empty, so the two kinds never collide). parent is the parent's id,
+-- then ':' and the child's flow mark when it has one (a ':' is in no id; an entry written
+-- before marks existed carries none and is delivered as before).
 --@lazy flows
 local function flow_outbox(base, f, id, kind, value)
   local entry
+  local parent = f[1]
+  if f[5] then parent = parent .. ':' .. f[5] end
   if kind == 'done' then
-    entry = f[4] .. '\0' .. f[1] .. '\0' .. id .. '\0' .. value
+    entry = f[4] .. '\0' .. parent .. '\0' .. id .. '\0' .. value
   else
-    entry = '\0fail\0' .. f[4] .. '\0' .. f[1] .. '\0' .. id .. '\0' .. (f[2] or 'fp') .. '\0' .. value
+    entry = '\0fail\0' .. f[4] .. '\0' .. parent .. '\0' .. id .. '\0' .. (f[2] or 'fp') .. '\0' .. value
   end
   rcall('RPUSH', base .. 'flow:outbox', entry)
 end
@@ -137,10 +142,14 @@ end
 -- the child cannot be counted on top of an earlier one's outcome).
 local FLOW_HASHES = {'processed', 'unsuccessful', 'failed'}
 
--- Whether pk is a flow parent's row: gone (removed), or an unrelated job admitted under the
--- id since (no `children` field), it takes nothing from an old child (the model's F13).
-local function flow_parent_row(pk)
-  return redis.pcall('HEXISTS', pk, 'children') == 1
+-- Whether pk is the row of this child's own parent: a flow parent (`children`) written by the
+-- same add_flow call (the same `flow` mark). A parent that is gone (removed, completed), an
+-- unrelated job admitted under its id since (no `children`: the model's F13), or a new flow's
+-- parent under the re-used id (another mark) takes nothing from an old child. A child and a
+-- parent written before marks existed both have none and match as before.
+local function flow_parent_row(pk, mark)
+  local p = redis.pcall('HMGET', pk, 'children', 'flow')
+  return type(p) == 'table' and not p.err and p[1] ~= false and p[2] == (mark or false)
 end
 
 -- Where child `id` is recorded in parent row pk's hashes, or nil.
@@ -155,9 +164,9 @@ end
 -- moved there) and, when it was not counted before, deps drops by one: release at 0.
 -- 'failed' (a fail_parent death) never counted: it killed the parent instead. A parent row
 -- that is gone (removed) takes nothing: no orphan counter or hash is ever created.
-local function flow_settled(base, pid, hash, id, value)
+local function flow_settled(base, pid, hash, id, value, mark)
   local pk = base .. 'job:' .. pid
-  if not flow_parent_row(pk) then return end
+  if not flow_parent_row(pk, mark) then return end
   local before = flow_recorded(pk, id)
   if before == hash then
     -- The same outcome again (a pump's redelivery, or a second ignored death): no count.
@@ -173,9 +182,9 @@ end
 -- A child that will never settle (removed, cancelled while waiting, drained): its parent
 -- stops waiting for it. Nothing is recorded; deps drops by one unless the child was already
 -- counted (or killed the parent).
-local function flow_dropped(base, pid, id)
+local function flow_dropped(base, pid, id, mark)
   local pk = base .. 'job:' .. pid
-  if not flow_parent_row(pk) or flow_recorded(pk, id) then return end
+  if not flow_parent_row(pk, mark) or flow_recorded(pk, id) then return end
   if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
 end
 
@@ -185,7 +194,7 @@ local function flow_child_done(base, id, f, result)
   if cross_queue(f) then
     flow_outbox(base, f, id, 'done', result or '')
   else
-    flow_settled(base, f[1], 'processed', id, result or '')
+    flow_settled(base, f[1], 'processed', id, result or '', f[5])
   end
 end
 
@@ -201,10 +210,10 @@ local function flow_child_dead(base, id, f, error_text)
     end
     local pid, pk = f[1], base .. 'job:' .. f[1]
     if f[2] == 'id' then
-      flow_settled(base, pid, 'unsuccessful', id, error_text or '')
+      flow_settled(base, pid, 'unsuccessful', id, error_text or '', f[5])
       return
     end
-    if not flow_parent_row(pk) then return end
+    if not flow_parent_row(pk, f[5]) then return end
     if rcall('HSETNX', pk .. ':failed', id, error_text or '') == 0 then return end
     local p = hmget(pk, 'state', 'group', 'attempts')
     if not p or p[1] ~= 'awaiting_children' then return end
@@ -222,9 +231,9 @@ end
 local function flow_child_removed(base, id, f)
   if not f or not f[1] then return end
   if cross_queue(f) then
-    flow_outbox(base, {f[1], 'rm', f[3], f[4]}, id, 'fail', '')
+    flow_outbox(base, {f[1], 'rm', f[3], f[4], f[5]}, id, 'fail', '')
   else
-    flow_dropped(base, f[1], id)
+    flow_dropped(base, f[1], id, f[5])
   end
 end
 

@@ -9,7 +9,7 @@
 -- promote, delay(0) or reprocess, and each lease generation settles at most once (D13).
 -- Returns row {attempts, state, group, lease_epoch, floor}, or nil with an error text (nil,
 -- nil = gone). floor: the attempts a re-admitted id came back with (admit.lua), or nil.
--- wide: the row also carries what a finishing settle reads (row[6] dedup, row[7..10] the
+-- wide: the row also carries what a finishing settle reads (row[6] dedup, row[7..11] the
 -- flow fields, see flow_of in compose.lua), so complete and retry read the row once.
 local function fence(jk, token, verb, wide)
   -- redis.pcall, not the hmget helper (common.lua): this runs once per job of a worker's
@@ -17,7 +17,7 @@ local function fence(jk, token, verb, wide)
   local row
   if wide then
     row = redis.pcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor', 'dedup',
-      'parent', 'parent_policy', 'children', 'parent_queue')
+      'parent', 'parent_policy', 'children', 'parent_queue', 'flow')
   else
     row = redis.pcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
   end

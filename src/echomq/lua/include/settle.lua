@@ -114,7 +114,15 @@ local function complete_many(base, args, i, count, results, now, keep)
       if row[7] or row[9] then
         local flow = flow_of(row)  -- D18 (include/compose.lua)
         flow_child_done(base, id, flow, (results and results[id]) or '')
-        if flow[3] and not keep then flow_forget(jk) end
+        if flow[3] and not keep then
+          -- A parent's row goes now with its flow keys, not with the batch's DELs: a child of
+          -- it settled later in this batch must find it gone, as after a complete of its own
+          -- (else it records into the forgotten keys: an orphan deps = -1, the model's F14).
+          -- A kept parent keeps its row and its children's outcomes (D25): a later child
+          -- moves its record there, as it would after the batch.
+          flow_forget(jk)
+          rcall('DEL', jk)
+        end
       end
       if keep then
         keep_completed_row(base, id, jk, now)
