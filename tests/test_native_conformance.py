@@ -82,7 +82,7 @@ def enq_many(
     nonce: str = "",
     flags: str = "",
 ) -> Any:
-    args: list[str | bytes] = ["@", group, mode, value, replay_ms, nonce, flags]
+    args: list[str | bytes] = ["@", group, mode, value, replay_ms, nonce, flags, ""]
     for i, p in items:
         args += [i, p]
     return pair.run("enqueue_many", ["@meta"], args)
@@ -464,7 +464,7 @@ def test_mutation_fuzz(r: redis.Redis) -> None:
          ["@", j1, "p", "g", "now", "0", "", "0", "", "", "simple", "0"]),
         ("enqueue", ["@job:" + j2, "@meta"],
          ["@", j2, "p", "", "in", "10", "", "100", "n1", "d1", "simple", "1000"]),
-        ("enqueue_many", ["@meta"], ["@", "g", "now", "0", "0", "", "", j3, "p", j4, "q"]),
+        ("enqueue_many", ["@meta"], ["@", "g", "now", "0", "0", "", "", "", j3, "p", j4, "q"]),
         ("claim", ["@meta", "@ring", "@active"], ["@", "30000"]),
         ("claim_batch", ["@meta", "@ring", "@active"], ["@", "30000", "5"]),
         ("extend", ["@active", "@job:" + j1], ["@", j1, "1", "30000"]),
@@ -708,7 +708,7 @@ def test_malformed_input_is_answered_alike(pair: Pair, r: redis.Redis) -> None:
          ["@", j4, "p", "g", "now", "0", "", "0", "", "", "simple", "0"]),
         ("enqueue", ["@job:" + j4, "@meta"],
          ["@", j4, "p", "", "in", "10", "", "100", "n1", "d1", "simple", "1000"]),
-        ("enqueue_many", ["@meta"], ["@", "g", "now", "0", "0", "", "", j4, "p"]),
+        ("enqueue_many", ["@meta"], ["@", "g", "now", "0", "0", "", "", "", j4, "p"]),
         ("claim", ["@meta", "@ring", "@active"], ["@", "30000"]),
         ("claim_batch", ["@meta", "@ring", "@active"], ["@", "30000", "5"]),
         ("extend", ["@active", "@job:" + j1], ["@", j1, "1", "30000"]),

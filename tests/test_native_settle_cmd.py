@@ -65,7 +65,7 @@ def enq(pair: Pair, id: str, *, group: str = "", dedup: str = "") -> Reply:
 
 
 def enq_many(pair: Pair, ids: list[str], *, group: str = "") -> Reply:
-    args: list[str | bytes] = ["@", group, "now", "0", "0", "", ""]
+    args: list[str | bytes] = ["@", group, "now", "0", "0", "", "", ""]
     for i in ids:
         args += [i, "p" + i]
     return pair.run("enqueue_many", ["@meta"], args)

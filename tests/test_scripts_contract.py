@@ -491,7 +491,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     base, a, b = _k(qname, ""), ids.mint(), ids.mint()
     head = [base, "", "now", 0, 60_000, "ef0123456789"]
     pairs = [a, b"1", b, b"2", "ORD" + a[3:], b"3"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", *pairs]) == [
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", "", *pairs]) == [
         b"enqueued",
         b"enqueued",
         b"kind",
@@ -499,7 +499,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.get(base + "recent:ef0123456789") == b"eek"
     assert 59_000 <= r.pttl(base + "recent:ef0123456789") <= 61_000
     r.delete(_k(qname, "job:" + a))  # as if it completed
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", *pairs]) == [
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", "", *pairs]) == [
         b"replayed",
         b"replayed",
         b"kind",
@@ -507,7 +507,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.exists(_k(qname, "job:" + a)) == 0  # never admitted twice
     # A call that admits nothing leaves no marker.
     head2 = [base, "", "now", 0, 60_000, "aa0123456789"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", b, b"x"]) == [b"duplicate"]
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", "", b, b"x"]) == [b"duplicate"]
     assert r.exists(base + "recent:aa0123456789") == 0
 
 

@@ -295,6 +295,12 @@ def _when(delay_ms: object, at_ms: object) -> tuple[str, str]:
     return "now", "0"
 
 
+def _ttl(ttl_ms: object) -> str:
+    """An enqueue's expiry (issue 24): '' for none, else ms > 0 (0 or less is refused: a job
+    that expires at once is a mistake, not a choice)."""
+    return "" if ttl_ms is None else str(_int("ttl_ms", ttl_ms, 1, MAX_MS))
+
+
 def _s(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -374,13 +380,16 @@ def enqueue(
     dedup: str | None = None,
     dedup_ttl_ms: int | None = None,
     dedup_mode: str = "simple",
+    ttl_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """``replay_ms``: how long the server remembers this call for its resends (a resend
     after a lost reply then finds its first copy even once that job has completed: it is
-    never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control."""
+    never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control.
+    ``ttl_ms``: the job expires that long after this call (server clock) unless claimed."""
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    ttl = _ttl(ttl_ms)
     extra: tuple[Arg, ...] = ()
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
         from echomq._control import dedup_args  # _control builds on this module
@@ -406,6 +415,10 @@ def enqueue(
             tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
         else:
             tail = extra
+        if ttl:
+            # ARGV[14]: the optional arguments before it are filled (an empty second is
+            # read only with a nonce).
+            tail = (*(extra or ("", "simple", 0)), second if nonce else "", ttl)
         args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *tail)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
         keys = (k.base + "job:" + jid, k.meta)
@@ -475,9 +488,11 @@ def enqueue_many(
     delay_ms: int | None = None,
     at_ms: int | None = None,
     replay_ms: int = 0,
+    ttl_ms: int | None = None,
 ) -> Plan[list[Enqueued | EchoMQError]]:
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
+    ttl = _ttl(ttl_ms)
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
@@ -513,7 +528,7 @@ def enqueue_many(
         # retired record), 'r' on a resend.
         fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call("enqueue_many", (k.meta,), (*head, f, *_flat(jobs, span)), _str_list)
+            _call("enqueue_many", (k.meta,), (*head, f, ttl, *_flat(jobs, span)), _str_list)
             for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
@@ -526,7 +541,10 @@ def enqueue_many(
                 # admitted jobs, even once they completed), never a second admission.
                 calls = [
                     _call(
-                        "enqueue_many", (k.meta,), (*head, f + "r", *_flat(jobs, span)), _str_list
+                        "enqueue_many",
+                        (k.meta,),
+                        (*head, f + "r", ttl, *_flat(jobs, span)),
+                        _str_list,
                     )
                     for head, f, span in zip(heads, fresh, spans, strict=True)
                 ]

@@ -152,10 +152,13 @@ class Queue:
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        ttl_ms: int | None = None,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
-        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
+        ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
+        ``expired`` by the claim that meets it."""
         return self._x.run(
             _p.enqueue(
                 self._k,
@@ -168,6 +171,7 @@ class Queue:
                 dedup=dedup,
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -178,8 +182,10 @@ class Queue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        """Enqueue many jobs in few round trips; one verdict per item, in input order
+        (``ttl_ms``: every job's expiry, as ``enqueue``)."""
         return self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -188,6 +194,7 @@ class Queue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -589,10 +596,13 @@ class AsyncQueue:
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        ttl_ms: int | None = None,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
-        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id."""
+        with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
+        ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
+        ``expired`` by the claim that meets it."""
         return await self._pipe.run(
             _p.enqueue(
                 self._k,
@@ -605,6 +615,7 @@ class AsyncQueue:
                 dedup=dedup,
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -615,8 +626,10 @@ class AsyncQueue:
         group: str | None = None,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many jobs in few round trips; one verdict per item, in input order."""
+        """Enqueue many jobs in few round trips; one verdict per item, in input order
+        (``ttl_ms``: every job's expiry, as ``enqueue``)."""
         return await self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -625,6 +638,7 @@ class AsyncQueue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
+                ttl_ms=ttl_ms,
             )
         )
 

@@ -8,7 +8,9 @@
   ARGV[6] nonce           the call's nonce, the same on every resend ('' : none)
   ARGV[7] flags           letters: 'r' a resend (every copy after the first), 'f' every id
                           was minted by the client in this call (include/admit.lua); or ''
-  ARGV[8..] id, payload, id, payload, ...
+  ARGV[8] ttl_ms          > 0: every job of the call expires ttl_ms after it on the server
+                          clock (row field `expires`, issue 24); '': never
+  ARGV[9..] id, payload, id, payload, ...
   Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'kind' per job; a resend
     whose first copy landed answers that copy's verdicts, 'replayed' / 'replayed:scheduled'
     for the admitted ones (admit.lua). An id named twice in one call: the Python side sends
@@ -18,11 +20,12 @@
 --@include common
 --@include args
 --@include admit
-shape(1, 7, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
-if (#ARGV - 7) % 2 ~= 0 then
-  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..13 args (enqueue) or 1 key and 7 + 2n args (enqueue_many)')
+shape(1, 8, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args (enqueue_many)')
+if (#ARGV - 8) % 2 ~= 0 then
+  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args (enqueue_many)')
 end
 int_arg(ARGV[5])
+if ARGV[8] ~= '' then int_arg(ARGV[8]) end
 if ARGV[3] == 'in' or ARGV[3] == 'at' then int_arg(ARGV[4]) end
 local base = ARGV[1]
 local g = ARGV[2]
@@ -36,11 +39,13 @@ if marked and string.find(flags, 'r', 1, true) then
 end
 local now = now_ms()
 local run_at = run_time(ARGV[3], ARGV[4], now)
+local expires = nil
+if ARGV[8] ~= '' then expires = now + tonumber(ARGV[8]) end
 local out = {}
 local added, admitted = 0, 0
 local fresh = string.find(flags, 'f', 1, true) ~= nil
-for i = 8, #ARGV, 2 do
-  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh)
+for i = 9, #ARGV, 2 do
+  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, expires)
   if verdict == 'enqueued' then added = added + 1 end
   if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
   if verdict == 'duplicate' then emit_in(base, 'duplicate', ARGV[i], g) end

@@ -2,7 +2,8 @@
   is the token: a lower one would be handed out again); the stall count restarts, so a job
   that died stalled gets max_stalled fresh stalls, not one; and `floor` becomes attempts, so
   the retry ceiling (attempts - floor >= max_attempts) gives it a fresh budget. It starts a
-  new incarnation: the previous one's kept result, wake token, cancel flag and progress go.
+  new incarnation: the previous one's kept result, wake token, cancel flag, progress and
+  first-claim deadline (`expires`, issue 24) go.
   KEYS[1] row       HASH  emq:{q}:job:<id>
   KEYS[2] dead      ZSET  emq:{q}:dead
   ARGV[1] base            emq:{q}:
@@ -20,7 +21,7 @@ local row = hmget(jk, 'group', 'attempts')
 if not row then return redis.error_reply('EMQSTATE not a job row') end
 if rcall('ZREM', KEYS[2], id) == 0 then return redis.error_reply('EMQSTATE not dead') end
 local g = row[1]
-rcall('HDEL', jk, 'last_error', 'stalled', 'cancel', 'progress')
+rcall('HDEL', jk, 'last_error', 'stalled', 'cancel', 'progress', 'expires')
 -- A new incarnation: the previous one's kept outcome and wake token must not answer its
 -- waiters before this one runs (docs/PROTOCOL.md, the side-key lifecycle).
 rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)

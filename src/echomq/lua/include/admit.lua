@@ -3,8 +3,10 @@
 -- run_at: nil = now; else the server-clock ms at which the job becomes due.
 -- fresh: the client minted the id in this call, so no token was ever handed out for it and
 -- the retired record is not read (a minted id is unique: time, node and sequence).
+-- expires (optional, issue 24): the server-clock ms past which a claim dead-letters the job
+-- "expired" instead of leasing it (include/lease.lua); nil: no deadline, no field.
 -- Returns the verdict: 'enqueued' | 'scheduled' | 'duplicate' | 'kind'.
-local function admit(base, id, payload, g, run_at, now, fresh)
+local function admit(base, id, payload, g, run_at, now, fresh, expires)
   if string.sub(id, 1, 3) ~= 'JOB' then return 'kind' end
   local jk = base .. 'job:' .. id
   if rcall('EXISTS', jk) == 1 then return 'duplicate' end
@@ -24,6 +26,10 @@ local function admit(base, id, payload, g, run_at, now, fresh)
   if attempts ~= '0' then
     fields[#fields + 1] = 'floor'
     fields[#fields + 1] = attempts
+  end
+  if expires then
+    fields[#fields + 1] = 'expires'
+    fields[#fields + 1] = expires
   end
   -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so
   -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any

