@@ -129,3 +129,95 @@ async def test_async_ttl(aq: echomq.AsyncQueue, r: redis.Redis) -> None:
     assert await aq.claim() is None
     assert await aq.job_state(e.id) == "dead"
     assert await aq.job_state(f[0].id) == "dead"
+
+
+# --------------------------------------------------------------------------- attempt budgets
+
+
+def _app(url: str) -> echomq.App:
+    return echomq.App(url=url)
+
+
+def test_options_max_attempts_overrides_the_tasks_budget(url: str, qname: str) -> None:
+    from echomq.backoff import fixed
+    from echomq.testing import drain
+
+    app = _app(url)
+    runs: list[str] = []
+
+    @app.task(queue=qname, name="flaky", max_attempts=5, backoff=fixed(0))
+    def flaky(tag: str) -> None:
+        runs.append(tag)
+        raise ValueError(tag)
+
+    try:
+        one = flaky.options(max_attempts=2).enqueue("one")
+        plain = flaky.enqueue("plain")
+        many = flaky.enqueue_many([(("m",), {})], max_attempts=1)
+        drain(app, timeout_s=20, beat_ms=20)
+        q = app.queue(qname)
+        assert runs.count("one") == 2 and runs.count("plain") == 5 and runs.count("m") == 1
+        assert q.get_job(one.id)["attempts"] == "2"  # type: ignore[index]
+        assert q.get_job(plain.id)["attempts"] == "5"  # type: ignore[index]
+        assert isinstance(many[0], echomq.Enqueued)
+        assert q.job_state(many[0].id) == "dead"
+        # Reprocess restarts the budget (floor = attempts): two more runs, not zero, not five.
+        q.reprocess(one.id)
+        drain(app, timeout_s=20, beat_ms=20)
+        assert runs.count("one") == 4
+        assert q.get_job(one.id)["attempts"] == "4"  # type: ignore[index]
+    finally:
+        app.close()
+
+
+def test_task_options_ttl_expires(url: str, qname: str, r: redis.Redis) -> None:
+    app = _app(url)
+
+    @app.task(queue=qname, name="t")
+    def t() -> None:
+        return None
+
+    try:
+        e = t.options(ttl_ms=1).enqueue()
+        f = t.enqueue_many([((), {})], ttl_ms=1)
+        time.sleep(0.01)
+        q = app.queue(qname)
+        assert q.claim() is None
+        assert q.job_state(e.id) == "dead"
+        assert isinstance(f[0], echomq.Enqueued) and q.job_state(f[0].id) == "dead"
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3", 2**53])
+def test_bad_max_attempts_is_refused(url: str, qname: str, r: redis.Redis, bad: Any) -> None:
+    app = _app(url)
+
+    @app.task(queue=qname, name="t")
+    def t() -> None:
+        return None
+
+    try:
+        before = snapshot(r, qname)
+        with pytest.raises(echomq.InvalidArgument, match="max_attempts"):
+            t.options(max_attempts=bad)
+        with pytest.raises(echomq.InvalidArgument, match="max_attempts"):
+            t.enqueue_many([((), {})], max_attempts=bad)
+        with pytest.raises(echomq.InvalidArgument, match="ttl_ms"):
+            t.options(ttl_ms=0)
+        assert snapshot(r, qname) == before
+    finally:
+        app.close()
+
+
+def test_envelope_carries_the_budget_and_old_readers_agree() -> None:
+    from echomq import _envelope
+    from echomq.serializers import JSON
+
+    s = JSON()
+    raw = _envelope.encode(s, "t", (1,), {}, {"max_attempts": 3})
+    assert _envelope.parse(s, raw) == ("t", [1], {})
+    assert _envelope.parse_full(s, raw)[3] == {"max_attempts": 3}
+    assert _envelope.attempt_budget({"max_attempts": 0}) == 0
+    assert _envelope.attempt_budget({"max_attempts": "3"}) == 0
+    assert _envelope.parse_full(s, _envelope.encode(s, "t", (1,)))[3] == {}

@@ -567,7 +567,7 @@ def test_valgrind(tmp_path: Path) -> None:
         qb.rate_limit_lane("c", 30, 60000)
         for lane in ("", "a", "c"):
             ids = [jid(1000 * len(lane) + 100 * ord(lane[:1] or "x") + n) for n in range(60)]
-            command(r, "EMQ.ENQUEUE", 1, b + "meta", b, lane, "now", "0", "0", "", "",
+            command(r, "EMQ.ENQUEUE", 1, b + "meta", b, lane, "now", "0", "0", "", "", "",
                     *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
         command(r, "EMQ.ENQUEUE", 2, b + "job:" + jid(1), b + "meta", b, jid(1), "p", "", "now",
                 "0", "", "0", "", "d", "simple", "0")  # fmt: skip
@@ -586,7 +586,7 @@ def test_valgrind(tmp_path: Path) -> None:
                 if not held:
                     fresh += 1
                     ids = [jid(500000 + 100 * fresh + n) for n in range(20)]
-                    command(r, "EMQ.ENQUEUE", 1, b + "meta", b, "", "now", "0", "0", "", "",
+                    command(r, "EMQ.ENQUEUE", 1, b + "meta", b, "", "now", "0", "0", "", "", "",
                             *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
                     continue
             half = len(held) // 2 + 1

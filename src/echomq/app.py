@@ -102,6 +102,21 @@ class Options:
     dedup: str | None = None  # D20: see Queue.enqueue
     dedup_ttl_ms: int | None = None
     dedup_mode: str = "simple"
+    # Issue 24: this job's attempt budget (in its envelope) and its expiry (Queue.enqueue).
+    max_attempts: int | None = None
+    ttl_ms: int | None = None
+
+
+def _budget(max_attempts: object) -> dict[str, Any] | None:
+    """The envelope's ``opts`` for a per-job attempt budget (None: the task's), checked as
+    ``@app.task(max_attempts=)`` is, before anything is sent."""
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+    if not 1 <= max_attempts <= MAX_INT:
+        raise InvalidArgument(f"max_attempts must be in [1, {MAX_INT}], got {max_attempts}")
+    return {"max_attempts": max_attempts}
 
 
 class Task(Generic[P, R]):
@@ -197,14 +212,17 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
 
-    def payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-        """The wire payload of one call of this task; :class:`BadArguments` when the call
-        does not bind to the handler or an argument cannot be serialized."""
+    def payload(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], opts: dict[str, Any] | None = None
+    ) -> bytes:
+        """The wire payload of one call of this task (``opts``: the job's options, see
+        ``echomq._envelope``); :class:`BadArguments` when the call does not bind to the
+        handler or an argument cannot be serialized."""
         p = self._params or self.params()
         if kwargs or not p.min_pos <= len(args) <= p.max_pos:  # else it binds (the fast check)
             p.check(self.name, args, kwargs)
         try:
-            return _envelope.encode(self.app.serializer, self.name, args, kwargs)
+            return _envelope.encode(self.app.serializer, self.name, args, kwargs, opts)
         except Exception as exc:
             raise self._unserializable(args, kwargs, exc) from exc
 
@@ -274,13 +292,25 @@ class Task(Generic[P, R]):
         dedup: str | None = None,
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
+        max_attempts: int | None = None,
+        ttl_ms: int | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options: a delay, an absolute run time, a lane, an id, a dedup
-        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL)."""
+        key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL), this
+        job's own attempt budget (``max_attempts``, overriding the task's) and its expiry
+        (``ttl_ms``: not claimed within that long, it is dead-lettered ``expired``)."""
         from echomq._control import dedup_args
+        from echomq._protocol import _ttl
 
         dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
-        return BoundTask(self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode))
+        _budget(max_attempts)
+        _ttl(ttl_ms)
+        return BoundTask(
+            self,
+            Options(
+                delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, max_attempts, ttl_ms
+            ),
+        )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         """Enqueue a call of this task with the handler's arguments; the receipt's
@@ -292,21 +322,30 @@ class Task(Generic[P, R]):
         return await self._plain.aenqueue(*args, **kwargs)
 
     def enqueue_many(
-        self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], *, group: str | None = None
+        self,
+        calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
+        *,
+        group: str | None = None,
+        max_attempts: int | None = None,
+        ttl_ms: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
-        """Enqueue many calls, each ``(args, kwargs)``, in few round trips."""
+        """Enqueue many calls, each ``(args, kwargs)``, in few round trips (``max_attempts``
+        and ``ttl_ms``: every job's, as ``options``)."""
+        opts = _budget(max_attempts)
         otel = self.app._otel
         if otel is not None:
-            span, payloads = otel.start_send(self, self._wire_calls(calls))
+            span, payloads = otel.start_send(self, self._wire_calls(calls), opts)
             try:
-                found = self.app.queue(self.queue).enqueue_many(payloads, group=group)
+                found = self.app.queue(self.queue).enqueue_many(
+                    payloads, group=group, ttl_ms=ttl_ms
+                )
             except BaseException as exc:
                 otel.end_send(span, None, exc)
                 raise
             otel.end_send(span, None, None)
             return found
-        payloads = _each_call(calls, self.payload)
-        return self.app.queue(self.queue).enqueue_many(payloads, group=group)
+        payloads = _each_call(calls, lambda a, k: self.payload(a, k, opts))
+        return self.app.queue(self.queue).enqueue_many(payloads, group=group, ttl_ms=ttl_ms)
 
     def _wire_calls(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
@@ -351,10 +390,12 @@ class BoundTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
         otel = self.task.app._otel
+        opts = _budget(o.max_attempts)
         if otel is None:
-            payload = self.task.payload(args, kwargs)
+            payload = self.task.payload(args, kwargs, opts)
         else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)])
+            calls = [self.task.to_wire(args, kwargs)]
+            span, (payload,) = otel.start_send(self.task, calls, opts)
         try:
             e = self.task.app.queue(self.task.queue).enqueue(
                 payload,
@@ -365,6 +406,7 @@ class BoundTask(Generic[P, R]):
                 dedup=o.dedup,
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
+                ttl_ms=o.ttl_ms,
             )
         except BaseException as exc:
             if otel is not None:
@@ -377,10 +419,12 @@ class BoundTask(Generic[P, R]):
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
         otel = self.task.app._otel
+        opts = _budget(o.max_attempts)
         if otel is None:
-            payload = self.task.payload(args, kwargs)
+            payload = self.task.payload(args, kwargs, opts)
         else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)])
+            calls = [self.task.to_wire(args, kwargs)]
+            span, (payload,) = otel.start_send(self.task, calls, opts)
         try:
             e = await self.task.app.aqueue(self.task.queue).enqueue(
                 payload,
@@ -391,6 +435,7 @@ class BoundTask(Generic[P, R]):
                 dedup=o.dedup,
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
+                ttl_ms=o.ttl_ms,
             )
         except BaseException as exc:
             if otel is not None:
