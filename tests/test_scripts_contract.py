@@ -507,7 +507,8 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.exists(_k(qname, "job:" + a)) == 0  # never admitted twice
     # A call that admits nothing leaves no marker.
     head2 = [base, "", "now", 0, 60_000, "aa0123456789"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", "", b, b"x"]) == [b"duplicate"]
+    again = _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", "", b, b"x"])
+    assert again == [b"duplicate"]
     assert r.exists(base + "recent:aa0123456789") == 0
 
 

@@ -180,9 +180,7 @@ class Runner:
         else:
             r.fut = asyncio.ensure_future(self._execute(r, task, args, kwargs, done))
 
-    def prepare(
-        self, job: Job
-    ) -> tuple[Task[Any, Any], list[Any], dict[str, Any], int] | Settle:
+    def prepare(self, job: Job) -> tuple[Task[Any, Any], list[Any], dict[str, Any], int] | Settle:
         """The task, arguments and own attempt budget (0: the task's) of a job, or the
         dead-letter settle of a job no handler can run: an undecodable payload or an unknown
         task is never silently dropped."""
