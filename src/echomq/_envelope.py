@@ -122,7 +122,7 @@ def parse(serializer: Serializer, payload: bytes) -> tuple[Any, list[Any], dict[
     The task name is returned as found (the caller decides what an unknown or non-string
     name means); args and kwargs are checked to be a list and a map.
     """
-    return parse_full(serializer, payload)[:3]  # type: ignore[return-value]
+    return parse_full(serializer, payload)[:3]
 
 
 def parse_full(
