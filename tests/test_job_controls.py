@@ -221,3 +221,81 @@ def test_envelope_carries_the_budget_and_old_readers_agree() -> None:
     assert _envelope.attempt_budget({"max_attempts": 0}) == 0
     assert _envelope.attempt_budget({"max_attempts": "3"}) == 0
     assert _envelope.parse_full(s, _envelope.encode(s, "t", (1,)))[3] == {}
+
+
+# --------------------------------------------------------------------------- small controls
+
+
+def test_reschedule_moves_a_scheduled_jobs_run_time(anyq: Any, r: redis.Redis) -> None:
+    e = anyq.enqueue(b"x", delay_ms=3_600_000, ttl_ms=7_200_000)
+    expires = _row(r, anyq.name, e.id)[b"expires"]
+    now_ms = int(r.time()[0]) * 1000
+    assert anyq.reschedule(e.id, 60_000) is None
+    score = r.zscore(_p(anyq.name) + "schedule", e.id)
+    assert score is not None and now_ms + 55_000 < score < now_ms + 70_000
+    anyq.reschedule(e.id, at_ms=123)
+    assert r.zscore(_p(anyq.name) + "schedule", e.id) == 123
+    assert _row(r, anyq.name, e.id)[b"expires"] == expires  # the ttl counts from the enqueue
+    assert anyq.promote() == 1
+    assert anyq.claim().id == e.id
+    assert anyq.check() == []
+
+
+def test_reschedule_refusals_write_nothing(anyq: Any, r: redis.Redis) -> None:
+    waiting = anyq.enqueue(b"w").id
+    active = anyq.enqueue(b"a").id
+    assert anyq.claim().id == waiting
+    before = snapshot(r, anyq.name)
+    for jid in (waiting, active):
+        with pytest.raises(echomq.StateError):
+            anyq.reschedule(jid, 10)
+    with pytest.raises(echomq.JobGone):
+        anyq.reschedule(echomq.ids.mint(), 10)
+    with pytest.raises(echomq.InvalidArgument):
+        anyq.reschedule(active)
+    with pytest.raises(echomq.InvalidArgument):
+        anyq.reschedule(active, 10, at_ms=10)
+    with pytest.raises(echomq.InvalidArgument):
+        anyq.reschedule(active, -1)
+    assert snapshot(r, anyq.name) == before
+
+
+def test_update_payload_of_waiting_and_scheduled_jobs(anyq: Any, r: redis.Redis) -> None:
+    w = anyq.enqueue(b"old", group="g1")
+    s = anyq.enqueue(b"old", delay_ms=3_600_000)
+    anyq.update_payload(w.id, b"new\x00")
+    anyq.update_payload(s.id, "text")
+    assert _row(r, anyq.name, s.id)[b"payload"] == b"text"
+    job = anyq.claim()
+    assert job.id == w.id and job.payload == b"new\x00"
+    assert anyq.check() == []
+
+
+def test_update_payload_refusals_write_nothing(anyq: Any, r: redis.Redis) -> None:
+    a = anyq.enqueue(b"a").id
+    assert anyq.claim().id == a
+    d = anyq.enqueue(b"d").id
+    job = anyq.claim()
+    anyq.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="x")
+    before = snapshot(r, anyq.name)
+    for jid in (a, d):
+        with pytest.raises(echomq.StateError):
+            anyq.update_payload(jid, b"x")
+    with pytest.raises(echomq.JobGone):
+        anyq.update_payload(echomq.ids.mint(), b"x")
+    with pytest.raises(echomq.PayloadTooLarge):
+        anyq.update_payload(a, b"x" * (16 * 1024 * 1024 + 1))
+    assert snapshot(r, anyq.name) == before
+
+
+def test_update_payload_ends_a_reaped_lease(q: echomq.Queue, r: redis.Redis) -> None:
+    e = q.enqueue(b"old")
+    job = q.claim(lease_ms=1)
+    assert job is not None
+    time.sleep(0.01)
+    assert q.reap() == 1
+    q.update_payload(e.id, b"new")
+    with pytest.raises(echomq.StaleToken):
+        q.complete(job.id, job.token)  # its holder ran the old payload
+    again = q.claim()
+    assert again is not None and again.payload == b"new"

@@ -779,6 +779,33 @@ def run_now(k: Keys, id: str) -> Call[None]:
     return _call("run_now", (k.job(id), k.schedule), (k.base, id), _gone_if_zero(id))
 
 
+# ---- issue 24: small controls ----------------------------------------------------------
+
+
+def reschedule(
+    k: Keys, id: str, delay_ms: int | None = None, *, at_ms: int | None = None
+) -> Call[None]:
+    """A scheduled job's run time: now + ``delay_ms`` (server clock) or ``at_ms`` (the
+    caller's clock); StateError for a job that is not scheduled, JobGone without a row."""
+    if delay_ms is None and at_ms is None:
+        raise InvalidArgument("reschedule takes delay_ms or at_ms")
+    mode, value = _when(delay_ms, at_ms)
+    if mode == "now":  # delay_ms=0: due now (the next promote moves it)
+        mode = "in"
+    args = (k.base, id, mode, value)
+    return _call("reschedule", (k.job(id), k.schedule), args, _gone_if_zero(id))
+
+
+def update_payload(k: Keys, id: str, payload: bytes | str) -> Call[None]:
+    """A waiting or scheduled job's payload replaced (the size rules of enqueue);
+    StateError for an active, dead or held job, JobGone without a row."""
+    data = _payload(payload, k.max_payload)
+    return _call("update_payload", (k.job(id),), (k.base, id, data), _gone_if_zero(id))
+
+
+# ---- end issue 24, small controls --------------------------------------------------------
+
+
 def update_progress(k: Keys, id: str, value: str) -> Call[None]:
     args = (k.base, id, _text("value", value))
     return _call("update_progress", (k.job(id),), args, _gone_if_zero(id))
@@ -1051,11 +1078,13 @@ __all__ += [
     "reprocess",
     "resume",
     "resume_lane",
+    "reschedule",
     "retry",
     "run_now",
     "settle",
     "complete_many",
     "sweep_stalled",
+    "update_payload",
     "update_progress",
     "weight_lane",
 ]

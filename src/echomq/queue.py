@@ -292,8 +292,19 @@ class Queue:
         return self._x.run(_p.remove(self._k, id))
 
     def run_now(self, id: str) -> None:
-        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time.
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
         return self._x.run(_p.run_now(self._k, id))
+
+    def reschedule(self, id: str, delay_ms: int | None = None, *, at_ms: int | None = None) -> None:
+        """Change a scheduled job's run time: now + ``delay_ms`` (server clock) or ``at_ms``;
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
+        return self._x.run(_p.reschedule(self._k, id, delay_ms, at_ms=at_ms))
+
+    def update_payload(self, id: str, payload: bytes | str) -> None:
+        """Replace a waiting or scheduled job's payload (``PayloadTooLarge`` as enqueue);
+        ``StateError`` for an active, dead or held job, ``JobGone`` when there is none."""
+        return self._x.run(_p.update_payload(self._k, id, payload))
 
     def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
         """Up to ``n`` ids in ``state``, newest first."""
@@ -736,8 +747,21 @@ class AsyncQueue:
         return await self._x.run(_p.remove(self._k, id))
 
     async def run_now(self, id: str) -> None:
-        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time.
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
         return await self._x.run(_p.run_now(self._k, id))
+
+    async def reschedule(
+        self, id: str, delay_ms: int | None = None, *, at_ms: int | None = None
+    ) -> None:
+        """Change a scheduled job's run time: now + ``delay_ms`` (server clock) or ``at_ms``;
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
+        return await self._x.run(_p.reschedule(self._k, id, delay_ms, at_ms=at_ms))
+
+    async def update_payload(self, id: str, payload: bytes | str) -> None:
+        """Replace a waiting or scheduled job's payload (``PayloadTooLarge`` as enqueue);
+        ``StateError`` for an active, dead or held job, ``JobGone`` when there is none."""
+        return await self._x.run(_p.update_payload(self._k, id, payload))
 
     async def browse(
         self, state: str = "pending", n: int = 50, *, group: str | None = None
