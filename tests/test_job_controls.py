@@ -299,3 +299,34 @@ def test_update_payload_ends_a_reaped_lease(q: echomq.Queue, r: redis.Redis) -> 
         q.complete(job.id, job.token)  # its holder ran the old payload
     again = q.claim()
     assert again is not None and again.payload == b"new"
+
+
+def test_cancel_all_removes_waiting_and_signals_active(anyq: Any, r: redis.Redis) -> None:
+    from echomq import _control
+
+    dead = anyq.enqueue(b"x").id
+    d = anyq.claim()
+    anyq.retry(d.id, d.token, delay_ms=0, max_attempts=1, error="boom")
+    held = anyq.enqueue(b"held").id
+    job = anyq.claim()
+    assert job.id == held
+    flat = [anyq.enqueue(b"f%d" % i).id for i in range(5)]
+    lane = [anyq.enqueue(b"l", group="g%d" % i).id for i in range(3)]
+    later = anyq.enqueue(b"s", delay_ms=3_600_000, dedup="d1").id
+    r.set(_p(anyq.name) + "want:" + flat[0], "1", px=30_000)
+    # A small budget: the client loops the bounded calls to the end.
+    if isinstance(anyq, echomq.Queue):
+        got = anyq._x.run(_control.cancel_all(anyq._k, budget=2))
+    else:
+        got = anyq.cancel_all()
+    assert got == {"removed": 9, "signalled": 1}
+    for jid in (*flat, *lane, later):
+        assert anyq.job_state(jid) == "absent"
+    assert anyq.job_state(dead) == "dead"
+    assert r.hget(_p(anyq.name) + "job:" + held, "cancel") == b"1"
+    assert not r.exists(_p(anyq.name) + "de:d1")
+    assert r.hget(_p(anyq.name) + "result:" + flat[0], "error") == b"cancelled"
+    assert anyq.lanes() == []
+    assert anyq.check() == []
+    # Again: nothing waits, the active job's flag is already set.
+    assert anyq.cancel_all() == {"removed": 0, "signalled": 0}

@@ -504,6 +504,11 @@ class Queue:
         ``remove=True``) or ``"absent"``."""
         return self._x.run(_ctl.cancel(self._k, id, remove))
 
+    def cancel_all(self) -> dict[str, int]:
+        """Cancel every waiting and scheduled job (removed) and signal every active one, as
+        ``cancel`` does per job, in bounded script calls; ``{"removed", "signalled"}``."""
+        return self._x.run(_ctl.cancel_all(self._k))
+
     def extend_leases(
         self, pairs: Iterable[tuple[str, int]], *, lease_ms: int
     ) -> tuple[list[str], list[str]]:
@@ -964,6 +969,11 @@ class AsyncQueue:
         next heartbeat stops it and dead-letters it as "cancelled", or removes it with
         ``remove=True``) or ``"absent"``."""
         return await self._x.run(_ctl.cancel(self._k, id, remove))
+
+    async def cancel_all(self) -> dict[str, int]:
+        """Cancel every waiting and scheduled job (removed) and signal every active one, as
+        ``cancel`` does per job, in bounded script calls; ``{"removed", "signalled"}``."""
+        return await self._x.run(_ctl.cancel_all(self._k))
 
     async def extend_leases(
         self, pairs: Iterable[tuple[str, int]], *, lease_ms: int
