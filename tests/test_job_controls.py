@@ -330,3 +330,52 @@ def test_cancel_all_removes_waiting_and_signals_active(anyq: Any, r: redis.Redis
     assert anyq.check() == []
     # Again: nothing waits, the active job's flag is already set.
     assert anyq.cancel_all() == {"removed": 0, "signalled": 0}
+
+
+def test_remove_a_flow_parent_takes_its_waiting_descendants(anyq: Any, r: redis.Redis) -> None:
+    from echomq import FlowJob
+
+    tree = FlowJob(
+        b"root",
+        children=[
+            FlowJob(b"mid", children=[FlowJob(b"leaf1"), FlowJob(b"leaf2", group="g2")]),
+            FlowJob(b"runs"),
+            FlowJob(b"dies"),
+        ],
+    )
+    added = anyq.add_flow(tree)
+    mid, runs, dies = added.child_ids
+    leaves = [j for j in anyq.browse("pending", 10) if j not in (runs, dies)]
+    leaves += anyq.browse("pending", 10, group="g2")
+    assert len(leaves) == 2
+    # Hold 'runs' and 'dies' (the leaves go back to waiting); kill 'dies'.
+    held = {}
+    for job in anyq.claim_batch(10):
+        if job.id in (runs, dies):
+            held[job.id] = job
+        else:
+            anyq.delay(job.id, job.token, 0)
+    assert len(held) == 2
+    d = held[dies]
+    anyq.retry(d.id, d.token, delay_ms=0, max_attempts=1, error="x")
+    assert anyq.job_state(added.parent_id) == "dead"  # a fail_parent child killed the root
+    anyq.remove(added.parent_id)
+    for jid in (added.parent_id, mid, *leaves):
+        assert anyq.job_state(jid) == "absent"
+    assert anyq.job_state(runs) == "active"  # runs on; its settle records nothing
+    assert anyq.job_state(dies) == "dead"
+    anyq.complete(runs, held[runs].token)
+    assert anyq.check() == []
+
+
+def test_remove_children_false_keeps_them(anyq: Any, r: redis.Redis) -> None:
+    from echomq import FlowJob
+
+    added = anyq.add_flow(FlowJob(b"root", children=[FlowJob(b"a"), FlowJob(b"b")]))
+    anyq.remove(added.parent_id, children=False)
+    assert anyq.job_state(added.parent_id) == "absent"
+    for kid in added.child_ids:
+        assert anyq.job_state(kid) == "pending"
+    with pytest.raises(echomq.InvalidArgument):
+        anyq.remove(added.child_ids[0], children=1)
+    assert anyq.check() == []

@@ -771,8 +771,13 @@ def reprocess(k: Keys, id: str) -> Call[None]:
     return _call("reprocess", (k.job(id), k.dead), (k.base, id), _gone_if_zero(id))
 
 
-def remove(k: Keys, id: str) -> Call[None]:
-    return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
+def remove(k: Keys, id: str, children: bool = True) -> Call[None]:
+    """``children`` (issue 24): a flow parent's waiting descendants go with it; False
+    removes the job alone."""
+    if not isinstance(children, bool):
+        raise InvalidArgument(f"children must be a bool, got {children!r}")
+    args = (k.base, id, "1") if children else (k.base, id)
+    return _call("remove", (k.job(id),), args, _gone_if_zero(id))
 
 
 def run_now(k: Keys, id: str) -> Call[None]:

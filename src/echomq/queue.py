@@ -287,9 +287,10 @@ class Queue:
         """Send a dead job back to pending (its lane when grouped)."""
         return self._x.run(_p.reprocess(self._k, id))
 
-    def remove(self, id: str) -> None:
-        """Delete a job wherever it is."""
-        return self._x.run(_p.remove(self._k, id))
+    def remove(self, id: str, *, children: bool = True) -> None:
+        """Delete a job wherever it is; a flow parent's waiting descendants go with it
+        (``children=False``: the job alone)."""
+        return self._x.run(_p.remove(self._k, id, children))
 
     def run_now(self, id: str) -> None:
         """Make a scheduled job waiting now (its lane when grouped), whatever its run time.
@@ -747,9 +748,10 @@ class AsyncQueue:
         """Send a dead job back to pending (its lane when grouped)."""
         return await self._x.run(_p.reprocess(self._k, id))
 
-    async def remove(self, id: str) -> None:
-        """Delete a job wherever it is."""
-        return await self._x.run(_p.remove(self._k, id))
+    async def remove(self, id: str, *, children: bool = True) -> None:
+        """Delete a job wherever it is; a flow parent's waiting descendants go with it
+        (``children=False``: the job alone)."""
+        return await self._x.run(_p.remove(self._k, id, children))
 
     async def run_now(self, id: str) -> None:
         """Make a scheduled job waiting now (its lane when grouped), whatever its run time.
