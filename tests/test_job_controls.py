@@ -379,3 +379,76 @@ def test_remove_children_false_keeps_them(anyq: Any, r: redis.Redis) -> None:
     with pytest.raises(echomq.InvalidArgument):
         anyq.remove(added.child_ids[0], children=1)
     assert anyq.check() == []
+
+
+# --------------------------------------------------------------------------- repeat limits
+
+
+_fires = iter(range(1_000, 10**9, 1_000))
+
+
+def _fire_now(q: Any, r: redis.Redis, name: str) -> int:
+    """Make the repeat due now and fire it: the test drives the clock through the score (a
+    new past fire time each call, so each is a new occurrence)."""
+    r.zadd(_p(q.name) + "repeat", {name: next(_fires)}, xx=True)
+    return int(q.fire_due())
+
+
+def test_repeat_limit_stops_after_n_fires(q: echomq.Queue, r: redis.Redis) -> None:
+    assert q.repeat("r", b"x", every_ms=60_000, limit=2) == "registered"
+    assert _fire_now(q, r, "r") == 1
+    [rep] = q.repeats()
+    assert (rep.fired, rep.limit, rep.ended) == (1, 2, False)
+    assert _fire_now(q, r, "r") == 1
+    [rep] = q.repeats()
+    assert rep.fired == 2 and rep.ended and rep.next_ms is None
+    # Spent: it stays listed, never due again; re-registering with the same limit keeps it so.
+    assert q.fire_due() == 0
+    assert q.repeat("r", b"x", every_ms=60_000, limit=2) == "updated"
+    assert q.repeats()[0].ended
+    # A higher limit revives it, the count kept.
+    q.repeat("r", b"x", every_ms=60_000, limit=3)
+    assert not q.repeats()[0].ended
+    assert _fire_now(q, r, "r") == 1
+    assert q.repeats()[0].ended and q.counts()["pending"] == 3
+    assert q.check() == []
+
+
+def test_repeat_until_ms_stops_at_its_end(q: echomq.Queue, r: redis.Redis) -> None:
+    now = int(r.time()[0]) * 1000
+    q.repeat("u", b"x", every_ms=60_000, until_ms=now + 30_000)
+    assert _fire_now(q, r, "u") == 1  # due at 1 ms: before the end
+    [rep] = q.repeats()
+    assert rep.ended and rep.until_ms == now + 30_000  # its next fire would pass the end
+    q.repeat("past", b"x", every_ms=60_000, until_ms=1)
+    assert [x.ended for x in q.repeats() if x.name == "past"] == [True]
+
+
+@pytest.mark.parametrize("bad", [{"limit": 0}, {"limit": -1}, {"limit": 1.5}, {"until_ms": -1}])
+def test_bad_repeat_limits_are_refused(q: echomq.Queue, r: redis.Redis, bad: Any) -> None:
+    before = snapshot(r, q.name)
+    with pytest.raises(echomq.InvalidArgument):
+        q.repeat("r", b"x", every_ms=1000, **bad)
+    app = echomq.App(url=None)
+    with pytest.raises(echomq.InvalidArgument):
+        app.periodic(every_ms=1000, **bad)
+    assert snapshot(r, q.name) == before
+
+
+def test_periodic_limit_reaches_the_registry(url: str, qname: str, r: redis.Redis) -> None:
+    from echomq import _compose
+
+    app = echomq.App(url=url)
+
+    @app.periodic(every_ms=60_000, queue=qname, limit=5, until_ms=10**13)
+    def tick() -> None:
+        return None
+
+    try:
+        q = app.queue(qname)
+        q._x.run(app.sync_periodic(q._k))
+        [rep] = q.repeats()
+        assert (rep.limit, rep.until_ms, rep.fired) == (5, 10**13, 0)
+        assert isinstance(rep, _compose.Repeat)
+    finally:
+        app.close()

@@ -513,6 +513,8 @@ class Periodic:
     group: str | None
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    limit: int | None = None  # issue 24: at most that many fires
+    until_ms: int | None = None  # issue 24: no fire due after it
 
 
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
@@ -686,6 +688,8 @@ class App:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         queue: str = "default",
+        limit: int | None = None,
+        until_ms: int | None = None,
         **task_options: Any,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a task that runs every ``every_ms`` or on ``cron`` (5 fields, in ``tz``).
@@ -693,9 +697,12 @@ class App:
         Every worker of the app registers it at start (and removes the app's registrations it
         no longer declares) and fires it in its beat; each occurrence is enqueued exactly once
         however many workers run. ``name`` is the repeat's name (default: the task name);
-        ``args``/``kwargs`` the call each occurrence makes; other keywords go to ``task``.
+        ``args``/``kwargs`` the call each occurrence makes; ``limit``: it fires at most that
+        many times, ``until_ms``: none due after that ms (issue 24; the count survives worker
+        restarts); other keywords go to ``task``.
         """
         _compose.schedule(every_ms, cron, tz)
+        _compose.repeat_limits(limit, until_ms)
         if group is not None:
             keyspace.check_lane(group)
 
@@ -707,7 +714,16 @@ class App:
                 raise InvalidArgument(f"periodic {rname!r} is already registered")
             t.payload(tuple(args), dict(kwargs or {}))  # BadArguments here, not in the worker
             self.periodics[(t.queue, rname)] = Periodic(
-                t, rname, every_ms, cron, tz, group, tuple(args), dict(kwargs or {})
+                t,
+                rname,
+                every_ms,
+                cron,
+                tz,
+                group,
+                tuple(args),
+                dict(kwargs or {}),
+                limit,
+                until_ms,
             )
             return t
 
@@ -754,6 +770,8 @@ class App:
                 tz=p.tz,
                 group=p.group,
                 owner=self.name,
+                limit=p.limit,
+                until_ms=p.until_ms,
             )
         names = {p.name for p in mine}
         for rep in (yield from _compose.repeats(keys)):

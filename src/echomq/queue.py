@@ -433,9 +433,13 @@ class Queue:
         tz: str = "UTC",
         group: str | None = None,
         owner: str | None = None,
+        limit: int | None = None,
+        until_ms: int | None = None,
     ) -> str:
         """Register ``name`` to enqueue ``payload`` every ``every_ms`` or on ``cron`` (in
-        ``tz``): ``"registered"`` or ``"updated"``."""
+        ``tz``): ``"registered"`` or ``"updated"``. ``limit``: it fires at most that many times;
+        ``until_ms``: no fire due after that ms (the caller's clock); ``repeats()`` shows a
+        spent one with ``next_ms=None``."""
         return self._x.run(
             _c.repeat(
                 self._k,
@@ -446,6 +450,8 @@ class Queue:
                 tz=tz,
                 group=group,
                 owner=owner,
+                limit=limit,
+                until_ms=until_ms,
             )
         )
 
@@ -898,9 +904,13 @@ class AsyncQueue:
         tz: str = "UTC",
         group: str | None = None,
         owner: str | None = None,
+        limit: int | None = None,
+        until_ms: int | None = None,
     ) -> str:
         """Register ``name`` to enqueue ``payload`` every ``every_ms`` or on ``cron`` (in
-        ``tz``): ``"registered"`` or ``"updated"``."""
+        ``tz``): ``"registered"`` or ``"updated"``. ``limit``: it fires at most that many times;
+        ``until_ms``: no fire due after that ms (the caller's clock); ``repeats()`` shows a
+        spent one with ``next_ms=None``."""
         return await self._x.run(
             _c.repeat(
                 self._k,
@@ -911,6 +921,8 @@ class AsyncQueue:
                 tz=tz,
                 group=group,
                 owner=owner,
+                limit=limit,
+                until_ms=until_ms,
             )
         )
 
