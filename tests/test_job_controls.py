@@ -311,7 +311,7 @@ def test_cancel_all_removes_waiting_and_signals_active(anyq: Any, r: redis.Redis
     job = anyq.claim()
     assert job.id == held
     flat = [anyq.enqueue(b"f%d" % i).id for i in range(5)]
-    lane = [anyq.enqueue(b"l", group="g%d" % i).id for i in range(3)]
+    lane = [anyq.enqueue(b"l", group=f"g{i}").id for i in range(3)]
     later = anyq.enqueue(b"s", delay_ms=3_600_000, dedup="d1").id
     r.set(_p(anyq.name) + "want:" + flat[0], "1", px=30_000)
     # A small budget: the client loops the bounded calls to the end.
