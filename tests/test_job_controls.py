@@ -452,3 +452,57 @@ def test_periodic_limit_reaches_the_registry(url: str, qname: str, r: redis.Redi
         assert isinstance(rep, _compose.Repeat)
     finally:
         app.close()
+
+
+# --------------------------------------------------------------------------- flow wait
+
+
+def _flow_app(url: str, qname: str) -> tuple[echomq.App, Any, Any, Any]:
+    app = echomq.App(url=url)
+
+    @app.task(queue=qname, keep_result_ms=60_000)
+    def square(x: int) -> int:
+        return x * x
+
+    @app.task(queue=qname, keep_result_ms=60_000)
+    def total() -> int:
+        ctx = echomq.current_job()
+        assert ctx is not None
+        return sum(ctx.children_values().values())
+
+    @app.task(queue=qname, keep_result_ms=60_000, max_attempts=1)
+    def boom() -> int:
+        raise ValueError("no")
+
+    return app, square, total, boom
+
+
+def test_app_flow_wait_returns_the_roots_result(url: str, qname: str) -> None:
+    from echomq.testing import drain
+
+    app, square, total, boom = _flow_app(url, qname)
+    try:
+        added = app.flow(total.s(), children=[square.s(2), square.s(3)])
+        failing = app.flow(total.s(), children=[boom.s()])
+        assert added == echomq.FlowAdded(added.parent_id, added.child_ids)
+        with pytest.raises(TimeoutError):
+            added.wait(timeout_s=0.05)
+        drain(app, timeout_s=20, beat_ms=20)
+        assert added.wait(timeout_s=5) == 13
+        with pytest.raises(echomq.JobFailed, match="failed"):
+            failing.wait(timeout_s=5)
+    finally:
+        app.close()
+
+
+async def test_app_flow_await_result(url: str, qname: str) -> None:
+    from echomq.testing import adrain
+
+    app, square, total, _ = _flow_app(url, qname)
+    try:
+        added = app.flow(total.s(), children=[square.s(4)])
+        await adrain(app, timeout_s=20, beat_ms=20)
+        assert await added.await_result(timeout_s=5) == 16
+    finally:
+        await app.aclose()
+        app.close()

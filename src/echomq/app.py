@@ -500,6 +500,35 @@ class TaskEnqueued(Enqueued):
             )
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class TaskFlow(_compose.FlowAdded):
+    """The receipt of ``app.flow`` (issue 24): a :class:`FlowAdded` (equal to the plain one)
+    that can wait for the root's return value, as :class:`TaskEnqueued` waits for one job's:
+    the root task must keep results; ``JobFailed`` when the root died (a ``fail_parent``
+    child's death kills it), ``TimeoutError`` at the deadline."""
+
+    task: Task[Any, Any] = field(repr=False, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _compose.FlowAdded):
+            return NotImplemented
+        return (self.parent_id, self.child_ids) == (other.parent_id, other.child_ids)
+
+    def __hash__(self) -> int:
+        return hash(self.parent_id)
+
+    def _root(self) -> TaskEnqueued:
+        return TaskEnqueued(self.parent_id, "enqueued", self.task)
+
+    def wait(self, timeout_s: float) -> Any:
+        """Block until the root's result is kept; return it deserialized."""
+        return self._root().wait(timeout_s)
+
+    async def await_result(self, timeout_s: float) -> Any:
+        """``wait`` for asyncio code."""
+        return await self._root().await_result(timeout_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Periodic:
     """A task that runs on a schedule (``@app.periodic``): the repeat ``name`` on the task's
@@ -748,13 +777,15 @@ class App:
 
     def flow(
         self, parent: Signature, children: Iterable[Signature | _compose.FlowJob] = ()
-    ) -> _compose.FlowAdded:
+    ) -> TaskFlow:
         """Add a flow: ``parent`` runs once every child has completed (or died with
         ``fail_parent=False``); a child's death otherwise dead-letters the parent. Inside the
         parent's handler ``current_job().children_values()`` returns the children's values
-        (recorded when the child task keeps results)."""
+        (recorded when the child task keeps results). The receipt's ``wait(timeout_s)``
+        gives the root's return value (its task must keep results)."""
         node = self.flow_job(parent, children)
-        return self.queue(parent.task.queue).add_flow(node)
+        added = self.queue(parent.task.queue).add_flow(node)
+        return TaskFlow(added.parent_id, added.child_ids, parent.task)
 
     def sync_periodic(self, keys: Keys) -> Plan[None]:
         """Register this app's periodic tasks of one queue and unregister the repeats this
