@@ -506,3 +506,28 @@ async def test_app_flow_await_result(url: str, qname: str) -> None:
     finally:
         await app.aclose()
         app.close()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_reschedule_cancel_all_and_remove(url: str, q: echomq.Queue, r: redis.Redis) -> None:
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(main, ["--url", url, *args])
+
+    later = q.enqueue(b"x", delay_ms=3_600_000).id
+    waiting = q.enqueue(b"w").id
+    out = cli("reschedule", q.name, later, "--at-ms", "5")
+    assert out.exit_code == 0 and out.output == f"{later}: rescheduled\n"
+    assert r.zscore(_p(q.name) + "schedule", later) == 5
+    out = cli("reschedule", q.name, waiting, "--delay-ms", "5")
+    assert out.exit_code == 1 and "not scheduled" in out.output
+    out = cli("cancel-all", q.name)
+    assert out.exit_code == 0 and out.output == "removed 2, signalled 0\n"
+    added = q.add_flow(echomq.FlowJob(b"p", children=[echomq.FlowJob(b"c")]))
+    out = cli("remove", q.name, added.parent_id, "--keep-children")
+    assert out.exit_code == 0 and q.job_state(added.child_ids[0]) == "pending"

@@ -131,6 +131,8 @@ LANE = st.sampled_from(LANES)
 LEASES = st.sampled_from((SHORT, LONG))
 DELAYS = st.sampled_from((None, 0, SHORT, LONG))
 RETRY_DELAYS = st.sampled_from((0, SHORT, LONG))
+# issue 24: 1 ms is made clearly expired (the machine waits past it), LONG clearly never
+TTLS = st.sampled_from((None, None, None, 1, LONG))
 PAYLOADS = st.binary(max_size=4)
 # Which item of a list (tickets: counted from the most recent): mostly one of the last few.
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 255))
@@ -222,7 +224,7 @@ class ModelMachine(RuleBasedStateMachine):
         ]
         if repeats:
             for qi in (0, 1):
-                due += [rp.next_ms for rp in self.q(qi).repeats()]
+                due += [rp.next_ms for rp in self.q(qi).repeats() if rp.next_ms is not None]
         while due and self.now() <= max(due):
             time.sleep(max(0.001, (max(due) - self.now() + 1) / 1000))
 
@@ -249,7 +251,8 @@ class ModelMachine(RuleBasedStateMachine):
         assert j is not None and j.state == "pending", f"claimed {job.id}, which is {j}"
         assert m.capacity(j.group) > 0, f"claimed {job.id} from unserviceable {j.group}"
         assert m.rate is None or m.rate[1] < m.rate[0], "a claim past the queue's rate limit"
-        assert job.id == m.waiting(j.group)[0], "a claim must serve the oldest of its set"
+        assert not j.expired, f"claimed {job.id} past its ttl (issue 24): it must be dead"
+        assert job.id == m.leasable(j.group)[0], "a claim must serve the oldest of its set"
         assert job.token == j.attempts + 1, f"token {job.token}, model {j.attempts + 1}"
         assert (job.group, job.payload) == (j.group, j.payload)
         m.take(job.id)
@@ -273,6 +276,8 @@ class ModelMachine(RuleBasedStateMachine):
         delay=DELAYS,
         did=st.sampled_from((None, None, *DIDS)),
         mode=MODES,
+        ttl=TTLS,
+        budget=st.sampled_from((99, 1, 2)),
     )
     def enqueue(
         self,
@@ -282,8 +287,10 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
+        ttl: int | None,
+        budget: int,
     ) -> None:
-        self.admit_one(qi, None, payload, group, delay, did, mode)
+        self.admit_one(qi, None, payload, group, delay, did, mode, ttl, budget)
 
     @rule(
         qi=QI,
@@ -316,9 +323,13 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
+        ttl: int | None = None,
+        budget: int = 99,
     ) -> None:
         m = self.m(qi)
         kw: dict[str, Any] = {}
+        if ttl is not None:
+            kw["ttl_ms"] = ttl
         if did is not None:
             kw = {"dedup": did, "dedup_mode": mode}
             if mode != "simple":
@@ -354,6 +365,9 @@ class ModelMachine(RuleBasedStateMachine):
         if jid is not None:
             assert e.id == jid
         m.admit(e.id, j)
+        j.budget = budget
+        if ttl is not None:
+            self.expiry(qi, e.id, j, ttl, t0, t1)
         if did is not None:
             j.dedup = did
             m.dedup[did] = e.id
@@ -462,6 +476,8 @@ class ModelMachine(RuleBasedStateMachine):
             m.admit(jid, j)
             if n_kids:
                 m.flows[jid] = Flow(n_kids)
+            # issue 24: the parent's `kids` lists its children on its own queue
+            j.kids = [nodes[c][0] for c in kids.get(i, []) if queue_of[c] == queue_of[i]]
 
     # ------------------------------------------------------------------ consumers
 
@@ -946,11 +962,12 @@ class ModelMachine(RuleBasedStateMachine):
         """Every registered repeat fired one occurrence (the tick made each due): find the
         new jobs by payload (identity is the server's to choose, issue 22 #2)."""
         m = self.m(qi)
-        assert got == len(m.repeats), f"fired {got}, {len(m.repeats)} repeats due"
-        if not m.repeats:
+        live = {n: v for n, v in m.repeats.items() if m.repeat_live(n)}  # issue 24: limits
+        assert got == len(live), f"fired {got}, {len(live)} repeats due"
+        if not live:
             return
         known = set(m.jobs)
-        for name, (payload, g) in sorted(m.repeats.items()):
+        for name, (payload, g) in sorted(live.items()):
             key = keyspace.lane_key(self.names[qi], g) if g else self.key(qi, "pending")
             fresh = [
                 i.decode()
@@ -961,6 +978,8 @@ class ModelMachine(RuleBasedStateMachine):
             assert len(fresh) == 1, f"repeat {name}: occurrences {fresh}"
             m.admit(fresh[0], Job(payload, g))
             known.add(fresh[0])
+            if m.repeat_limit.get(name) is not None:
+                m.repeat_fired[name] = m.repeat_fired.get(name, 0) + 1
 
     @rule(qi=QI)
     def fire_due(self, qi: int) -> None:
@@ -990,12 +1009,15 @@ class ModelMachine(RuleBasedStateMachine):
         got = self.q(qi).repeat(name, name.encode(), every_ms=SHORT, group=g)
         assert got == ("updated" if name in m.repeats else "registered")
         m.repeats[name] = (name.encode(), g)
+        m.repeat_limit[name] = None  # issue 24: no limit (its fired count stays in the row)
 
     @rule(qi=QI, name=st.sampled_from(REPEATS))
     def unrepeat(self, qi: int, name: str) -> None:
         m = self.m(qi)
         assert self.q(qi).unrepeat(name) == (name in m.repeats)
         m.repeats.pop(name, None)
+        m.repeat_limit.pop(name, None)
+        m.repeat_fired.pop(name, None)
 
     # ------------------------------------------------------------------ job admin
 
@@ -1017,21 +1039,32 @@ class ModelMachine(RuleBasedStateMachine):
         if j is not None and err is None:
             j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
             j.floor = j.attempts
+            j.expires, j.expired = None, False  # issue 24: a reprocess starts without a ttl
             m.results.pop(jid, None)
 
-    @rule(qi=QI, n=PICK)
-    def remove(self, qi: int, n: int) -> None:
+    @rule(qi=QI, n=PICK, children=st.booleans())
+    def remove(self, qi: int, n: int, children: bool) -> None:
         m = self.m(qi)
-        jid = pick(self.live(qi), n) if n % 4 else pick(sorted(m.seen), n)
+        held = self.live(qi, "awaiting_children")
+        jid = (
+            pick(held, n)
+            if children and n % 2 and held
+            else pick(self.live(qi), n)
+            if n % 4
+            else pick(sorted(m.seen), n)
+        )
         if jid is None:
             return
-        self.remove_id(qi, jid)
+        self.remove_id(qi, jid, children)
 
-    def remove_id(self, qi: int, jid: str) -> None:
+    def remove_id(self, qi: int, jid: str, children: bool = False) -> None:
         m = self.m(qi)
         err = JobGone if jid not in m.jobs else None
-        self.expect(err, self.q(qi).remove, jid)
-        if err is None:
+        self.expect(err, self.q(qi).remove, jid, children=children)
+        if err is None and children:
+            note(f"remove with children: {len(m.jobs[jid].kids)} kids")
+            self.w.remove_tree(qi, jid)
+        elif err is None:
             self.w.removed(qi, jid)
 
     @rule(qi=QI, n=PICK, remove=st.booleans())
@@ -1173,6 +1206,146 @@ class ModelMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ agreement
 
+    # ================================================================== issue 24 (i24ctl)
+    # Per-job budgets, expiry and the small controls: run_now, reschedule, update_payload,
+    # cancel_all, repeat limits (remove with children is the `remove` rule's `children`).
+
+    def expiry(self, qi: int, jid: str, j: Job, ttl: int, t0: int, t1: int) -> None:
+        """An admitted job with a ttl: its row's deadline is enqueue + ttl on the server clock;
+        a 1 ms ttl is waited out, so any later claim must dead-letter it (never lease it)."""
+        got = self.r.hget(self.jkey(qi, jid), "expires")
+        assert got is not None, f"{jid} was enqueued with ttl_ms={ttl} but has no expires"
+        j.expires = int(got)
+        assert t0 + ttl <= j.expires <= t1 + ttl, f"expires {j.expires}, enqueued {t0}..{t1}"
+        if ttl == 1:
+            while self.now() <= j.expires:
+                time.sleep(0.001)
+            j.expired = True
+
+    def expired_met(self, qi: int) -> None:
+        """The claims since the last check dead-lettered the expired jobs they met (which
+        ones depends on the sets the ring served): an expired job the server holds dead is
+        dead "expired" in the model too; any other death is caught by the comparison."""
+        m = self.m(qi)
+        doomed = [i for i, j in m.jobs.items() if j.expired and j.state == "pending"]
+        if not doomed:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for jid in doomed:
+            pipe.hget(self.jkey(qi, jid), "state")
+        for jid, state in zip(doomed, pipe.execute(), strict=True):
+            if state == b"dead":
+                note("expiry: a claim dead-lettered an expired job")
+                self.w.expire(qi, jid)
+
+    @rule(qi=QI, n=PICK)
+    def fail_with_budget(self, qi: int, n: int) -> None:
+        """A held job fails and its worker retries it with the job's own budget (the
+        envelope's max_attempts, app layer): dead exactly when this incarnation's attempts
+        (from its floor: a reprocess or a re-admission restarts it) reach it."""
+        held = self.live(qi, "active")
+        jid = pick(held, n)
+        if jid is not None:
+            j = self.m(qi).jobs[jid]
+            note(f"budget {j.budget}: attempt {j.attempts - j.floor}")
+            self.do_retry(qi, jid, j.attempts, 0, j.budget, "over budget", False)
+
+    @rule(qi=QI, n=PICK)
+    def run_now(self, qi: int, n: int) -> None:
+        m = self.m(qi)
+        jid = pick(self.live(qi, "scheduled"), n) if n % 3 else pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        err = JobGone if j is None else StateError if j.state != "scheduled" else None
+        self.expect(err, self.q(qi).run_now, jid)
+        if j is not None and err is None:
+            j.state, j.score = "pending", 0
+
+    @rule(qi=QI, n=PICK, due=st.booleans())
+    def reschedule(self, qi: int, n: int, due: bool) -> None:
+        """A scheduled job's run time, as an absolute at_ms: due now or an hour away."""
+        m = self.m(qi)
+        jid = pick(self.live(qi, "scheduled"), n) if n % 3 else pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        at = self.now() + (-1 if due else LONG)
+        err = JobGone if j is None else StateError if j.state != "scheduled" else None
+        self.expect(err, self.q(qi).reschedule, jid, at_ms=at)
+        if j is not None and err is None:
+            j.score = at
+
+    @rule(qi=QI, n=PICK, payload=PAYLOADS)
+    def update_payload(self, qi: int, n: int, payload: bytes) -> None:
+        m = self.m(qi)
+        jid = pick(self.live(qi), n) if n % 4 else pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        err = (
+            JobGone
+            if j is None
+            else StateError
+            if j.state not in ("pending", "scheduled")
+            else None
+        )
+        self.expect(err, self.q(qi).update_payload, jid, payload)
+        note(f"update_payload: {j.state if j else 'gone'}")
+        if j is not None and err is None:
+            j.payload = payload
+            if j.epoch is not None:  # a reaped job: its old holder can settle it no more
+                j.epoch, j.cancel = None, None
+
+    @rule(qi=QI)
+    def cancel_all(self, qi: int) -> None:
+        """Every waiting and scheduled job removed as cancel removes one (a waiter learns
+        "cancelled"), every active job not already flagged signalled; a parent the walk
+        itself released is waiting before it ends and goes too (as drain, FINDINGS F11)."""
+        m = self.m(qi)
+        self.expired_met(qi)
+        doomed = sorted(i for i, j in m.jobs.items() if j.state in ("pending", "scheduled"))
+        flag = sorted(i for i, j in m.jobs.items() if j.state == "active" and j.cancel is None)
+        held = {i for i, j in m.jobs.items() if j.state == "awaiting_children"}
+        got = self.q(qi).cancel_all()
+
+        def gone(jid: str) -> None:
+            j = self.w.removed(qi, jid)
+            if jid in m.wanted:
+                m.keep(jid, b"", j.attempts, "cancelled")
+
+        for jid in doomed:
+            gone(jid)
+        extra = 0
+        while True:
+            released = sorted(
+                i for i in held if i in m.jobs and m.jobs[i].state in ("pending", "scheduled")
+            )
+            if not released:
+                break
+            for jid in released:
+                note("cancel_all: took a parent it released")
+                gone(jid)
+                extra += 1
+        for jid in flag:
+            m.jobs[jid].cancel = "1"
+        assert got == {"removed": len(doomed) + extra, "signalled": len(flag)}, (got, doomed)
+
+    @rule(qi=QI, name=st.sampled_from(REPEATS), g=GROUPS, limit=st.sampled_from((None, 1, 2)))
+    def repeat_limited(self, qi: int, name: str, g: str | None, limit: int | None) -> None:
+        """repeat(limit=): a repeat stops after that many fires; the count survives an update
+        (and is only kept while a limit is set), a new limit above it revives it."""
+        m = self.m(qi)
+        got = self.q(qi).repeat(name, name.encode(), every_ms=SHORT, group=g, limit=limit)
+        assert got == ("updated" if name in m.repeats else "registered")
+        m.repeats[name] = (name.encode(), g)
+        m.repeat_limit[name] = limit
+        [rep] = [x for x in self.q(qi).repeats() if x.name == name]
+        assert rep.limit == limit and rep.ended == (not m.repeat_live(name)), rep
+        assert rep.fired == m.repeat_fired.get(name, 0), (rep, m.repeat_fired)
+
+    # ================================================================== end issue 24
+
     @invariant()
     def server_agrees_with_model(self) -> None:
         note("step")
@@ -1181,6 +1354,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     def agrees(self, qi: int) -> None:
         m, q, name = self.m(qi), self.handles[qi][0], self.names[qi]
+        self.expired_met(qi)
         violations = q.check()
         if not strict("negdeps"):  # FINDINGS F13
             violations = [v for v in violations if "is negative" not in v]
@@ -1204,6 +1378,8 @@ class ModelMachine(RuleBasedStateMachine):
             "parent_policy",
             "parent_queue",
             "children",
+            "expires",
+            "kids",
         )
         jobs = sorted(m.jobs.items())
         gone = sorted(m.seen - set(m.jobs))
@@ -1254,11 +1430,14 @@ class ModelMachine(RuleBasedStateMachine):
                 j.policy,
                 self.names[j.pq] if j.pq is not None else None,
                 str(j.children) if j.children else None,
+                str(j.expires) if j.expires is not None else None,
+                _kids(j.kids),
             ]
             got = [
                 v if v is None or f == "payload" else v.decode()
                 for f, v in zip(fields, row, strict=True)
             ]
+            got[-1] = _kids(_chunks(got[-1])) if got[-1] else None
             if not strict("cancel"):
                 want[8] = got[8]
             assert got == want, (
@@ -1334,6 +1513,15 @@ class ModelMachine(RuleBasedStateMachine):
             for qs in self.handles:
                 for q in qs:
                     q.close()
+
+
+def _chunks(kids: str) -> list[str]:
+    return [kids[i : i + 14] for i in range(0, len(kids), 14)]
+
+
+def _kids(kids: list[str]) -> str | None:
+    """A `kids` field compared as a set: the order is the flattened tree's."""
+    return "".join(sorted(kids)) or None
 
 
 def budget(examples: int) -> settings:

@@ -987,11 +987,53 @@ def run_now(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("queue")
-@click.argument("job_ids", nargs=-1, required=True)
+@click.argument("job_id")
+@click.option("--delay-ms", type=int, help="Run it this many ms from now (server clock).")
+@click.option("--at-ms", type=int, help="Run it at this unix ms (this machine's clock).")
 @click.pass_context
-def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
-    """Delete jobs wherever they are; prints "ID: removed" or "ID: gone" per id and exits 1
-    when any was gone."""
+def reschedule(
+    ctx: click.Context, queue: str, job_id: str, delay_ms: int | None, at_ms: int | None
+) -> None:
+    """Change a scheduled job's run time; exits 1 when the job is gone or not scheduled."""
+    q = _existing(ctx, queue)
+
+    def go() -> str:
+        try:
+            q.reschedule(job_id, delay_ms, at_ms=at_ms)
+        except JobGone:
+            return "gone"
+        except StateError:
+            return "not scheduled"
+        return "rescheduled"
+
+    said = _run(ctx, go)
+    click.echo(f"{job_id}: {said}")
+    sys.exit(0 if said == "rescheduled" else 1)
+
+
+@main.command("cancel-all")
+@click.argument("queue")
+@click.pass_context
+def cancel_all(ctx: click.Context, queue: str) -> None:
+    """Cancel every waiting and scheduled job of QUEUE (removed) and signal every running one
+    (its worker stops it and dead-letters it "cancelled"); prints the two counts."""
+    q = _existing(ctx, queue)
+    got = _run(ctx, q.cancel_all)
+    click.echo(f"removed {got['removed']}, signalled {got['signalled']}")
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option(
+    "--keep-children",
+    is_flag=True,
+    help="Remove a flow parent alone; by default its waiting descendants go with it.",
+)
+@click.pass_context
+def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...], keep_children: bool) -> None:
+    """Delete jobs wherever they are (a flow parent with its waiting descendants); prints
+    "ID: removed" or "ID: gone" per id and exits 1 when any was gone."""
     for job_id in job_ids:  # every id is checked before anything is deleted
         try:
             keyspace.check_id(job_id)
@@ -1003,7 +1045,7 @@ def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
         gone = 0
         for job_id in job_ids:
             try:
-                q.remove(job_id)
+                q.remove(job_id, children=not keep_children)
             except JobGone:
                 gone += 1
                 click.echo(f"{job_id}: gone")
