@@ -287,8 +287,8 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
-        ttl: int | None,
-        budget: int,
+        ttl: int | None = None,
+        budget: int = 99,
     ) -> None:
         self.admit_one(qi, None, payload, group, delay, did, mode, ttl, budget)
 
