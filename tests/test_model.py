@@ -328,13 +328,13 @@ class ModelMachine(RuleBasedStateMachine):
     ) -> None:
         m = self.m(qi)
         kw: dict[str, Any] = {}
-        if ttl is not None:
-            kw["ttl_ms"] = ttl
         if did is not None:
             kw = {"dedup": did, "dedup_mode": mode}
             if mode != "simple":
                 kw["dedup_ttl_ms"] = LONG
             self.dids_used.add((qi, did))
+        if ttl is not None:
+            kw["ttl_ms"] = ttl
         before = self.last_event(qi)
         holder = m.dedup.get(did) if did is not None else None
         h = m.jobs.get(holder) if holder else None
@@ -1043,7 +1043,7 @@ class ModelMachine(RuleBasedStateMachine):
             m.results.pop(jid, None)
 
     @rule(qi=QI, n=PICK, children=st.booleans())
-    def remove(self, qi: int, n: int, children: bool) -> None:
+    def remove(self, qi: int, n: int, children: bool = False) -> None:
         m = self.m(qi)
         held = self.live(qi, "awaiting_children")
         jid = (
@@ -1768,3 +1768,89 @@ def test_an_old_child_never_settles_into_a_new_incarnation(sm: ModelMachine, end
         tok = sm.claim_only(0, LONG, {child})[child]
         sm.do_complete(0, child, tok, False, b"R")
         sm.server_agrees_with_model()
+
+
+# ---------------------------------------------------------------------- issue 24 (i24ctl)
+# Budgets, expiry and the small controls, replayed through the machine on every leg.
+
+
+def test_an_expired_job_is_dead_lettered_and_reprocessed_without_its_ttl(
+    sm: ModelMachine,
+) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group="la", delay=None, did="d1", mode="simple", ttl=1)
+    s.enqueue(qi=0, payload=b"b", group="la", delay=None, did=None, mode="simple", ttl=LONG)
+    s.enqueue(qi=0, payload=b"c", group=None, delay=None, did=None, mode="simple", ttl=1)
+    s.wait(qi=0, n=0)  # a waiter on the first job: its expiry wakes it
+    s.claim_batch(qi=0, n=5, lease=LONG)  # meets both expired ones, leases "b"
+    dead = sm.live(0, "dead")
+    assert len(dead) == 2 and all(sm.m(0).jobs[j].last_error == "expired" for j in dead)
+    assert sm.m(0).counts()["active"] == 1
+    s.reprocess(qi=0, n=1)
+    s.claim(qi=0, lease=LONG)
+    assert sm.m(0).counts()["active"] == 2
+
+
+def test_a_jobs_own_budget_restarts_after_reprocess(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group=None, delay=None, did=None, mode="simple", budget=2)
+    for _ in range(2):
+        s.claim(qi=0, lease=LONG)
+        s.fail_with_budget(qi=0, n=0)
+        sm.tick("scheduled")
+        s.promote(qi=0)
+    assert sm.live(0, "dead"), "two attempts of a budget of 2: dead"
+    s.reprocess(qi=0, n=1)
+    s.claim(qi=0, lease=LONG)
+    s.fail_with_budget(qi=0, n=0)
+    assert sm.live(0, "scheduled"), "a reprocess restarts the budget"
+
+
+def test_controls_of_scheduled_and_waiting_jobs(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group=None, delay=LONG, did=None, mode="simple", ttl=LONG)
+    s.enqueue(qi=0, payload=b"b", group="lb", delay=LONG, did=None, mode="simple")
+    s.enqueue(qi=0, payload=b"c", group=None, delay=None, did=None, mode="simple")
+    s.reschedule(qi=0, n=1, due=True)
+    s.reschedule(qi=0, n=0, due=False)  # n % 3 == 0: any id, refused unless scheduled
+    s.update_payload(qi=0, n=1, payload=b"new")
+    s.run_now(qi=0, n=2)
+    s.promote(qi=0)
+    s.cancel_all(qi=0)
+    assert not sm.m(0).jobs
+
+
+def test_cancel_all_signals_the_running_and_takes_a_released_parent(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"run", group=None, delay=None, did=None, mode="simple")
+    s.claim(qi=0, lease=LONG)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, "la")])
+    s.cancel_all(qi=0)
+    assert [j.cancel for j in sm.m(0).jobs.values()] == ["1"]
+
+
+@pytest.mark.parametrize("children", [True, False])
+def test_remove_a_flow_parent_with_or_without_its_children(
+    sm: ModelMachine, children: bool
+) -> None:
+    s = Steps(sm)
+    s.add_flow(
+        qi=0,
+        shape=[(2, True, 0, None), (2, False, 0, "la"), (0, True, 0, None), (0, True, 0, "lb")],
+    )
+    s.claim(qi=0, lease=LONG)  # one leaf runs on
+    root = next(i for i, j in sm.m(0).jobs.items() if j.parent is None)
+    s.remove_id(qi=0, jid=root, children=children)
+    left = {j.state for j in sm.m(0).jobs.values()}
+    assert left == ({"active"} if children else {"active", "pending", "awaiting_children"})
+
+
+def test_a_repeat_limit_stops_it(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.repeat_limited(qi=0, name="r1", g=None, limit=2)
+    for _ in range(3):
+        s.fire_due(qi=0)
+    assert sm.m(0).repeat_fired["r1"] == 2 and not sm.m(0).repeat_live("r1")
+    s.repeat_limited(qi=0, name="r1", g=None, limit=2)  # the same limit: still spent
+    s.repeat(qi=0, name="r1", g=None)  # no limit: fires again, the count kept
+    s.fire_due(qi=0)
