@@ -18,12 +18,18 @@ def test_the_readme_says_what_scripts_check_installs_and_how_to_run_it_fast() ->
         "`chromium` and `chromium-driver`",
         "`build-essential` and `valgrind`",
         "`en_US.UTF-8` locale",
+        "`lua5.1`",
         "`scripts/check --fast`",
         "not marked `slow`",
     ):
         assert said in readme, said
     script = (ROOT / "scripts" / "check").read_text()
-    for package in ("chromium chromium-driver", "build-essential valgrind", "locales"):
+    for package in (
+        "chromium chromium-driver",
+        "build-essential valgrind",
+        "locales",
+        "install -y -qq lua5.1",
+    ):
         assert package in script, package  # the README names what the script really installs
 
 

@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("src", "docs", "README.md", "examples", "bench", "tests", "pyproject.toml", "scripts")
+PRODUCT = (
+    "src",
+    "docs",
+    "README.md",
+    "CHANGELOG.md",
+    "examples",
+    "bench",
+    "tests",
+    "pyproject.toml",
+    "scripts",
+)
 THIS = Path(__file__).resolve()
 TEXT_SUFFIXES = {".py", ".lua", ".md", ".toml", ".txt", ".html", ".css", ".js", ".mjs", ".sh", ""}
 
@@ -180,3 +190,29 @@ def test_every_citation_resolves(kind: str) -> None:
                 bad = [m for m in SECTION_CITE.findall(line) if m not in sections]
             unresolved += [f"{path.relative_to(ROOT)}:{n}: {kind} {b}" for b in bad]
     assert unresolved == []
+
+
+def test_the_changelog_names_the_packages_version() -> None:
+    """CHANGELOG.md's newest release is the version the package reports, so a bump of one
+    without the other fails here."""
+    import echomq
+
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", _text(ROOT / "CHANGELOG.md"), re.M)
+    assert releases, "CHANGELOG.md names no release"
+    assert releases[0] == echomq.__version__
+
+
+def test_the_readmes_layout_names_every_module() -> None:
+    """The README's Layout lists every module of the package by role: a new module that is
+    not placed there fails here (web/ and lua/ are named as folders)."""
+    text = _text(ROOT / "README.md")
+    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"[\w/]+\.py|\w+/", layout))
+    package = ROOT / "src" / "echomq"
+    missing = [p.name for p in sorted(package.glob("*.py")) if p.name not in named]
+    missing += [
+        f"{d.name}/"
+        for d in sorted(package.iterdir())
+        if d.is_dir() and d.name != "__pycache__" and f"{d.name}/" not in named
+    ]
+    assert not missing, f"README's Layout does not name {missing}"

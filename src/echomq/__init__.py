@@ -22,7 +22,7 @@ from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._observe import Event
 from echomq._protocol import WIRE_VERSION, Enqueued, Job
 from echomq._registry import HeldJob, WorkerInfo
-from echomq.app import App, Discard, RateLimit, Retry, Task
+from echomq.app import App, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
 from echomq.errors import (
@@ -46,10 +46,11 @@ from echomq.errors import (
     VersionFenceError,
 )
 from echomq.hooks import Hooks
+from echomq.outcomes import Discard, RateLimit, Retry
 from echomq.queue import AsyncQueue, Queue
 from echomq.worker import Worker
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "WIRE_VERSION",

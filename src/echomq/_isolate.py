@@ -29,6 +29,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from echomq.outcomes import Discard, RateLimit, Retry
+
 if TYPE_CHECKING:
     from echomq.app import Task
     from echomq.context import JobContext
@@ -133,8 +135,6 @@ class Child:
 
 
 def _unpack(reply: tuple[Any, ...]) -> Any:
-    from echomq.app import Discard, RateLimit, Retry
-
     kind = reply[0]
     if kind == "ok":
         return reply[1]
@@ -169,16 +169,18 @@ def run_call(
 ) -> tuple[Any, ...]:
     """In a child (isolated or a pool's): run one call of the handler found by reference;
     the reply that tells the worker what happened (see :func:`_unpack`)."""
-    from echomq.app import Discard, RateLimit, Retry
-    from echomq.app import Task as _Task
     from echomq.context import JobContext, _current
 
     try:
         target: Any = importlib.import_module(ref[0])
         for part in ref[1].split("."):
             target = getattr(target, part)
-        app = target.app if isinstance(target, _Task) else None
-        fn = target.fn if isinstance(target, _Task) else target
+        # A task (``@app.task``) carries its app and its function; anything else found by
+        # the reference is the function itself. Read by attribute, not by class, so the child
+        # needs no import of the application layer.
+        is_task = callable(getattr(target, "fn", None)) and hasattr(target, "app")
+        app = target.app if is_task else None
+        fn = target.fn if is_task else target
         queue, job_id, token, group, task_name, floor = job
         token_ = _current.set(
             JobContext(queue, job_id, token, group, task_name, app=app, floor=floor)

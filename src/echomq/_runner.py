@@ -32,10 +32,10 @@ from echomq import _protocol as _p
 from echomq._isolate import Child, ChildTimeout
 from echomq._pool import PoolRun, ProcessPool
 from echomq._protocol import Job
-from echomq.app import Discard, RateLimit, Retry
 from echomq.backoff import exponential
 from echomq.context import JobContext, _current
 from echomq.hooks import Hooks
+from echomq.outcomes import Discard, RateLimit, Retry
 
 if TYPE_CHECKING:
     from echomq.app import App, Task

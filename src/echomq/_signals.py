@@ -9,18 +9,28 @@ import asyncio
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from echomq.worker import Worker, WorkerStats
+from typing import Protocol, TypeVar
 
 __all__ = ["run_with_signals"]
 
 log = logging.getLogger("echomq.worker")
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_T_co = TypeVar("_T_co", covariant=True)
 
 
-async def run_with_signals(worker: Worker) -> WorkerStats:
+class Stoppable(Protocol[_T_co]):
+    """What this module needs of a worker: described here, not imported, so the worker
+    module can use this one without an import cycle."""
+
+    @property
+    def grace_s(self) -> float: ...
+
+    def stop(self) -> None: ...
+
+    async def arun(self) -> _T_co: ...
+
+
+async def run_with_signals(worker: Stoppable[_T_co]) -> _T_co:
     """``worker.arun()`` with the signal handlers installed for its duration."""
     loop = asyncio.get_running_loop()
     received = 0
