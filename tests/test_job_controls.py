@@ -416,10 +416,11 @@ def test_repeat_limit_stops_after_n_fires(q: echomq.Queue, r: redis.Redis) -> No
 
 def test_repeat_until_ms_stops_at_its_end(q: echomq.Queue, r: redis.Redis) -> None:
     now = int(r.time()[0]) * 1000
-    q.repeat("u", b"x", every_ms=60_000, until_ms=now + 30_000)
-    assert _fire_now(q, r, "u") == 1  # due at 1 ms: before the end
+    q.repeat("u", b"x", every_ms=60_000, until_ms=now + 1)
+    assert q.repeats()[0].ended  # its first fire (now + every_ms) is past the end
+    assert _fire_now(q, r, "u") == 1  # a fire due in the past (the test's clock) is before it
     [rep] = q.repeats()
-    assert rep.ended and rep.until_ms == now + 30_000  # its next fire would pass the end
+    assert rep.ended and rep.until_ms == now + 1  # its next fire (after now) passes the end
     q.repeat("past", b"x", every_ms=60_000, until_ms=1)
     assert [x.ended for x in q.repeats() if x.name == "past"] == [True]
 
