@@ -532,3 +532,19 @@ def test_cli_reschedule_cancel_all_and_remove(url: str, q: echomq.Queue, r: redi
     added = q.add_flow(echomq.FlowJob(b"p", children=[echomq.FlowJob(b"c")]))
     out = cli("remove", q.name, added.parent_id, "--keep-children")
     assert out.exit_code == 0 and q.job_state(added.child_ids[0]) == "pending"
+
+
+def test_cli_repeats_shows_a_spent_repeat(url: str, q: echomq.Queue, r: redis.Redis) -> None:
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    q.repeat("once", b"x", every_ms=60_000, limit=1)
+    q.repeat("plain", b"x", every_ms=60_000)
+    assert _fire_now(q, r, "once") == 1
+    out = CliRunner().invoke(main, ["--url", url, "repeats", q.name])
+    assert out.exit_code == 0, out.output
+    lines = dict(line.split(" ", 1) for line in out.output.splitlines())
+    assert lines["once"] == "ended every 60000 ms limit=1 fired=1"
+    assert lines["plain"].endswith(" every 60000 ms")
+    assert "limit" not in lines["plain"]

@@ -1494,15 +1494,24 @@ def events(ctx: click.Context, queue: str, follow: bool, after: str, count: int)
 @click.argument("queue")
 @click.pass_context
 def repeats(ctx: click.Context, queue: str) -> None:
-    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC), schedule."""
+    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC, or "ended" for a
+    spent one), schedule, and its limits with the fires counted."""
     import datetime as _dt
 
     q = _queue(ctx, queue)
     for rep in _run(ctx, q.repeats):
-        when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
+        if rep.next_ms is None:  # spent: its limit reached or its end passed (issue 24)
+            at = "ended"
+        else:
+            when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
+            at = when.isoformat(timespec="milliseconds")
         sched = f"every {rep.every_ms} ms" if rep.every_ms else f"cron '{rep.cron}' {rep.tz}"
-        extra = "".join(f" {k}={v}" for k, v in (("group", rep.group), ("owner", rep.owner)) if v)
-        click.echo(f"{rep.name} {when.isoformat(timespec='milliseconds')} {sched}{extra}")
+        shown = (("group", rep.group), ("owner", rep.owner), ("limit", rep.limit))
+        shown += (("until_ms", rep.until_ms),)
+        if rep.limit is not None or rep.until_ms is not None:
+            shown += (("fired", rep.fired),)
+        extra = "".join(f" {k}={v}" for k, v in shown if v is not None and v != "")
+        click.echo(f"{rep.name} {at} {sched}{extra}")
 
 
 @main.command()
