@@ -1506,10 +1506,9 @@ def repeats(ctx: click.Context, queue: str) -> None:
             when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
             at = when.isoformat(timespec="milliseconds")
         sched = f"every {rep.every_ms} ms" if rep.every_ms else f"cron '{rep.cron}' {rep.tz}"
-        shown = (("group", rep.group), ("owner", rep.owner), ("limit", rep.limit))
-        shown += (("until_ms", rep.until_ms),)
+        shown: list[tuple[str, object]] = [("group", rep.group), ("owner", rep.owner)]
         if rep.limit is not None or rep.until_ms is not None:
-            shown += (("fired", rep.fired),)
+            shown += [("limit", rep.limit), ("until_ms", rep.until_ms), ("fired", rep.fired)]
         extra = "".join(f" {k}={v}" for k, v in shown if v is not None and v != "")
         click.echo(f"{rep.name} {at} {sched}{extra}")
 
