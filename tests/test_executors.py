@@ -285,6 +285,7 @@ class Driver:
             "dead": len(m.ids("dead")),
             "completed": m.completed,
             "failed": m.failed,
+            "kept": 0,  # kept history (D25): this driver never keeps completed rows
         }
         assert q.counts() == want, self.log[-5:]
         for jid, mj in m.jobs.items():
