@@ -13,7 +13,8 @@ static int is_job(emq_sv id) { return id.n >= 3 && memcmp(id.p, "JOB", 3) == 0; 
 /* admit.lua admit(): policy (kind) before existence (duplicate) before write. has_run_at = 0
  * is Lua's run_at == nil. The row's HSET is the first write (deny-oom, see admit.lua). */
 static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_at,
-                         long long run_at, long long now, int fresh, emq_sv pri) {
+                         long long run_at, long long now, int fresh, emq_sv pri,
+                         emq_sv expires) {
     if (!is_job(id)) return "kind";
     emq_sv jk = emq_key2(e, "job:", id);
     if (emq_exists(e, jk) == 1) return "duplicate";
@@ -22,7 +23,7 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
     if (!fresh) attempts = emq_retired_last(e, id);
     int carried = !emq_eqs(attempts, "0");
     int prioritized = !emq_eqs(pri, "0");
-    emq_sv f[14];
+    emq_sv f[16];
     int n = 0;
     f[n++] = jk;
     f[n++] = EMQ_LIT("state");
@@ -42,6 +43,10 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
     if (prioritized) {
         f[n++] = EMQ_LIT("priority");
         f[n++] = pri;
+    }
+    if (expires.p) { /* issue 24: the claim that meets it past this dead-letters it */
+        f[n++] = EMQ_LIT("expires");
+        f[n++] = expires;
     }
     emq_hsetv(e, n, f);
     if (carried) emq_unretire(e, id);
@@ -153,7 +158,7 @@ static void take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms) {
 }
 
 /* enqueue.lua: KEYS row, meta; ARGV base id payload group mode value [flags replay_ms nonce
- * dedup dedup_mode dedup_ttl_ms second]. */
+ * dedup dedup_mode dedup_ttl_ms second priority ttl_ms]. */
 static void enqueue_one(emq *e) {
     emq_sv id = emq_arg(e, 2), payload = emq_arg(e, 3), g = emq_arg(e, 4);
     emq_sv mode = emq_arg(e, 5), value = emq_arg(e, 6);
@@ -164,16 +169,21 @@ static void enqueue_one(emq *e) {
     if (!did.p) did = EMQ_LIT("");
     /* The numbers the Lua would convert later are checked first: a malformed call is refused
      * before anything is written (the script would raise midway). */
-    long long replay_ms = 0, ttl_ms = 0;
+    long long replay_ms = 0, dedup_ttl_ms = 0;
     if (emq_arg(e, 8).p) replay_ms = emq_need_ll(e, emq_arg(e, 8));
-    if (did.n) ttl_ms = emq_need_ll(e, emq_arg(e, 12));
+    if (did.n) dedup_ttl_ms = emq_need_ll(e, emq_arg(e, 12));
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
     emq_sv pri = EMQ_LIT("0");
     if (emq_arg(e, 14).p) pri = priority_arg(e, emq_arg(e, 14));
+    emq_sv ttl = emq_arg(e, 15);
+    long long ttl_ms = 0;
+    if (ttl.p && ttl.n) ttl_ms = emq_need_ll(e, ttl);
     int resend = emq_has_char(flags, 'r');
     emq_sv second = emq_arg(e, 13);
     long long now = 0;
-    if (!emq_eqs(mode, "now") || did.n || (nonce.n && !second.p)) now = emq_now_ms(e);
+    if (!emq_eqs(mode, "now") || did.n || (ttl.p && ttl.n) || (nonce.n && !second.p))
+        now = emq_now_ms(e);
+    emq_sv expires = (ttl.p && ttl.n) ? emq_fmt_ll(e, now + ttl_ms) : EMQ_NONE;
     if (!is_job(id)) {
         RedisModule_ReplyWithError(e->ctx, KIND);
         return;
@@ -203,10 +213,11 @@ static void enqueue_one(emq *e) {
         }
     }
     int fresh = emq_has_char(flags, 'f');
-    const char *verdict = admit(e, id, payload, g, has_run_at, run_at, now, fresh, pri);
+    const char *verdict =
+        admit(e, id, payload, g, has_run_at, run_at, now, fresh, pri, expires);
     int dup = strcmp(verdict, "duplicate") == 0;
     if (dup) emq_emit_in(e, "duplicate", id, g, 0, NULL);
-    if (did.n && !dup) take_dedup(e, id, did, ttl_ms);
+    if (did.n && !dup) take_dedup(e, id, did, dedup_ttl_ms);
     if (strcmp(verdict, "enqueued") == 0) emq_touch(e, g, 1);
     if (mk.p && !dup)
         mark_one(e, mk, mf, verdict, replay_ms, !second.p || emq_has_char(flags, 'x'));
@@ -220,7 +231,8 @@ static const char *code_of(const char *v) {
     return "d";
 }
 
-/* enqueue_many.lua: KEYS meta; ARGV base group mode value replay_ms nonce flags id payload... */
+/* enqueue_many.lua: KEYS meta; ARGV base group mode value replay_ms nonce flags priority
+ * ttl_ms id payload... */
 static void enqueue_many(emq *e) {
     emq_sv g = emq_arg(e, 2), mode = emq_arg(e, 3), value = emq_arg(e, 4);
     if (emq_eqs(g, "")) g = EMQ_NONE;
@@ -228,6 +240,8 @@ static void enqueue_many(emq *e) {
     emq_sv nonce = emq_arg(e, 6), flags = emq_arg(e, 7);
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
     emq_sv pri = priority_arg(e, emq_arg(e, 8));
+    emq_sv ttl = emq_arg(e, 9);
+    long long ttl_ms = ttl.n ? emq_need_ll(e, ttl) : 0;
     int marked = replay_ms > 0 && !emq_eqs(nonce, "");
     emq_sv rk = emq_key2(e, "recent:", nonce);
     if (marked && emq_has_char(flags, 'r')) {
@@ -250,16 +264,17 @@ static void enqueue_many(emq *e) {
     long long now = emq_now_ms(e);
     long long run_at = 0;
     int has_run_at = run_time(e, mode, value, now, &run_at);
+    emq_sv expires = ttl.n ? emq_fmt_ll(e, now + ttl_ms) : EMQ_NONE;
     int fresh = emq_has_char(flags, 'f');
-    int jobs = (e->nargs - 8) / 2;
+    int jobs = (e->nargs - 9) / 2;
     const char **out = RedisModule_PoolAlloc(e->ctx, sizeof(char *) * (size_t)(jobs + 1));
     long long added = 0, admitted = 0;
     for (int j = 0; j < jobs; j++) {
-        const char *v = admit(e, emq_arg(e, 9 + 2 * j), emq_arg(e, 10 + 2 * j), g, has_run_at,
-                              run_at, now, fresh, pri);
+        const char *v = admit(e, emq_arg(e, 10 + 2 * j), emq_arg(e, 11 + 2 * j), g, has_run_at,
+                              run_at, now, fresh, pri, expires);
         if (strcmp(v, "enqueued") == 0) added++;
         if (strcmp(v, "enqueued") == 0 || strcmp(v, "scheduled") == 0) admitted++;
-        if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 9 + 2 * j), g, 0, NULL);
+        if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 10 + 2 * j), g, 0, NULL);
         out[j] = v;
     }
     if (added > 0) emq_touch(e, g, added);
@@ -274,9 +289,9 @@ static void enqueue_many(emq *e) {
 }
 
 emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && nargs >= 6 && nargs <= 14) return enqueue_one;
-    if (nkeys == 1 && nargs >= 8 && (nargs - 8) % 2 == 0) return enqueue_many;
-    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args "
+    if (nkeys == 2 && nargs >= 6 && nargs <= 15) return enqueue_one;
+    if (nkeys == 1 && nargs >= 9 && (nargs - 9) % 2 == 0) return enqueue_many;
+    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..15 args (enqueue) or 1 key and 9 + 2n args "
            "(enqueue_many)";
     return NULL;
 }

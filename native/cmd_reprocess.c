@@ -27,8 +27,10 @@ static void reprocess(emq *e) {
         return;
     }
     emq_sv g = row[0];
-    emq_call(e, "HDEL", 7, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"), EMQ_LIT("cancel"),
-             EMQ_LIT("progress"), EMQ_LIT("finished_ms"), EMQ_LIT("claimed_ms"));
+    /* expires (issue 24): a reprocess starts without the first claim's deadline. */
+    emq_call(e, "HDEL", 8, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"), EMQ_LIT("cancel"),
+             EMQ_LIT("progress"), EMQ_LIT("finished_ms"), EMQ_LIT("claimed_ms"),
+             EMQ_LIT("expires"));
     /* A new incarnation: the previous one's kept outcome and wake token go (reprocess.lua). */
     emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));
     if (row[1].p && !emq_eqs(row[1], "0") && emq_is_digits(row[1]))

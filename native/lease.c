@@ -4,7 +4,9 @@
  * commands in the same order. */
 #include "lease.h"
 
+#include "flow.h"
 #include "history.h"
+#include "settle.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,9 +116,32 @@ static void log_dropped(emq *e, emq_sv id, emq_sv wk) {
        (int)wk.n, wk.p);
 }
 
+/* ---- issue 24, expiry: lease.lua expire_job, a job past its `expires` dead-lettered. */
+static void expire_job(emq *e, emq_sv id, emq_sv jk, emq_sv lane, emq_sv attempts,
+                       long long now) {
+    emq_sv why = EMQ_LIT("expired");
+    emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), why);
+    emq_dead_letter(e, id); /* counted for the claim's trim_dead (keep_dead, history.h) */
+    emq_bump_metrics(e, "failed", 1, now);
+    emq_sv extra[2] = {EMQ_LIT("error"), why};
+    emq_emit_in(e, "dead", id, lane, 2, extra);
+    emq_release_dedup(e, id, jk);
+    emq_flow flow;
+    if (emq_flow_parent(e, jk, &flow)) emq_flow_child_dead(e, id, &flow, why);
+    emq_keep_death(e, id, why, attempts, 0, now);
+}
+
+/* expires (issue 24): Lua `now > (tonumber(expires) or now)`; no field or no number: live. */
+static int expired(emq_sv expires, long long now) {
+    long long at;
+    return expires.p && emq_parse_ll(expires, &at) && now > at;
+}
+/* ---- end issue 24, expiry */
+
 /* lease_many: lease up to k of the oldest jobs of waiting set g (a lane or "*"). */
-static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, emq_lease *out) {
-    static const char *fields[3] = {"payload", "attempts", "floor"};
+static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, emq_lease *out,
+                            long long now) {
+    static const char *fields[4] = {"payload", "attempts", "floor", "expires"};
     emq_sv wk = emq_waiting_key(e, g);
     emq_sv lane = emq_eqs(g, "*") ? EMQ_NONE : g;
     emq_sv dl = emq_fmt_ll(e, deadline);
@@ -131,11 +156,14 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
         for (long long i = 0; i < len; i++) {
             emq_sv id = popped[i];
             emq_sv jk = emq_key2(e, "job:", id);
-            emq_sv row[3];
-            int hash = emq_hmget(e, jk, 3, fields, row);
+            emq_sv row[4];
+            int hash = emq_hmget(e, jk, 4, fields, row);
             long long att = 0;
             int ok = hash && integer_text(row[1]) && branded(id) && emq_parse_ll(row[1], &att);
-            if (ok) {
+            if (ok && expired(row[3], now)) {
+                expire_job(e, id, jk, lane, row[1], now);
+            } else if (ok) {
+                if (row[3].p) emq_call(e, "HDEL", 2, jk, EMQ_LIT("expires"));
                 att += 1;
                 emq_sv a = emq_fmt_ll(e, att);
                 if (e->claim_stamp.p)
@@ -337,7 +365,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         long long leased = 0, w = 1, served = 0;
         if (flat || emq_serviceable(e, g)) {
             long long k = turn_room(e, g, n - got, alone, &w, &served);
-            if (k > 0) leased = lease_many(e, g, deadline, k, out);
+            if (k > 0) leased = lease_many(e, g, deadline, k, out, now);
             if (leased > 0 && !flat) {
                 long long max, window;
                 if (emq_lane_rate(e, g, &max, &window))

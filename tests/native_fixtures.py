@@ -264,13 +264,15 @@ class SettlePair(Pair):
 
 
 def settle_clock(sa: dict[str, Any], sb: dict[str, Any]) -> None:
-    """Make B's finished_ms of a kept outcome A's when they are within the tolerance."""
+    """Make B's finished_ms of a kept outcome, and a row's ``expires`` (issue 24: now +
+    ttl_ms), A's when they are within the tolerance: each is its executor's own clock read."""
     for name in set(sa) & set(sb):
-        if ":result:" not in name or sa[name][0] != "hash" or sb[name][0] != "hash":
+        if sa[name][0] != "hash" or sb[name][0] != "hash":
             continue
-        fa, fb = sa[name][1].get(b"finished_ms"), sb[name][1].get(b"finished_ms")
-        if fa is not None and fb is not None and abs(int(fa) - int(fb)) <= TOLERANCE_MS:
-            sb[name][1][b"finished_ms"] = fa
+        field = b"finished_ms" if ":result:" in name else b"expires"
+        fa, fb = sa[name][1].get(field), sb[name][1].get(field)
+        if fa is not None and fb is not None and _close(fa, fb):
+            sb[name][1][field] = fa
 
 
 def quiet(fn: Callable[[], Any]) -> Any:

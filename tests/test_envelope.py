@@ -88,7 +88,8 @@ def test_malformed_lists_are_dead_lettered(url: str, qname: str, serializer: str
     q = app.queue(qname)
     bad = {
         q.enqueue(dumps(["t"])).id: "a list of 1 items",
-        q.enqueue(dumps(["t", [], {}, {}, "more"])).id: "a list of 5 items",
+        q.enqueue(dumps(["t", [], {}, {}, {}, "more"])).id: "a list of 6 items",
+        q.enqueue(dumps(["t", [], {}, {}, "more"])).id: "bad opts",
         q.enqueue(dumps(["t", 5])).id: "bad args/kwargs",
         q.enqueue(dumps(["t", [], [1]])).id: "bad args/kwargs",
         q.enqueue(dumps([5, []])).id: "unknown task 5",

@@ -131,6 +131,8 @@ LANE = st.sampled_from(LANES)
 LEASES = st.sampled_from((SHORT, LONG))
 DELAYS = st.sampled_from((None, 0, SHORT, LONG))
 RETRY_DELAYS = st.sampled_from((0, SHORT, LONG))
+# issue 24: 1 ms is made clearly expired (the machine waits past it), LONG clearly never
+TTLS = st.sampled_from((None, None, None, 1, LONG))
 PAYLOADS = st.binary(max_size=4)
 # Which item of a list (tickets: counted from the most recent): mostly one of the last few.
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 255))
@@ -227,7 +229,7 @@ class ModelMachine(RuleBasedStateMachine):
         ]
         if repeats:
             for qi in (0, 1):
-                due += [rp.next_ms for rp in self.q(qi).repeats()]
+                due += [rp.next_ms for rp in self.q(qi).repeats() if rp.next_ms is not None]
         while due and self.now() <= max(due):
             time.sleep(max(0.001, (max(due) - self.now() + 1) / 1000))
 
@@ -255,7 +257,9 @@ class ModelMachine(RuleBasedStateMachine):
         assert m.capacity(j.group) > 0, f"claimed {job.id} from unserviceable {j.group}"
         assert m.rate is None or m.rate[1] < m.rate[0], "a claim past the queue's rate limit"
         assert m.limit is None or m.active_count() < m.limit, "a claim past the queue's limit"
-        assert job.id == m.waiting(j.group)[0], "a claim must serve the head of its set"
+        assert not j.expired, f"claimed {job.id} past its ttl (issue 24): it must be dead"
+        # The head of its set: by priority, then mint order, the expired ones skipped.
+        assert job.id == m.leasable(j.group)[0], "a claim must serve the head of its set"
         assert job.token == j.attempts + 1, f"token {job.token}, model {j.attempts + 1}"
         assert (job.group, job.payload) == (j.group, j.payload)
         m.take(job.id)
@@ -288,6 +292,8 @@ class ModelMachine(RuleBasedStateMachine):
         delay=DELAYS,
         did=st.sampled_from((None, None, *DIDS)),
         mode=MODES,
+        ttl=TTLS,
+        budget=st.sampled_from((99, 1, 2)),
     )
     def enqueue(
         self,
@@ -297,8 +303,10 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
+        ttl: int | None = None,
+        budget: int = 99,
     ) -> None:
-        self.admit_one(qi, None, payload, group, delay, did, mode)
+        self.admit_one(qi, None, payload, group, delay, did, mode, ttl, budget)
 
     @rule(
         qi=QI,
@@ -326,11 +334,19 @@ class ModelMachine(RuleBasedStateMachine):
     # the model knows (waiting or scheduled: set; active, dead, a held parent: StateError and
     # nothing written; gone: JobGone).
 
-    @rule(qi=QI, payload=PAYLOADS, group=GROUPS, delay=DELAYS, priority=PRIORITIES)
+    @rule(qi=QI, payload=PAYLOADS, group=GROUPS, delay=DELAYS, priority=PRIORITIES, ttl=TTLS)
     def enqueue_prioritized(
-        self, qi: int, payload: bytes, group: str | None, delay: int | None, priority: int
+        self,
+        qi: int,
+        payload: bytes,
+        group: str | None,
+        delay: int | None,
+        priority: int,
+        ttl: int | None = None,
     ) -> None:
-        self.admit_one(qi, None, payload, group, delay, None, "simple", priority)
+        # A ttl with a priority: enqueue's ARGV[14] and ARGV[15] together (the merge of the
+        # priorities and the expiry).
+        self.admit_one(qi, None, payload, group, delay, None, "simple", ttl, priority=priority)
 
     @rule(qi=QI, n=PICK, priority=PRIORITIES)
     def change_priority(self, qi: int, n: int, priority: int) -> None:
@@ -368,6 +384,8 @@ class ModelMachine(RuleBasedStateMachine):
         delay: int | None,
         did: str | None,
         mode: str,
+        ttl: int | None = None,
+        budget: int = 99,
         priority: int = 0,
     ) -> None:
         m = self.m(qi)
@@ -379,6 +397,8 @@ class ModelMachine(RuleBasedStateMachine):
             if mode != "simple":
                 kw["dedup_ttl_ms"] = LONG
             self.dids_used.add((qi, did))
+        if ttl is not None:
+            kw["ttl_ms"] = ttl
         before = self.last_event(qi)
         holder = m.dedup.get(did) if did is not None else None
         h = m.jobs.get(holder) if holder else None
@@ -409,6 +429,9 @@ class ModelMachine(RuleBasedStateMachine):
         if jid is not None:
             assert e.id == jid
         m.admit(e.id, j)
+        j.budget = budget
+        if ttl is not None:
+            self.expiry(qi, e.id, j, ttl, t0, t1)
         if did is not None:
             j.dedup = did
             m.dedup[did] = e.id
@@ -532,6 +555,8 @@ class ModelMachine(RuleBasedStateMachine):
             m.admit(jid, j)
             if n_kids:
                 m.flows[jid] = Flow(n_kids, mark=mark)
+            # issue 24: the parent's `kids` lists its children on its own queue
+            j.kids = [nodes[c][0] for c in kids.get(i, []) if queue_of[c] == queue_of[i]]
 
     # ------------------------------------------------------------------ consumers
 
@@ -1051,11 +1076,12 @@ class ModelMachine(RuleBasedStateMachine):
         """Every registered repeat fired one occurrence (the tick made each due): find the
         new jobs by payload (identity is the server's to choose, issue 22 #2)."""
         m = self.m(qi)
-        assert got == len(m.repeats), f"fired {got}, {len(m.repeats)} repeats due"
-        if not m.repeats:
+        live = {n: v for n, v in m.repeats.items() if m.repeat_live(n)}  # issue 24: limits
+        assert got == len(live), f"fired {got}, {len(live)} repeats due"
+        if not live:
             return
         known = set(m.jobs)
-        for name, (payload, g) in sorted(m.repeats.items()):
+        for name, (payload, g) in sorted(live.items()):
             key = keyspace.lane_key(self.names[qi], g) if g else self.key(qi, "pending")
             fresh = [
                 i.decode()
@@ -1066,6 +1092,8 @@ class ModelMachine(RuleBasedStateMachine):
             assert len(fresh) == 1, f"repeat {name}: occurrences {fresh}"
             m.admit(fresh[0], Job(payload, g))
             known.add(fresh[0])
+            if m.repeat_limit.get(name) is not None:
+                m.repeat_fired[name] = m.repeat_fired.get(name, 0) + 1
 
     @rule(qi=QI)
     def fire_due(self, qi: int) -> None:
@@ -1097,12 +1125,15 @@ class ModelMachine(RuleBasedStateMachine):
         got = self.q(qi).repeat(name, name.encode(), every_ms=SHORT, group=g)
         assert got == ("updated" if name in m.repeats else "registered")
         m.repeats[name] = (name.encode(), g)
+        m.repeat_limit[name] = None  # issue 24: no limit (its fired count stays in the row)
 
     @rule(qi=QI, name=st.sampled_from(REPEATS))
     def unrepeat(self, qi: int, name: str) -> None:
         m = self.m(qi)
         assert self.q(qi).unrepeat(name) == (name in m.repeats)
         m.repeats.pop(name, None)
+        m.repeat_limit.pop(name, None)
+        m.repeat_fired.pop(name, None)
 
     # ------------------------------------------------------------------ job admin
 
@@ -1128,24 +1159,35 @@ class ModelMachine(RuleBasedStateMachine):
         if j is not None and err is None:
             j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
             j.floor = j.attempts
+            j.expires, j.expired = None, False  # issue 24: a reprocess starts without a ttl
             m.results.pop(jid, None)
             if delay:
                 j.state = "scheduled"
                 j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
 
-    @rule(qi=QI, n=PICK)
-    def remove(self, qi: int, n: int) -> None:
+    @rule(qi=QI, n=PICK, children=st.booleans())
+    def remove(self, qi: int, n: int, children: bool = False) -> None:
         m = self.m(qi)
-        jid = pick(self.live(qi), n) if n % 4 else pick(sorted(m.seen), n)
+        held = self.live(qi, "awaiting_children")
+        jid = (
+            pick(held, n)
+            if children and n % 2 and held
+            else pick(self.live(qi), n)
+            if n % 4
+            else pick(sorted(m.seen), n)
+        )
         if jid is None:
             return
-        self.remove_id(qi, jid)
+        self.remove_id(qi, jid, children)
 
-    def remove_id(self, qi: int, jid: str) -> None:
+    def remove_id(self, qi: int, jid: str, children: bool = False) -> None:
         m = self.m(qi)
         err = JobGone if jid not in m.jobs else None
-        self.expect(err, self.q(qi).remove, jid)
-        if err is None:
+        self.expect(err, self.q(qi).remove, jid, children=children)
+        if err is None and children:
+            note(f"remove with children: {len(m.jobs[jid].kids)} kids")
+            self.w.remove_tree(qi, jid)
+        elif err is None:
             self.w.removed(qi, jid)
 
     @rule(qi=QI, n=PICK, remove=st.booleans())
@@ -1303,6 +1345,148 @@ class ModelMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ agreement
 
+    # ================================================================== issue 24 (i24ctl)
+    # Per-job budgets, expiry and the small controls: run_now, reschedule, update_payload,
+    # cancel_all, repeat limits (remove with children is the `remove` rule's `children`).
+
+    def expiry(self, qi: int, jid: str, j: Job, ttl: int, t0: int, t1: int) -> None:
+        """An admitted job with a ttl: its row's deadline is enqueue + ttl on the server clock;
+        a 1 ms ttl is waited out, so any later claim must dead-letter it (never lease it)."""
+        got = self.r.hget(self.jkey(qi, jid), "expires")
+        assert got is not None, f"{jid} was enqueued with ttl_ms={ttl} but has no expires"
+        j.expires = int(got)
+        assert t0 + ttl <= j.expires <= t1 + ttl, f"expires {j.expires}, enqueued {t0}..{t1}"
+        if ttl == 1:
+            while self.now() <= j.expires:
+                time.sleep(0.001)
+            j.expired = True
+
+    def expired_met(self, qi: int) -> None:
+        """The claims since the last check dead-lettered the expired jobs they met (which
+        ones depends on the sets the ring served): an expired job the server holds dead is
+        dead "expired" in the model too; any other death is caught by the comparison."""
+        m = self.m(qi)
+        doomed = [i for i, j in m.jobs.items() if j.expired and j.state == "pending"]
+        if not doomed:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for jid in doomed:
+            pipe.hget(self.jkey(qi, jid), "state")
+        for jid, state in zip(doomed, pipe.execute(), strict=True):
+            # No row: dead-lettered, then trimmed by the same claim (keep_dead, kept history).
+            if state == b"dead" or (state is None and m.keep_dead is not None):
+                note("expiry: a claim dead-lettered an expired job")
+                self.w.expire(qi, jid)
+        m.trim_dead()  # the claim that dead-lettered them trimmed dead in the same call
+
+    @rule(qi=QI, n=PICK)
+    def fail_with_budget(self, qi: int, n: int) -> None:
+        """A held job fails and its worker retries it with the job's own budget (the
+        envelope's max_attempts, app layer): dead exactly when this incarnation's attempts
+        (from its floor: a reprocess or a re-admission restarts it) reach it."""
+        held = self.live(qi, "active")
+        jid = pick(held, n)
+        if jid is not None:
+            j = self.m(qi).jobs[jid]
+            note(f"budget {j.budget}: attempt {j.attempts - j.floor}")
+            self.do_retry(qi, jid, j.attempts, 0, j.budget, "over budget", False)
+
+    @rule(qi=QI, n=PICK)
+    def run_now(self, qi: int, n: int) -> None:
+        m = self.m(qi)
+        jid = pick(self.live(qi, "scheduled"), n) if n % 3 else pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        err = JobGone if j is None else StateError if j.state != "scheduled" else None
+        self.expect(err, self.q(qi).run_now, jid)
+        if j is not None and err is None:
+            j.state, j.score = "pending", 0
+
+    @rule(qi=QI, n=PICK, due=st.booleans())
+    def reschedule(self, qi: int, n: int, due: bool) -> None:
+        """A scheduled job's run time, as an absolute at_ms: due now or an hour away."""
+        m = self.m(qi)
+        jid = pick(self.live(qi, "scheduled"), n) if n % 3 else pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        at = self.now() + (-1 if due else LONG)
+        err = JobGone if j is None else StateError if j.state != "scheduled" else None
+        self.expect(err, self.q(qi).reschedule, jid, at_ms=at)
+        if j is not None and err is None:
+            j.score = at
+
+    @rule(qi=QI, n=PICK, payload=PAYLOADS)
+    def update_payload(self, qi: int, n: int, payload: bytes) -> None:
+        m = self.m(qi)
+        jid = pick(self.live(qi), n) if n % 4 else pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        err = (
+            JobGone
+            if j is None
+            else StateError
+            if j.state not in ("pending", "scheduled")
+            else None
+        )
+        self.expect(err, self.q(qi).update_payload, jid, payload)
+        note(f"update_payload: {j.state if j else 'gone'}")
+        if j is not None and err is None:
+            j.payload = payload
+            if j.epoch is not None:  # a reaped job: its old holder can settle it no more
+                j.epoch, j.cancel = None, None
+
+    @rule(qi=QI)
+    def cancel_all(self, qi: int) -> None:
+        """Every waiting and scheduled job removed as cancel removes one (a waiter learns
+        "cancelled"), every active job not already flagged signalled; a parent the walk
+        itself released is waiting before it ends and goes too (as drain, FINDINGS F11)."""
+        m = self.m(qi)
+        self.expired_met(qi)
+        doomed = sorted(i for i, j in m.jobs.items() if j.state in ("pending", "scheduled"))
+        flag = sorted(i for i, j in m.jobs.items() if j.state == "active" and j.cancel is None)
+        held = {i for i, j in m.jobs.items() if j.state == "awaiting_children"}
+        got = self.q(qi).cancel_all()
+
+        def gone(jid: str) -> None:
+            j = self.w.removed(qi, jid)
+            if jid in m.wanted:
+                m.keep(jid, b"", j.attempts, "cancelled")
+
+        for jid in doomed:
+            gone(jid)
+        extra = 0
+        while True:
+            released = sorted(
+                i for i in held if i in m.jobs and m.jobs[i].state in ("pending", "scheduled")
+            )
+            if not released:
+                break
+            for jid in released:
+                note("cancel_all: took a parent it released")
+                gone(jid)
+                extra += 1
+        for jid in flag:
+            m.jobs[jid].cancel = "1"
+        assert got == {"removed": len(doomed) + extra, "signalled": len(flag)}, (got, doomed)
+
+    @rule(qi=QI, name=st.sampled_from(REPEATS), g=GROUPS, limit=st.sampled_from((None, 1, 2)))
+    def repeat_limited(self, qi: int, name: str, g: str | None, limit: int | None) -> None:
+        """repeat(limit=): a repeat stops after that many fires; the count survives an update
+        (and is only kept while a limit is set), a new limit above it revives it."""
+        m = self.m(qi)
+        got = self.q(qi).repeat(name, name.encode(), every_ms=SHORT, group=g, limit=limit)
+        assert got == ("updated" if name in m.repeats else "registered")
+        m.repeats[name] = (name.encode(), g)
+        m.repeat_limit[name] = limit
+        [rep] = [x for x in self.q(qi).repeats() if x.name == name]
+        assert rep.limit == limit and rep.ended == (not m.repeat_live(name)), rep
+        assert rep.fired == m.repeat_fired.get(name, 0), (rep, m.repeat_fired)
+
+    # ================================================================== end issue 24
+
     @invariant()
     def server_agrees_with_model(self) -> None:
         note("step")
@@ -1311,6 +1495,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     def agrees(self, qi: int) -> None:
         m, q, name = self.m(qi), self.handles[qi][0], self.names[qi]
+        self.expired_met(qi)
         violations = q.check()
         if not strict("negdeps"):  # FINDINGS F13
             violations = [v for v in violations if "is negative" not in v]
@@ -1335,6 +1520,8 @@ class ModelMachine(RuleBasedStateMachine):
             "parent_queue",
             "children",
             "priority",  # issue 24: absent for 0
+            "expires",
+            "kids",  # last: compared as a set of ids below
         )
         jobs = sorted(m.jobs.items())
         gone = sorted(m.seen - set(m.jobs))
@@ -1386,11 +1573,14 @@ class ModelMachine(RuleBasedStateMachine):
                 self.names[j.pq] if j.pq is not None else None,
                 str(j.children) if j.children else None,
                 str(j.priority) if j.priority else None,
+                str(j.expires) if j.expires is not None else None,
+                _kids(j.kids),
             ]
             got = [
                 v if v is None or f == "payload" else v.decode()
                 for f, v in zip(fields, row, strict=True)
             ]
+            got[-1] = _kids(_chunks(got[-1])) if got[-1] else None
             if not strict("cancel"):
                 want[8] = got[8]
             assert got == want, (
@@ -1473,6 +1663,15 @@ class ModelMachine(RuleBasedStateMachine):
             for qs in self.handles:
                 for q in qs:
                     q.close()
+
+
+def _chunks(kids: str) -> list[str]:
+    return [kids[i : i + 14] for i in range(0, len(kids), 14)]
+
+
+def _kids(kids: list[str]) -> str | None:
+    """A `kids` field compared as a set: the order is the flattened tree's."""
+    return "".join(sorted(kids)) or None
 
 
 def budget(examples: int) -> settings:
@@ -1851,3 +2050,87 @@ def test_an_old_child_never_counts_toward_a_new_flow(sm: ModelMachine, cross: in
 
 
 # ---- end i22close ----
+# ---------------------------------------------------------------------- issue 24 (i24ctl)
+# Budgets, expiry and the small controls, replayed through the machine on every leg.
+
+
+def test_an_expired_job_is_dead_lettered_and_reprocessed_without_its_ttl(
+    sm: ModelMachine,
+) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group="la", delay=None, did="d1", mode="simple", ttl=1)
+    s.enqueue(qi=0, payload=b"b", group="la", delay=None, did=None, mode="simple", ttl=LONG)
+    s.enqueue(qi=0, payload=b"c", group=None, delay=None, did=None, mode="simple", ttl=1)
+    s.wait(qi=0, n=0)  # a waiter on the first job: its expiry wakes it
+    s.claim_batch(qi=0, n=5, lease=LONG)  # meets both expired ones, leases "b"
+    dead = sm.live(0, "dead")
+    assert len(dead) == 2 and all(sm.m(0).jobs[j].last_error == "expired" for j in dead)
+    assert sm.m(0).counts()["active"] == 1
+    s.reprocess(qi=0, n=1)
+    s.claim(qi=0, lease=LONG)
+    assert sm.m(0).counts()["active"] == 2
+
+
+def test_a_jobs_own_budget_restarts_after_reprocess(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group=None, delay=None, did=None, mode="simple", budget=2)
+    for _ in range(2):
+        s.claim(qi=0, lease=LONG)
+        s.fail_with_budget(qi=0, n=0)
+        sm.tick("scheduled")
+        s.promote(qi=0)
+    assert sm.live(0, "dead"), "two attempts of a budget of 2: dead"
+    s.reprocess(qi=0, n=1)
+    s.claim(qi=0, lease=LONG)
+    s.fail_with_budget(qi=0, n=0)
+    assert sm.live(0, "scheduled"), "a reprocess restarts the budget"
+
+
+def test_controls_of_scheduled_and_waiting_jobs(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group=None, delay=LONG, did=None, mode="simple", ttl=LONG)
+    s.enqueue(qi=0, payload=b"b", group="lb", delay=LONG, did=None, mode="simple")
+    s.enqueue(qi=0, payload=b"c", group=None, delay=None, did=None, mode="simple")
+    s.reschedule(qi=0, n=1, due=True)
+    s.reschedule(qi=0, n=0, due=False)  # n % 3 == 0: any id, refused unless scheduled
+    s.update_payload(qi=0, n=1, payload=b"new")
+    s.run_now(qi=0, n=2)
+    s.promote(qi=0)
+    s.cancel_all(qi=0)
+    assert not sm.m(0).jobs
+
+
+def test_cancel_all_signals_the_running_and_takes_a_released_parent(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"run", group=None, delay=None, did=None, mode="simple")
+    s.claim(qi=0, lease=LONG)
+    s.add_flow(qi=0, shape=[(1, True, 0, None), (0, True, 0, "la")])
+    s.cancel_all(qi=0)
+    assert [j.cancel for j in sm.m(0).jobs.values()] == ["1"]
+
+
+@pytest.mark.parametrize("children", [True, False])
+def test_remove_a_flow_parent_with_or_without_its_children(
+    sm: ModelMachine, children: bool
+) -> None:
+    s = Steps(sm)
+    s.add_flow(
+        qi=0,
+        shape=[(2, True, 0, None), (2, False, 0, "la"), (0, True, 0, None), (0, True, 0, "lb")],
+    )
+    s.claim(qi=0, lease=LONG)  # one leaf runs on
+    root = next(i for i, j in sm.m(0).jobs.items() if j.parent is None)
+    s.remove_id(qi=0, jid=root, children=children)
+    left = {j.state for j in sm.m(0).jobs.values()}
+    assert left == ({"active"} if children else {"active", "pending", "awaiting_children"})
+
+
+def test_a_repeat_limit_stops_it(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.repeat_limited(qi=0, name="r1", g=None, limit=2)
+    for _ in range(3):
+        s.fire_due(qi=0)
+    assert sm.m(0).repeat_fired["r1"] == 2 and not sm.m(0).repeat_live("r1")
+    s.repeat_limited(qi=0, name="r1", g=None, limit=2)  # the same limit: still spent
+    s.repeat(qi=0, name="r1", g=None)  # no limit: fires again, the count kept
+    s.fire_due(qi=0)

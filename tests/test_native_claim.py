@@ -54,7 +54,7 @@ def enq(pair: Pair, id: str, payload: str | bytes = "p", *, group: str = "") -> 
 
 
 def enq_many(pair: Pair, items: list[tuple[str, str]], *, group: str = "") -> Any:
-    args: list[str | bytes] = ["@", group, "now", "0", "0", "", "", "0"]
+    args: list[str | bytes] = ["@", group, "now", "0", "0", "", "", "0", ""]
     for i, p in items:
         args += [i, p]
     return pair.run("enqueue_many", ["@meta"], args)

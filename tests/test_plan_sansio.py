@@ -59,7 +59,7 @@ class FakeServer:
                 str(jid), bytes(data), str(mode), str(flags), int(replay_ms), str(nonce)
             )
         if call.script.name == "enqueue_many":
-            _, _, mode, _, replay_ms, nonce, flags, _priority, *flat = call.args
+            _, _, mode, _, replay_ms, nonce, flags, _priority, _ttl, *flat = call.args
             pairs = zip(flat[::2], flat[1::2], strict=True)
             return [
                 self._admit(str(j), bytes(d), str(mode), str(flags), int(replay_ms), str(nonce))

@@ -47,6 +47,8 @@ VERBS: dict[str, Callable[[], Any]] = {
     "remove": lambda: _p.remove(K, JID),
     "run_now": lambda: _p.run_now(K, JID),
     "change_priority": lambda: _p.change_priority(K, JID, 3),
+    "reschedule": lambda: _p.reschedule(K, JID, 10),
+    "update_payload": lambda: _p.update_payload(K, JID, b"x"),
     "update_progress": lambda: _p.update_progress(K, JID, "50"),
     "add_log": lambda: _p.add_log(K, JID, "line", 2),
     "logs": lambda: _p.logs(K, JID),
@@ -86,6 +88,7 @@ EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "deliver": lambda: _compose.deliver(K, [f"{K.name}\0{JID}\0{JID}\0r".encode()]),
     "trim": lambda: _compose.trim(K, [b"entry"]),
     "cancel": lambda: _control.cancel(K, ids.mint()),
+    "cancel_all": lambda: _control.cancel_all(K),
     "notify_rearm": lambda: _control.rearm(K, ids.mint()),
     "rate_limit": lambda: _control.rate_limit(K, 5, 1000, "g"),
     "rate_ttl": lambda: _control.rate_limit_ttl(K),
@@ -496,7 +499,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     base, a, b = _k(qname, ""), ids.mint(), ids.mint()
     head = [base, "", "now", 0, 60_000, "ef0123456789"]
     pairs = [a, b"1", b, b"2", "ORD" + a[3:], b"3"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", 0, *pairs]) == [
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "f", 0, "", *pairs]) == [
         b"enqueued",
         b"enqueued",
         b"kind",
@@ -504,7 +507,7 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.get(base + "recent:ef0123456789") == b"eek"
     assert 59_000 <= r.pttl(base + "recent:ef0123456789") <= 61_000
     r.delete(_k(qname, "job:" + a))  # as if it completed
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", 0, *pairs]) == [
+    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head, "fr", 0, "", *pairs]) == [
         b"replayed",
         b"replayed",
         b"kind",
@@ -512,7 +515,8 @@ def test_eval_enqueue_many_leaves_one_marker_a_call(r: redis.Redis, qname: str) 
     assert r.exists(_k(qname, "job:" + a)) == 0  # never admitted twice
     # A call that admits nothing leaves no marker.
     head2 = [base, "", "now", 0, 60_000, "aa0123456789"]
-    assert _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", 0, b, b"x"]) == [b"duplicate"]
+    again = _eval(r, "enqueue_many", [_k(qname, "meta")], [*head2, "", 0, "", b, b"x"])
+    assert again == [b"duplicate"]
     assert r.exists(base + "recent:aa0123456789") == 0
 
 

@@ -127,7 +127,7 @@ def test_children_of_a_removed_parent_leave_no_orphan_keys(q: echomq.Queue, r: r
         FlowJob(b"parent", children=[FlowJob(b"a"), FlowJob(b"b", fail_parent=False)])
     )
     a, b = added.child_ids
-    q.remove(added.parent_id)
+    q.remove(added.parent_id, children=False)  # the children run on
     job = claim_id(q, a)
     q.complete(job.id, job.token, result=b"a")
     die(q, claim_id(q, b))
@@ -141,7 +141,7 @@ def test_a_fail_parent_child_of_a_removed_parent_leaves_no_orphan(
     q: echomq.Queue, r: redis.Redis
 ) -> None:
     added = q.add_flow(FlowJob(b"parent", children=[FlowJob(b"a")]))
-    q.remove(added.parent_id)
+    q.remove(added.parent_id, children=False)
     die(q, claim_id(q, added.child_ids[0]))
     assert r.exists(K(q.name, f"job:{added.parent_id}:failed")) == 0
     assert q.check() == []

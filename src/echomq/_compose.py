@@ -45,6 +45,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from echomq import ids, keyspace
 from echomq._protocol import (
+    MAX_INT,
     MAX_MS,
     Arg,
     Call,
@@ -88,17 +89,27 @@ _SLOT_BITS = 22
 
 @dataclass(frozen=True, slots=True)
 class Repeat:
-    """One registered repeatable job: its next fire (server ms) and its schedule
-    (``every_ms``, or ``cron`` in the time zone ``tz``); ``group`` is the lane its occurrences
-    join, ``owner`` the app that registered it (``@app.periodic``)."""
+    """One registered repeatable job: its next fire (server ms; None once it is spent) and
+    its schedule (``every_ms``, or ``cron`` in the time zone ``tz``); ``group`` is the lane
+    its occurrences join, ``owner`` the app that registered it (``@app.periodic``).
+    ``limit``/``until_ms`` (issue 24): at most that many fires, none due after that ms;
+    ``fired`` counts the fires of a repeat that has either."""
 
     name: str
-    next_ms: int
+    next_ms: int | None
     every_ms: int | None
     cron: str | None
     tz: str
     group: str | None = None
     owner: str | None = None
+    limit: int | None = None
+    until_ms: int | None = None
+    fired: int = 0
+
+    @property
+    def ended(self) -> bool:
+        """The repeat is spent (its limit reached or its end passed): it fires no more."""
+        return self.next_ms is None
 
 
 # --------------------------------------------------------------------------- validation
@@ -254,13 +265,17 @@ def repeat(
     tz: str = "UTC",
     group: str | None = None,
     owner: str | None = None,
+    limit: int | None = None,
+    until_ms: int | None = None,
 ) -> Plan[str]:
-    """Register (or update) ``name``: ``"registered"`` or ``"updated"``."""
+    """Register (or update) ``name``: ``"registered"`` or ``"updated"``. ``limit``: at most
+    that many fires; ``until_ms``: no fire due after that ms (the caller's clock) (issue 24)."""
     n = _name(name)
     data = _payload(payload, k.max_payload)
     g = _group(group)
     who = "" if owner is None else _text("owner", owner)
     every, expr = schedule(every_ms, cron, tz)
+    most, end = repeat_limits(limit, until_ms)
     first: Arg = ""
     if expr:
         # The first fire is computed from the server's clock, like every later one.
@@ -269,7 +284,7 @@ def repeat(
     status: str = yield _call(
         "repeat_set",
         _set_keys(k, n),
-        (n, data, g, every, expr, tz, first, who, k.base),
+        (n, data, g, every, expr, tz, first, who, k.base, most, end),
         _s,
     )
     return status
@@ -286,16 +301,17 @@ def repeats(k: Keys) -> Plan[list[Repeat]]:
     """Every registered repeat, soonest first."""
     reg = k.base + "repeat"
     listed = yield _cmd(("ZRANGE", reg, 0, -1, "WITHSCORES"), lambda r: r)
-    pairs = [(_s(m), int(float(s))) for m, s in _pairs(listed)]
+    # A spent repeat's score is +inf (issue 24): no next fire.
+    pairs = [(_s(m), _score(s)) for m, s in _pairs(listed)]
     if not pairs:
         return []
-    fields = ("every_ms", "cron", "tz", "group", "owner")
+    fields = ("every_ms", "cron", "tz", "group", "owner", "limit", "until_ms", "fired")
     rows = yield [_cmd(("HMGET", reg + ":" + m, *fields), lambda r: r) for m, _ in pairs]
     out = []
     for (m, score), row in zip(pairs, rows, strict=True):
         if isinstance(row, BaseException):
             raise row
-        every, expr, tz, grp, who = (_s(x) if x else "" for x in row)
+        every, expr, tz, grp, who, most, end, fired = (_s(x) if x else "" for x in row)
         if not every and not expr:
             continue  # unregistered between the two reads
         out.append(
@@ -307,9 +323,25 @@ def repeats(k: Keys) -> Plan[list[Repeat]]:
                 tz or "UTC",
                 grp or None,
                 who or None,
+                int(most) if most else None,
+                int(end) if end else None,
+                int(fired) if fired else 0,
             )
         )
     return out
+
+
+def _score(raw: Any) -> int | None:
+    value = float(raw)
+    return None if value == float("inf") else int(value)
+
+
+def repeat_limits(limit: object, until_ms: object) -> tuple[Arg, Arg]:
+    """A repeat's ``limit`` (fires, > 0) and ``until_ms`` (>= 0) as sent ('' for none);
+    ``InvalidArgument`` before anything is written (issue 24)."""
+    most: Arg = "" if limit is None else _int("limit", limit, 1, MAX_INT)
+    end: Arg = "" if until_ms is None else _int("until_ms", until_ms, 0, MAX_INT)
+    return most, end
 
 
 def _pairs(reply: Any) -> list[tuple[Any, Any]]:

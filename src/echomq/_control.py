@@ -374,6 +374,28 @@ def cancel(k: Keys, id: str, remove: bool = False) -> Call[str]:
     return _call("cancel", (k.job(id),), args, decode)
 
 
+def cancel_all(k: Keys, budget: int = 1000) -> Plan[dict[str, int]]:
+    """Issue 24: cancel every waiting and scheduled job (removed, as ``cancel`` removes one)
+    and signal every active one (as ``cancel`` signals one), in bounded slices: the drain
+    script in its cancel mode, each call at most ``budget`` jobs, looped here until done.
+    Returns ``{"removed": n, "signalled": m}``. Dead jobs and flow parents awaiting their
+    children are left (a parent whose children all went is released and cancelled too)."""
+    _int("budget", budget, 1, 100_000)
+    removed = signalled = 0
+    cursor = ""
+    while True:
+        deleted, cursor, flagged = yield _call(
+            "drain",
+            (k.pending, k.lanes),
+            (k.base, "1", budget, cursor, "cancel"),
+            lambda r: (int(r[0]), _s(r[1]), int(r[2])),
+        )
+        removed += deleted
+        signalled += flagged
+        if not cursor:
+            return {"removed": removed, "signalled": signalled}
+
+
 def cancels_signalled(k: Keys) -> Call[int]:
     """The queue's count of cancels signalled to running jobs (``meta.cancels``, D22): a
     worker holding jobs polls it and extends at once when it moves, so a cancel reaches

@@ -6,6 +6,13 @@ never pickle)::
     [task, args]                     # no keyword arguments, no trace context
     [task, args, kwargs]             # kwargs only when there are some
     [task, args, kwargs, tc]         # tc: the W3C trace context (kwargs may be {})
+    [task, args, kwargs, tc, opts]   # opts: per-job options the worker honours (tc may be {})
+
+``opts`` (issue 24) is a map, present only when a job has one: ``max_attempts`` (this job's
+attempt budget, overriding its task's). A budget travels with the payload, not in the row:
+the worker makes the retry-or-dead decision with it, and the protocol's retry compares the
+ceiling it is sent, counted from the row's ``floor`` as for any budget (so a reprocess or a
+re-admission restarts it).
 
 ``{"task":"noop","args":[99999],"kwargs":{}}`` (43 B) is now ``["noop",[99999]]`` (16 B).
 :func:`parse` still reads the older map form ``{"task", "args", "kwargs", "tc"}`` (any
@@ -35,7 +42,16 @@ import orjson
 
 from echomq.serializers import JSON, Serializer
 
-__all__ = ["EnvelopeError", "build", "encode", "parse", "to_wire", "trace_context"]
+__all__ = [
+    "EnvelopeError",
+    "attempt_budget",
+    "build",
+    "encode",
+    "parse",
+    "parse_full",
+    "to_wire",
+    "trace_context",
+]
 
 _JSON = JSON()
 _NO_KWARGS: dict[str, Any] = {}
@@ -57,13 +73,18 @@ def to_wire(serializer: Serializer, value: Any) -> Any:
 
 
 def encode(
-    serializer: Serializer, task: str, args: Any, kwargs: dict[str, Any] | None = None
+    serializer: Serializer,
+    task: str,
+    args: Any,
+    kwargs: dict[str, Any] | None = None,
+    opts: dict[str, Any] | None = None,
 ) -> bytes:
     """The payload of one call of ``task`` with its arguments as given: :func:`build` of
     their :func:`to_wire` form, in one pass (``Task.payload``, the enqueue hot path).
     ``TypeError`` (or the serializer's error) when an argument cannot be serialized."""
-    if getattr(serializer, "name", "") == "msgpack":
-        return build(serializer, task, *to_wire(serializer, (args, kwargs or _NO_KWARGS)))
+    if getattr(serializer, "name", "") == "msgpack" or opts:
+        a, k = to_wire(serializer, (args, kwargs or _NO_KWARGS))
+        return build(serializer, task, a, k, opts=opts)
     envelope = [task, args, kwargs] if kwargs else [task, args]
     try:  # one to_builtins over the whole envelope; map keys as they are (fast)
         return serializer.dumps(_to_builtins(envelope))
@@ -77,13 +98,17 @@ def build(
     args: Any = (),
     kwargs: Any = None,
     tc: dict[str, str] | None = None,
+    opts: dict[str, Any] | None = None,
 ) -> bytes:
     """The payload of one call of ``task``; ``tc`` is the W3C trace context (``traceparent``,
     ``tracestate``) when tracing is on (``echomq.otel``), else the envelope has no ``tc``.
+    ``opts``: the job's options (see the module's docstring), else none.
     ``args`` and ``kwargs`` are encoded as given (``Task.payload`` passes them through
     :func:`to_wire` first)."""
     envelope: list[Any] = [task, list(args)]
-    if tc:
+    if opts:
+        envelope += [dict(kwargs) if kwargs else {}, dict(tc) if tc else {}, dict(opts)]
+    elif tc:
         envelope.append(dict(kwargs) if kwargs else {})
         envelope.append(dict(tc))
     elif kwargs:
@@ -97,9 +122,17 @@ def parse(serializer: Serializer, payload: bytes) -> tuple[Any, list[Any], dict[
     The task name is returned as found (the caller decides what an unknown or non-string
     name means); args and kwargs are checked to be a list and a map.
     """
+    return parse_full(serializer, payload)[:3]
+
+
+def parse_full(
+    serializer: Serializer, payload: bytes
+) -> tuple[Any, list[Any], dict[str, Any], dict[str, Any]]:
+    """:func:`parse` plus the job's options (``{}`` when none; an ``opts`` that is not a map
+    is a malformed envelope, an unknown or unusable option inside one is ignored)."""
     envelope = _load(serializer, payload)
     if isinstance(envelope, list):
-        if not 2 <= len(envelope) <= 4:
+        if not 2 <= len(envelope) <= 5:
             raise EnvelopeError(f"not a task envelope: a list of {len(envelope)} items")
         task, args = envelope[0], envelope[1]
         kwargs = envelope[2] if len(envelope) > 2 else _NO_KWARGS
@@ -107,7 +140,10 @@ def parse(serializer: Serializer, payload: bytes) -> tuple[Any, list[Any], dict[
             raise EnvelopeError(
                 f"bad args/kwargs: a {type(args).__name__} and a {type(kwargs).__name__}"
             )
-        return task, args, dict(kwargs)
+        opts = envelope[4] if len(envelope) == 5 else {}
+        if not isinstance(opts, dict):
+            raise EnvelopeError(f"bad opts: a {type(opts).__name__}")
+        return task, args, dict(kwargs), opts
     if not isinstance(envelope, dict):
         raise EnvelopeError(f"not a task envelope: a {type(envelope).__name__}")
     if "task" not in envelope:
@@ -117,7 +153,16 @@ def parse(serializer: Serializer, payload: bytes) -> tuple[Any, list[Any], dict[
         kwargs = dict(envelope.get("kwargs", {}))
     except Exception as exc:
         raise EnvelopeError(f"bad args/kwargs: {type(exc).__name__}: {exc}") from None
-    return envelope["task"], args, kwargs
+    return envelope["task"], args, kwargs, {}
+
+
+def attempt_budget(opts: dict[str, Any]) -> int:
+    """The per-job attempt budget an envelope's ``opts`` carries, 0 when none (or not a
+    usable one: an int in [1, 2**53 - 1], the range ``retry`` accepts)."""
+    ma = opts.get("max_attempts")
+    if isinstance(ma, int) and not isinstance(ma, bool) and 1 <= ma <= 2**53 - 1:
+        return ma
+    return 0
 
 
 def trace_context(serializer: Serializer, payload: bytes) -> dict[str, str]:
@@ -128,7 +173,7 @@ def trace_context(serializer: Serializer, payload: bytes) -> dict[str, str]:
     except EnvelopeError:
         return {}
     if isinstance(envelope, list):
-        tc = envelope[3] if len(envelope) == 4 else None
+        tc = envelope[3] if len(envelope) >= 4 else None
     else:
         tc = envelope.get("tc") if isinstance(envelope, dict) else None
     if not isinstance(tc, dict):

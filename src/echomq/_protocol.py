@@ -306,6 +306,12 @@ def _when(delay_ms: object, at_ms: object) -> tuple[str, str]:
     return "now", "0"
 
 
+def _ttl(ttl_ms: object) -> str:
+    """An enqueue's expiry (issue 24): '' for none, else ms > 0 (0 or less is refused: a job
+    that expires at once is a mistake, not a choice)."""
+    return "" if ttl_ms is None else str(_int("ttl_ms", ttl_ms, 1, MAX_MS))
+
+
 def _s(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -386,15 +392,19 @@ def enqueue(
     dedup_ttl_ms: int | None = None,
     dedup_mode: str = "simple",
     priority: int = 0,
+    ttl_ms: int | None = None,
 ) -> Plan[Enqueued]:
-    """``priority``: 0..2^21, lower runs first (ARGV[14], sent only when not 0).
+    """``priority``: 0..2^21, lower runs first (ARGV[14], sent when not 0 or with a ttl).
     ``replay_ms``: how long the server remembers this call for its resends (a resend
     after a lost reply then finds its first copy even once that job has completed: it is
-    never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control."""
+    never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control.
+    ``ttl_ms``: the job expires that long after this call (server clock) unless claimed
+    (ARGV[15])."""
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
     pri = _priority(priority)
+    ttl = _ttl(ttl_ms)
     extra: tuple[Arg, ...] = ()
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
         from echomq._control import dedup_args  # _control builds on this module
@@ -420,10 +430,14 @@ def enqueue(
             tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
         else:
             tail = extra
-        if pri:
-            # ARGV[14] follows the optional ARGV[8..13]: fill the ones this call left out.
+        if pri or ttl:
+            # ARGV[14] (priority) and ARGV[15] (ttl) follow the optional ARGV[8..13]: fill
+            # the ones this call left out (the second is read only with a nonce; the
+            # priority 0 when only a ttl is sent).
             head = ("", "simple", 0) if not tail else tail[:3]
             tail = (*head, tail[3] if len(tail) > 3 else 0, pri)
+            if ttl:
+                tail = (*tail, ttl)
         args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *tail)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
         keys = (k.base + "job:" + jid, k.meta)
@@ -494,10 +508,12 @@ def enqueue_many(
     at_ms: int | None = None,
     replay_ms: int = 0,
     priority: int = 0,
+    ttl_ms: int | None = None,
 ) -> Plan[list[Enqueued | EchoMQError]]:
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
     pri = _priority(priority)  # one priority for every job of the call (ARGV[8])
+    ttl = _ttl(ttl_ms)  # one expiry for every job of the call (ARGV[9])
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
@@ -533,7 +549,7 @@ def enqueue_many(
         # retired record), 'r' on a resend.
         fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call("enqueue_many", (k.meta,), (*head, f, pri, *_flat(jobs, span)), _str_list)
+            _call("enqueue_many", (k.meta,), (*head, f, pri, ttl, *_flat(jobs, span)), _str_list)
             for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
@@ -548,7 +564,7 @@ def enqueue_many(
                     _call(
                         "enqueue_many",
                         (k.meta,),
-                        (*head, f + "r", pri, *_flat(jobs, span)),
+                        (*head, f + "r", pri, ttl, *_flat(jobs, span)),
                         _str_list,
                     )
                     for head, f, span in zip(heads, fresh, spans, strict=True)
@@ -811,8 +827,13 @@ def _opt(n: int | None) -> str:
     return "" if n is None else str(n)
 
 
-def remove(k: Keys, id: str) -> Call[None]:
-    return _call("remove", (k.job(id),), (k.base, id), _gone_if_zero(id))
+def remove(k: Keys, id: str, children: bool = True) -> Call[None]:
+    """``children`` (issue 24): a flow parent's waiting descendants go with it; False
+    removes the job alone."""
+    if not isinstance(children, bool):
+        raise InvalidArgument(f"children must be a bool, got {children!r}")
+    args = (k.base, id, "1") if children else (k.base, id)
+    return _call("remove", (k.job(id),), args, _gone_if_zero(id))
 
 
 def change_priority(k: Keys, id: str, priority: int) -> Call[None]:
@@ -824,6 +845,33 @@ def change_priority(k: Keys, id: str, priority: int) -> Call[None]:
 
 def run_now(k: Keys, id: str) -> Call[None]:
     return _call("run_now", (k.job(id), k.schedule), (k.base, id), _gone_if_zero(id))
+
+
+# ---- issue 24: small controls ----------------------------------------------------------
+
+
+def reschedule(
+    k: Keys, id: str, delay_ms: int | None = None, *, at_ms: int | None = None
+) -> Call[None]:
+    """A scheduled job's run time: now + ``delay_ms`` (server clock) or ``at_ms`` (the
+    caller's clock); StateError for a job that is not scheduled, JobGone without a row."""
+    if delay_ms is None and at_ms is None:
+        raise InvalidArgument("reschedule takes delay_ms or at_ms")
+    mode, value = _when(delay_ms, at_ms)
+    if mode == "now":  # delay_ms=0: due now (the next promote moves it)
+        mode = "in"
+    args = (k.base, id, mode, value)
+    return _call("reschedule", (k.job(id), k.schedule), args, _gone_if_zero(id))
+
+
+def update_payload(k: Keys, id: str, payload: bytes | str) -> Call[None]:
+    """A waiting or scheduled job's payload replaced (the size rules of enqueue);
+    StateError for an active, dead or held job, JobGone without a row."""
+    data = _payload(payload, k.max_payload)
+    return _call("update_payload", (k.job(id),), (k.base, id, data), _gone_if_zero(id))
+
+
+# ---- end issue 24, small controls --------------------------------------------------------
 
 
 def update_progress(k: Keys, id: str, value: str) -> Call[None]:
@@ -1118,11 +1166,13 @@ __all__ += [
     "reprocess",
     "resume",
     "resume_lane",
+    "reschedule",
     "retry",
     "run_now",
     "settle",
     "complete_many",
     "sweep_stalled",
+    "update_payload",
     "update_progress",
     "weight_lane",
 ]

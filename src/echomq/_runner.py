@@ -68,6 +68,8 @@ class Running:
     child: Child | PoolRun | None = None
     cancelled: bool = False  # D22: the job was cancelled; its settle dead-letters it
     begun: float = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
+    # Issue 24: this job's own attempt budget (its envelope's opts), 0 for its task's.
+    max_attempts: int = 0
     key: tuple[str, int] = field(init=False)  # (id, token): how the worker tracks the run
 
     def __post_init__(self) -> None:
@@ -160,7 +162,7 @@ class Runner:
             return
         if jlog.isEnabledFor(logging.INFO):
             r.begun = time.monotonic()
-        task, args, kwargs = prepared
+        task, args, kwargs, r.max_attempts = prepared
         r.ctx = JobContext(
             queue,
             job.id,
@@ -178,11 +180,12 @@ class Runner:
         else:
             r.fut = asyncio.ensure_future(self._execute(r, task, args, kwargs, done))
 
-    def prepare(self, job: Job) -> tuple[Task[Any, Any], list[Any], dict[str, Any]] | Settle:
-        """The task and arguments of a job, or the dead-letter settle of a job no handler can
-        run: an undecodable payload or an unknown task is never silently dropped."""
+    def prepare(self, job: Job) -> tuple[Task[Any, Any], list[Any], dict[str, Any], int] | Settle:
+        """The task, arguments and own attempt budget (0: the task's) of a job, or the
+        dead-letter settle of a job no handler can run: an undecodable payload or an unknown
+        task is never silently dropped."""
         try:
-            name, args, kwargs = _envelope.parse(self.app.serializer, job.payload)
+            name, args, kwargs, opts = _envelope.parse_full(self.app.serializer, job.payload)
         except Exception as exc:
             return self.dead(job, f"undecodable payload: {_safe_str(exc)}")
         task = self.app.tasks.get(name) if isinstance(name, str) else None
@@ -192,7 +195,7 @@ class Runner:
             args, kwargs = task.from_wire(args, kwargs)
         except Exception as exc:
             return self.dead(job, f"{type(exc).__name__}: {_safe_str(exc)}", task.keep_result_ms)
-        return task, args, kwargs
+        return task, args, kwargs, _envelope.attempt_budget(opts) if opts else 0
 
     def _run_inline(
         self, r: Running, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
@@ -208,9 +211,9 @@ class Runner:
         finally:
             _current.reset(token)
         if error is None:
-            settle = self._completed(r.job, task, value)
+            settle = self._completed(r.job, task, value, r.max_attempts)
         else:
-            settle = self.outcome(r.job, task, error)
+            settle = self.outcome(r.job, task, error, r.max_attempts)
         if self._job_hooks:
             self.hooks.call_sync("after_job", r.ctx, settle.outcome, error)
         self._log_end(r, task, settle, error)
@@ -237,7 +240,7 @@ class Runner:
             else:
                 value = await self._invoke(task, r, args, kwargs)
             if task.keep_result_ms:
-                settle = self._completed(r.job, task, value)
+                settle = self._completed(r.job, task, value, r.max_attempts)
             else:  # the common case, inline: nothing to serialize
                 settle = Settle(r.job.id, r.job.token, "completed")
         except asyncio.CancelledError as exc:
@@ -252,10 +255,10 @@ class Runner:
                 if cancelling():
                     raise  # the worker's own task is being torn down: nothing to settle
                 error = exc  # the handler raised CancelledError itself: a failure
-                settle = self.outcome(r.job, task, exc)
+                settle = self.outcome(r.job, task, exc, r.max_attempts)
         except BaseException as exc:
             error = exc.exc if isinstance(exc, _HandlerExit) else exc
-            settle = self.outcome(r.job, task, error)
+            settle = self.outcome(r.job, task, error, r.max_attempts)
         finally:
             try:
                 if r.cancelled and settle is not None and settle.error != "cancelled":
@@ -325,10 +328,10 @@ class Runner:
             "job_id": job.id,
             "task": task.name,
             "attempt": job.attempt,
-            "max_attempts": task.max_attempts,
+            "max_attempts": r.max_attempts or task.max_attempts,
         }
         where = f"job {job.id} (task {task.name}, queue {queue}, attempt {job.attempt}/"
-        where += f"{task.max_attempts})"
+        where += f"{fields['max_attempts']})"
         if kind == "completed":
             ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
             fields["duration_ms"] = ms
@@ -385,11 +388,14 @@ class Runner:
             job.id, task, queue, job.attempt, text, extra=fields,
         )  # fmt: skip
 
-    def outcome(self, job: Job, task: Task[Any, Any], exc: BaseException) -> Settle:
-        """The settle of a failed run: a Retry or Discard signal, a timeout, or an error."""
+    def outcome(
+        self, job: Job, task: Task[Any, Any], exc: BaseException, budget: int = 0
+    ) -> Settle:
+        """The settle of a failed run: a Retry or Discard signal, a timeout, or an error.
+        ``budget``: the job's own attempt budget (issue 24), 0 for the task's."""
         if isinstance(exc, Retry):
             delay = self.backoff(task, job.attempt, exc.delay_ms)
-            return self.retry(job, task, delay, f"Retry: {_safe_str(exc.reason)}")
+            return self.retry(job, task, delay, f"Retry: {_safe_str(exc.reason)}", budget)
         if isinstance(exc, RateLimit):  # D21: back to the queue, no attempt spent
             return Settle(job.id, job.token, "pushed", exc.delay_ms)
         if isinstance(exc, Discard):
@@ -401,7 +407,7 @@ class Runner:
             text = f"TimeoutError: the run took longer than {task.timeout}s"  # the task's timeout
         else:  # any other error, the handler's own TimeoutError (a socket, a client) included
             text = error_text(exc)
-        return self.retry(job, task, self.backoff(task, job.attempt), text)
+        return self.retry(job, task, self.backoff(task, job.attempt), text, budget)
 
     def backoff(self, task: Task[Any, Any], attempt: int, requested: Any = None) -> int:
         """The delay before the next attempt: ``requested`` (a Retry's), else the task's policy.
@@ -419,12 +425,15 @@ class Runner:
             )
             return _DEFAULT_BACKOFF.delay_ms(attempt)
 
-    def retry(self, job: Job, task: Task[Any, Any], delay: int, error: str) -> Settle:
+    def retry(
+        self, job: Job, task: Task[Any, Any], delay: int, error: str, budget: int = 0
+    ) -> Settle:
+        ceiling = budget or task.max_attempts  # issue 24: the job's own budget first
         # Promote our own short retries on time instead of at the next beat (once the settle
         # has landed: timed from here, the promote would run before the job is due).
-        soon = 0 < delay < self.beat_ms and job.attempt < task.max_attempts
+        soon = 0 < delay < self.beat_ms and job.attempt < ceiling
         return Settle(
-            job.id, job.token, "retried", max(0, int(delay)), task.max_attempts,
+            job.id, job.token, "retried", max(0, int(delay)), ceiling,
             clip(error), int(delay) if soon else 0, keep_ms=task.keep_result_ms,
             floor=job.floor,
         )  # fmt: skip
@@ -433,13 +442,13 @@ class Runner:
         # A retry with max_attempts=1 dead-letters at once (attempts >= 1 after any claim).
         return Settle(job.id, job.token, "dead", 0, 1, clip(reason), keep_ms=keep_ms)
 
-    def _completed(self, job: Job, task: Task[Any, Any], value: Any) -> Settle:
+    def _completed(self, job: Job, task: Task[Any, Any], value: Any, budget: int = 0) -> Settle:
         if not task.keep_result_ms:
             return Settle(job.id, job.token, "completed")  # no result: nothing more to do
         try:
             data = self.app.serializer.dumps(value)
         except Exception as exc:  # an unserializable return value fails the run
-            return self.outcome(job, task, exc)
+            return self.outcome(job, task, exc, budget)
         return Settle(job.id, job.token, "completed", result=data, keep_ms=task.keep_result_ms)
 
 

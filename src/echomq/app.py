@@ -76,6 +76,21 @@ class Options:
     dedup_ttl_ms: int | None = None
     dedup_mode: str = "simple"
     priority: int | None = None  # None: the task's own (``@app.task(priority=)``)
+    # Issue 24: this job's attempt budget (in its envelope) and its expiry (Queue.enqueue).
+    max_attempts: int | None = None
+    ttl_ms: int | None = None
+
+
+def _budget(max_attempts: object) -> dict[str, Any] | None:
+    """The envelope's ``opts`` for a per-job attempt budget (None: the task's), checked as
+    ``@app.task(max_attempts=)`` is, before anything is sent."""
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+    if not 1 <= max_attempts <= MAX_INT:
+        raise InvalidArgument(f"max_attempts must be in [1, {MAX_INT}], got {max_attempts}")
+    return {"max_attempts": max_attempts}
 
 
 class Task(Generic[P, R]):
@@ -175,14 +190,17 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
 
-    def payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-        """The wire payload of one call of this task; :class:`BadArguments` when the call
-        does not bind to the handler or an argument cannot be serialized."""
+    def payload(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], opts: dict[str, Any] | None = None
+    ) -> bytes:
+        """The wire payload of one call of this task (``opts``: the job's options, see
+        ``echomq._envelope``); :class:`BadArguments` when the call does not bind to the
+        handler or an argument cannot be serialized."""
         p = self._params or self.params()
         if kwargs or not p.min_pos <= len(args) <= p.max_pos:  # else it binds (the fast check)
             p.check(self.name, args, kwargs)
         try:
-            return _envelope.encode(self.app.serializer, self.name, args, kwargs)
+            return _envelope.encode(self.app.serializer, self.name, args, kwargs, opts)
         except Exception as exc:
             raise self._unserializable(args, kwargs, exc) from exc
 
@@ -253,17 +271,36 @@ class Task(Generic[P, R]):
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
         priority: int | None = None,
+        max_attempts: int | None = None,
+        ttl_ms: int | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options: a delay, an absolute run time, a lane, an id, a dedup
         key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL), a
-        priority (0..2**21, lower runs first; None: the task's)."""
+        priority (0..2**21, lower runs first; None: the task's), this job's own attempt
+        budget (``max_attempts``, overriding the task's) and its expiry (``ttl_ms``: not
+        claimed within that long, it is dead-lettered ``expired``)."""
         from echomq._control import dedup_args
+        from echomq._protocol import _ttl
 
         dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
         if priority is not None:
             _priority(priority)
+        _budget(max_attempts)
+        _ttl(ttl_ms)
         return BoundTask(
-            self, Options(delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, priority)
+            self,
+            Options(
+                delay_ms,
+                at_ms,
+                group,
+                id,
+                dedup,
+                dedup_ttl_ms,
+                dedup_mode,
+                priority=priority,
+                max_attempts=max_attempts,
+                ttl_ms=ttl_ms,
+            ),
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
@@ -281,22 +318,30 @@ class Task(Generic[P, R]):
         *,
         group: str | None = None,
         priority: int | None = None,
+        max_attempts: int | None = None,
+        ttl_ms: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many calls, each ``(args, kwargs)``, in few round trips (``priority``:
-        for every call; None: the task's)."""
+        for every call, None: the task's; ``max_attempts`` and ``ttl_ms``: every job's, as
+        ``options``)."""
         pri = self.priority if priority is None else _priority(priority)
+        opts = _budget(max_attempts)
         otel = self.app._otel
         if otel is not None:
-            span, payloads = otel.start_send(self, self._wire_calls(calls))
+            span, payloads = otel.start_send(self, self._wire_calls(calls), opts)
             try:
-                found = self.app.queue(self.queue).enqueue_many(payloads, group=group, priority=pri)
+                found = self.app.queue(self.queue).enqueue_many(
+                    payloads, group=group, priority=pri, ttl_ms=ttl_ms
+                )
             except BaseException as exc:
                 otel.end_send(span, None, exc)
                 raise
             otel.end_send(span, None, None)
             return found
-        payloads = _each_call(calls, self.payload)
-        return self.app.queue(self.queue).enqueue_many(payloads, group=group, priority=pri)
+        payloads = _each_call(calls, lambda a, k: self.payload(a, k, opts))
+        return self.app.queue(self.queue).enqueue_many(
+            payloads, group=group, priority=pri, ttl_ms=ttl_ms
+        )
 
     def _wire_calls(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
@@ -349,10 +394,12 @@ class BoundTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
         otel = self.task.app._otel
+        opts = _budget(o.max_attempts)
         if otel is None:
-            payload = self.task.payload(args, kwargs)
+            payload = self.task.payload(args, kwargs, opts)
         else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)])
+            calls = [self.task.to_wire(args, kwargs)]
+            span, (payload,) = otel.start_send(self.task, calls, opts)
         try:
             e = self.task.app.queue(self.task.queue).enqueue(
                 payload,
@@ -364,6 +411,7 @@ class BoundTask(Generic[P, R]):
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
                 priority=self.task.priority if o.priority is None else o.priority,
+                ttl_ms=o.ttl_ms,
             )
         except BaseException as exc:
             if otel is not None:
@@ -376,10 +424,12 @@ class BoundTask(Generic[P, R]):
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         o = self.opts
         otel = self.task.app._otel
+        opts = _budget(o.max_attempts)
         if otel is None:
-            payload = self.task.payload(args, kwargs)
+            payload = self.task.payload(args, kwargs, opts)
         else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)])
+            calls = [self.task.to_wire(args, kwargs)]
+            span, (payload,) = otel.start_send(self.task, calls, opts)
         try:
             e = await self.task.app.aqueue(self.task.queue).enqueue(
                 payload,
@@ -391,6 +441,7 @@ class BoundTask(Generic[P, R]):
                 dedup_ttl_ms=o.dedup_ttl_ms,
                 dedup_mode=o.dedup_mode,
                 priority=self.task.priority if o.priority is None else o.priority,
+                ttl_ms=o.ttl_ms,
             )
         except BaseException as exc:
             if otel is not None:
@@ -455,6 +506,35 @@ class TaskEnqueued(Enqueued):
             )
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class TaskFlow(_compose.FlowAdded):
+    """The receipt of ``app.flow`` (issue 24): a :class:`FlowAdded` (equal to the plain one)
+    that can wait for the root's return value, as :class:`TaskEnqueued` waits for one job's:
+    the root task must keep results; ``JobFailed`` when the root died (a ``fail_parent``
+    child's death kills it), ``TimeoutError`` at the deadline."""
+
+    task: Task[Any, Any] = field(repr=False, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _compose.FlowAdded):
+            return NotImplemented
+        return (self.parent_id, self.child_ids) == (other.parent_id, other.child_ids)
+
+    def __hash__(self) -> int:
+        return hash(self.parent_id)
+
+    def _root(self) -> TaskEnqueued:
+        return TaskEnqueued(self.parent_id, "enqueued", self.task)
+
+    def wait(self, timeout_s: float) -> Any:
+        """Block until the root's result is kept; return it deserialized."""
+        return self._root().wait(timeout_s)
+
+    async def await_result(self, timeout_s: float) -> Any:
+        """``wait`` for asyncio code."""
+        return await self._root().await_result(timeout_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Periodic:
     """A task that runs on a schedule (``@app.periodic``): the repeat ``name`` on the task's
@@ -468,6 +548,8 @@ class Periodic:
     group: str | None
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    limit: int | None = None  # issue 24: at most that many fires
+    until_ms: int | None = None  # issue 24: no fire due after it
 
 
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
@@ -671,6 +753,8 @@ class App:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         queue: str = "default",
+        limit: int | None = None,
+        until_ms: int | None = None,
         **task_options: Any,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a task that runs every ``every_ms`` or on ``cron`` (5 fields, in ``tz``).
@@ -678,9 +762,12 @@ class App:
         Every worker of the app registers it at start (and removes the app's registrations it
         no longer declares) and fires it in its beat; each occurrence is enqueued exactly once
         however many workers run. ``name`` is the repeat's name (default: the task name);
-        ``args``/``kwargs`` the call each occurrence makes; other keywords go to ``task``.
+        ``args``/``kwargs`` the call each occurrence makes; ``limit``: it fires at most that
+        many times, ``until_ms``: none due after that ms (issue 24; the count survives worker
+        restarts); other keywords go to ``task``.
         """
         _compose.schedule(every_ms, cron, tz)
+        _compose.repeat_limits(limit, until_ms)
         if group is not None:
             keyspace.check_lane(group)
 
@@ -692,7 +779,16 @@ class App:
                 raise InvalidArgument(f"periodic {rname!r} is already registered")
             t.payload(tuple(args), dict(kwargs or {}))  # BadArguments here, not in the worker
             self.periodics[(t.queue, rname)] = Periodic(
-                t, rname, every_ms, cron, tz, group, tuple(args), dict(kwargs or {})
+                t,
+                rname,
+                every_ms,
+                cron,
+                tz,
+                group,
+                tuple(args),
+                dict(kwargs or {}),
+                limit,
+                until_ms,
             )
             return t
 
@@ -718,13 +814,15 @@ class App:
 
     def flow(
         self, parent: Signature, children: Iterable[Signature | _compose.FlowJob] = ()
-    ) -> _compose.FlowAdded:
+    ) -> TaskFlow:
         """Add a flow: ``parent`` runs once every child has completed (or died with
         ``fail_parent=False``); a child's death otherwise dead-letters the parent. Inside the
         parent's handler ``current_job().children_values()`` returns the children's values
-        (recorded when the child task keeps results)."""
+        (recorded when the child task keeps results). The receipt's ``wait(timeout_s)``
+        gives the root's return value (its task must keep results)."""
         node = self.flow_job(parent, children)
-        return self.queue(parent.task.queue).add_flow(node)
+        added = self.queue(parent.task.queue).add_flow(node)
+        return TaskFlow(added.parent_id, added.child_ids, parent.task)
 
     def sync_periodic(self, keys: Keys) -> Plan[None]:
         """Register this app's periodic tasks of one queue and unregister the repeats this
@@ -740,6 +838,8 @@ class App:
                 tz=p.tz,
                 group=p.group,
                 owner=self.name,
+                limit=p.limit,
+                until_ms=p.until_ms,
             )
         names = {p.name for p in mine}
         for rep in (yield from _compose.repeats(keys)):

@@ -1020,11 +1020,53 @@ def run_now(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("queue")
-@click.argument("job_ids", nargs=-1, required=True)
+@click.argument("job_id")
+@click.option("--delay-ms", type=int, help="Run it this many ms from now (server clock).")
+@click.option("--at-ms", type=int, help="Run it at this unix ms (this machine's clock).")
 @click.pass_context
-def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
-    """Delete jobs wherever they are; prints "ID: removed" or "ID: gone" per id and exits 1
-    when any was gone."""
+def reschedule(
+    ctx: click.Context, queue: str, job_id: str, delay_ms: int | None, at_ms: int | None
+) -> None:
+    """Change a scheduled job's run time; exits 1 when the job is gone or not scheduled."""
+    q = _existing(ctx, queue)
+
+    def go() -> str:
+        try:
+            q.reschedule(job_id, delay_ms, at_ms=at_ms)
+        except JobGone:
+            return "gone"
+        except StateError:
+            return "not scheduled"
+        return "rescheduled"
+
+    said = _run(ctx, go)
+    click.echo(f"{job_id}: {said}")
+    sys.exit(0 if said == "rescheduled" else 1)
+
+
+@main.command("cancel-all")
+@click.argument("queue")
+@click.pass_context
+def cancel_all(ctx: click.Context, queue: str) -> None:
+    """Cancel every waiting and scheduled job of QUEUE (removed) and signal every running one
+    (its worker stops it and dead-letters it "cancelled"); prints the two counts."""
+    q = _existing(ctx, queue)
+    got = _run(ctx, q.cancel_all)
+    click.echo(f"removed {got['removed']}, signalled {got['signalled']}")
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option(
+    "--keep-children",
+    is_flag=True,
+    help="Remove a flow parent alone; by default its waiting descendants go with it.",
+)
+@click.pass_context
+def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...], keep_children: bool) -> None:
+    """Delete jobs wherever they are (a flow parent with its waiting descendants); prints
+    "ID: removed" or "ID: gone" per id and exits 1 when any was gone."""
     for job_id in job_ids:  # every id is checked before anything is deleted
         try:
             keyspace.check_id(job_id)
@@ -1036,7 +1078,7 @@ def remove(ctx: click.Context, queue: str, job_ids: tuple[str, ...]) -> None:
         gone = 0
         for job_id in job_ids:
             try:
-                q.remove(job_id)
+                q.remove(job_id, children=not keep_children)
             except JobGone:
                 gone += 1
                 click.echo(f"{job_id}: gone")
@@ -1564,15 +1606,23 @@ def events(
 @click.argument("queue")
 @click.pass_context
 def repeats(ctx: click.Context, queue: str) -> None:
-    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC), schedule."""
+    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC, or "ended" for a
+    spent one), schedule, and its limits with the fires counted."""
     import datetime as _dt
 
     q = _queue(ctx, queue)
     for rep in _run(ctx, q.repeats):
-        when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
+        if rep.next_ms is None:  # spent: its limit reached or its end passed (issue 24)
+            at = "ended"
+        else:
+            when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
+            at = when.isoformat(timespec="milliseconds")
         sched = f"every {rep.every_ms} ms" if rep.every_ms else f"cron '{rep.cron}' {rep.tz}"
-        extra = "".join(f" {k}={v}" for k, v in (("group", rep.group), ("owner", rep.owner)) if v)
-        click.echo(f"{rep.name} {when.isoformat(timespec='milliseconds')} {sched}{extra}")
+        shown: list[tuple[str, object]] = [("group", rep.group), ("owner", rep.owner)]
+        if rep.limit is not None or rep.until_ms is not None:
+            shown += [("limit", rep.limit), ("until_ms", rep.until_ms), ("fired", rep.fired)]
+        extra = "".join(f" {k}={v}" for k, v in shown if v is not None and v != "")
+        click.echo(f"{rep.name} {at} {sched}{extra}")
 
 
 @main.command()

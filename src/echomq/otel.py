@@ -66,9 +66,13 @@ class _Tracing:
     # -- producer --------------------------------------------------------------------------
 
     def start_send(
-        self, task: Task[Any, Any], calls: Iterable[tuple[Any, Any]]
+        self,
+        task: Task[Any, Any],
+        calls: Iterable[tuple[Any, Any]],
+        opts: dict[str, Any] | None = None,
     ) -> tuple[trace.Span, list[bytes]]:
-        """Open the ``"<task> send"`` span and build the payloads carrying its context."""
+        """Open the ``"<task> send"`` span and build the payloads carrying its context
+        (``opts``: the jobs' options, see ``echomq._envelope``)."""
         span = self.tracer.start_span(
             f"{task.name} send",
             kind=SpanKind.PRODUCER,
@@ -82,7 +86,9 @@ class _Tracing:
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         serializer = self.app.serializer
-        payloads = [_envelope.build(serializer, task.name, a, k, tc=carrier) for a, k in calls]
+        payloads = [
+            _envelope.build(serializer, task.name, a, k, tc=carrier, opts=opts) for a, k in calls
+        ]
         if len(payloads) != 1:
             span.set_attribute("messaging.batch.message_count", len(payloads))
         return span, payloads

@@ -153,11 +153,14 @@ class Queue:
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
         priority: int = 0,
+        ttl_ms: int | None = None,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
         with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
-        ``priority``: 0..2**21, lower runs first (FIFO within one priority)."""
+        ``priority``: 0..2**21, lower runs first (FIFO within one priority).
+        ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
+        ``expired`` by the claim that meets it."""
         return self._x.run(
             _p.enqueue(
                 self._k,
@@ -171,6 +174,7 @@ class Queue:
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
                 priority=priority,
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -182,9 +186,11 @@ class Queue:
         delay_ms: int | None = None,
         at_ms: int | None = None,
         priority: int = 0,
+        ttl_ms: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many jobs in few round trips; one verdict per item, in input order.
-        ``priority``: one priority for every job (0..2**21, lower runs first)."""
+        ``priority``: one priority for every job (0..2**21, lower runs first); ``ttl_ms``:
+        every job's expiry, as ``enqueue``."""
         return self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -194,6 +200,7 @@ class Queue:
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
                 priority=priority,
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -321,9 +328,10 @@ class Queue:
         dead set holds no death times."""
         return self._x.run(_p.keep_dead(self._k, count, age_ms))
 
-    def remove(self, id: str) -> None:
-        """Delete a job wherever it is."""
-        return self._x.run(_p.remove(self._k, id))
+    def remove(self, id: str, *, children: bool = True) -> None:
+        """Delete a job wherever it is; a flow parent's waiting descendants go with it
+        (``children=False``: the job alone)."""
+        return self._x.run(_p.remove(self._k, id, children))
 
     def change_priority(self, id: str, priority: int) -> None:
         """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
@@ -331,8 +339,19 @@ class Queue:
         return self._x.run(_p.change_priority(self._k, id, priority))
 
     def run_now(self, id: str) -> None:
-        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time.
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
         return self._x.run(_p.run_now(self._k, id))
+
+    def reschedule(self, id: str, delay_ms: int | None = None, *, at_ms: int | None = None) -> None:
+        """Change a scheduled job's run time: now + ``delay_ms`` (server clock) or ``at_ms``;
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
+        return self._x.run(_p.reschedule(self._k, id, delay_ms, at_ms=at_ms))
+
+    def update_payload(self, id: str, payload: bytes | str) -> None:
+        """Replace a waiting or scheduled job's payload (``PayloadTooLarge`` as enqueue);
+        ``StateError`` for an active, dead or held job, ``JobGone`` when there is none."""
+        return self._x.run(_p.update_payload(self._k, id, payload))
 
     def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
         """Up to ``n`` ids in ``state``, newest first."""
@@ -470,9 +489,13 @@ class Queue:
         tz: str = "UTC",
         group: str | None = None,
         owner: str | None = None,
+        limit: int | None = None,
+        until_ms: int | None = None,
     ) -> str:
         """Register ``name`` to enqueue ``payload`` every ``every_ms`` or on ``cron`` (in
-        ``tz``): ``"registered"`` or ``"updated"``."""
+        ``tz``): ``"registered"`` or ``"updated"``. ``limit``: it fires at most that many times;
+        ``until_ms``: no fire due after that ms (the caller's clock); ``repeats()`` shows a
+        spent one with ``next_ms=None``."""
         return self._x.run(
             _c.repeat(
                 self._k,
@@ -483,6 +506,8 @@ class Queue:
                 tz=tz,
                 group=group,
                 owner=owner,
+                limit=limit,
+                until_ms=until_ms,
             )
         )
 
@@ -541,6 +566,11 @@ class Queue:
         next heartbeat stops it and dead-letters it as "cancelled", or removes it with
         ``remove=True``) or ``"absent"``."""
         return self._x.run(_ctl.cancel(self._k, id, remove))
+
+    def cancel_all(self) -> dict[str, int]:
+        """Cancel every waiting and scheduled job (removed) and signal every active one, as
+        ``cancel`` does per job, in bounded script calls; ``{"removed", "signalled"}``."""
+        return self._x.run(_ctl.cancel_all(self._k))
 
     def extend_leases(
         self, pairs: Iterable[tuple[str, int]], *, lease_ms: int
@@ -646,11 +676,14 @@ class AsyncQueue:
         dedup_ttl_ms: int | None = None,
         dedup_mode: str = "simple",
         priority: int = 0,
+        ttl_ms: int | None = None,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
         with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
-        ``priority``: 0..2**21, lower runs first (FIFO within one priority)."""
+        ``priority``: 0..2**21, lower runs first (FIFO within one priority).
+        ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
+        ``expired`` by the claim that meets it."""
         return await self._pipe.run(
             _p.enqueue(
                 self._k,
@@ -664,6 +697,7 @@ class AsyncQueue:
                 dedup_ttl_ms=dedup_ttl_ms,
                 dedup_mode=dedup_mode,
                 priority=priority,
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -675,9 +709,11 @@ class AsyncQueue:
         delay_ms: int | None = None,
         at_ms: int | None = None,
         priority: int = 0,
+        ttl_ms: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many jobs in few round trips; one verdict per item, in input order.
-        ``priority``: one priority for every job (0..2**21, lower runs first)."""
+        ``priority``: one priority for every job (0..2**21, lower runs first); ``ttl_ms``:
+        every job's expiry, as ``enqueue``."""
         return await self._x.run(
             _p.enqueue_many(
                 self._k,
@@ -687,6 +723,7 @@ class AsyncQueue:
                 at_ms=at_ms,
                 replay_ms=_replay_ms(self._x.retry_for),
                 priority=priority,
+                ttl_ms=ttl_ms,
             )
         )
 
@@ -816,9 +853,10 @@ class AsyncQueue:
         dead set holds no death times."""
         return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
-    async def remove(self, id: str) -> None:
-        """Delete a job wherever it is."""
-        return await self._x.run(_p.remove(self._k, id))
+    async def remove(self, id: str, *, children: bool = True) -> None:
+        """Delete a job wherever it is; a flow parent's waiting descendants go with it
+        (``children=False``: the job alone)."""
+        return await self._x.run(_p.remove(self._k, id, children))
 
     async def change_priority(self, id: str, priority: int) -> None:
         """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
@@ -826,8 +864,21 @@ class AsyncQueue:
         return await self._x.run(_p.change_priority(self._k, id, priority))
 
     async def run_now(self, id: str) -> None:
-        """Make a scheduled job waiting now (its lane when grouped), whatever its run time."""
+        """Make a scheduled job waiting now (its lane when grouped), whatever its run time.
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
         return await self._x.run(_p.run_now(self._k, id))
+
+    async def reschedule(
+        self, id: str, delay_ms: int | None = None, *, at_ms: int | None = None
+    ) -> None:
+        """Change a scheduled job's run time: now + ``delay_ms`` (server clock) or ``at_ms``;
+        ``StateError`` when it is not scheduled, ``JobGone`` when there is no such job."""
+        return await self._x.run(_p.reschedule(self._k, id, delay_ms, at_ms=at_ms))
+
+    async def update_payload(self, id: str, payload: bytes | str) -> None:
+        """Replace a waiting or scheduled job's payload (``PayloadTooLarge`` as enqueue);
+        ``StateError`` for an active, dead or held job, ``JobGone`` when there is none."""
+        return await self._x.run(_p.update_payload(self._k, id, payload))
 
     async def browse(
         self, state: str = "pending", n: int = 50, *, group: str | None = None
@@ -967,9 +1018,13 @@ class AsyncQueue:
         tz: str = "UTC",
         group: str | None = None,
         owner: str | None = None,
+        limit: int | None = None,
+        until_ms: int | None = None,
     ) -> str:
         """Register ``name`` to enqueue ``payload`` every ``every_ms`` or on ``cron`` (in
-        ``tz``): ``"registered"`` or ``"updated"``."""
+        ``tz``): ``"registered"`` or ``"updated"``. ``limit``: it fires at most that many times;
+        ``until_ms``: no fire due after that ms (the caller's clock); ``repeats()`` shows a
+        spent one with ``next_ms=None``."""
         return await self._x.run(
             _c.repeat(
                 self._k,
@@ -980,6 +1035,8 @@ class AsyncQueue:
                 tz=tz,
                 group=group,
                 owner=owner,
+                limit=limit,
+                until_ms=until_ms,
             )
         )
 
@@ -1040,6 +1097,11 @@ class AsyncQueue:
         next heartbeat stops it and dead-letters it as "cancelled", or removes it with
         ``remove=True``) or ``"absent"``."""
         return await self._x.run(_ctl.cancel(self._k, id, remove))
+
+    async def cancel_all(self) -> dict[str, int]:
+        """Cancel every waiting and scheduled job (removed) and signal every active one, as
+        ``cancel`` does per job, in bounded script calls; ``{"removed", "signalled"}``."""
+        return await self._x.run(_ctl.cancel_all(self._k))
 
     async def extend_leases(
         self, pairs: Iterable[tuple[str, int]], *, lease_ms: int

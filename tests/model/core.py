@@ -47,7 +47,11 @@ class Job:
     # in its waiting set. Only an enqueue or change_priority sets it; every way back to
     # waiting (promote, reap, stall, delay, reprocess, run_now) keeps it.
     priority: int = 0
-    mark: int | None = None  # the add_flow call that wrote this node (row field `flow`)
+    # ---- issue 24 (budgets, expiry, controls) ----
+    expires: int | None = None  # the row's `expires` (ttl_ms) until the first claim
+    expired: bool = False  # the machine waited past `expires`: a claim dead-letters it
+    kids: list[str] = field(default_factory=list)  # same-queue children (add_flow), `kids`
+    budget: int = 99  # this job's own attempt budget (the worker sends it to retry)
 
 
 @dataclass
@@ -94,6 +98,9 @@ class QueueModel:
         self.dedup_ttl: set[str] = set()  # dids held with a TTL (throttle, debounce)
         self.outbox: list[Entry] = []
         self.repeats: dict[str, tuple[bytes, str | None]] = {}
+        # issue 24: a repeat's limit (None: none) and its fires counted while it has one
+        self.repeat_limit: dict[str, int | None] = {}
+        self.repeat_fired: dict[str, int] = {}
         self.paused = False
         self.paused_lanes: set[str] = set()
         self.limits: dict[str, int] = {}
@@ -120,11 +127,20 @@ class QueueModel:
         ]
         return [i for _, i in sorted(found)]
 
+    def leasable(self, g: str | None) -> list[str]:
+        """The waiting jobs a claim may lease: an expired one is dead-lettered (issue 24)."""
+        return [i for i in self.waiting(g) if not self.jobs[i].expired]
+
+    def repeat_live(self, name: str) -> bool:
+        """Issue 24: a repeat with a limit it has reached fires no more."""
+        most = self.repeat_limit.get(name)
+        return most is None or self.repeat_fired.get(name, 0) < most
+
     def active_in(self, g: str) -> int:
         return sum(1 for j in self.jobs.values() if j.state == "active" and j.group == g)
 
     def capacity(self, g: str | None) -> int:
-        depth = len(self.waiting(g))
+        depth = len(self.leasable(g))
         if g is None:
             return depth
         if g in self.paused_lanes:
@@ -194,6 +210,7 @@ class QueueModel:
         j.state = "active"
         j.epoch = j.attempts
         j.cancel = None  # a new run starts without its predecessor's flag (issue 22 #4)
+        j.expires, j.expired = None, False  # issue 24: the ttl bounds the first wait only
         if self.rate is not None:
             self.rate = (self.rate[0], self.rate[1] + 1)
         if j.group in self.lane_rate:
@@ -292,6 +309,46 @@ class World:
             )
             return
         self.parent_told_dead(qi, j.parent, cid, j.policy or "fp", error, j.mark)
+
+    # ---- issue 24: expiry and remove with children ---------------------------------------
+
+    def expire(self, qi: int, jid: str) -> None:
+        """A claim met an expired job: dead-lettered "expired", never leased, as any death
+        (metrics, its simple dedup key, a waiter, its flow parent)."""
+        m = self.qs[qi]
+        j = m.jobs[jid]
+        assert j.expired and j.state == "pending", f"{jid} expired but {j}"
+        j.state, j.last_error = "dead", "expired"
+        m.dead_added = True  # kept history: the claim that expired it trims dead
+        m.failed += 1
+        m.release_dedup(jid)
+        if jid in m.wanted:
+            m.keep(jid, b"", j.attempts, "expired")
+        self.child_dead(qi, jid, j, "expired")
+
+    def remove_tree(self, qi: int, pid: str) -> None:
+        """remove(children=True): the job, then its waiting same-queue descendants (down the
+        `kids` of each removed node, a kid that still names it as parent)."""
+        m = self.qs[qi]
+        todo = [(pid, self.removed(qi, pid).kids)]
+        while todo:
+            parent, kids = todo.pop(0)
+            for kid in kids:
+                k = m.jobs.get(kid)
+                if (
+                    k is not None
+                    and k.parent == parent
+                    and k.pq is None
+                    and k.state
+                    in (
+                        "pending",
+                        "scheduled",
+                        "awaiting_children",
+                    )
+                ):
+                    todo.append((kid, self.removed(qi, kid).kids))
+
+    # ---- end issue 24 ----------------------------------------------------------------------
 
     def removed(self, qi: int, jid: str) -> Job:
         """The row is deleted without an outcome (remove, cancel, drain, a ``remove=True``

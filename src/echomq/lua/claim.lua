@@ -11,7 +11,10 @@
 ]]
 --@include common
 --@include args
+--@include control
+--@include compose
 --@include lease
+--@cold expire_job
 shape(3, 2, 2, 'ERR EMQ.CLAIM takes 3 keys and 2 args (claim) or 3 keys and 3 args (claim_batch)')
 local lease_ms = int_arg(ARGV[2])
 if claim_gate(ARGV[1]) then return {} end

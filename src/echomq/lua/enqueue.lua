@@ -22,6 +22,9 @@
                           is always set
   ARGV[14] priority       optional: 0..2097152 (2^21), lower runs first; absent or 0: the
                           default, no row field (include/admit.lua). Needs ARGV[10..13]
+  ARGV[15] ttl_ms         optional: > 0, the job expires ttl_ms after this call on the server
+                          clock (row field `expires`, issue 24); '' or absent: never. Needs
+                          ARGV[10..14] (priority 0 when the job has none)
   Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' / 'replayed:scheduled' (a
     resend whose first copy landed, and what that copy answered) | 'deduplicated:<holder id>'
     | error EMQKIND
@@ -34,12 +37,14 @@
 -- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named).
 --@cold sync retired_last unretire
-shape(2, 6, 14, 'ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args (enqueue_many)')
+shape(2, 6, 15, 'ERR EMQ.ENQUEUE takes 2 keys and 6..15 args (enqueue) or 1 key and 9 + 2n args (enqueue_many)')
 if ARGV[8] then int_arg(ARGV[8]) end
 if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
 if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end
 local pri = 0
 if ARGV[14] then pri = priority_arg(ARGV[14]) end
+local ttl = ARGV[15] or ''
+if ttl ~= '' then int_arg(ttl) end
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end
@@ -51,7 +56,9 @@ local resend = string.find(flags, 'r', 1, true) ~= nil
 -- key, or a replay marker whose client named no second (admit.lua).
 local second = ARGV[13]
 local now = 0
-if ARGV[5] ~= 'now' or did ~= '' or (nonce ~= '' and not second) then now = now_ms() end
+if ARGV[5] ~= 'now' or did ~= '' or ttl ~= '' or (nonce ~= '' and not second) then now = now_ms() end
+local expires = nil
+if ttl ~= '' then expires = now + tonumber(ttl) end
 -- Policy first (admit checks it too): a refused call writes nothing.
 local KIND = 'EMQKIND job id must be JOB-namespaced'
 if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply(KIND) end
@@ -73,7 +80,7 @@ if did ~= '' then
   end
 end
 local fresh = string.find(flags, 'f', 1, true) ~= nil
-local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri)
+local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri, expires)
 if verdict == 'kind' then return redis.error_reply(KIND) end
 if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end
 if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(ARGV[12])) end

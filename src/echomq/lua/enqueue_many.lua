@@ -10,7 +10,9 @@
                           was minted by the client in this call (include/admit.lua); or ''
   ARGV[8] priority        0..2097152 (2^21) for every job of the call, lower runs first; 0:
                           the default, no row field (include/admit.lua)
-  ARGV[9..] id, payload, id, payload, ...
+  ARGV[9] ttl_ms          > 0: every job of the call expires ttl_ms after it on the server
+                          clock (row field `expires`, issue 24); '': never
+  ARGV[10..] id, payload, id, payload, ...
   Returns {verdict, ...}: 'enqueued' | 'scheduled' | 'duplicate' | 'kind' per job; a resend
     whose first copy landed answers that copy's verdicts, 'replayed' / 'replayed:scheduled'
     for the admitted ones (admit.lua). An id named twice in one call: the Python side sends
@@ -20,12 +22,13 @@
 --@include common
 --@include args
 --@include admit
-shape(1, 8, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args (enqueue_many)')
-if (#ARGV - 8) % 2 ~= 0 then
-  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..14 args (enqueue) or 1 key and 8 + 2n args (enqueue_many)')
+shape(1, 9, nil, 'ERR EMQ.ENQUEUE takes 2 keys and 6..15 args (enqueue) or 1 key and 9 + 2n args (enqueue_many)')
+if (#ARGV - 9) % 2 ~= 0 then
+  refuse('ERR EMQ.ENQUEUE takes 2 keys and 6..15 args (enqueue) or 1 key and 9 + 2n args (enqueue_many)')
 end
 int_arg(ARGV[5])
 local pri = priority_arg(ARGV[8])
+if ARGV[9] ~= '' then int_arg(ARGV[9]) end
 if ARGV[3] == 'in' or ARGV[3] == 'at' then int_arg(ARGV[4]) end
 local base = ARGV[1]
 local g = ARGV[2]
@@ -39,11 +42,13 @@ if marked and string.find(flags, 'r', 1, true) then
 end
 local now = now_ms()
 local run_at = run_time(ARGV[3], ARGV[4], now)
+local expires = nil
+if ARGV[9] ~= '' then expires = now + tonumber(ARGV[9]) end
 local out = {}
 local added, admitted = 0, 0
 local fresh = string.find(flags, 'f', 1, true) ~= nil
-for i = 9, #ARGV, 2 do
-  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, pri)
+for i = 10, #ARGV, 2 do
+  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, pri, expires)
   if verdict == 'enqueued' then added = added + 1 end
   if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
   if verdict == 'duplicate' then emit_in(base, 'duplicate', ARGV[i], g) end

@@ -14,6 +14,9 @@
                           0 writes no field, include/admit.lua)
   A cross-queue flow is several calls, parents first (one per queue and depth): a call that
   fails leaves the parents already written held, never claimable.
+  Issue 24: a parent on this queue records its children on this queue in its row field
+  `kids` (their ids, 14 bytes each, concatenated), so remove can take its waiting
+  descendants with it.
   Returns 'ok' | error EMQKIND (a non-JOB id) | error EMQSTATE exists <id> (nothing written)
   Flags: writes once
 ]]
@@ -31,6 +34,7 @@ for i = 0, n - 1 do
 end
 local now = now_ms()
 local added = tally()
+local kids_of, parents = {}, {}  -- issue 24: parent id -> its same-queue children's ids
 for i = 0, n - 1 do
   local at = 4 + 8 * i
   local id, payload, g, parent, policy = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
@@ -58,6 +62,20 @@ for i = 0, n - 1 do
   end
   if parent ~= '' then rcall('HSET', jk, 'parent', parent, 'parent_policy', policy, 'flow', mark) end
   if pq ~= '' then rcall('HSET', jk, 'parent_queue', pq) end
+  if parent ~= '' and pq == '' then
+    if not kids_of[parent] then
+      kids_of[parent] = {}
+      parents[#parents + 1] = parent
+    end
+    table.insert(kids_of[parent], id)
+  end
+end
+-- A parent written by an earlier call of the same flow (another depth) keeps what it had.
+for _, pid in ipairs(parents) do
+  local pk = base .. 'job:' .. pid
+  if rcall('EXISTS', pk) == 1 then
+    rcall('HSET', pk, 'kids', (rcall('HGET', pk, 'kids') or '') .. table.concat(kids_of[pid]))
+  end
 end
 touch_all(base, added)
 return 'ok'

@@ -13,6 +13,7 @@
                           is still `old` and due (else another caller did it first)
   An occurrence's id is its fire time and the repeat's slot (include/compose.lua); a row
   written before slots gets its slot here, before its first new-style id is computed.
+  A repeat with a limit or an end (issue 24) moves to +inf once spent (include/compose.lua).
   Returns {fired, {name, score, cron, tz, ...}, now, {outbox entry, ...}}: the cron entries
     due and not advanced by this call (send them back as triples), the server ms the call ran
     at, and the outbox head
@@ -33,7 +34,7 @@ for i = 0, n - 1 do
   local score = rcall('ZSCORE', reg, name)
   if score and tonumber(score) == old and old <= now then
     fired = fired + fire_repeat(base, name, old, now)
-    rcall('ZADD', reg, nxt, name)
+    rcall('ZADD', reg, repeat_next(base, name, nxt), name)
     done[name] = true
   end
 end
@@ -47,7 +48,7 @@ for i = 1, #due, 2 do
     rcall('ZREM', reg, name)
   elseif spec[1] and spec[1] ~= '' then
     fired = fired + fire_repeat(base, name, score, now)
-    rcall('ZADD', reg, next_every(score, tonumber(spec[1]), now), name)
+    rcall('ZADD', reg, repeat_next(base, name, next_every(score, tonumber(spec[1]), now)), name)
   elseif not done[name] then
     needs[#needs + 1] = name
     needs[#needs + 1] = tostring(score)

@@ -3,7 +3,8 @@
   would be handed out again); the stall count restarts, so a job that died stalled gets
   max_stalled fresh stalls, not one; and `floor` becomes attempts, so the retry ceiling
   (attempts - floor >= max_attempts) gives it a fresh budget. It starts a new incarnation:
-  the previous one's kept result, wake token, cancel flag, progress and run times go.
+  the previous one's kept result, wake token, cancel flag, progress, run times and
+  first-claim deadline (`expires`, issue 24) go.
   KEYS[1] row       HASH  emq:{q}:job:<id>
   KEYS[2] dead      ZSET  emq:{q}:dead
   ARGV[1] base            emq:{q}:
@@ -32,7 +33,8 @@ if rcall('ZREM', KEYS[2], id) == 0 and rcall('ZREM', base .. 'completed', id) ==
   return redis.error_reply('EMQSTATE not dead or completed')
 end
 local g = row[1]
-rcall('HDEL', jk, 'last_error', 'stalled', 'cancel', 'progress', 'finished_ms', 'claimed_ms')
+rcall('HDEL', jk, 'last_error', 'stalled', 'cancel', 'progress', 'finished_ms', 'claimed_ms',
+  'expires')
 -- A new incarnation: the previous one's kept outcome and wake token must not answer its
 -- waiters before this one runs (docs/PROTOCOL.md, the side-key lifecycle).
 rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)

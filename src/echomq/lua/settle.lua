@@ -26,6 +26,7 @@
 --@include compose
 --@include settle
 --@include lease
+--@cold expire_job
 shape(5, 4, nil, 'ERR EMQ.SETTLE takes 5 keys (meta, ring, active, schedule, dead) and at least 4 args')
 local lease_ms, want = int_arg(ARGV[2]), int_arg(ARGV[3])
 local nc, nr = count_pair(ARGV[4], "ERR EMQ.SETTLE completes must be 'c' or 'c:r' (decimal counts)")

@@ -6,8 +6,10 @@
 -- pri: the job's priority (0..2^21, lower runs first; nil or 0 = the default). A non-zero
 -- one is the row field `priority` and the job's score in its waiting set, so claims (ZPOPMIN)
 -- serve it by priority, then mint order; 0 writes no field, so a default job pays no byte.
+-- expires (optional, issue 24): the server-clock ms past which a claim dead-letters the job
+-- "expired" instead of leasing it (include/lease.lua); nil: no deadline, no field.
 -- Returns the verdict: 'enqueued' | 'scheduled' | 'duplicate' | 'kind'.
-local function admit(base, id, payload, g, run_at, now, fresh, pri)
+local function admit(base, id, payload, g, run_at, now, fresh, pri, expires)
   if string.sub(id, 1, 3) ~= 'JOB' then return 'kind' end
   local jk = base .. 'job:' .. id
   if rcall('EXISTS', jk) == 1 then return 'duplicate' end
@@ -32,6 +34,10 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri)
   if pri ~= 0 then
     fields[#fields + 1] = 'priority'
     fields[#fields + 1] = pri
+  end
+  if expires then
+    fields[#fields + 1] = 'expires'
+    fields[#fields + 1] = expires
   end
   -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so
   -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any

@@ -50,18 +50,40 @@ local function occurrence_id(slot, fire_ms)
   return 'JOB' .. table.concat(digits)
 end
 
+-- Issue 24: a repeat with `limit` (fires at most) or `until_ms` (no fire due after it, on
+-- the fire's own time) is spent once `fired` reaches the limit or its next fire passes the
+-- end: its entry then stays registered with the score +inf (it never comes due again, and
+-- repeats() shows it ended) until it is unregistered or registered again with other limits.
+local function repeat_spent(spec, fire_ms)
+  if spec.limit and tonumber(spec.fired or '0') >= tonumber(spec.limit) then return true end
+  if spec.until_ms then return fire_ms > tonumber(spec.until_ms) end
+  return false
+end
+
+-- The score an entry moves to after a fire: `nxt`, or +inf when the repeat is spent.
+local function repeat_next(base, name, nxt)
+  local f = hmget(base .. 'repeat:' .. name, 'limit', 'until_ms', 'fired')
+  if f and repeat_spent({limit = f[1], until_ms = f[2], fired = f[3]}, nxt) then return '+inf' end
+  return nxt
+end
+
 -- Enqueue the occurrence of repeat `name` due at fire_ms. Returns 1 when a job was admitted;
--- 0 when the entry's row is gone or the id already exists (the same occurrence, admitted by
--- an earlier fire: never twice).
+-- 0 when the entry's row is gone, the repeat is spent (issue 24), or the id already exists
+-- (the same occurrence, admitted by an earlier fire: never twice).
 local function fire_repeat(base, name, fire_ms, now)
-  local spec = hmget(base .. 'repeat:' .. name, 'payload', 'group')
+  local sk = base .. 'repeat:' .. name
+  local spec = hmget(sk, 'payload', 'group', 'limit', 'until_ms', 'fired')
   if not spec or not spec[1] then return 0 end
+  if repeat_spent({limit = spec[3], until_ms = spec[4], fired = spec[5]}, fire_ms) then
+    return 0
+  end
   local g = spec[2]
   if g == '' then g = false end
   local slot = repeat_slot(base, name)
   if not slot then return 0 end
   local verdict = admit(base, occurrence_id(slot, fire_ms), spec[1], g, nil, now)
   if verdict ~= 'enqueued' then return 0 end
+  if spec[3] or spec[4] then rcall('HINCRBY', sk, 'fired', 1) end
   touch(base, g, 1)
   return 1
 end

@@ -32,6 +32,24 @@ local function branded(id)
   return true
 end
 
+-- ---- issue 24, expiry (ttl_ms) ---------------------------------------------------------
+-- A job enqueued with ttl_ms carries `expires` (server ms) until its first claim. A claim
+-- that pops it later than that dead-letters it "expired" instead of leasing it, as a death
+-- by any other cause: metrics, event, its simple dedup key released, its flow parent told,
+-- a waiter woken. It was never leased: attempts and the lane's gactive stay as they were.
+-- Needs control and compose (the including script inlines them first); cold in every script.
+local function expire_job(base, id, jk, lane, attempts, now)
+  rcall('HSET', jk, 'state', 'dead', 'last_error', 'expired')
+  dead_letter(base, id)  -- counted for claim_n's trim_dead (keep_dead, include/history.lua)
+  bump_metrics(base, 'failed', 1, now)
+  emit_in(base, 'dead', id, lane, 'error', 'expired')
+  release_dedup(base, id, jk)
+  local flow = flow_parent(jk)
+  if flow then flow_child_dead(base, id, flow, 'expired') end
+  keep_death(base, id, 'expired', attempts, nil, now)
+end
+-- ---- end issue 24, expiry ---------------------------------------------------------------
+
 -- Lease up to k of the oldest jobs of waiting set g (a lane or FLAT) at `deadline` (server
 -- clock), appending {id, payload, attempts, group|false[, floor]} to out. Claim mints the token: the
 -- row's attempts + 1, stamped as lease_epoch too, the open lease generation. A ghost (an id
@@ -39,13 +57,14 @@ end
 -- hash without an integer attempts, or under an id that is not a branded id — is
 -- dead-lettered with the reason; a key that is not a hash at all is dropped from the set and
 -- logged. Neither is ever run.
+-- A job past its `expires` (issue 24) is dead-lettered instead and the pop goes on.
 -- Returns how many were leased.
 -- Kept history (include/history.lua): while the queue keeps completed rows, a claim stamps
 -- the row's claimed_ms (server ms), so a kept row shows its run time (finished - claimed).
 -- Set by claim_n from the setting claim_gate read; nil: nothing stamped.
 local claim_stamp = nil
 
-local function lease_many(base, g, deadline, k, out)
+local function lease_many(base, g, deadline, k, out, now)
   local wk = waiting_key(base, g)
   local lane = false
   if g ~= FLAT then lane = g end
@@ -56,10 +75,14 @@ local function lease_many(base, g, deadline, k, out)
     for i = 1, #popped, 2 do
       local id = popped[i]
       local jk = base .. 'job:' .. id
-      local row = redis.pcall('HMGET', jk, 'payload', 'attempts', 'floor')
+      local row = redis.pcall('HMGET', jk, 'payload', 'attempts', 'floor', 'expires')
       local hash = type(row) == 'table' and not row.err
       local att = hash and integer_text(row[2]) and branded(id) and tonumber(row[2])
-      if att then
+      if att and row[4] and now > (tonumber(row[4]) or now) then
+        expire_job(base, id, jk, lane, row[2], now)
+      elseif att then
+        -- The ttl bounds the wait before the first claim only (issue 24): it ends here.
+        if row[4] then rcall('HDEL', jk, 'expires') end
         att = att + 1
         if claim_stamp then
           rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att, 'claimed_ms', claim_stamp)
@@ -210,7 +233,7 @@ local function claim_n(base, deadline, n, out, now)
     if g == FLAT or serviceable(base, g) then
       local k
       k, w, served = turn_room(base, g, n - got, alone)
-      if k > 0 then leased = lease_many(base, g, deadline, k, out) end
+      if k > 0 then leased = lease_many(base, g, deadline, k, out, now) end
       if leased > 0 and g ~= FLAT then
         local max, window = lane_rate(base, g)
         if max then rate_charge(base .. 'limiter:' .. g, leased, window) end
