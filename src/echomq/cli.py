@@ -27,6 +27,7 @@ import redis
 import redis.exceptions
 
 from echomq import (
+    __version__,
     _connect,
     _console,
     _envelope,
@@ -297,7 +298,9 @@ _CREATE = click.option(
     is_flag=True,
     help="Print the server a command uses and where that choice came from.",
 )
-@click.version_option(package_name="echomq")
+# The version the package itself holds, not the installed metadata: an editable install's
+# metadata stays at the version it was installed with until pip runs again.
+@click.version_option(version=__version__, prog_name="echomq")
 @click.pass_context
 def main(ctx: click.Context, url: str | None, verbose: bool) -> None:
     """echomq: a reliable job queue on Valkey/Redis."""
