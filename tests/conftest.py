@@ -239,10 +239,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.nodeid.split("[", 1)[0] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
     if _XDIST_WORKER:
-        # test_valkey's nested run (~100 s, mostly waiting on its servers) goes first, so the
-        # worker that draws its file starts it at once and the others run the suite beside
-        # it. Every worker orders alike, as xdist requires.
-        items.sort(key=lambda item: not item.nodeid.startswith("tests/test_valkey.py"))
+        _order_files_for_xdist(items)
+
+
+def _order_files_for_xdist(items: list[pytest.Item]) -> None:
+    """The order xdist hands out files in (scripts/check passes --no-loadscope-reorder, so
+    this one holds): test_valkey's nested run (~100 s, mostly waiting on its servers) first,
+    so the worker that draws it starts it at once and the others run the suite beside it;
+    then the files with the most tests, so the last ones handed out are short. Each file's
+    tests keep their order, and every worker orders alike, as xdist requires."""
+    files = [item.nodeid.split("::", 1)[0] for item in items]
+    count: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, f in enumerate(files):
+        count[f] = count.get(f, 0) + 1
+        first.setdefault(f, i)
+    rank = {id(item): i for i, item in enumerate(items)}
+
+    def key(item: pytest.Item) -> tuple[bool, int, int, int]:
+        f = item.nodeid.split("::", 1)[0]
+        return (f != "tests/test_valkey.py", -count[f], first[f], rank[id(item)])
+
+    items.sort(key=key)
 
 
 _saved_env: dict[str, str] | None = None

@@ -506,7 +506,7 @@ def test_scheduled_is_the_state_name_and_schedule_an_alias(url: str, q: echomq.Q
     assert q.browse("scheduled") == q.browse("schedule") == [later]
     assert "scheduled" in _protocol.STATES
     for name in ("scheduled", "schedule"):
-        out = CliRunner().invoke(main, ["--url", url, "browse", q.name, "--state", name])
+        out = CliRunner().invoke(main, ["--url", url, "browse", q.name, "--state", name, "--ids"])
         assert out.exit_code == 0 and out.output.split() == [later], out.output
     with pytest.raises(echomq.InvalidArgument, match="scheduled"):
         q.browse("later")

@@ -300,6 +300,7 @@ def test_cli_events_prints_the_stream(url: str, q: echomq.Queue, r: redis.Redis)
     jid = echomq.ids.mint()
     s1 = _xadd(r, q.name, "enqueued", jid)
     s2 = _xadd(r, q.name, "dead", jid, attempts="3", error="boom")
+    q.enable_events()  # else the command also says (on stderr) that events are off
     res = CliRunner().invoke(main, ["--url", url, "events", q.name])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines() == [

@@ -437,7 +437,7 @@ def test_an_old_child_never_counts_toward_a_new_flow_under_its_parent_id(
         q.complete(job.id, job.token)
         q.reprocess(stale)
     else:
-        q.remove(pid)
+        q.remove(pid, children=False)  # the parent alone: its old child lives on
         q.remove(other)
     new = q.add_flow(FlowJob(b"p2", id=pid, children=[FlowJob(b"new")], group="held"))
     q.pause_lane("held")  # the new parent, once released, stays waiting where we can see it

@@ -18,6 +18,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -120,8 +121,10 @@ def stop_nested() -> None:
 def test_the_suite_passes_on_valkey(tmp_path: Path) -> None:
     if Nested.error is not None:
         raise Nested.error
-    if Nested.proc is None:  # the session fixture did not start it: start it now
-        start_nested(tmp_path)
+    if Nested.proc is None:  # the session fixture did not start it (xdist): start it now,
+        # in a short directory: the nested servers' unix socket paths must stay under 108
+        # bytes, and an xdist worker's tmp_path is long.
+        start_nested(Path(tempfile.mkdtemp(prefix="echomq-valkey-")))
     assert Nested.proc is not None and Nested.out is not None
     try:
         Nested.proc.wait(timeout=880)
