@@ -58,6 +58,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
     driver = webdriver.Chrome(options=opts, service=service)
     driver.set_page_load_timeout(30)
+    # A click that submits a form returns before the next page has loaded: a lookup right
+    # after it waits (up to 10 s) for the element to appear instead of failing at once.
+    driver.implicitly_wait(10)
     yield driver
     driver.quit()
 
@@ -219,7 +222,12 @@ def test_console_pages_and_actions_in_a_browser(
 
     @app.task(queue=qname, name="render_video")
     def render_video(clip: str) -> None:
-        release.wait(30)
+        # A sync handler cannot be interrupted: it stops when it sees its cancel (D22).
+        deadline = time.monotonic() + 30
+        while not release.is_set() and not echomq.current_job().cancelled:
+            if time.monotonic() > deadline:
+                return
+            release.wait(0.05)
 
     q = app.queue(qname)
     stack = contextlib.ExitStack()
