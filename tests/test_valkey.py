@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,13 +119,15 @@ def stop_nested() -> None:
 
 @pytest.mark.slow  # the protocol suite again, on Valkey
 @pytest.mark.timeout(900)
-def test_the_suite_passes_on_valkey(tmp_path: Path) -> None:
+def test_the_suite_passes_on_valkey(request: pytest.FixtureRequest) -> None:
     if Nested.error is not None:
         raise Nested.error
     if Nested.proc is None:  # the session fixture did not start it (xdist): start it now,
         # in a short directory: the nested servers' unix socket paths must stay under 108
         # bytes, and an xdist worker's tmp_path is long.
-        start_nested(Path(tempfile.mkdtemp(prefix="echomq-valkey-")))
+        short = Path(tempfile.mkdtemp(prefix="echomq-valkey-"))
+        request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+        start_nested(short)
     assert Nested.proc is not None and Nested.out is not None
     try:
         Nested.proc.wait(timeout=880)
