@@ -83,7 +83,7 @@ static void end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, e
         emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                  EMQ_LIT("cancelled"));
         emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
-        emq_dead_letter(e, id);
+        emq_dead_letter(e, id, now);
         emq_bump_metrics(e, "failed", 1, now);
         emq_sv extra[2] = {EMQ_LIT("error"), EMQ_LIT("cancelled")};
         emq_emit_in(e, "dead", id, g, 2, extra);
@@ -139,7 +139,7 @@ static void sweep(emq *e) {
             emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                      EMQ_LIT("stalled"));
             emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-            emq_dead_letter(e, id);
+            emq_dead_letter(e, id, now);
             emq_bump_metrics(e, "failed", 1, now);
             emq_sv extra[4] = {EMQ_LIT("error"), EMQ_LIT("stalled"), EMQ_LIT("stalled"), st};
             emq_emit_in(e, "dead", id, g, 4, extra);

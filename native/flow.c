@@ -158,7 +158,7 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
         if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
         err = emq_cat(e, 3, EMQ_LIT("child "), id, EMQ_LIT(" failed"));
         emq_hset(e, 5, pk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), err);
-        emq_dead_letter(e, pid);
+        emq_dead_letter(e, pid, 0);
         emq_keep_death(e, pid, err, p[2], 0, 0);
         id = pid;
         f = emq_flow_parent(e, pk, &cur) ? &cur : NULL;

@@ -90,8 +90,9 @@ void emq_kept_trim(emq *e, const char *set, const emq_keep *k, long long added, 
     kept_drop(e, ids, RedisModule_CallReplyLength(ids), !strcmp(set, "dead"));
 }
 
-void emq_dead_letter(emq *e, emq_sv id) {
-    emq_zadd(e, 3, emq_key(e, "dead"), EMQ_LIT("0"), id);
+void emq_dead_letter(emq *e, emq_sv id, long long now) {
+    if (now <= 0) now = emq_now_ms(e);
+    emq_zadd(e, 3, emq_key(e, "dead"), emq_fmt_ll(e, now), id);
     e->dead_added++;
 }
 

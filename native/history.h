@@ -20,8 +20,9 @@ void emq_keep_completed_spec(emq *e, emq_keep *k);
 void emq_keep_completed_row(emq *e, emq_sv id, emq_sv jk, long long now);
 /* kept_trim(base, set, spec, added, now). */
 void emq_kept_trim(emq *e, const char *set, const emq_keep *k, long long added, long long now);
-/* dead_letter: ZADD dead 0 id, counted for trim_dead. */
-void emq_dead_letter(emq *e, emq_sv id);
+/* dead_letter: ZADD dead <now> id (the time of death; now <= 0 reads the clock), counted for
+ * trim_dead. */
+void emq_dead_letter(emq *e, emq_sv id, long long now);
 /* trim_dead(base, now): bound the dead set after this call's dead-letters (keep_dead); now
  * <= 0 reads the clock. Idempotent within a call. */
 void emq_trim_dead(emq *e, long long now);

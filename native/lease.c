@@ -121,7 +121,7 @@ static void expire_job(emq *e, emq_sv id, emq_sv jk, emq_sv lane, emq_sv attempt
                        long long now) {
     emq_sv why = EMQ_LIT("expired");
     emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"), why);
-    emq_dead_letter(e, id); /* counted for the claim's trim_dead (keep_dead, history.h) */
+    emq_dead_letter(e, id, now); /* counted for the claim's trim_dead (keep_dead, history.h) */
     emq_bump_metrics(e, "failed", 1, now);
     emq_sv extra[2] = {EMQ_LIT("error"), why};
     emq_emit_in(e, "dead", id, lane, 2, extra);
@@ -194,7 +194,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
                 emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                          why);
                 emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));
-                emq_dead_letter(e, id);
+                emq_dead_letter(e, id, now);
                 emq_bump_metrics(e, "failed", 1, 0);
                 emq_sv extra[2] = {EMQ_LIT("error"), why};
                 emq_emit(e, "dead", id, 2, extra);

@@ -113,7 +113,7 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
     if (attempt >= max_attempts) {
         emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
                  error_text);
-        emq_dead_letter(e, id);
+        emq_dead_letter(e, id, now);
         emq_bump_metrics(e, "failed", 1, now);
         emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("error"), error_text};
         emq_emit_in(e, "dead", id, row[2], 4, extra);

@@ -208,7 +208,7 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ("keep-completed-age-zero", lambda q, j: q.keep_completed(5, age_ms=0), InvalidArgument),
     ("keep-completed-off-age", lambda q, j: q.keep_completed(0, age_ms=5), InvalidArgument),
     ("keep-dead-zero", lambda q, j: q.keep_dead(0), InvalidArgument),
-    ("keep-dead-age", lambda q, j: q.keep_dead(5, age_ms=5), InvalidArgument),
+    ("keep-dead-age", lambda q, j: q.keep_dead(5, age_ms=0), InvalidArgument),
     ("reprocess-delay-negative", lambda q, j: q.reprocess(j["dead"], delay_ms=-1), InvalidArgument),
     (
         "reprocess-delay-and-at",

@@ -219,7 +219,16 @@ def test_browse_shows_the_dashboards_columns(cli, q: echomq.Queue, qname: str) -
     dead = make_dead(q, _envelope.build(JSON(), "charge", [12], {"cur": "eur"}))
     later = q.enqueue(_envelope.build(JSON(), "remind", ["bob"]), delay_ms=600_000).id
     lines = ok(cli("browse", qname, "--state", "dead")).splitlines()
-    assert lines[0].split() == ["id", "task", "args", "attempts", "priority", "error", "age"]
+    assert lines[0].split() == [
+        "id",
+        "task",
+        "args",
+        "attempts",
+        "priority",
+        "error",
+        "age",
+        "died",
+    ]
     cells = lines[1].split()
     assert cells[:5] == [dead, "charge", "12,", "cur='eur'", "1"]
     assert cells[5:7] == ["-", "boom"] and cells[7].endswith("s")

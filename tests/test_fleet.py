@@ -194,10 +194,17 @@ def test_each_child_serves_its_own_metrics(spawn: Spawner, q: echomq.Queue, qnam
     pytest.importorskip("prometheus_client")
     import httpx
 
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", a.getsockname()[1] + 1))  # the next port is free too
-        port = a.getsockname()[1]
+    port = 0
+    for _ in range(100):  # two consecutive free ports (another test may hold the next one)
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            try:
+                b.bind(("127.0.0.1", a.getsockname()[1] + 1))
+            except OSError:
+                continue
+            port = a.getsockname()[1]
+            break
+    assert port, "no two consecutive free ports"
     sup = supervisor(
         spawn, qname, "-p", "2", "-c", "2", "--beat-ms", "100",
         "--metrics-port", str(port), "--metrics-host", "127.0.0.1",

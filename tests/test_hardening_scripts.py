@@ -240,7 +240,7 @@ def test_branded_ids_compare_by_bytes(
         assert job is not None and job.id == jid
     else:
         assert job is None
-        assert r.zscore(K(q.name, "dead"), jid) == 0
+        assert (r.zscore(K(q.name, "dead"), jid) or 0) > 0  # dead-lettered, at its time of death
         assert b"branded" in r.hget(K(q.name, "job:" + jid), "last_error")  # type: ignore[operator]
 
 

@@ -227,6 +227,11 @@ def test_no_claim_stamp_while_keeping_is_off(anyq: Any) -> None:
     assert row is not None and "claimed_ms" not in row
 
 
+def server_ms(r: redis.Redis) -> int:
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
 def die(q: Any, payload: bytes = b"d") -> str:
     jid_ = q.enqueue(payload).id
     job = q.claim()
@@ -234,7 +239,7 @@ def die(q: Any, payload: bytes = b"d") -> str:
     return jid_
 
 
-def test_keep_dead_bounds_by_count_oldest_minted_first(
+def test_keep_dead_bounds_by_count_longest_dead_first(
     anyq: Any, r: redis.Redis, qname: str
 ) -> None:
     anyq.keep_dead(count=2)
@@ -271,9 +276,61 @@ def test_keep_dead_refusals_write_nothing(anyq: Any, r: redis.Redis, qname: str)
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(InvalidArgument):
             anyq.keep_dead(count=bad)
-    with pytest.raises(InvalidArgument):
-        anyq.keep_dead(count=5, age_ms=1000)
+    for age in (0, -5, 1.5, "9", 2**63):
+        with pytest.raises(InvalidArgument):
+            anyq.keep_dead(count=5, age_ms=age)
     assert snapshot(r, qname) == before
+
+
+def test_dead_set_is_scored_by_the_time_of_death(anyq: Any, r: redis.Redis, qname: str) -> None:
+    """D25: the dead set's score is the server time of death, so the newest death browses
+    first even when it was minted first, and the console shows how long ago it died."""
+    first = anyq.enqueue(b"first").id
+    second = anyq.enqueue(b"second").id
+    a = anyq.claim()
+    b = anyq.claim()
+    assert (a.id, b.id) == (first, second)
+    t0 = server_ms(r)
+    anyq.retry(second, b.token, delay_ms=0, max_attempts=1, error="x")
+    time.sleep(0.01)
+    anyq.retry(first, a.token, delay_ms=0, max_attempts=1, error="x")
+    scores = dict(r.zrange(f"emq:{{{qname}}}:dead", 0, -1, withscores=True))
+    assert t0 <= scores[second.encode()] < scores[first.encode()] <= server_ms(r)
+    assert anyq.browse("dead") == [first, second]  # newest death first
+    assert anyq.check() == []
+
+
+def test_keep_dead_bounds_by_age(anyq: Any, r: redis.Redis, qname: str) -> None:
+    """keep_dead(age_ms=): a death trims the jobs dead for longer than the bound (the age
+    is read at the next dead-letter, as keep_completed's is at the next completion)."""
+    anyq.keep_dead(None, age_ms=300)
+    old = [die(anyq) for _ in range(3)]
+    time.sleep(0.4)
+    fresh = die(anyq)
+    assert anyq.browse("dead") == [fresh]
+    for jid_ in old:
+        assert anyq.job_state(jid_) == "absent"
+        assert r.exists(f"emq:{{{qname}}}:job:{jid_}:errors") == 0
+    assert r.hget(f"emq:{{{qname}}}:meta", "keep_dead") == b":300"
+    anyq.keep_dead(10, age_ms=60_000)  # both bounds: neither trims a fresh death
+    assert r.hget(f"emq:{{{qname}}}:meta", "keep_dead") == b"10:60000"
+    assert die(anyq) in anyq.browse("dead") and anyq.counts()["dead"] == 2
+    assert anyq.check() == []
+
+
+def test_a_dead_row_scored_0_before_d25_is_still_sound(
+    anyq: Any, r: redis.Redis, qname: str
+) -> None:
+    """A dead set written before the time of death was its score (all 0) stays consistent:
+    check() accepts it, it browses last, and an age bound trims it first."""
+    legacy = die(anyq)
+    r.zadd(f"emq:{{{qname}}}:dead", {legacy: 0})
+    assert anyq.check() == []
+    newer = die(anyq)
+    assert anyq.browse("dead") == [newer, legacy]
+    anyq.keep_dead(None, age_ms=60_000)
+    die(anyq)
+    assert anyq.job_state(legacy) == "absent" and anyq.job_state(newer) == "dead"
 
 
 def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qname: str) -> None:
@@ -299,7 +356,12 @@ def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qna
         handle.stop()
     assert len(q.browse("completed")) == 2  # a task user keeps history without a raw Queue
     assert q.get_job(q.browse("completed")[0])["state"] == "completed"
-    for bad in ({"keep_completed": -1}, {"keep_completed": (1, 2, 3)}, {"keep_dead": 0}):
+    for bad in (
+        {"keep_completed": -1},
+        {"keep_completed": (1, 2, 3)},
+        {"keep_dead": 0},
+        {"keep_dead": (1, 0)},
+    ):
         with pytest.raises(InvalidArgument):
             echomq.App(url=url, **bad)  # type: ignore[arg-type]
     app.close()

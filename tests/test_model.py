@@ -180,6 +180,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.marks = itertools.count(1)
         for qs in self.handles:
             qs[0].enable_events(10_000)
+        self.t_prev = self.now()  # the server time when the last step was checked (D25)
 
     # ------------------------------------------------------------------ helpers
 
@@ -790,6 +791,24 @@ class ModelMachine(RuleBasedStateMachine):
         """A script dead-lettered on queue qi: it trims the dead set (keep_dead)."""
         self.m(qi).dead_added = True
 
+    def trim_dead(self, qi: int) -> None:
+        """The model's keep_dead trim after a step that dead-lettered on queue qi. The dead
+        set is scored by the server's time of death (D25): the model reads those times back
+        (it cannot know the clock). A death this step's own trim removed has no score left;
+        it died after the previous step was checked (``t_prev``), so it takes t_prev - 0.5:
+        above every death before that instant, below every death since, where a fresh death
+        must outrank it only by its own time -- the model still catches a trim that drops a
+        fresh death while an older one stays."""
+        m = self.m(qi)
+        if not m.dead_added:
+            return
+        on = dict(self.r.zrange(self.key(qi, "dead"), 0, -1, withscores=True))
+        for jid, j in m.jobs.items():
+            if j.state == "dead":
+                s = on.get(jid.encode())
+                j.died = float(s) if s is not None else self.t_prev - 0.5
+        m.trim_dead()
+
     def do_retry(
         self, qi: int, jid: str, token: int, delay: int, max_attempts: int, error: str, keep: bool
     ) -> None:
@@ -842,7 +861,7 @@ class ModelMachine(RuleBasedStateMachine):
                 m.keep(jid, b"", j.attempts, error)
             self.w.child_dead(qi, jid, j, error)
             self.dead_lettered(qi)
-            m.trim_dead()
+            self.trim_dead(qi)
             return "dead"
         j.state = "scheduled"
         j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
@@ -995,7 +1014,7 @@ class ModelMachine(RuleBasedStateMachine):
                 continue
             m.leave_active(j)
             j.state = "pending"
-        m.trim_dead()
+        self.trim_dead(qi)
         self.ring_repair(qi)
 
     def ring_repair(self, qi: int) -> None:
@@ -1035,7 +1054,7 @@ class ModelMachine(RuleBasedStateMachine):
             else:
                 j.state = "pending"
                 want_r.append(jid)
-        m.trim_dead()
+        self.trim_dead(qi)
         assert (sorted(recovered), sorted(dead)) == (sorted(want_r), sorted(want_d))
         self.ring_repair(qi)
 
@@ -1114,8 +1133,8 @@ class ModelMachine(RuleBasedStateMachine):
         for jid in set(self.m(qi).jobs) - known:
             assert self.m(qi).jobs[jid].payload in {p for p, _ in self.m(qi).repeats.values()}
         self.w.deliver(qi)
-        for other in self.w.qs:  # a delivered fail_parent death trims its parent's queue
-            other.trim_dead()
+        for oqi in (0, 1):  # a delivered fail_parent death trims its parent's queue
+            self.trim_dead(oqi)
 
     # ------------------------------------------------------------------ repeats
 
@@ -1377,7 +1396,7 @@ class ModelMachine(RuleBasedStateMachine):
             if state == b"dead" or (state is None and m.keep_dead is not None):
                 note("expiry: a claim dead-lettered an expired job")
                 self.w.expire(qi, jid)
-        m.trim_dead()  # the claim that dead-lettered them trimmed dead in the same call
+        self.trim_dead(qi)  # the claim that dead-lettered them trimmed dead in the same call
 
     @rule(qi=QI, n=PICK)
     def fail_with_budget(self, qi: int, n: int) -> None:
@@ -1492,6 +1511,7 @@ class ModelMachine(RuleBasedStateMachine):
         note("step")
         for qi in (0, 1):
             self.agrees(qi)
+        self.t_prev = self.now()
 
     def agrees(self, qi: int) -> None:
         m, q, name = self.m(qi), self.handles[qi][0], self.names[qi]
@@ -1590,6 +1610,14 @@ class ModelMachine(RuleBasedStateMachine):
             want_score = j.score if j.state in ("active", "scheduled", "completed") else 0
             if j.state == "pending":
                 want_score = j.priority  # issue 24: a waiting job is scored by its priority
+            if j.state != "dead":
+                j.died = 0
+            elif score is not None and not j.died:
+                # D25: a death since the last check is scored by the server's time of it.
+                assert self.t_prev - 1 <= score <= self.now(), f"{jid} died at {score}"
+                j.died = want_score = score
+            else:
+                want_score = j.died
             if j.state == "awaiting_children":
                 assert score is None, f"{jid} is awaiting its children but is in a set"
             else:
@@ -2018,9 +2046,9 @@ def test_a_kept_flow_parent_and_its_rerun_child(sm: ModelMachine) -> None:
     s.work(qi=0, outcomes=["done"])
 
 
-def test_kept_dead_trims_by_id_whatever_the_last_lease(sm: ModelMachine) -> None:
+def test_kept_dead_trims_by_the_time_of_death_not_the_last_lease(sm: ModelMachine) -> None:
     """Found by the machine: a claimed job that dies and a never-claimed flow parent killed by
-    its child are ordered by id alone in the dead set (score 0), not by a past lease."""
+    its child are ordered by their time of death in the dead set (D25), not by a past lease."""
     s = Steps(sm)
     s.admin(qi=0, what="keep dead", g="la", n=2)
     s.enqueue(qi=0, payload=b"", group=None, delay=None, did=None, mode="simple")

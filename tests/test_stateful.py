@@ -795,6 +795,7 @@ class QueueMachine(RuleBasedStateMachine):
         for jid in gone:
             pipe.exists(self.key("job:" + jid), self.key(f"job:{jid}:logs"))
         replies = pipe.execute()
+        now = self.now()
         for n, (jid, j) in enumerate(jobs):
             row, score = replies[2 * n], replies[2 * n + 1]
             want = [
@@ -808,6 +809,9 @@ class QueueMachine(RuleBasedStateMachine):
                 str(j.floor).encode() if j.floor else None,
             ]
             assert row == want, f"{jid}: row {row} != model {want}"
+            if j.state == "dead":  # D25: the server's time of death (after the run began)
+                assert score is not None and 0 < score <= now, f"{jid} died at {score}"
+                continue
             want_score = j.score if j.state in ("active", "scheduled") else 0
             assert score == want_score, f"{jid} ({j.state}) has score {score}, not {want_score}"
         assert replies[2 * len(jobs) :] == [0] * len(gone), "a retired job left a row behind"

@@ -68,7 +68,7 @@ class JobRow:
     group: str | None = None
     parent: str | None = None
     minted_ms: int | None = None
-    score_ms: int | None = None  # lease deadline (active) or run-at (scheduled), server ms
+    score_ms: int | None = None  # lease end, run-at, finish or death (by state), server ms
     worker: str | None = None  # host:pid of the worker holding it (active, from the registry)
     since_ms: int | None = None  # when that worker's beat first saw it running
 
@@ -257,8 +257,8 @@ def find(
     contains it (``"task"``) or whose last error does (``"error"``, case-insensitive), among
     the newest ``bound`` members of the set; at most ``limit`` matches.
 
-    An id prefix in a lexically ordered set (pending, a lane, dead) is a ``BYLEX`` range:
-    exact over the whole set, however large."""
+    An id prefix in a set of one score (pending or a lane without priorities) is a ``BYLEX``
+    range: exact over the whole set, however large."""
     text = _check_find(kind, text)
     page0 = _inspect.page(x, k, state, 0, 1, group)  # validates state and lane, reads ZCARD
     key = _set_key(k, page0.state, group)
@@ -286,8 +286,8 @@ def find(
 
 def _one_score(x: SyncExecutor, key: str) -> bool:
     """Whether every member of ``key`` has the same score (its first and last do): only then
-    does the set's order by member hold, and a ``BYLEX`` range is exact. The dead set always
-    qualifies; a waiting set does while no job in it has a priority."""
+    does the set's order by member hold, and a ``BYLEX`` range is exact. A waiting set does
+    while no job in it has a priority; a timed set (dead, by the time of death) rarely."""
     ends = [_cmd(("ZRANGE", key, i, i, "WITHSCORES"), list) for i in (0, -1)]
     first, last = (_inspect._raise(r) for r in x.pipeline(ends))
     return not first or _inspect._first_score(first) == _inspect._first_score(last)
@@ -324,6 +324,8 @@ def table(rows: Sequence[JobRow], state: str, now_ms: int, *, width: int = 30) -
         head += ["runs"]
     elif state == "completed":
         head += ["finished"]
+    elif state == "dead":
+        head += ["died"]
     lines = [head]
     for r in rows:
         age = human(now_ms - r.minted_ms) if r.minted_ms is not None else "-"
@@ -344,7 +346,7 @@ def table(rows: Sequence[JobRow], state: str, now_ms: int, *, width: int = 30) -
             due = r.score_ms is not None and r.score_ms <= now_ms
             when = "due" if due or r.score_ms is None else "in " + human(r.score_ms - now_ms)
             cells += [when]
-        elif state == "completed":
+        elif state in ("completed", "dead"):
             ago = human(now_ms - r.score_ms) + " ago" if r.score_ms is not None else "-"
             cells += [ago]
         lines.append(cells)

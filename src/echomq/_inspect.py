@@ -340,8 +340,9 @@ def page(
         pairs = [(_s(m), int(float(s))) for m, s in items]
     else:
         pairs = [(_s(m), int(float(s))) for m, s in zip(items[::2], items[1::2], strict=True)]
-    # A waiting set is scored by priority, the dead set by 0: no time in their scores.
-    out = [(m, None if lexical else sc) for m, sc in pairs]
+    # A waiting set is scored by priority: no time in its scores. The dead set is scored by
+    # the time of death, 0 for a job dead-lettered before D25 (no time known).
+    out = [(m, None if lexical or (key == k.dead and sc == 0) else sc) for m, sc in pairs]
     return PageView("schedule" if state == "scheduled" else state, total, off, n, out)
 
 

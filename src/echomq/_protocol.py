@@ -814,13 +814,15 @@ def keep_completed(k: Keys, count: int | None, age_ms: int | None = None) -> Cal
 
 
 def keep_dead(k: Keys, count: int | None, age_ms: int | None = None) -> Call[None]:
-    """Bound the dead set to ``count`` rows, the oldest minted first (the dead set is scored
-    0, mint order, D6, and holds no death time, so ``age_ms`` is refused); ``None``:
-    unbounded (the default). Every script that dead-letters trims it in the same call."""
-    if age_ms is not None:
-        raise InvalidArgument("keep_dead bounds by count only: the dead set holds no death times")
+    """Bound the dead set to ``count`` rows and to rows dead for less than ``age_ms`` (the
+    set is scored by the time of death, server clock, D25), the longest dead going first;
+    both None: unbounded (the default). Every script that dead-letters trims it in the same
+    call. Refused before I/O: a count below 1 (a queue that keeps no dead job would lose
+    every failure unseen), an age below 1 ms, a non-int."""
     c = None if count is None else _int("keep_dead count", count, 1)
-    return _call("keep", (k.meta,), ("keep_dead", "" if c is None else f"{c}:"), lambda _: None)
+    a = None if age_ms is None else _int("keep_dead age_ms", age_ms, 1, MAX_MS)
+    value = "" if c is None and a is None else f"{_opt(c)}:{_opt(a)}"
+    return _call("keep", (k.meta,), ("keep_dead", value), lambda _: None)
 
 
 def _opt(n: int | None) -> str:
@@ -940,11 +942,11 @@ def job_state(k: Keys, id: str) -> Call[str]:
 
 
 def _state_key(k: Keys, state: object) -> tuple[str, bool]:
-    """The set of a state name and whether it is lexically ordered (score 0); "schedule" is
-    an alias of "scheduled"."""
+    """The set of a state name and whether its scores hold no time (a waiting set: the
+    priority); "schedule" is an alias of "scheduled"."""
     table = {
         "pending": (k.pending, True),
-        "dead": (k.dead, True),
+        "dead": (k.dead, False),
         "active": (k.active, False),
         "schedule": (k.schedule, False),
         "scheduled": (k.schedule, False),
@@ -966,10 +968,10 @@ def browse(
         if key != k.pending:
             raise InvalidArgument("a group can only be browsed in the pending state")
         key = k.lane(group)
-    # pending and lanes are scored by priority (ties in mint order), dead by 0: the reverse
-    # rank is the reverse claim order, i.e. newest first among jobs of one priority (a
-    # lexical range would be undefined on mixed scores). active and schedule are ordered by
-    # their times (lease, run-at), newest first.
+    # pending and lanes are scored by priority (ties in mint order): the reverse rank is the
+    # reverse claim order, i.e. newest first among jobs of one priority (a lexical range
+    # would be undefined on mixed scores). active, schedule, dead and completed are ordered
+    # by their times (lease, run-at, death, finish), newest first.
     if lexical:
         args: tuple[Arg, ...] = ("ZRANGE", key, 0, count - 1, "REV")
     else:

@@ -176,7 +176,7 @@ class QueueLoop:
         if app.keep_completed is not None:
             await x.call(_p.keep_completed(self.keys, *app.keep_completed))
         if app.keep_dead is not None:
-            await x.call(_p.keep_dead(self.keys, app.keep_dead))
+            await x.call(_p.keep_dead(self.keys, *app.keep_dead))
         for task in app.tasks.values():
             if task.queue == self.keys.name and task.rate_limit is not None:
                 await x.call(_ctl.rate_limit(self.keys, *task.rate_limit))

@@ -556,16 +556,17 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def _keep_pair(
+    name: str,
     keep: int | tuple[int | None, int | None] | None,
 ) -> tuple[int | None, int | None] | None:
-    """App(keep_completed=...) as (count, age_ms), checked now (a bad value is refused when
-    the app is built, not when a worker starts)."""
+    """App(keep_completed=... / keep_dead=...) as (count, age_ms), checked now (a bad value
+    is refused when the app is built, not when a worker starts)."""
     if keep is None:
         return None
     pair = keep if isinstance(keep, tuple) else (keep, None)
     if len(pair) != 2:
-        raise InvalidArgument(f"keep_completed is a count or (count, age_ms), got {keep!r}")
-    _p.keep_completed(Keys("x"), *pair)
+        raise InvalidArgument(f"{name} is a count or (count, age_ms), got {keep!r}")
+    (_p.keep_completed if name == "keep_completed" else _p.keep_dead)(Keys("x"), *pair)
     return pair
 
 
@@ -587,7 +588,8 @@ class App:
             starts: a count (``10_000``: keep the last 10,000 completed jobs), or
             ``(count, age_ms)`` (either may be None); ``0`` turns it off. None (the default)
             leaves each queue's own setting alone (``Queue.keep_completed``).
-        keep_dead: the same for the dead set's bound: a count; None leaves it alone.
+        keep_dead: the same for the dead set's bound: a count, or ``(count, age_ms)`` (how
+            long a dead job is kept, from its death); None leaves it alone.
     """
 
     def __init__(
@@ -600,13 +602,11 @@ class App:
         durable: int | None = None,
         name: str = "app",
         keep_completed: int | tuple[int | None, int | None] | None = None,
-        keep_dead: int | None = None,
+        keep_dead: int | tuple[int | None, int | None] | None = None,
     ) -> None:
         self.name = keyspace.check_lane(name)
-        self.keep_completed = _keep_pair(keep_completed)
-        self.keep_dead = keep_dead
-        if keep_dead is not None:
-            _p.keep_dead(Keys("x"), keep_dead)  # refused here, before any worker starts
+        self.keep_completed = _keep_pair("keep_completed", keep_completed)
+        self.keep_dead = _keep_pair("keep_dead", keep_dead)
         self.periodics: dict[tuple[str, str], Periodic] = {}
         self._url = url  # App(url=...): step 2 of echomq._connect.resolve_url
         self._resolved: Resolved | None = None

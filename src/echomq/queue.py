@@ -323,9 +323,9 @@ class Queue:
         return self._x.run(_p.keep_completed(self._k, count, age_ms))
 
     def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
-        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
-        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
-        dead set holds no death times."""
+        """Bound the dead set to ``count`` rows and none dead longer than ``age_ms`` (time of
+        death, server clock), the longest dead going first, trimmed by every script that
+        dead-letters; both None: unbounded (the default)."""
         return self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     def remove(self, id: str, *, children: bool = True) -> None:
@@ -848,9 +848,9 @@ class AsyncQueue:
         return await self._x.run(_p.keep_completed(self._k, count, age_ms))
 
     async def keep_dead(self, count: int | None, age_ms: int | None = None) -> None:
-        """Bound the dead set to ``count`` rows (the oldest minted go first), trimmed by every
-        script that dead-letters; None: unbounded (the default). ``age_ms`` is refused: the
-        dead set holds no death times."""
+        """Bound the dead set to ``count`` rows and none dead longer than ``age_ms`` (time of
+        death, server clock), the longest dead going first, trimmed by every script that
+        dead-letters; both None: unbounded (the default)."""
         return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
     async def remove(self, id: str, *, children: bool = True) -> None:

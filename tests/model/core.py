@@ -37,6 +37,7 @@ class Job:
     stalled: int = 0
     last_error: str | None = None
     score: int = 0  # the lease deadline (active), run time (scheduled), finish (completed)
+    died: float = 0  # dead: the time of death, the dead set's score (read back, D25)
     cancel: str | None = None  # '1' | 'remove' while its run was asked to stop
     dedup: str | None = None
     parent: str | None = None
@@ -253,14 +254,13 @@ class QueueModel:
 
     def trim(self, state: str, bound: int | None) -> None:
         """The completing (dead-lettering) script's trim by count: the oldest go, by finish
-        time then id (completed) or by id (dead, all score 0), each deleted with its side
-        keys and its token retired. Top-k is closed under repetition, so trimming once per
-        model step equals trimming once per script call."""
+        time (completed) or time of death (dead), then id, each deleted with its side keys
+        and its token retired. Top-k is closed under repetition, so trimming once per model
+        step equals trimming once per script call."""
         if bound is None:
             return
-        # A dead row's score is 0 on the server (its model score is a stale lease deadline).
         held = sorted(
-            (j.score if state == "completed" else 0, i)
+            (j.score if state == "completed" else j.died, i)
             for i, j in self.jobs.items()
             if j.state == state
         )

@@ -79,11 +79,15 @@ local function member(place, id, score, lane)
   if place == 'pending' and row[2] then
     bad(id .. ' in the flat pending set has group ' .. row[2])
   end
-  -- A waiting set scores a job by its priority (the row field, absent = 0); dead is all 0.
-  local want = 0
-  if place ~= 'dead' then want = tonumber(row[3] or '0') end
-  if (lane or place == 'pending' or place == 'dead') and tonumber(score) ~= want then
-    bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not ' .. tostring(want))
+  -- A waiting set scores a job by its priority (the row field, absent = 0); dead by the
+  -- time of death (server ms; 0 for a job dead-lettered before D25 scored it).
+  if lane or place == 'pending' then
+    local want = tonumber(row[3] or '0')
+    if tonumber(score) ~= want then
+      bad(id .. ' in ' .. place .. ' has score ' .. score .. ', not ' .. tostring(want))
+    end
+  elseif place == 'dead' and not (tonumber(score) >= 0 and tonumber(score) % 1 == 0) then
+    bad(id .. ' in dead has score ' .. score .. ', not a time of death')
   end
   two_places(id, places_of(id, row[2], lane))
 end

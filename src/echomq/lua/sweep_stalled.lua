@@ -45,7 +45,7 @@ for _, id in ipairs(lapsed) do
     if stalled >= max_stalled then
       rcall('HSET', jk, 'state', 'dead', 'last_error', 'stalled')
       rcall('HDEL', jk, 'lease_epoch')
-      dead_letter(base, id)
+      dead_letter(base, id, now)
       bump_metrics(base, 'failed', 1, now)
       emit_in(base, 'dead', id, g, 'error', 'stalled', 'stalled', stalled)
       release_dedup(base, id, jk)

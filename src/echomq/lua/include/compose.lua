@@ -282,7 +282,7 @@ local function end_cancelled(base, id, jk, g, flag, attempts, now)
   else
     rcall('HSET', jk, 'state', 'dead', 'last_error', 'cancelled')
     rcall('HDEL', jk, 'lease_epoch', 'cancel')
-    dead_letter(base, id)
+    dead_letter(base, id, now)
     bump_metrics(base, 'failed', 1, now)
     emit_in(base, 'dead', id, g, 'error', 'cancelled')
     if f then flow_child_dead(base, id, f, 'cancelled') end

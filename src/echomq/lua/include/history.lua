@@ -4,8 +4,8 @@
 -- `keep_dead`). Each setting is one meta field "<count>:<age_ms>", either part empty for no
 -- bound of that kind; an absent field is the default (completion deletes the row; the dead
 -- set is unbounded). Kept completed rows sit in the ZSET p..completed scored by their finish
--- time (server ms). The dead set's score is 0 (mint order, D6) and holds no death time, so
--- keep_dead bounds by count only, the oldest minted first (the client refuses an age).
+-- time (server ms); the dead set is scored by the time of death (server ms, D25), so
+-- keep_dead bounds it by count and by age alike, the longest dead first (ties by id).
 --
 -- The script that adds to a set trims it, in the same call: at most `added + TRIM_SLACK`
 -- rows per call (a lowered bound catches up over the next calls, never in one long call).
@@ -80,9 +80,15 @@ end
 -- Dead-lettering: every script that dead-letters a job adds it here, and calls trim_dead
 -- before it returns, so the dead set is bounded in the same call (keep_dead).
 local dead_added = 0
+local dead_now = nil  -- the server clock, read once for a call's dead-letters without a `now`
 
-local function dead_letter(base, id)
-  rcall('ZADD', base .. 'dead', 0, id)
+-- Dead-letter id: scored by `now`, the calling script's server time (or read here, once).
+local function dead_letter(base, id, now)
+  if not now then
+    dead_now = dead_now or now_ms()
+    now = dead_now
+  end
+  rcall('ZADD', base .. 'dead', now, id)
   dead_added = dead_added + 1
 end
 

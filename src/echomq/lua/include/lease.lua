@@ -40,7 +40,7 @@ end
 -- Needs control and compose (the including script inlines them first); cold in every script.
 local function expire_job(base, id, jk, lane, attempts, now)
   rcall('HSET', jk, 'state', 'dead', 'last_error', 'expired')
-  dead_letter(base, id)  -- counted for claim_n's trim_dead (keep_dead, include/history.lua)
+  dead_letter(base, id, now)  -- counted for claim_n's trim_dead (keep_dead, include/history.lua)
   bump_metrics(base, 'failed', 1, now)
   emit_in(base, 'dead', id, lane, 'error', 'expired')
   release_dedup(base, id, jk)
@@ -105,7 +105,7 @@ local function lease_many(base, g, deadline, k, out, now)
         if not branded(id) then why = 'malformed row: the id is not a branded job id' end
         rcall('HSET', jk, 'state', 'dead', 'last_error', why)
         rcall('HDEL', jk, 'lease_epoch')
-        dead_letter(base, id)
+        dead_letter(base, id, now)
         bump_metrics(base, 'failed', 1)
         emit(base, 'dead', id, 'error', why)
       elseif rcall('EXISTS', jk) == 1 then

@@ -64,7 +64,7 @@ local function retry_one(base, id, jk, token, delay_ms, max_attempts, error_text
   rcall('LTRIM', jk .. ':errors', -ERRORS_KEPT, -1)
   if attempt >= max_attempts then
     rcall('HSET', jk, 'state', 'dead', 'last_error', error_text)
-    dead_letter(base, id)
+    dead_letter(base, id, now)
     bump_metrics(base, 'failed', 1, now)
     emit_in(base, 'dead', id, row[3], 'attempts', row[1], 'error', error_text)
     release_dedup_of(base, id, row[6])
