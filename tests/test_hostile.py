@@ -570,7 +570,7 @@ def test_malformed_rows_never_crash_a_worker(
     for job_id, reason in dead.items():
         assert q.job_state(job_id) == "dead", job_id
         assert reason in q.get_job(job_id)["last_error"], (job_id, q.get_job(job_id))
-    assert r.zscore(b + "dead", "not-a-job-id") == 0
+    assert (r.zscore(b + "dead", "not-a-job-id") or 0) > 0  # dead-lettered at its time of death
     assert "not a branded job id" in r.hget(b + "job:not-a-job-id", "last_error").decode()
     assert r.zscore(b + "pending", "zz-ghost") is None
     for job_id, where in gone.items():
