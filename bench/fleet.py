@@ -166,7 +166,7 @@ def beat_cost(url: str, calls: int = 2000) -> float:
     """Server µs per worker_beat call, an entry holding 50 jobs (the registry's bound: 100)."""
     import echomq
     from echomq import _registry
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
 
     r = redis.Redis.from_url(url)
     r.flushdb()

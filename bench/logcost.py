@@ -26,7 +26,7 @@ import timeit
 from typing import Any
 
 import echomq
-from echomq._protocol import Job
+from echomq._kernel import Job
 from echomq._runner import Runner, Running, Settle
 from echomq.context import JobContext
 from echomq.hooks import Hooks

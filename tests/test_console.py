@@ -181,7 +181,7 @@ def test_find_by_id_prefix_task_and_error_with_a_searched_note(url: str, q: echo
 
 def test_a_find_is_bounded_and_says_how_much_it_searched(url: str, q: echomq.Queue) -> None:
     from echomq._executor import SyncExecutor, sync_client
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
 
     q.enqueue_many([_call("noop", i) for i in range(1200)])
     client = sync_client(url)
@@ -446,7 +446,7 @@ def test_an_id_prefix_find_is_exact_over_a_set_of_one_score(url: str, q: echomq.
     job however deep in the set, past any bound; with mixed scores (scheduled jobs, or
     waiting jobs with priorities) it is a bounded scan instead."""
     from echomq._executor import SyncExecutor, sync_client
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
 
     oldest = q.enqueue(b"first").id
     q.enqueue_many([b"x"] * 1500)

@@ -451,7 +451,7 @@ def test_durable_mode_without_replicas_still_registers(
     registry is a visibility record, not a job's state."""
     from echomq._connect import async_client
     from echomq._executor import AsyncExecutor
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
     from echomq._queueloop import QueueLoop
     from echomq._registry import Registry
 
@@ -474,7 +474,7 @@ def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
     """A worker that stops beating (SIGKILL) drops out of listings at its lapse, its entry is
     pruned by any other worker's beat, and the keys expire with the last entry."""
     from echomq import _registry
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
 
     k = Keys(qname)
     dead, live = echomq.ids.mint("WRK"), echomq.ids.mint("WRK")
@@ -504,7 +504,7 @@ def test_echomq_workers_with_none(spawn: Spawner, q: echomq.Queue, qname: str) -
 
 def test_obliterate_removes_the_registry(q: echomq.Queue, qname: str, r: redis.Redis) -> None:
     from echomq import _registry
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
 
     entry = _registry.Registry([qname], 1, 100).entry([], "lua")
     q._x.run(_registry.beat(Keys(qname), echomq.ids.mint("WRK"), entry, 60_000))

@@ -24,7 +24,7 @@ import redis
 
 import echomq
 from echomq import Enqueued, JobGone, StaleToken, _protocol, ids, keyspace
-from echomq._protocol import Replay
+from echomq._kernel import Replay
 from echomq.server import EmbeddedServer, find_binary, free_port
 from reliability import raw_violations
 

@@ -18,7 +18,7 @@ import pytest
 
 from echomq import _protocol as _p
 from echomq import ids
-from echomq._protocol import Call, Enqueued, Keys, Replay
+from echomq._kernel import Call, Enqueued, Keys, Replay
 from echomq.errors import InvalidArgument, InvalidId
 
 LOST = object()  # the server applied the call, its reply never came back

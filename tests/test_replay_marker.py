@@ -12,9 +12,11 @@ import pytest
 import redis
 
 import echomq
+from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq import ids
-from echomq._protocol import Replay
+from echomq._kernel import Replay
+from echomq._scripts import SCRIPTS
 
 pytestmark = pytest.mark.executors
 
@@ -111,7 +113,7 @@ def test_a_call_naming_its_second_keys_the_marker_there(
 
     def enq(jid: str, flags: str, nonce: str, second: int) -> Any:
         args = (base, jid, b"p", "", "now", 0, flags, 60_000, nonce, "", "simple", 0, second)
-        call = _p.Call(_p.SCRIPTS["enqueue"], (K(qname, "job:" + jid), meta), args, _p._s)
+        call = _p.Call(SCRIPTS["enqueue"], (K(qname, "job:" + jid), meta), args, _k._s)
         return x.call(call)
 
     assert enq(a, "fx", "ab0123456789", 1_700_000_000) == "enqueued"

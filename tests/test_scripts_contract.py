@@ -368,7 +368,7 @@ def test_eval_retry_at_ceiling_is_dead(r: redis.Redis, qname: str) -> None:
         "payload": b"x",
         "last_error": b"boom",
     }
-    assert r.zscore(_k(qname, "dead"), jid) == 0
+    assert (r.zscore(_k(qname, "dead"), jid) or 0) > 0  # its time of death (D25)
     assert r.zcard(_k(qname, "active")) == 0
     assert r.hget(_k(qname, "metrics:failed"), "count") == b"1"
     with pytest.raises(redis.ResponseError, match=r"^EMQSTALE retry lease settled"):

@@ -703,7 +703,7 @@ def test_url_cannot_change_after_first_use(make_app, qname) -> None:
 def test_an_unsettleable_settle_does_not_block_the_batch(make_app, qname) -> None:
     """A settle the protocol refuses before any I/O (a token or id no claim can produce, e.g.
     from a planted row) is dropped on its own; the rest of its batch still goes out."""
-    from echomq._protocol import Keys
+    from echomq._kernel import Keys
     from echomq._queueloop import QueueLoop
     from echomq._runner import Settle as _Settle
 

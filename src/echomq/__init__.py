@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from echomq import ids, keyspace
 from echomq._compose import FlowAdded, FlowJob, Repeat
+from echomq._kernel import WIRE_VERSION, Enqueued, Job
 from echomq._observe import Event
-from echomq._protocol import WIRE_VERSION, Enqueued, Job
 from echomq._registry import HeldJob, WorkerInfo
 from echomq.app import App, Task
 from echomq.backoff import exponential, fixed, jitter

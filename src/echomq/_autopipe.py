@@ -29,8 +29,8 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from echomq._connect import TRANSIENT, Budget
 from echomq._executor import _decode_one, _pipeline_args, _plan_delay
+from echomq._kernel import Call, Plan, Replay
 from echomq._native import unknown_command
-from echomq._protocol import Call, Plan, Replay
 
 if TYPE_CHECKING:
     from echomq._executor import AsyncExecutor

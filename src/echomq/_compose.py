@@ -44,7 +44,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from echomq import ids, keyspace
-from echomq._protocol import (
+from echomq._kernel import (
     MAX_INT,
     MAX_MS,
     Arg,

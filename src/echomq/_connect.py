@@ -42,7 +42,7 @@ except ImportError:  # redis-py < 7: no maintenance notifications, the pool alwa
     MaintNotificationsConfig = None  # type: ignore[assignment,misc]
 
 from echomq import _native, _redispy
-from echomq._protocol import Call
+from echomq._kernel import Call
 from echomq.errors import InvalidArgument, ServerNotRunning, ServerUnreachable, from_reply
 
 __all__ = [

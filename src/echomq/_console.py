@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from echomq import _envelope, _inspect, _registry, ids
 from echomq._executor import SyncExecutor
-from echomq._protocol import Call, Keys, _cmd, _s
+from echomq._kernel import Call, Keys, _cmd, _s
 from echomq.errors import InvalidArgument, JobGone, StateError
 from echomq.serializers import JSON, MsgPack, Serializer
 

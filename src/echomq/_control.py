@@ -38,14 +38,14 @@ that reply.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from echomq import keyspace
-from echomq._protocol import (
+from echomq._kernel import (
+    DEDUP_MODES,
     MAX_INT,
     MAX_MS,
     Arg,
@@ -64,8 +64,10 @@ from echomq._protocol import (
     _str_list,
     _text,
     _token,
+    check_dedup,
+    dedup_args,
 )
-from echomq.errors import InvalidArgument, InvalidId, JobFailed, JobGone
+from echomq.errors import InvalidArgument, JobFailed, JobGone
 
 __all__ = [
     "DEDUP_MODES",
@@ -95,15 +97,11 @@ __all__ = [
     "want_key",
 ]
 
-DEDUP_MODES = ("simple", "throttle", "debounce")
 # A blocking read must end well inside the client's 30 s socket timeout (see _connect).
 MAX_BLOCK_S = 20.0
 # A waiter marker outlives any one block by a wide margin: a waiter refreshes it before each
 # block, and a fixed TTL means another waiter's refresh can never shorten it.
 WANT_MS = int(MAX_BLOCK_S * 1000) + 10_000
-# A dedup id (D3's grammar for `did`): a lane name's alphabet, up to 255 characters; no ':'
-# or '{' to confuse the keyspace.
-_DID = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,30 +282,6 @@ def wait_deadline(timeout_s: float) -> float:
 
 
 # --------------------------------------------------------------------------- dedup (D20)
-
-
-def check_dedup(did: object) -> str:
-    if not isinstance(did, str) or not _DID.fullmatch(did):
-        raise InvalidId(f"a dedup id matches [A-Za-z0-9._-]{{1,255}}, got {did!r}")
-    return did
-
-
-def dedup_args(did: str | None, ttl_ms: int | None, mode: str) -> tuple[Arg, ...]:
-    """The enqueue script's dedup arguments (ARGV[9..11]); () without a dedup id."""
-    if mode not in DEDUP_MODES:
-        raise InvalidArgument(f"dedup_mode must be one of {', '.join(DEDUP_MODES)}, got {mode!r}")
-    if did is None:
-        if ttl_ms is not None:
-            raise InvalidArgument("dedup_ttl_ms needs a dedup id")
-        return ()
-    check_dedup(did)
-    if mode == "simple":
-        if ttl_ms is not None:
-            raise InvalidArgument("a simple dedup key is held until its job ends: no dedup_ttl_ms")
-        return (did, mode, 0)
-    if ttl_ms is None:
-        raise InvalidArgument(f"dedup_mode {mode!r} needs dedup_ttl_ms")
-    return (did, mode, _int("dedup_ttl_ms", ttl_ms, 1, MAX_MS))
 
 
 def dedup_holder(k: Keys, did: str) -> Call[str | None]:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from redis.exceptions import AskError, NoScriptError, ResponseError, TryAgainError
 
 from echomq._connect import map_error, script_args
-from echomq._protocol import Call
+from echomq._kernel import Call
 from echomq.errors import DurabilityError
 
 __all__ = ["REFRESH", "Pipe", "job_id_of", "steps"]

@@ -44,7 +44,7 @@ from echomq._connect import (
     thread_connection,
 )
 from echomq._fence import Fence
-from echomq._protocol import Call, Plan, Replay
+from echomq._kernel import Call, Plan, Replay
 from echomq.errors import DurabilityError, EchoMQError, ExecutorUnavailable
 
 # The connection names stay importable from here for code written against this module.

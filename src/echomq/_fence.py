@@ -22,7 +22,7 @@ import redis
 from redis.exceptions import AskError, ResponseError
 
 from echomq import _redispy
-from echomq._protocol import WIRE_VERSION
+from echomq._kernel import WIRE_VERSION
 from echomq.errors import VersionFenceError
 from echomq.keyspace import VERSION_KEY
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from echomq import _kernel as _k
 from echomq import _observe, ids, keyspace
 from echomq import _protocol as _p
 from echomq._connect import TRANSIENT, Budget
 from echomq._executor import SyncExecutor
-from echomq._protocol import Call, Keys, _cmd, _s
+from echomq._kernel import Call, Keys, _cmd, _s
 from echomq.errors import InvalidArgument
 
 __all__ = [
@@ -325,8 +326,8 @@ def page(
 ) -> PageView:
     """One page of a state's set, newest first (as ``browse``), with its total size."""
     key, lexical = _p._state_key(k, state)
-    off = _p._int("offset", offset, 0, 10**9)
-    n = _p._int("limit", limit, 1, 1000)
+    off = _k._int("offset", offset, 0, 10**9)
+    n = _k._int("limit", limit, 1, 1000)
     if group is not None:
         if key != k.pending:
             raise InvalidArgument("a lane can only be browsed in the pending state")

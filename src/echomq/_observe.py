@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from echomq._protocol import MAX_INT, Call, Keys, Plan, _cmd, _int, _s
+from echomq._kernel import MAX_INT, Call, Keys, Plan, _cmd, _int, _s
 from echomq.errors import InvalidArgument
 
 __all__ = [

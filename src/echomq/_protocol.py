@@ -12,18 +12,48 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, Union
+from collections.abc import Iterable
+from typing import Any
 
 from echomq import ids, keyspace
-from echomq._scripts import SCRIPTS, Script
+from echomq._kernel import (
+    DEFAULT_MAX_PAYLOAD,
+    MAX_MS,
+    STATES,
+    WIRE_VERSION,
+    Arg,
+    Call,
+    Enqueued,
+    Job,
+    Keys,
+    Plan,
+    Replay,
+    Settled,
+    _call,
+    _cmd,
+    _gone_if_zero,
+    _group,
+    _int,
+    _int_reply,
+    _iterable,
+    _job,
+    _lease,
+    _none,
+    _payload,
+    _priority,
+    _s,
+    _str_list,
+    _text,
+    _token,
+    _ttl,
+    _when,
+    dedup_args,
+)
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     JobGone,
     KindError,
-    PayloadTooLarge,
     from_reply,
 )
 
@@ -40,16 +70,6 @@ __all__ = [
     "Settled",
 ]
 
-T = TypeVar("T")
-WIRE_VERSION = "echomq:3.0.0"
-DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
-# Lua numbers are doubles: every integer we send stays exact below 2**53.
-MAX_INT = 2**53 - 1
-# The longest lease or delay we accept: ~69 years keeps now + ms far from 2**53.
-MAX_MS = 2**41
-# The user-facing state names (a row's `state` value); "schedule" (the set's key suffix) is
-# accepted as an alias wherever a state is named.
-STATES = ("pending", "active", "scheduled", "dead", "completed")
 _ENQUEUE_CHUNK_ITEMS = 1000
 _ENQUEUE_CHUNK_BYTES = 1 << 20
 _REMINT_TRIES = 8
@@ -114,268 +134,6 @@ def _ttl_set(scope: str, second: int, nn: str) -> None:
         got[1].add(nn)
 
 
-Arg = Union[str, bytes, int]  # noqa: UP007 - a runtime alias on 3.10
-
-
-# Not frozen: one Call is built per round trip, and a frozen dataclass's __init__ costs
-# four times a plain one (object.__setattr__ per field). Nothing mutates a Call.
-@dataclass(slots=True)
-class Call(Generic[T]):
-    """One round trip: ``script`` with ``keys`` and ``args``, or the command ``args`` when
-    ``script`` is None; ``decode`` turns the reply into the verb's result (and raises the
-    typed error a sentinel reply means). ``replay`` says the call may be sent again when its
-    reply was lost: applying it twice is the same as once, or only delays work."""
-
-    script: Script | None
-    keys: tuple[str, ...]
-    args: tuple[Arg, ...]
-    decode: Callable[[Any], T]
-    replay: bool = False
-
-
-class Replay(Exception):
-    """Thrown into a plan by the executor when a call's reply was lost: the plan may catch it
-    and yield the call again (it knows whether that is safe), or let it propagate."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-# A multi-call verb: yields a Call (receives its decoded result) or a list of Calls to
-# pipeline (receives a list of decoded results or exceptions), returns the verb's result.
-Plan = Generator[Call[Any] | list[Call[Any]], Any, T]
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A claimed job: ``token`` is the fencing token every settle verb must present.
-
-    ``floor`` is the count a re-admitted id came back with (its retired last token), raised
-    by one for each ``RateLimit`` push-back; ``attempt`` is this incarnation's attempt
-    number (``token - floor``, 1 for the first run), the one ``max_attempts`` counts.
-    """
-
-    id: str
-    payload: bytes
-    token: int
-    group: str | None
-    floor: int = 0
-
-    @property
-    def attempt(self) -> int:
-        return self.token - self.floor
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueued:
-    """The receipt of an enqueue: the job id and what happened to it (``deduplicated``: a
-    dedup key refused it, and ``id`` is the holder's, D20)."""
-
-    id: str
-    status: Literal["enqueued", "scheduled", "duplicate", "deduplicated"]
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What one ``settle`` call did: per completed pair ``None`` (accepted) or the refusal
-    (``JobGone``/``StaleToken``); per retried item ``"scheduled"``/``"dead"`` or the refusal;
-    and the jobs it claimed."""
-
-    completed: list[EchoMQError | None]
-    retried: list[str | EchoMQError]
-    jobs: list[Job]
-    # D21: when the claim part got nothing because a rate limit holds jobs back, the ms until
-    # its window reopens (the claim's own answer, no second round trip); else 0.
-    rate_limited_ms: int = 0
-
-
-class Keys:
-    """The precomputed key names of one queue (all carry the ``{queue}`` hash tag)."""
-
-    __slots__ = (
-        "active",
-        "base",
-        "completed",
-        "dead",
-        "gactive",
-        "glimit",
-        "gweight",
-        "lanes",
-        "max_payload",
-        "meta",
-        "name",
-        "paused",
-        "pending",
-        "ring",
-        "schedule",
-        "wake",
-    )
-
-    def __init__(self, queue: str, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        self.name = keyspace.check_queue(queue)
-        if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
-            raise InvalidArgument(f"max_payload must be a positive int, got {max_payload!r}")
-        self.max_payload = max_payload
-        self.base = keyspace.base(queue)
-        b = self.base
-        self.pending, self.active = b + "pending", b + "active"
-        self.schedule, self.dead = b + "schedule", b + "dead"
-        self.completed = b + "completed"  # kept completed rows (issue 24)
-        self.meta, self.ring, self.wake = b + "meta", b + "ring", b + "wake"
-        self.lanes, self.paused = b + "lanes", b + "paused"
-        self.glimit, self.gactive, self.gweight = b + "glimit", b + "gactive", b + "gweight"
-
-    def job(self, job_id: str) -> str:
-        """The row key; the id is gated here, before any I/O."""
-        return self.base + "job:" + keyspace.check_id(job_id)
-
-    def lane(self, group: str) -> str:
-        return self.base + "g:" + keyspace.check_lane(group) + ":pending"
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _int(name: str, value: object, lo: int, hi: int = MAX_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not lo <= value <= hi:
-        raise InvalidArgument(f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
-
-
-# A job's priority: 0..2^21, lower runs first, 0 the default (PROTOCOL §2.2). It is the job's
-# score in its waiting set, so 2^21 keeps every score an exact small integer.
-MAX_PRIORITY = 2**21
-
-
-def _priority(value: object) -> int:
-    return _int("priority", value, 0, MAX_PRIORITY)
-
-
-def _lease(value: object) -> int:
-    return _int("lease_ms", value, 1, MAX_MS)
-
-
-def _token(value: object) -> str:
-    # Tokens are minted by claim starting at 1; 0 would match a never-claimed row.
-    return str(_int("token", value, 1))
-
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise InvalidArgument(f"{name} must be a str, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"{name} is not encodable as UTF-8: {exc}") from None
-    return value
-
-
-def _payload(value: object, limit: int) -> bytes:
-    if isinstance(value, str):
-        try:
-            data = value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidArgument(f"payload is not encodable as UTF-8: {exc}") from None
-    elif isinstance(value, bytes):
-        data = value
-    elif isinstance(value, (bytearray, memoryview)):
-        data = bytes(value)
-    else:
-        raise InvalidArgument(f"payload must be bytes or str, got {type(value).__name__}")
-    if len(data) > limit:
-        raise PayloadTooLarge(len(data), limit)
-    return data
-
-
-def _group(group: object) -> str:
-    return "" if group is None else keyspace.check_lane(group)
-
-
-def _when(delay_ms: object, at_ms: object) -> tuple[str, str]:
-    """The enqueue mode: now, in (server clock + ms) or at (the caller's absolute ms)."""
-    if delay_ms is not None and at_ms is not None:
-        raise InvalidArgument("pass delay_ms or at_ms, not both")
-    if delay_ms is not None:
-        ms = _int("delay_ms", delay_ms, 0, MAX_MS)
-        return ("in", str(ms)) if ms > 0 else ("now", "0")
-    if at_ms is not None:
-        return "at", str(_int("at_ms", at_ms, 0, MAX_INT))
-    return "now", "0"
-
-
-def _ttl(ttl_ms: object) -> str:
-    """An enqueue's expiry (issue 24): '' for none, else ms > 0 (0 or less is refused: a job
-    that expires at once is a mistake, not a choice)."""
-    return "" if ttl_ms is None else str(_int("ttl_ms", ttl_ms, 1, MAX_MS))
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-def _iterable(name: str, value: object) -> Iterable[Any]:
-    """An iterable argument; anything else is InvalidArgument (not a bare TypeError)."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise InvalidArgument(f"{name} must be an iterable, got {type(value).__name__}")
-    return value
-
-
-# --------------------------------------------------------------------------- decoders
-
-
-def _gone_if_zero(job_id: str) -> Callable[[Any], None]:
-    def decode(reply: Any) -> None:
-        if reply == 0:
-            raise JobGone(job_id)
-
-    return decode
-
-
-def _none(_: Any) -> None:
-    return None
-
-
-def _int_reply(reply: Any) -> int:
-    return int(reply)
-
-
-def _job(reply: Sequence[Any]) -> Job:
-    if len(reply) == 4:  # no floor: the common case, unpacked without a slice
-        jid, payload, token, group = reply
-        floor = 0
-    else:
-        jid, payload, token, group = reply[:4]
-        floor = int(reply[4]) if reply[4] else 0
-    return Job(
-        _s(jid),
-        payload if payload is not None else b"",
-        int(token),
-        _s(group) if group else None,
-        floor,
-    )
-
-
-def _str_list(reply: Iterable[bytes | str]) -> list[str]:
-    return [_s(x) for x in reply]
-
-
-def _call(
-    name: str, keys: tuple[str, ...], args: tuple[Arg, ...], decode: Callable[[Any], T]
-) -> Call[T]:
-    script = SCRIPTS[name]
-    # Whether a lost reply may be answered by resending is the script's own declared trait
-    # (``Flags: replay`` in its header, see _scripts.py).
-    return Call(script, keys, args, decode, script.replay)
-
-
-def _cmd(args: tuple[Arg, ...], decode: Callable[[Any], T]) -> Call[T]:
-    # Every plain command here is a read: always safe to send again.
-    return Call(None, (), args, decode, True)
-
-
 # --------------------------------------------------------------------------- producer verbs
 
 
@@ -407,8 +165,6 @@ def enqueue(
     ttl = _ttl(ttl_ms)
     extra: tuple[Arg, ...] = ()
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
-        from echomq._control import dedup_args  # _control builds on this module
-
         extra = dedup_args(dedup, dedup_ttl_ms, dedup_mode)
     minted = id is None
     jid = ids.mint() if id is None else keyspace.check_id(id)

@@ -21,8 +21,8 @@ from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
 from echomq._executor import AsyncExecutor
+from echomq._kernel import Call, Keys
 from echomq._logfmt import warn_repeated
-from echomq._protocol import Call, Keys
 from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from echomq import ids
-from echomq._protocol import Call, Keys, _call, _int, _s
+from echomq._kernel import Call, Keys, _call, _int, _s
 from echomq.errors import DurabilityError
 
 if TYPE_CHECKING:

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from echomq import _envelope
-from echomq import _protocol as _p
+from echomq import _kernel as _k
 from echomq._isolate import Child, ChildTimeout
+from echomq._kernel import Job
 from echomq._pool import PoolRun, ProcessPool
-from echomq._protocol import Job
 from echomq.backoff import exponential
 from echomq.context import JobContext, _current
 from echomq.hooks import Hooks
@@ -416,7 +416,7 @@ class Runner:
         the settle call, it would fail the whole batch, every turn."""
         try:
             delay = requested if requested is not None else task.backoff.delay_ms(attempt)
-            return min(max(0, int(delay)), _p.MAX_MS)
+            return min(max(0, int(delay)), _k.MAX_MS)
         except Exception as exc:
             log.error(
                 "task %s: bad backoff delay (%s); using the default policy",

@@ -22,7 +22,7 @@ from echomq import _control as _ctl
 from echomq import keyspace
 from echomq._connect import TRANSIENT
 from echomq._executor import AsyncExecutor
-from echomq._protocol import Call, Keys, Plan, _cmd, _s
+from echomq._kernel import Call, Keys, Plan, _cmd, _s
 
 __all__ = ["ResultWaiters"]
 

@@ -41,7 +41,7 @@ from echomq._connect import (
     resolve_url,
     sync_client,
 )
-from echomq._protocol import MAX_INT, MAX_MS, Enqueued, Keys, Plan, _priority
+from echomq._kernel import MAX_INT, MAX_MS, Enqueued, Keys, Plan, _priority
 from echomq.backoff import Backoff, BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
@@ -280,7 +280,7 @@ class Task(Generic[P, R]):
         budget (``max_attempts``, overriding the task's) and its expiry (``ttl_ms``: not
         claimed within that long, it is dead-lettered ``expired``)."""
         from echomq._control import dedup_args
-        from echomq._protocol import _ttl
+        from echomq._kernel import _ttl
 
         dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
         if priority is not None:

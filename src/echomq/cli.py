@@ -38,6 +38,7 @@ from echomq import (
     ids,
     keyspace,
 )
+from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq.app import App
 from echomq.errors import (
@@ -890,8 +891,8 @@ def browse(
     def read() -> tuple[int, list[_console.JobRow]]:
         x = q._x
         k = q._k
-        page = _inspect.page(x, k, state, 0, _p._int("count", count, 1, 1000), group)
-        now_ms = int(x.run(_p._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)))
+        page = _inspect.page(x, k, state, 0, _k._int("count", count, 1, 1000), group)
+        now_ms = int(x.run(_k._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)))
         return now_ms, _console.rows(x, k, page.items, page.state)
 
     now_ms, rows = _run(ctx, read)
@@ -1214,7 +1215,7 @@ def change_priority(ctx: click.Context, queue: str, job_id: str, priority: int) 
     "ID: priority P", "ID: gone" or "ID: not waiting or scheduled" and exits 1 unless set."""
     try:
         keyspace.check_id(job_id)
-        _p._priority(priority)
+        _k._priority(priority)
     except EchoMQError as exc:
         _fail(str(exc))
     q = _existing(ctx, queue)
@@ -1246,7 +1247,7 @@ def limit(ctx: click.Context, queue: str, n: str, create: bool) -> None:
     if n.lower() != "none":
         try:
             value = int(n)
-            _p._int("n", value, 1)
+            _k._int("n", value, 1)
         except (ValueError, EchoMQError):
             _fail(f"N must be a positive integer or 'none', got {n!r}")
     q = _existing(ctx, queue, create=create, verb="limits")
@@ -1580,7 +1581,7 @@ def events(
         click.echo(f"events {'on' if enable else 'off'} for {queue}")
         return
     meta = _p.Keys(queue).meta
-    bound = _run(ctx, lambda: q._x.run(_p._cmd(("HGET", meta, "events"), lambda r: r)))
+    bound = _run(ctx, lambda: q._x.run(_k._cmd(("HGET", meta, "events"), lambda r: r)))
     if not bound:
         # Said on stderr: stdout stays the (empty) list a script reads.
         click.echo(

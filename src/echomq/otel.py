@@ -30,7 +30,7 @@ from echomq import _envelope
 from echomq.hooks import Hooks
 
 if TYPE_CHECKING:
-    from echomq._protocol import Enqueued
+    from echomq._kernel import Enqueued
     from echomq.app import App, Task
     from echomq.context import JobContext
 

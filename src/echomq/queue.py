@@ -12,6 +12,7 @@ from types import TracebackType
 
 from echomq import _compose as _c
 from echomq import _control as _ctl
+from echomq import _kernel as _k
 from echomq import _observe as _o
 from echomq import _protocol as _p
 from echomq import _registry as _reg
@@ -26,8 +27,8 @@ from echomq._connect import (
     sync_client,
 )
 from echomq._executor import AsyncExecutor, SyncExecutor
+from echomq._kernel import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq._native import resolve_executor
-from echomq._protocol import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
 from echomq._waiters import ResultWaiters
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
@@ -43,7 +44,7 @@ def _replay_ms(retry_for: float) -> int:
     """How long the server remembers an enqueue for its resends (0: it is never resent)."""
     if not retry_for > 0:
         return 0
-    return int(min((retry_for + _REPLAY_SLACK_S) * 1000, _p.MAX_MS))
+    return int(min((retry_for + _REPLAY_SLACK_S) * 1000, _k.MAX_MS))
 
 
 def _durable(url: str | None, durable: int | bool | None) -> int:
@@ -303,7 +304,7 @@ class Queue:
         meanwhile is not taken a second time; one moved or removed by someone else is skipped)."""
         if state not in ("dead", "completed"):
             raise InvalidArgument(f"reprocess_all takes dead or completed, got {state!r}")
-        _p._when(delay_ms, at_ms)  # the options are refused before any I/O
+        _k._when(delay_ms, at_ms)  # the options are refused before any I/O
         seen: set[str] = set()
         moved = 0
         while batch := [j for j in self.browse(state, 1000) if j not in seen]:
@@ -828,7 +829,7 @@ class AsyncQueue:
         meanwhile is not taken a second time; one moved or removed by someone else is skipped)."""
         if state not in ("dead", "completed"):
             raise InvalidArgument(f"reprocess_all takes dead or completed, got {state!r}")
-        _p._when(delay_ms, at_ms)  # the options are refused before any I/O
+        _k._when(delay_ms, at_ms)  # the options are refused before any I/O
         seen: set[str] = set()
         moved = 0
         while batch := [j for j in await self.browse(state, 1000) if j not in seen]:

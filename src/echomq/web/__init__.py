@@ -69,6 +69,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from echomq import _console, _envelope, _inspect, _registry, ids, keyspace
+from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq._connect import TRANSIENT
 from echomq._executor import SyncExecutor, sync_client
@@ -960,7 +961,7 @@ class _PastTheEnd(EchoMQError):
 
 
 def _cmd_time() -> Any:
-    return _p._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)
+    return _k._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)
 
 
 class _Static:
