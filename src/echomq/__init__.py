@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from echomq import ids, keyspace
 from echomq._compose import FlowAdded, FlowJob, Repeat
-from echomq._kernel import WIRE_VERSION, Enqueued, Job
+from echomq._kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
 from echomq._observe import Event
 from echomq._registry import HeldJob, WorkerInfo
 from echomq.app import App, Task
@@ -57,6 +57,7 @@ __all__ = [
     "App",
     "AsyncQueue",
     "BadArguments",
+    "Completed",
     "Discard",
     "DurabilityError",
     "EchoMQError",
@@ -81,9 +82,11 @@ __all__ = [
     "RateLimit",
     "RateLimited",
     "Repeat",
+    "Retried",
     "Retry",
     "ServerNotRunning",
     "ServerUnreachable",
+    "Settled",
     "StaleToken",
     "StateError",
     "Task",

@@ -59,15 +59,13 @@ from echomq._kernel import (
     _int,
     _iterable,
     _lease,
-    _payload,
     _s,
     _str_list,
-    _text,
     _token,
     check_dedup,
     dedup_args,
 )
-from echomq.errors import InvalidArgument, JobFailed, JobGone
+from echomq.errors import InvalidArgument, JobFailed
 
 __all__ = [
     "DEDUP_MODES",
@@ -76,7 +74,6 @@ __all__ = [
     "cancel",
     "check_dedup",
     "clear_rate_limit",
-    "complete",
     "dedup_args",
     "dedup_holder",
     "extend_leases",
@@ -89,7 +86,6 @@ __all__ = [
     "rearm",
     "result",
     "result_key",
-    "retry",
     "split_flags",
     "wait",
     "wait_deadline",
@@ -140,46 +136,6 @@ def _keep(value: object) -> int:
 
 
 # --------------------------------------------------------------------------- results (D17)
-
-
-def complete(
-    k: Keys, id: str, token: int, result: bytes | str | None = None, keep_result_ms: int = 0
-) -> Call[None]:
-    """complete.lua with ``keep_result_ms``: > 0 keeps ``result`` for that long."""
-    keep = _keep(keep_result_ms)
-    res = b"" if result is None else _payload(result, k.max_payload)
-    keys = (k.active, k.job(id))
-    return _call("complete", keys, (k.base, id, _token(token), res, keep), _gone_if_zero(id))
-
-
-def retry(
-    k: Keys,
-    id: str,
-    token: int,
-    *,
-    delay_ms: int,
-    max_attempts: int,
-    error: str,
-    keep_result_ms: int = 0,
-) -> Call[str]:
-    """retry.lua with ``keep_result_ms``: a dead-letter keeps its error that long."""
-
-    def decode(reply: Any) -> str:
-        if reply == 0:
-            raise JobGone(id)
-        return _s(reply)
-
-    keys = (k.active, k.schedule, k.dead, k.job(id))
-    args = (
-        k.base,
-        id,
-        _token(token),
-        _int("delay_ms", delay_ms, 0, MAX_MS),
-        _int("max_attempts", max_attempts, 1),
-        _text("error", error),
-        _keep(keep_result_ms),
-    )
-    return _call("retry", keys, args, decode)
 
 
 def _decode_result(id: str, reply: Any) -> Result | None:

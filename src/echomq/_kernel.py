@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, Union
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, Union
 
 from echomq import keyspace
 from echomq._scripts import SCRIPTS, Script
@@ -110,6 +110,31 @@ class Settled:
     # D21: when the claim part got nothing because a rate limit holds jobs back, the ms until
     # its window reopens (the claim's own answer, no second round trip); else 0.
     rate_limited_ms: int = 0
+
+
+class Completed(NamedTuple):
+    """One finished job for ``settle``: fenced on ``token`` as ``complete`` is; with
+    ``keep_result_ms`` > 0 its ``result`` is kept that long (D17). A plain ``(id, token)``
+    or ``(id, token, result, keep_result_ms)`` tuple is accepted too."""
+
+    id: str
+    token: int
+    result: bytes | str | None = None
+    keep_result_ms: int = 0
+
+
+class Retried(NamedTuple):
+    """One failed attempt for ``settle``: back to schedule after ``delay_ms``, or dead at
+    ``max_attempts`` (this incarnation's attempts), fenced on ``token`` as ``retry`` is;
+    ``keep_result_ms`` > 0: a dead-letter keeps its error that long (D17). A plain 5- or
+    6-tuple in this order is accepted too."""
+
+    id: str
+    token: int
+    delay_ms: int
+    max_attempts: int
+    error: str
+    keep_result_ms: int = 0
 
 
 class Keys:

@@ -23,11 +23,13 @@ from echomq._kernel import (
     WIRE_VERSION,
     Arg,
     Call,
+    Completed,
     Enqueued,
     Job,
     Keys,
     Plan,
     Replay,
+    Retried,
     Settled,
     _call,
     _cmd,
@@ -62,11 +64,13 @@ __all__ = [
     "STATES",
     "WIRE_VERSION",
     "Call",
+    "Completed",
     "Enqueued",
     "Job",
     "Keys",
     "Plan",
     "Replay",
+    "Retried",
     "Settled",
 ]
 
@@ -374,15 +378,29 @@ def claim_batch(k: Keys, n: int, lease_ms: int = 30_000) -> Call[list[Job]]:
     return _call("claim_batch", (k.meta, k.ring, k.active), args, decode)
 
 
-def complete(k: Keys, id: str, token: int, result: bytes | str | None = None) -> Call[None]:
+def complete(
+    k: Keys, id: str, token: int, result: bytes | str | None = None, keep_result_ms: int = 0
+) -> Call[None]:
+    """complete.lua: the job is done; ``keep_result_ms`` > 0 keeps ``result`` that long (D17)."""
+    keep = _int("keep_result_ms", keep_result_ms, 0, MAX_MS)
     res = b"" if result is None else _payload(result, k.max_payload)
     keys = (k.active, k.job(id))
-    return _call("complete", keys, (k.base, id, _token(token), res), _gone_if_zero(id))
+    return _call("complete", keys, (k.base, id, _token(token), res, keep), _gone_if_zero(id))
 
 
 def retry(
-    k: Keys, id: str, token: int, *, delay_ms: int, max_attempts: int, error: str
+    k: Keys,
+    id: str,
+    token: int,
+    *,
+    delay_ms: int,
+    max_attempts: int,
+    error: str,
+    keep_result_ms: int = 0,
 ) -> Call[str]:
+    """retry.lua: back to schedule after ``delay_ms``, or dead at ``max_attempts`` (this
+    incarnation's attempts); ``keep_result_ms`` > 0: a dead-letter keeps its error that long."""
+
     def decode(reply: Any) -> str:
         if reply == 0:
             raise JobGone(id)
@@ -396,6 +414,7 @@ def retry(
         _int("delay_ms", delay_ms, 0, MAX_MS),
         _int("max_attempts", max_attempts, 1),
         _text("error", error),
+        _int("keep_result_ms", keep_result_ms, 0, MAX_MS),
     )
     return _call("retry", keys, args, decode)
 
@@ -436,19 +455,38 @@ def _verdict(job_id: str, reply: Any) -> Any:
     return None if reply == 1 else reply
 
 
+def _completed(item: object) -> Completed:
+    if isinstance(item, Completed):
+        return item
+    if not isinstance(item, tuple) or len(item) not in (2, 4):
+        raise InvalidArgument(f"completed takes (id, token) pairs, got {item!r}")
+    return Completed(*item)
+
+
+def _retried(item: object) -> Retried:
+    if isinstance(item, Retried):
+        return item
+    if not isinstance(item, tuple) or len(item) not in (5, 6):
+        raise InvalidArgument(
+            f"retried takes (id, token, delay_ms, max_attempts, error), got {item!r}"
+        )
+    return Retried(*item)
+
+
 def settle(
     k: Keys,
-    completed: Iterable[tuple[str, int]] = (),
-    retried: Iterable[tuple[str, int, int, int, str]] = (),
+    completed: Iterable[Completed | tuple[Any, ...]] = (),
+    retried: Iterable[Retried | tuple[Any, ...]] = (),
     n: int = 0,
     lease_ms: int = 30_000,
 ) -> Call[Settled]:
     """Complete and retry finished jobs and claim up to ``n`` more, in one script call.
 
-    ``completed`` items are ``(id, token)``, or ``(id, token, result, keep_result_ms)`` to
-    keep a result (D17); ``retried`` items are ``(id, token, delay_ms, max_attempts, error)``,
-    plus an optional ``keep_result_ms`` (a dead-letter keeps its error that long); every
-    settle is fenced on its own token exactly as ``complete``/``retry`` are.
+    ``completed`` items are :class:`Completed` records (or their plain tuples: ``(id,
+    token)``, ``(id, token, result, keep_result_ms)``); ``retried`` items are
+    :class:`Retried` records (or ``(id, token, delay_ms, max_attempts, error[,
+    keep_result_ms])``). Every settle is fenced on its own token exactly as
+    ``complete``/``retry`` are.
     """
     done: list[str] = []
     args: list[Arg] = [k.base, _lease(lease_ms), _int("n", n, 0, 1_000_000), 0]
@@ -458,19 +496,18 @@ def settle(
     # Where each input's verdict sits in the reply (the script answers the plain pairs first,
     # then the result-keeping ones): Settled.completed follows the caller's order.
     at: list[tuple[bool, int]] = []
-    for pair in _iterable("completed", completed):
-        if not isinstance(pair, tuple) or len(pair) not in (2, 4):
-            raise InvalidArgument(f"completed takes (id, token) pairs, got {pair!r}")
-        if len(pair) == 4 and _int("keep_result_ms", pair[3], 0, MAX_MS) > 0:
+    for item in _iterable("completed", completed):
+        c = _completed(item)
+        if _int("keep_result_ms", c.keep_result_ms, 0, MAX_MS) > 0:
             at.append((True, len(kept_ids)))
-            kept_ids.append(keyspace.check_id(pair[0]))
-            value = b"" if pair[2] is None else _payload(pair[2], k.max_payload)
-            kept_pairs += (pair[0], _token(pair[1]))
-            kept += (value, pair[3])
+            kept_ids.append(keyspace.check_id(c.id))
+            value = b"" if c.result is None else _payload(c.result, k.max_payload)
+            kept_pairs += (c.id, _token(c.token))
+            kept += (value, c.keep_result_ms)
             continue
         at.append((False, len(done)))
-        done.append(keyspace.check_id(pair[0]))
-        args += (pair[0], _token(pair[1]))
+        done.append(keyspace.check_id(c.id))
+        args += (c.id, _token(c.token))
     # The pairs that keep a result go last, their (result, keep_result_ms) after ("c:r", D17).
     args[3] = f"{len(done) + len(kept_ids)}:{len(kept_ids)}" if kept_ids else len(done)
     args += kept_pairs + kept
@@ -479,20 +516,16 @@ def settle(
     order = [plain + j if keeps else j for keeps, j in at]
     again: list[str] = []
     for item in _iterable("retried", retried):
-        if not isinstance(item, tuple) or len(item) not in (5, 6):
-            raise InvalidArgument(
-                f"retried takes (id, token, delay_ms, max_attempts, error), got {item!r}"
-            )
-        job_id, token, delay_ms, max_attempts, error = item[:5]
-        keep = _int("keep_result_ms", item[5], 0, MAX_MS) if len(item) == 6 else 0
-        again.append(keyspace.check_id(job_id))
-        ceiling = _int("max_attempts", max_attempts, 1)
+        r = _retried(item)
+        keep = _int("keep_result_ms", r.keep_result_ms, 0, MAX_MS)
+        again.append(keyspace.check_id(r.id))
+        ceiling = _int("max_attempts", r.max_attempts, 1)
         args += (
-            job_id,
-            _token(token),
-            _int("delay_ms", delay_ms, 0, MAX_MS),
+            r.id,
+            _token(r.token),
+            _int("delay_ms", r.delay_ms, 0, MAX_MS),
             f"{ceiling}:{keep}" if keep else ceiling,
-            _text("error", error),
+            _text("error", r.error),
         )
 
     def decode(reply: Any) -> Settled:

@@ -21,7 +21,7 @@ from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
 from echomq._executor import AsyncExecutor
-from echomq._kernel import Call, Keys
+from echomq._kernel import Call, Completed, Keys, Retried
 from echomq._logfmt import warn_repeated
 from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
@@ -217,15 +217,13 @@ class QueueLoop:
     def settle_call(self, settles: list[Settle], want: int) -> Call[_p.Settled]:
         """One ``settle`` script call: the completions, the retries (and deaths), a claim."""
         # A task that keeps results sends its result and TTL (D17); the others send pairs.
-        completed: list[tuple[Any, ...]] = [
-            (s.job_id, s.token, s.result, s.keep_ms) if s.keep_ms else (s.job_id, s.token)
+        completed = [
+            Completed(s.job_id, s.token, s.result, s.keep_ms)
             for s in settles
             if s.kind == "completed"
         ]
-        retried: list[tuple[Any, ...]] = [
-            (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error, s.keep_ms)
-            if s.keep_ms
-            else (s.job_id, s.token, s.delay_ms, s.max_attempts, s.error)
+        retried = [
+            Retried(s.job_id, s.token, s.delay_ms, s.max_attempts, s.error, s.keep_ms)
             for s in settles
             if s.kind != "completed"
         ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from types import TracebackType
+from typing import Any
 
 from echomq import _compose as _c
 from echomq import _control as _ctl
@@ -27,7 +28,7 @@ from echomq._connect import (
     sync_client,
 )
 from echomq._executor import AsyncExecutor, SyncExecutor
-from echomq._kernel import DEFAULT_MAX_PAYLOAD, Enqueued, Job, Settled
+from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled
 from echomq._native import resolve_executor
 from echomq._waiters import ResultWaiters
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
@@ -223,7 +224,7 @@ class Queue:
     ) -> None:
         """Settle a held job as done (deletes its row); refuses a stale token.
         ``keep_result_ms > 0`` keeps ``result`` that long for ``result``/``wait`` (D17)."""
-        return self._x.run(_ctl.complete(self._k, id, token, result, keep_result_ms))
+        return self._x.run(_p.complete(self._k, id, token, result, keep_result_ms))
 
     def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
         """Complete many held jobs in one call; returns the ids refused (gone or stale)."""
@@ -232,8 +233,8 @@ class Queue:
     def settle(
         self,
         *,
-        completed: Iterable[tuple[str, int]] = (),
-        retried: Iterable[tuple[str, int, int, int, str]] = (),
+        completed: Iterable[Completed | tuple[Any, ...]] = (),
+        retried: Iterable[Retried | tuple[Any, ...]] = (),
         n: int = 0,
         lease_ms: int = 30_000,
     ) -> Settled:
@@ -253,7 +254,7 @@ class Queue:
         """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling
         (``keep_result_ms > 0``: the dead-letter keeps its error that long, D17)."""
         return self._x.run(
-            _ctl.retry(
+            _p.retry(
                 self._k,
                 id,
                 token,
@@ -746,7 +747,7 @@ class AsyncQueue:
     ) -> None:
         """Settle a held job as done (deletes its row); refuses a stale token.
         ``keep_result_ms > 0`` keeps ``result`` that long for ``result``/``wait`` (D17)."""
-        return await self._x.run(_ctl.complete(self._k, id, token, result, keep_result_ms))
+        return await self._x.run(_p.complete(self._k, id, token, result, keep_result_ms))
 
     async def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
         """Complete many held jobs in one call; returns the ids refused (gone or stale)."""
@@ -755,8 +756,8 @@ class AsyncQueue:
     async def settle(
         self,
         *,
-        completed: Iterable[tuple[str, int]] = (),
-        retried: Iterable[tuple[str, int, int, int, str]] = (),
+        completed: Iterable[Completed | tuple[Any, ...]] = (),
+        retried: Iterable[Retried | tuple[Any, ...]] = (),
         n: int = 0,
         lease_ms: int = 30_000,
     ) -> Settled:
@@ -776,7 +777,7 @@ class AsyncQueue:
         """Settle a failed attempt: ``'scheduled'`` for another try, ``'dead'`` at the ceiling
         (``keep_result_ms > 0``: the dead-letter keeps its error that long, D17)."""
         return await self._x.run(
-            _ctl.retry(
+            _p.retry(
                 self._k,
                 id,
                 token,
