@@ -794,8 +794,9 @@ class ModelMachine(RuleBasedStateMachine):
     def trim_dead(self, qi: int) -> None:
         """The model's keep_dead trim after a step that dead-lettered on queue qi. The dead
         set is scored by the server's time of death (D25): the model reads those times back
-        (it cannot know the clock). A death this step's own trim removed has no score left;
-        it died after the previous step was checked (``t_prev``), so it takes t_prev - 0.5:
+        (it cannot know the clock). A death of an earlier step keeps the time read when that
+        step was checked. A death this step's own trim removed has no score left; it died
+        after the previous step was checked (``t_prev``), so it takes t_prev - 0.5:
         above every death before that instant, below every death since, where a fresh death
         must outrank it only by its own time -- the model still catches a trim that drops a
         fresh death while an older one stays."""
@@ -806,7 +807,10 @@ class ModelMachine(RuleBasedStateMachine):
         for jid, j in m.jobs.items():
             if j.state == "dead":
                 s = on.get(jid.encode())
-                j.died = float(s) if s is not None else self.t_prev - 0.5
+                if s is not None:
+                    j.died = float(s)
+                elif not j.died:  # a death of an earlier step keeps the time checked then
+                    j.died = self.t_prev - 0.5
         m.trim_dead()
 
     def do_retry(
@@ -1177,6 +1181,7 @@ class ModelMachine(RuleBasedStateMachine):
         note(f"reprocess: {j.state if j else 'gone'}{' with a result' if jid in m.results else ''}")
         if j is not None and err is None:
             j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
+            j.died = 0  # a new incarnation: its next death is read afresh (D25)
             j.floor = j.attempts
             j.expires, j.expired = None, False  # issue 24: a reprocess starts without a ttl
             m.results.pop(jid, None)
