@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from echomq import _produce, ids
 from echomq import _protocol as _p
-from echomq import ids
 from echomq._kernel import Call, Enqueued, Keys, Replay
 from echomq.errors import InvalidArgument, InvalidId
 
@@ -222,18 +222,18 @@ def test_replay_nonces_ignore_the_apps_random_seed_and_differ_after_fork() -> No
     import random
 
     random.seed(7)
-    first = _p._nonce()
+    first = _produce._nonce()
     random.seed(7)
-    assert _p._nonce() != first
+    assert _produce._nonce() != first
     assert len(first) == 12 and int(first, 16) >= 0
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its generator was reseeded at fork
-        os.write(write, _p._nonce().encode())
+        os.write(write, _produce._nonce().encode())
         os._exit(0)
     os.close(write)
     child = os.read(read, 64).decode()
     os.close(read)
     os.waitpid(pid, 0)
-    assert child != _p._nonce()
+    assert child != _produce._nonce()
     assert len(child) == 12

@@ -13,8 +13,8 @@ import redis
 
 import echomq
 from echomq import _kernel as _k
+from echomq import _produce, ids
 from echomq import _protocol as _p
-from echomq import ids
 from echomq._kernel import Replay
 from echomq._scripts import SCRIPTS
 
@@ -55,7 +55,7 @@ def test_a_resend_finds_its_marker_after_the_job_completed_and_the_clock_moved(
 ) -> None:
     """The resend names the second its first copy named, not the clock's at the resend."""
     clock = [1_800_000_000]
-    monkeypatch.setattr(_p, "_second", lambda: clock[0])
+    monkeypatch.setattr(_produce, "_second", lambda: clock[0])
     plan = _p.enqueue(q._k, b"x", replay_ms=60_000)
     first = next(plan)
     assert q._x.call(first) == "enqueued"  # it landed; say its reply was lost
@@ -82,9 +82,9 @@ def test_the_ttl_flag_goes_until_a_call_to_that_key_admitted(
     answers enqueued or scheduled; not after; again in a new second or for another key."""
     clock = [1_900_000_000]
     keys = iter(["ab", "ab", "ab", "cd", "ab"])
-    monkeypatch.setattr(_p, "_second", lambda: clock[0])
-    monkeypatch.setattr(_p, "_bucket", lambda scope, second: next(keys))
-    monkeypatch.setattr(_p, "_marker_ttls", {})
+    monkeypatch.setattr(_produce, "_second", lambda: clock[0])
+    monkeypatch.setattr(_produce, "_bucket", lambda scope, second: next(keys))
+    monkeypatch.setattr(_produce, "_marker_ttls", {})
     k = _p.Keys("ttlflag")
 
     def send(answer: str) -> str:
@@ -130,10 +130,10 @@ def test_a_second_s_calls_spread_over_one_key_per_64(monkeypatch: pytest.MonkeyP
     """The nonce prefix that names a marker's key: one key for a slow producer (its TTL is
     written once, not on most calls), about one per 64 calls at a higher rate, from the
     rate of the second before at once, at most 256."""
-    monkeypatch.setattr(_p, "_rates", {})
+    monkeypatch.setattr(_produce, "_rates", {})
 
     def prefixes(second: int, n: int) -> list[str]:
-        return [_p._bucket("scope", second) for _ in range(n)]
+        return [_produce._bucket("scope", second) for _ in range(n)]
 
     assert set(prefixes(100, 64)) == {"00"}  # the first 64 of a second share one key
     used = prefixes(100, 936)  # 1,000 in that second in all

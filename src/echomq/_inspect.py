@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from echomq import _kernel as _k
-from echomq import _observe, ids, keyspace
+from echomq import _observe, _reads, ids, keyspace
 from echomq import _protocol as _p
 from echomq._connect import TRANSIENT, Budget
 from echomq._executor import SyncExecutor
@@ -325,7 +325,7 @@ def page(
     x: SyncExecutor, k: Keys, state: str, offset: int = 0, limit: int = 50, group: str | None = None
 ) -> PageView:
     """One page of a state's set, newest first (as ``browse``), with its total size."""
-    key, lexical = _p._state_key(k, state)
+    key, lexical = _reads._state_key(k, state)
     off = _k._int("offset", offset, 0, 10**9)
     n = _k._int("limit", limit, 1, 1000)
     if group is not None:
