@@ -23,7 +23,8 @@ from redis.cluster import RedisCluster
 
 import echomq
 from echomq import _connect, _redispy
-from echomq.cli import _server_for, main
+from echomq.cli import main
+from echomq.cli._common import _server_for
 from echomq.errors import InvalidArgument
 from echomq.server import EmbeddedServer
 
@@ -154,7 +155,7 @@ def test_cli_url_flag_and_environment(home: Path, monkeypatch: pytest.MonkeyPatc
     @main.command("_probe_url", hidden=True)
     @click.pass_context
     def probe(ctx: click.Context) -> None:
-        from echomq.cli import _url
+        from echomq.cli._common import _url
 
         seen.append(_url(ctx))
 

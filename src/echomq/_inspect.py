@@ -110,6 +110,16 @@ def riding_out(x: SyncExecutor, read: Callable[[], T], within_s: float) -> T:
             time.sleep(delay)
 
 
+def queue_exists(client: Any, name: str) -> bool:
+    """Whether any key of queue ``name`` exists: one EXISTS over its registry of key types
+    (PROTOCOL §1.3), then a SCAN for the rest (job rows, lane sets) when none does."""
+    keys = [keyspace.queue_key(name, t) for t in sorted(keyspace.QUEUE_TYPES)]
+    if int(client.execute_command("EXISTS", *keys)):
+        return True
+    # A queue name matches [A-Za-z0-9._-]: nothing in it is a glob character.
+    return any(True for _ in client.scan_iter(match=f"emq:{{{name}}}:*", count=1000))
+
+
 def discover(client: Any) -> list[str]:
     """Every queue with at least one key on the server (SCAN; never KEYS)."""
     names: set[str] = set()
