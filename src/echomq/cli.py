@@ -1609,13 +1609,16 @@ def events(
 @click.argument("queue")
 @click.pass_context
 def repeats(ctx: click.Context, queue: str) -> None:
-    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC, or "ended" for a
-    spent one), schedule, and its limits with the fires counted."""
+    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC, "paused" for a
+    paused one, "ended" for a spent one), schedule, its limits with the fires counted, and
+    its last fire (UTC)."""
     import datetime as _dt
 
     q = _queue(ctx, queue)
     for rep in _run(ctx, q.repeats):
-        if rep.next_ms is None:  # spent: its limit reached or its end passed (issue 24)
+        if rep.paused:  # issue 26: it fires no more until resume-repeat
+            at = "paused"
+        elif rep.next_ms is None:  # spent: its limit reached or its end passed (issue 24)
             at = "ended"
         else:
             when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
@@ -1624,6 +1627,9 @@ def repeats(ctx: click.Context, queue: str) -> None:
         shown: list[tuple[str, object]] = [("group", rep.group), ("owner", rep.owner)]
         if rep.limit is not None or rep.until_ms is not None:
             shown += [("limit", rep.limit), ("until_ms", rep.until_ms), ("fired", rep.fired)]
+        if rep.last_ms is not None:
+            last = _dt.datetime.fromtimestamp(rep.last_ms / 1000, _dt.timezone.utc)
+            shown.append(("last", last.isoformat(timespec="milliseconds")))
         extra = "".join(f" {k}={v}" for k, v in shown if v is not None and v != "")
         click.echo(f"{rep.name} {at} {sched}{extra}")
 
@@ -1639,6 +1645,34 @@ def unrepeat(ctx: click.Context, queue: str, name: str) -> None:
         click.echo(f"{name}: not registered", err=True)
         sys.exit(1)
     click.echo(f"{name}: removed")
+
+
+@main.command("pause-repeat")
+@click.argument("queue")
+@click.argument("name")
+@click.pass_context
+def pause_repeat(ctx: click.Context, queue: str, name: str) -> None:
+    """Pause the repeatable job NAME of QUEUE: it fires no more until resume-repeat, and a
+    worker start registering it again keeps it paused (exit 1 when it is not registered)."""
+    q = _queue(ctx, queue)
+    if not _run(ctx, lambda: q.pause_repeat(name)):
+        click.echo(f"{name}: not registered", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: paused")
+
+
+@main.command("resume-repeat")
+@click.argument("queue")
+@click.argument("name")
+@click.pass_context
+def resume_repeat(ctx: click.Context, queue: str, name: str) -> None:
+    """Resume the paused repeatable job NAME of QUEUE: its next fire is computed from now
+    (exit 1 when it is not registered)."""
+    q = _queue(ctx, queue)
+    if not _run(ctx, lambda: q.resume_repeat(name)):
+        click.echo(f"{name}: not registered", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: resumed")
 
 
 @main.command()
