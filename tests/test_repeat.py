@@ -564,6 +564,8 @@ def test_periodic_bad_schedule_is_refused_at_decoration(url: str) -> None:
 # --------------------------------------------------------------------------- pause (issue 26)
 
 
+# The native executor sends both scripts as EVALSHA (no twin, like run_now).
+@pytest.mark.executors
 def test_pause_keeps_the_spec_and_never_fires_resume_starts_from_now(
     anyq: Any, r: redis.Redis
 ) -> None:
@@ -604,6 +606,7 @@ def test_pause_keeps_the_spec_and_never_fires_resume_starts_from_now(
     assert anyq.check() == []
 
 
+@pytest.mark.executors
 def test_resume_of_a_cron_repeat_computes_the_next_fire_after_now(
     anyq: Any, r: redis.Redis
 ) -> None:
@@ -652,6 +655,7 @@ def test_resume_refuses_a_spec_changed_in_between(q: echomq.Queue, r: redis.Redi
     assert snapshot(r, q.name) == before
 
 
+@pytest.mark.executors
 def test_pause_and_resume_of_an_unknown_or_bad_name(q: echomq.Queue, r: redis.Redis) -> None:
     before = snapshot(r, q.name)
     assert q.pause_repeat("nope") is False
