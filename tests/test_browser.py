@@ -247,7 +247,13 @@ def test_console_pages_and_actions_in_a_browser(
             echomq.FlowJob(
                 b'["assemble", ["book"]]',
                 children=[
-                    echomq.FlowJob(b'["chapter", [1]]', group="paused-lane"),
+                    echomq.FlowJob(
+                        b'["chapter", [1]]',
+                        children=[
+                            echomq.FlowJob(b'["page", [1]]', group="paused-lane"),
+                            echomq.FlowJob(b'["page", [2]]', group="paused-lane"),
+                        ],
+                    ),
                     echomq.FlowJob(b'["chapter", [2]]', group="paused-lane"),
                 ],
             )
@@ -373,9 +379,11 @@ def test_console_pages_and_actions_in_a_browser(
         browser.get(f"{base}/queues/{qname}/flows")
         tree = browser.find_element(By.ID, "flows").text
         assert flow.parent_id in tree and "assemble" in tree and "2 of 2 children" in tree
-        for kid in flow.child_ids:
-            item = browser.find_element(By.CSS_SELECTOR, f'li[data-child="{kid}"]').text
-            assert "chapter" in item and "pending" in item
+        inner, leaf = flow.child_ids
+        item = browser.find_element(By.CSS_SELECTOR, f'li[data-child="{inner}"]').text
+        assert "chapter" in item and "awaiting_children" in item and item.count("page") == 2
+        item = browser.find_element(By.CSS_SELECTOR, f'li[data-child="{leaf}"]').text
+        assert "chapter" in item and "pending" in item
         _shot(browser, tmp_path, "flows")
 
         # The charts: completed and failed per minute, depth, oldest waiting.
@@ -407,8 +415,8 @@ def test_console_pages_and_actions_in_a_browser(
 
         # The pending list, paged, then the lane's list; an unknown queue is a 404 page.
         browser.get(f"{base}/queues/{qname}?state=pending&lane=paused-lane&per=10")
-        # three waiting jobs, the two flow children and the vip job
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 6
+        # three waiting jobs, the three flow leaves and the vip job
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 7
 
         # Cancel all (confirmed): nothing waits or is scheduled afterwards.
         browser.get(f"{base}/queues/{qname}")
