@@ -722,6 +722,10 @@ def test_repeats_page_pauses_resumes_and_shows_the_last_fire(
     assert snapshot(r, q.name) == kept
 
 
+def pages_of(tree: dict[str, Any]) -> set[str]:
+    return {p["id"] for p in tree["chapter"]["children"]}
+
+
 def test_flows_page_shows_the_tree_of_children_with_their_states(url: str, q: echomq.Queue) -> None:
     from echomq import FlowJob
 
@@ -750,6 +754,8 @@ def test_flows_page_shows_the_tree_of_children_with_their_states(url: str, q: ec
         tree = {c["task"]: c for c in root["tree"]}
         assert set(tree) == {"chapter", "cover"}
         assert tree["chapter"]["state"] == "awaiting_children"
+        assert tree["chapter"]["waiting"] == (1 if job.id in pages_of(tree) else 2)
+        assert tree["cover"]["waiting"] is None
         pages = {p["id"]: p["state"] for p in tree["chapter"]["children"]}
         assert len(pages) == 2
         assert job.id in pages or job.id == tree["cover"]["id"]

@@ -377,6 +377,7 @@ class FlowChild:
     task: str | None = None
     detail: str = ""
     children: list[FlowChild] = field(default_factory=list)
+    waiting: int | None = None  # an inner node's children not settled yet (its `deps`)
 
 
 @dataclass
@@ -520,12 +521,13 @@ def _kids(
             jk = k.job(kid)
             calls += [
                 _cmd(("HMGET", jk, "state", "payload", "parent", "kids"), list),
+                _cmd(("GET", jk + ":deps"), lambda r: r),
                 *_records(jk),
             ]
         replies = [_inspect._raise(r) for r in x.pipeline(calls)] if calls else []
         level = []
         for j, (p, into, kid, rec) in enumerate(batch):
-            (state, payload, parent, more), done, failed, ignored = replies[j * 4 : j * 4 + 4]
+            (state, payload, parent, more), deps, done, failed, ignored = replies[j * 5 : j * 5 + 5]
             if state is not None and _s(parent or b"") != p:
                 into.append(FlowChild(kid, "elsewhere"))  # the id lives again, not here
                 continue
@@ -535,6 +537,8 @@ def _kids(
                 continue
             task, _args = preview(serializer, payload)
             child = FlowChild(kid, _s(state), task, rec.get(kid, ("", ""))[1])
+            if deps is not None:
+                child.waiting = int(_s(deps))
             into.append(child)
             if more:
                 mine = {c: ("completed", _cut(v, 60)) for c, v in done.items()}
