@@ -239,6 +239,7 @@ def test_console_pages_and_actions_in_a_browser(
         dead = [send_invoice.enqueue(f"bad-{i}", -1 - i).id for i in range(4)]
         held = render_video.enqueue("intro.mp4").id
         later = send_invoice.options(delay_ms=3_600_000).enqueue("later", 5).id
+        moved = send_invoice.options(delay_ms=3_600_000).enqueue("moved", 8).id
         q.pause_lane("paused-lane")  # the flow's children wait there: its parent too
         q.repeat("nightly-report", b'["report", []]', cron="0 3 * * *")
         q.repeat("heartbeat", b'["beat", []]', every_ms=60_000)
@@ -246,7 +247,13 @@ def test_console_pages_and_actions_in_a_browser(
             echomq.FlowJob(
                 b'["assemble", ["book"]]',
                 children=[
-                    echomq.FlowJob(b'["chapter", [1]]', group="paused-lane"),
+                    echomq.FlowJob(
+                        b'["chapter", [1]]',
+                        children=[
+                            echomq.FlowJob(b'["page", [1]]', group="paused-lane"),
+                            echomq.FlowJob(b'["page", [2]]', group="paused-lane"),
+                        ],
+                    ),
                     echomq.FlowJob(b'["chapter", [2]]', group="paused-lane"),
                 ],
             )
@@ -321,6 +328,30 @@ def test_console_pages_and_actions_in_a_browser(
         browser.find_element(By.ID, "retry-now").click()
         wait_for(lambda: q.job_state(later) == "completed", 20)  # it ran (history is kept)
 
+        # Reschedule a scheduled job (seconds from now), then edit its payload (the text as
+        # shown: this dashboard has no App, so the bytes are the text's).
+        browser.get(f"{base}/queues/{qname}/jobs/{moved}")
+        t0 = int(time.time() * 1000)
+        browser.find_element(By.ID, "reschedule-delay_s").send_keys("120")
+        browser.find_element(By.ID, "reschedule").click()
+        runs = f"emq:{{{qname}}}:schedule"
+        wait_for(lambda: (q.client.zscore(runs, moved) or 0) < t0 + 3_600_000 - 60_000, 10)
+        assert t0 + 115_000 <= q.client.zscore(runs, moved) <= t0 + 130_000
+        browser.get(f"{base}/queues/{qname}/jobs/{moved}")
+        browser.find_element(By.CSS_SELECTOR, "#update_payload-edit summary").click()
+        area = browser.find_element(By.ID, "update_payload-payload")
+        assert "moved" in area.get_attribute("value")
+        area.clear()
+        area.send_keys('["send_invoice",["moved",9]]')
+        browser.find_element(By.ID, "update_payload").click()
+        wait_for(
+            lambda: (q.get_job(moved) or {}).get("payload") == b'["send_invoice",["moved",9]]', 10
+        )
+        assert (
+            "moved&quot;,9" in browser.page_source
+            or '"moved",9' in browser.find_element(By.ID, "payload").text
+        )
+
         # Cancel the running job: asked first, then its handler is signalled.
         browser.get(f"{base}/queues/{qname}/jobs/{held}")
         browser.find_element(By.ID, "cancel").click()
@@ -328,18 +359,31 @@ def test_console_pages_and_actions_in_a_browser(
         wait_for(lambda: q.job_state(held) in ("dead", "absent"), 20)
         release.set()
 
-        # The repeats page: both listed; remove one (confirmed).
+        # The repeats page: both listed; pause one (it shows paused), resume it, remove the
+        # other (confirmed).
         browser.get(f"{base}/queues/{qname}/repeats")
         assert "0 3 * * *" in browser.find_element(By.ID, "repeats").text
+        _click(browser, 'tr[data-repeat="nightly-report"] button.pause')
+        wait_for(lambda: [r.paused for r in q.repeats() if r.paused] == [True], 10)
+        row = 'tr[data-repeat="nightly-report"] .repeat-state'
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, row).text == "paused", 10)
         _shot(browser, tmp_path, "repeats")
-        _click(browser, 'tr[data-repeat="heartbeat"] button')
+        _click(browser, 'tr[data-repeat="nightly-report"] button.resume')
+        wait_for(lambda: not any(r.paused for r in q.repeats()), 10)
+        _click(browser, 'tr[data-repeat="heartbeat"] button.remove')
         browser.find_element(By.ID, "confirm").click()
         wait_for(lambda: [r.name for r in q.repeats()] == ["nightly-report"], 10)
+        assert q.repeats()[0].next_ms is not None
 
-        # The flows page: the parent and its children still to settle.
+        # The flows page: the parent and its tree of children, waiting in the paused lane.
         browser.get(f"{base}/queues/{qname}/flows")
         tree = browser.find_element(By.ID, "flows").text
         assert flow.parent_id in tree and "assemble" in tree and "2 of 2 children" in tree
+        inner, leaf = flow.child_ids
+        item = browser.find_element(By.CSS_SELECTOR, f'li[data-child="{inner}"]').text
+        assert "chapter" in item and "awaiting_children" in item and item.count("page") == 2
+        item = browser.find_element(By.CSS_SELECTOR, f'li[data-child="{leaf}"]').text
+        assert "chapter" in item and "pending" in item
         _shot(browser, tmp_path, "flows")
 
         # The charts: completed and failed per minute, depth, oldest waiting.
@@ -371,8 +415,16 @@ def test_console_pages_and_actions_in_a_browser(
 
         # The pending list, paged, then the lane's list; an unknown queue is a 404 page.
         browser.get(f"{base}/queues/{qname}?state=pending&lane=paused-lane&per=10")
-        # three waiting jobs, the two flow children and the vip job
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 6
+        # three waiting jobs, the three flow leaves and the vip job
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")) == 7
+
+        # Cancel all (confirmed): nothing waits or is scheduled afterwards.
+        browser.get(f"{base}/queues/{qname}")
+        browser.find_element(By.ID, "cancel-all").click()
+        assert "Cancel every job" in browser.find_element(By.ID, "confirm-what").text
+        assert q.counts()["pending"] > 0
+        browser.find_element(By.ID, "confirm").click()
+        wait_for(lambda: q.counts()["pending"] == 0 and q.counts()["schedule"] == 0, 10)
         browser.get(f"{base}/queues/no-such-queue")
         assert "no such queue" in browser.find_element(By.ID, "error").text
     finally:

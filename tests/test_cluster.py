@@ -209,6 +209,9 @@ def test_repeats_and_flows_on_cluster(rc: RedisCluster, qname: str) -> None:
                 assert q.children_values(added.parent_id) == {job.id: b"r"}
         assert q.job_state(added.parent_id) == "absent"
         assert q.check() == []
+        # issue 26: pause and resume (the cron one reads its spec and TIME first)
+        assert q.pause_repeat("night") and q.resume_repeat("night")
+        assert all(not rep.paused and rep.next_ms for rep in q.repeats())
         assert q.unrepeat("tick") and q.unrepeat("night")
 
 

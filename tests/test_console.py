@@ -528,3 +528,240 @@ def test_completed_list_and_reprocess_of_a_completed_job(
         f"/api/queues/{q.name}", params={"state": "completed", "find": "render", "by": "task"}
     )
     assert found.json()["find"]["total"] == 0
+
+
+# --------------------------------------------------------------------------- issue 26, more
+
+
+def test_reschedule_a_scheduled_job_from_its_page(
+    url: str, q: echomq.Queue, signed: tuple[TestClient, str], r: redis.Redis
+) -> None:
+    from conftest import server_ms, snapshot
+
+    c, csrf = signed
+    later = q.enqueue(b"x", delay_ms=3_600_000).id
+    page = c.get(f"/queues/{q.name}/jobs/{later}").text
+    assert 'id="reschedule-delay_s"' in page and "seconds from now" in page
+    path = f"/queues/{q.name}/jobs/{later}/reschedule"
+    before = server_ms(r)
+    res = c.post(path, data={"csrf": csrf, "delay_s": "90.5"}, follow_redirects=False)
+    assert res.status_code == 303
+    score = r.zscore(f"emq:{{{q.name}}}:schedule", later)
+    assert score is not None and before + 90_500 <= score <= server_ms(r) + 90_500
+    # Bad input: a 400 page, nothing written.
+    kept = snapshot(r, q.name)
+    for bad in ["", "-1", "soon", "1e3", "1.2345", "9" * 11, "<b>1</b>"]:
+        res = c.post(path, data={"csrf": csrf, "delay_s": bad})
+        assert res.status_code == 400, bad
+        assert "<b>1</b>" not in res.text
+    assert snapshot(r, q.name) == kept
+    # A waiting job is not scheduled: 409, nothing written; an unknown job: 404.
+    waiting = q.enqueue(b"y").id
+    kept = snapshot(r, q.name)
+    res = c.post(f"/queues/{q.name}/jobs/{waiting}/reschedule", data={"csrf": csrf, "delay_s": "5"})
+    assert res.status_code == 409 and snapshot(r, q.name) == kept
+    res = c.post(
+        f"/queues/{q.name}/jobs/JOB00000000000/reschedule", data={"csrf": csrf, "delay_s": "5"}
+    )
+    assert res.status_code == 404
+    # No button for a job that is not scheduled.
+    assert 'id="reschedule"' not in c.get(f"/queues/{q.name}/jobs/{waiting}").text
+
+
+def test_update_payload_as_text_without_an_app(
+    url: str, q: echomq.Queue, signed: tuple[TestClient, str], r: redis.Redis
+) -> None:
+    from conftest import snapshot
+
+    c, csrf = signed
+    jid = q.enqueue(b"old text").id
+    page = c.get(f"/queues/{q.name}/jobs/{jid}").text
+    assert 'id="update_payload-payload"' in page and ">old text</textarea>" in page
+    path = f"/queues/{q.name}/jobs/{jid}/update_payload"
+    res = c.post(path, data={"csrf": csrf, "payload": "new\r\ntext é"}, follow_redirects=False)
+    assert res.status_code == 303
+    assert (q.get_job(jid) or {})["payload"] == "new\ntext é".encode()
+    # An active job's payload cannot change: 409, nothing written.
+    job = q.claim()
+    assert job is not None and job.id == jid
+    kept = snapshot(r, q.name)
+    assert c.post(path, data={"csrf": csrf, "payload": "x"}).status_code == 409
+    assert c.post(path, data={"csrf": csrf}).status_code == 400  # no payload field
+    assert snapshot(r, q.name) == kept
+    # A body over the bound is refused before it is read.
+    big = c.post(path, data={"csrf": csrf, "payload": "x" * (MAX_FORM_BYTES + 1)})
+    assert big.status_code == 413 and snapshot(r, q.name) == kept
+
+
+MAX_FORM_BYTES = 65536
+
+
+def test_update_payload_encodes_a_task_call_with_the_apps_serializer(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    from conftest import snapshot
+
+    for serializer in (JSON(), MsgPack()):
+        app = echomq.App(url=url, serializer=serializer)
+
+        @app.task(queue=qname, name="send_invoice")
+        def send_invoice(customer: str, amount: int) -> None:
+            pass
+
+        q = app.queue(qname)
+        jid = send_invoice.options(max_attempts=7, delay_ms=60_000).enqueue("acme", 5).id
+        with _client(url, [qname], token=TOKEN, app=app) as c:
+            csrf = _sign_in(c)
+            page = c.get(f"/queues/{qname}/jobs/{jid}").text
+            assert "A task call" in page and "&#34;acme&#34;" in page
+            path = f"/queues/{qname}/jobs/{jid}/update_payload"
+            text = '{"task": "send_invoice", "args": ["globex", 12], "kwargs": {}}'
+            res = c.post(path, data={"csrf": csrf, "payload": text}, follow_redirects=False)
+            assert res.status_code == 303
+            data = (q.get_job(jid) or {})["payload"]
+            assert isinstance(data, bytes)
+            task, args, kwargs, opts = _envelope.parse_full(serializer, data)
+            assert (task, args, kwargs, opts) == (
+                "send_invoice",
+                ["globex", 12],
+                {},
+                {"max_attempts": 7},
+            )
+            kept = snapshot(r, qname)
+            for bad in [
+                "not json",
+                "[1, 2]",
+                '{"task": "", "args": []}',
+                '{"task": "t", "args": {}}',
+                '{"task": "t", "kwargs": []}',
+                '{"task": "t", "extra": 1}',
+            ]:
+                res = c.post(path, data={"csrf": csrf, "payload": bad})
+                assert res.status_code == 400, bad
+            assert snapshot(r, qname) == kept
+        q.remove(jid)
+        app.close()
+
+
+def test_cancel_all_asks_first_then_cancels_every_job(
+    url: str, q: echomq.Queue, signed: tuple[TestClient, str]
+) -> None:
+    c, csrf = signed
+    running = q.enqueue(b"a").id
+    job = q.claim()
+    assert job is not None and job.id == running
+    waiting = [q.enqueue(b"w").id for _ in range(3)]
+    later = q.enqueue(b"s", delay_ms=60_000).id
+    page = c.get(f"/queues/{q.name}").text
+    assert 'id="cancel-all"' in page
+    ask = c.post(f"/queues/{q.name}/cancel_all", data={"csrf": csrf})
+    assert ask.status_code == 200 and "Cancel every job" in ask.text
+    assert q.job_state(later) == "scheduled"
+    res = c.post(
+        f"/queues/{q.name}/cancel_all",
+        data={"csrf": csrf, "confirm": "yes"},
+        follow_redirects=False,
+    )
+    assert res.status_code == 303
+    assert all(q.job_state(j) == "absent" for j in [*waiting, later])
+    assert (q.get_job(running) or {}).get("cancel") is not None
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert c.post(f"/api/queues/{q.name}/cancel_all", headers=auth).status_code == 409
+    q.enqueue(b"another")
+    res = c.post(f"/api/queues/{q.name}/cancel_all", headers=auth, data={"confirm": "yes"})
+    assert res.json()["result"] == {"removed": 1, "signalled": 0}  # already signalled once
+
+
+def test_repeats_page_pauses_resumes_and_shows_the_last_fire(
+    url: str, q: echomq.Queue, signed: tuple[TestClient, str], r: redis.Redis
+) -> None:
+    from conftest import server_ms, snapshot
+
+    c, csrf = signed
+    q.repeat("tick", b"t", every_ms=30_000, limit=10)
+    q.repeat("nightly", _call("report"), cron="0 3 * * *")
+    r.zadd(f"emq:{{{q.name}}}:repeat", {"tick": server_ms(r) - 5})
+    assert q.fire_due() == 1
+    page = c.get(f"/queues/{q.name}/repeats").text
+    assert "at most 10 fires" in page and "ago</time>" in page  # the last fire
+    res = c.post(
+        f"/queues/{q.name}/pause_repeat",
+        data={"csrf": csrf, "name": "tick"},
+        follow_redirects=False,
+    )
+    assert res.status_code == 303 and res.headers["location"].endswith("/repeats")
+    assert [rep.paused for rep in q.repeats() if rep.name == "tick"] == [True]
+    page = c.get(f"/queues/{q.name}/repeats").text
+    row = page[page.index('data-repeat="tick"') :].split("</tr>")[0]
+    assert "paused" in row and "resume_repeat" in row
+    api = c.get(f"/api/queues/{q.name}/repeats").json()
+    (tick,) = [x for x in api["repeats"] if x["name"] == "tick"]
+    assert tick["paused"] is True and tick["next_ms"] is None and tick["last_ms"] > 0
+    before = server_ms(r)
+    c.post(f"/queues/{q.name}/resume_repeat", data={"csrf": csrf, "name": "tick"})
+    (rep,) = [x for x in q.repeats() if x.name == "tick"]
+    assert not rep.paused and rep.next_ms is not None and rep.next_ms >= before + 30_000
+    # Unknown name: 404; malformed: 400; without CSRF: 403; nothing written.
+    kept = snapshot(r, q.name)
+    assert (
+        c.post(f"/queues/{q.name}/pause_repeat", data={"csrf": csrf, "name": "nope"}).status_code
+        == 404
+    )
+    assert (
+        c.post(f"/queues/{q.name}/resume_repeat", data={"csrf": csrf, "name": "nope"}).status_code
+        == 404
+    )
+    assert (
+        c.post(f"/queues/{q.name}/pause_repeat", data={"csrf": csrf, "name": "a b"}).status_code
+        == 400
+    )
+    assert (
+        c.post(f"/queues/{q.name}/pause_repeat", data={"csrf": "x", "name": "tick"}).status_code
+        == 403
+    )
+    assert snapshot(r, q.name) == kept
+
+
+def pages_of(tree: dict[str, Any]) -> set[str]:
+    return {p["id"] for p in tree["chapter"]["children"]}
+
+
+def test_flows_page_shows_the_tree_of_children_with_their_states(url: str, q: echomq.Queue) -> None:
+    from echomq import FlowJob
+
+    added = q.add_flow(
+        FlowJob(
+            _call("book"),
+            children=[
+                FlowJob(
+                    _call("chapter", 1),
+                    children=[FlowJob(_call("page", 1)), FlowJob(_call("page", 2), group="slow")],
+                ),
+                FlowJob(_call("cover")),
+            ],
+        )
+    )
+    q.pause_lane("slow")
+    # Run one leaf to completion: it is recorded on its parent (the chapter).
+    job = q.claim()
+    assert job is not None
+    q.complete(job.id, job.token, result=b"ok")
+    with _client(url, [q.name]) as c:
+        api = c.get(f"/api/queues/{q.name}/flows").json()
+        # The chapter is shown inside the book's tree, not again at the top.
+        (root,) = api["parents"]
+        assert root["id"] == added.parent_id and root["task"] == "book"
+        tree = {c["task"]: c for c in root["tree"]}
+        assert set(tree) == {"chapter", "cover"}
+        assert tree["chapter"]["state"] == "awaiting_children"
+        assert tree["chapter"]["waiting"] == (1 if job.id in pages_of(tree) else 2)
+        assert tree["cover"]["waiting"] is None
+        pages = {p["id"]: p["state"] for p in tree["chapter"]["children"]}
+        assert len(pages) == 2
+        assert job.id in pages or job.id == tree["cover"]["id"]
+        states = sorted([*pages.values(), tree["cover"]["state"]])
+        assert states == ["completed", "pending", "pending"]
+        page = c.get(f"/queues/{q.name}/flows").text
+        for child in [tree["chapter"]["id"], tree["cover"]["id"], *pages]:
+            assert f'data-child="{child}"' in page
+        assert "awaiting_children" in page and "chapter" in page

@@ -4,6 +4,7 @@ children, flow wait), each on a real server and, where a native twin runs, on bo
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -545,7 +546,10 @@ def test_cli_repeats_shows_a_spent_repeat(url: str, q: echomq.Queue, r: redis.Re
     out = CliRunner().invoke(main, ["--url", url, "repeats", q.name])
     assert out.exit_code == 0, out.output
     lines = dict(line.split(" ", 1) for line in out.output.splitlines())
-    assert lines["once"] == "ended every 60000 ms limit=1 fired=1"
+    # issue 26: the last fire (UTC) follows a repeat that fired
+    head, last = lines["once"].split(" last=")
+    assert head == "ended every 60000 ms limit=1 fired=1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", last), last
     assert lines["plain"].endswith(" every 60000 ms")
     assert "limit" not in lines["plain"]
 

@@ -1099,7 +1099,8 @@ class ModelMachine(RuleBasedStateMachine):
         """Every registered repeat fired one occurrence (the tick made each due): find the
         new jobs by payload (identity is the server's to choose, issue 22 #2)."""
         m = self.m(qi)
-        live = {n: v for n, v in m.repeats.items() if m.repeat_live(n)}  # issue 24: limits
+        # issue 24: limits; issue 26: a paused repeat never comes due
+        live = {n: v for n, v in m.repeats.items() if m.repeat_due(n)}
         assert got == len(live), f"fired {got}, {len(live)} repeats due"
         if not live:
             return
@@ -1149,6 +1150,9 @@ class ModelMachine(RuleBasedStateMachine):
         assert got == ("updated" if name in m.repeats else "registered")
         m.repeats[name] = (name.encode(), g)
         m.repeat_limit[name] = None  # issue 24: no limit (its fired count stays in the row)
+        if name in m.repeat_paused:  # issue 26: registered again, still paused
+            [rep] = [x for x in self.q(qi).repeats() if x.name == name]
+            assert rep.paused and rep.next_ms is None, rep
 
     @rule(qi=QI, name=st.sampled_from(REPEATS))
     def unrepeat(self, qi: int, name: str) -> None:
@@ -1157,6 +1161,39 @@ class ModelMachine(RuleBasedStateMachine):
         m.repeats.pop(name, None)
         m.repeat_limit.pop(name, None)
         m.repeat_fired.pop(name, None)
+        m.repeat_paused.discard(name)  # issue 26: the pause goes with the spec
+
+    @rule(qi=QI, name=st.sampled_from(REPEATS))
+    def pause_repeat(self, qi: int, name: str) -> None:
+        """Issue 26: a paused repeat keeps its spec, shows no next fire and never comes due
+        (the fire rules count only the others); a re-registration keeps it paused."""
+        m = self.m(qi)
+        assert self.q(qi).pause_repeat(name) == (name in m.repeats)
+        if name in m.repeats:
+            m.repeat_paused.add(name)
+            [rep] = [x for x in self.q(qi).repeats() if x.name == name]
+            assert rep.paused and rep.next_ms is None and not rep.ended, rep
+
+    @rule(qi=QI, name=st.sampled_from(REPEATS))
+    def resume_repeat(self, qi: int, name: str) -> None:
+        """Issue 26: a resumed repeat's next fire is now + every_ms on the server clock (or
+        none when it is spent); a repeat that was not paused keeps its next fire."""
+        m = self.m(qi)
+        before = {x.name: x for x in self.q(qi).repeats()}
+        t0 = self.now()
+        assert self.q(qi).resume_repeat(name) == (name in m.repeats)
+        t1 = self.now()
+        if name not in m.repeats:
+            return
+        [rep] = [x for x in self.q(qi).repeats() if x.name == name]
+        assert not rep.paused, rep
+        if name not in m.repeat_paused:
+            assert rep.next_ms == before[name].next_ms, (rep, before[name])
+        elif m.repeat_live(name):
+            assert rep.next_ms is not None and t0 + SHORT <= rep.next_ms <= t1 + SHORT, rep
+        else:
+            assert rep.next_ms is None and rep.ended, rep
+        m.repeat_paused.discard(name)
 
     # ------------------------------------------------------------------ job admin
 
@@ -1506,7 +1543,10 @@ class ModelMachine(RuleBasedStateMachine):
         m.repeats[name] = (name.encode(), g)
         m.repeat_limit[name] = limit
         [rep] = [x for x in self.q(qi).repeats() if x.name == name]
-        assert rep.limit == limit and rep.ended == (not m.repeat_live(name)), rep
+        ended = not m.repeat_live(name) and name not in m.repeat_paused  # issue 26
+        assert (
+            rep.limit == limit and rep.ended == ended and rep.paused == (name in m.repeat_paused)
+        ), rep
         assert rep.fired == m.repeat_fired.get(name, 0), (rep, m.repeat_fired)
 
     # ================================================================== end issue 24
@@ -2167,3 +2207,21 @@ def test_a_repeat_limit_stops_it(sm: ModelMachine) -> None:
     s.repeat_limited(qi=0, name="r1", g=None, limit=2)  # the same limit: still spent
     s.repeat(qi=0, name="r1", g=None)  # no limit: fires again, the count kept
     s.fire_due(qi=0)
+
+
+def test_a_paused_repeat_never_fires_and_resumes_from_now(sm: ModelMachine) -> None:
+    s = Steps(sm)
+    s.repeat(qi=0, name="r1", g=None)
+    s.repeat_limited(qi=0, name="r2", g="la", limit=1)
+    s.pause_repeat(qi=0, name="r1")
+    s.fire_due(qi=0)  # only r2
+    s.repeat(qi=0, name="r1", g=None)  # a worker start: still paused
+    s.pause_repeat(qi=0, name="r2")  # spent and paused
+    s.fire_due(qi=0)  # nothing due
+    s.resume_repeat(qi=0, name="r2")  # spent: stays ended
+    s.resume_repeat(qi=0, name="r1")
+    s.resume_repeat(qi=0, name="r1")  # not paused: left alone
+    s.fire_due(qi=0)
+    s.pause_repeat(qi=0, name="r1")
+    s.unrepeat(qi=0, name="r1")
+    s.pause_repeat(qi=0, name="r1")  # unknown now: False, nothing written

@@ -217,6 +217,8 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
         ("until_ms", KW, None),
     ],
     "unrepeat": [("name", POS, EMPTY)],
+    "pause_repeat": [("name", POS, EMPTY)],
+    "resume_repeat": [("name", POS, EMPTY)],
     "repeats": [],
     "fire_due": [("limit", POS, 100)],
 }

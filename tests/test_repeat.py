@@ -561,6 +561,157 @@ def test_periodic_bad_schedule_is_refused_at_decoration(url: str) -> None:
     assert app.tasks == {} and app.periodics == {}
 
 
+# --------------------------------------------------------------------------- pause (issue 26)
+
+
+# The native executor sends both scripts as EVALSHA (no twin, like run_now).
+@pytest.mark.executors
+def test_pause_keeps_the_spec_and_never_fires_resume_starts_from_now(
+    anyq: Any, r: redis.Redis
+) -> None:
+    base = f"emq:{{{anyq.name}}}:"
+    anyq.repeat("tick", b"p", every_ms=300, limit=5)
+    r.zadd(base + "repeat", {"tick": server_ms(r) - 10})  # due now
+    assert anyq.fire_due() == 1
+    [rep] = anyq.repeats()
+    assert rep.last_ms is not None and rep.last_ms <= server_ms(r) and rep.fired == 1
+    assert not rep.paused
+    assert anyq.pause_repeat("tick") is True
+    assert anyq.pause_repeat("tick") is True  # a resend: the same state
+    [rep] = anyq.repeats()
+    assert rep.paused and rep.next_ms is None and not rep.ended
+    assert rep.every_ms == 300 and rep.limit == 5 and rep.fired == 1
+    assert r.hget(base + "repeat:tick", "paused") == b"1"
+    assert r.zscore(base + "repeat", "tick") == float("inf")
+    # Never fired while paused, whatever the clock says.
+    time.sleep(0.4)
+    assert anyq.fire_due() == 0
+    # Registered again with the same schedule (a worker start), or another one: still paused.
+    assert anyq.repeat("tick", b"p2", every_ms=300, limit=5) == "updated"
+    assert anyq.repeat("tick", b"p3", every_ms=200, limit=5) == "updated"
+    [rep] = anyq.repeats()
+    assert rep.paused and rep.next_ms is None and rep.every_ms == 200
+    assert anyq.fire_due() == 0
+    # Resume: the next fire is now + every_ms on the server clock (the new schedule).
+    before = server_ms(r)
+    assert anyq.resume_repeat("tick") is True
+    [rep] = anyq.repeats()
+    assert not rep.paused and before + 200 <= rep.next_ms <= server_ms(r) + 200
+    assert r.hget(base + "repeat:tick", "paused") is None
+    # A resume of a running repeat leaves its phase alone.
+    assert anyq.resume_repeat("tick") is True
+    assert anyq.repeats()[0].next_ms == rep.next_ms
+    wait_for(lambda: anyq.fire_due() == 1, 5, 0.05)
+    assert anyq.repeats()[0].fired == 2
+    assert anyq.check() == []
+
+
+@pytest.mark.executors
+def test_resume_of_a_cron_repeat_computes_the_next_fire_after_now(
+    anyq: Any, r: redis.Redis
+) -> None:
+    anyq.repeat("nightly", b"x", cron="30 3 * * *", tz="Europe/Berlin")
+    assert anyq.pause_repeat("nightly")
+    [rep] = anyq.repeats()
+    assert rep.paused and rep.cron == "30 3 * * *" and rep.tz == "Europe/Berlin"
+    now = server_ms(r)
+    assert anyq.resume_repeat("nightly")
+    [rep] = anyq.repeats()
+    assert rep.next_ms == cron_next("30 3 * * *", "Europe/Berlin", now) or (
+        rep.next_ms == cron_next("30 3 * * *", "Europe/Berlin", server_ms(r))
+    )
+    assert not rep.paused and not rep.ended
+
+
+def test_resume_of_a_spent_repeat_stays_spent(q: echomq.Queue, r: redis.Redis) -> None:
+    base = f"emq:{{{q.name}}}:"
+    q.repeat("once", b"x", every_ms=1000, limit=1)
+    r.zadd(base + "repeat", {"once": server_ms(r) - 10})
+    assert q.fire_due() == 1
+    assert q.repeats()[0].ended
+    assert q.pause_repeat("once")
+    assert not q.repeats()[0].ended and q.repeats()[0].paused
+    assert q.resume_repeat("once")
+    [rep] = q.repeats()
+    assert rep.ended and not rep.paused and rep.next_ms is None
+
+
+def test_resume_refuses_a_spec_changed_in_between(q: echomq.Queue, r: redis.Redis) -> None:
+    """The cron the client computed from must be the spec's: else nothing is written."""
+    from echomq._scripts import SCRIPTS
+
+    base = f"emq:{{{q.name}}}:"
+    q.repeat("nightly", b"x", cron="0 3 * * *")
+    q.pause_repeat("nightly")
+    before = snapshot(r, q.name)
+    keys = [base + "repeat", base + "repeat:nightly"]
+    script = SCRIPTS["repeat_resume"]
+    got = r.eval(script.source, 2, *keys, "nightly", "0 4 * * *", "UTC", 1)
+    assert got == -1 and snapshot(r, q.name) == before
+    got = r.eval(script.source, 2, *keys, "nightly", "0 3 * * *", "Europe/Berlin", 1)
+    assert got == -1 and snapshot(r, q.name) == before
+    with pytest.raises(redis.ResponseError, match="EMQARG"):
+        r.eval(script.source, 2, *keys, "nightly", "0 3 * * *", "UTC", "")
+    assert snapshot(r, q.name) == before
+
+
+@pytest.mark.executors
+def test_pause_and_resume_of_an_unknown_or_bad_name(q: echomq.Queue, r: redis.Redis) -> None:
+    before = snapshot(r, q.name)
+    assert q.pause_repeat("nope") is False
+    assert q.resume_repeat("nope") is False
+    assert snapshot(r, q.name) == before
+    for name in ["", "a b", "x" * 129, None, 7]:
+        with pytest.raises(echomq.InvalidArgument):
+            q.pause_repeat(name)  # type: ignore[arg-type]
+        with pytest.raises(echomq.InvalidArgument):
+            q.resume_repeat(name)  # type: ignore[arg-type]
+    assert snapshot(r, q.name) == before
+
+
+def test_unrepeat_of_a_paused_repeat_removes_it(q: echomq.Queue, r: redis.Redis) -> None:
+    q.repeat("tick", b"x", every_ms=60_000)
+    q.pause_repeat("tick")
+    assert q.unrepeat("tick") is True
+    assert q.repeats() == []
+    assert not r.exists(f"emq:{{{q.name}}}:repeat:tick")
+    # Registered afresh: not paused (the pause went with the spec).
+    q.repeat("tick", b"x", every_ms=60_000)
+    assert not q.repeats()[0].paused and q.repeats()[0].next_ms is not None
+
+
+def test_a_periodic_task_stays_paused_across_a_worker_start(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    app = echomq.App(url=url, name="pauser")
+    seen: list[int] = []
+
+    @app.periodic(every_ms=100, queue=qname, args=(1,))
+    def tick(n: int) -> None:
+        seen.append(n)
+
+    q = app.queue(qname)
+    w = echomq.Worker(app, queues=[qname], beat_ms=50)
+    t, loop = _run_worker(w)
+    try:
+        wait_for(lambda: len(seen) >= 1, timeout=15)
+        [rep] = q.repeats()
+        assert q.pause_repeat(rep.name)
+    finally:
+        _stop(w, t, loop)
+    fired = q.repeats()[0].last_ms
+    # A second worker start registers the periodic again: it stays paused.
+    w = echomq.Worker(app, queues=[qname], beat_ms=50)
+    t, loop = _run_worker(w)
+    try:
+        time.sleep(0.6)
+        [rep] = q.repeats()
+        assert rep.paused and rep.last_ms == fired
+    finally:
+        _stop(w, t, loop)
+    app.close()
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -584,4 +735,25 @@ def test_cli_repeats_and_unrepeat(url: str, q: echomq.Queue) -> None:
     assert out.exit_code == 1
     assert [rep.name for rep in q.repeats()] == ["nightly"]
     out = runner.invoke(main, ["--url", url, "unrepeat", q.name, "bad name"])
+    assert out.exit_code == 2
+
+
+def test_cli_pause_and_resume_repeat(url: str, q: echomq.Queue) -> None:
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    q.repeat("tick", b"x", every_ms=60_000)
+    runner = CliRunner()
+    out = runner.invoke(main, ["--url", url, "pause-repeat", q.name, "tick"])
+    assert out.exit_code == 0 and "paused" in out.output, out.output
+    assert q.repeats()[0].paused
+    out = runner.invoke(main, ["--url", url, "repeats", q.name])
+    assert "paused" in out.output
+    out = runner.invoke(main, ["--url", url, "resume-repeat", q.name, "tick"])
+    assert out.exit_code == 0 and "resumed" in out.output, out.output
+    assert not q.repeats()[0].paused
+    out = runner.invoke(main, ["--url", url, "pause-repeat", q.name, "nope"])
+    assert out.exit_code == 1
+    out = runner.invoke(main, ["--url", url, "resume-repeat", q.name, "bad name"])
     assert out.exit_code == 2

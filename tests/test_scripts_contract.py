@@ -81,6 +81,11 @@ VERBS: dict[str, Callable[[], Any]] = {
 EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "repeat": lambda: _compose.repeat(K, "r", b"x", every_ms=1000),
     "unrepeat": lambda: _compose.unrepeat(K, "r"),
+    "pause_repeat": lambda: _compose.pause_repeat(K, "r"),
+    # Its first step reads the spec and TIME: the script is its second (a paused every_ms).
+    "resume_repeat": lambda: _second_step(
+        _compose.resume_repeat(K, "r"), [[b"1000", None, None, b"1"], (1, 0)]
+    ),
     "fire_due": lambda: _compose.fire_due(K),
     "add_flow": lambda: _compose.add_flow(
         K, _compose.FlowJob(b"p", children=[_compose.FlowJob(b"c")])
@@ -96,6 +101,11 @@ EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "worker_beat": lambda: _registry.beat(K, ids.mint("WRK"), "{}", 1000),
     "workers": lambda: _registry.list_workers(K),
 }
+
+
+def _second_step(plan: Any, replies: Any) -> Any:
+    next(plan)
+    return plan.send(replies)
 
 
 def _first_calls(work: Any) -> list[_p.Call[Any]]:

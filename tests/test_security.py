@@ -351,6 +351,7 @@ def exercise(url: str, qname: str) -> None:
     q.repeat("acl-every", b"tick", every_ms=60_000)
     q.repeats()
     q.fire_due()
+    assert q.pause_repeat("acl-every") and q.resume_repeat("acl-every")
     q.unrepeat("acl-every")
     flow = q.add_flow(echomq.FlowJob(b"parent", children=[echomq.FlowJob(b"child")]))
     child = q.claim(lease_ms=60_000)

@@ -507,6 +507,18 @@ class AsyncQueue:
         """Unregister ``name``; True when it was registered."""
         return await self._x.run(_c.unrepeat(self._k, name))
 
+    async def pause_repeat(self, name: str) -> bool:
+        """Pause ``name``: it fires no more until :meth:`resume_repeat`; registering it
+        again (a worker start) keeps it paused. True when it is registered, False when no
+        repeat has that name (nothing written)."""
+        return await self._x.run(_c.pause_repeat(self._k, name))
+
+    async def resume_repeat(self, name: str) -> bool:
+        """Resume a paused ``name``: its next fire is computed from the server clock now
+        (missed fires are not made up). True when it is registered (a repeat that is not
+        paused is left as it is), False when no repeat has that name."""
+        return await self._x.run(_c.resume_repeat(self._k, name))
+
     async def repeats(self) -> list[_c.Repeat]:
         """Every registered repeat, soonest first."""
         return await self._x.run(_c.repeats(self._k))

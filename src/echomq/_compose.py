@@ -61,7 +61,7 @@ from echomq._kernel import (
     _s,
     _text,
 )
-from echomq.errors import InvalidArgument, InvalidId
+from echomq.errors import InvalidArgument, InvalidId, StateError
 
 __all__ = [
     "FlowAdded",
@@ -77,8 +77,10 @@ __all__ = [
     "cron_next",
     "fire_due",
     "occurrence_id",
+    "pause_repeat",
     "repeat",
     "repeats",
+    "resume_repeat",
     "schedule",
     "trim",
     "unrepeat",
@@ -93,7 +95,9 @@ class Repeat:
     its schedule (``every_ms``, or ``cron`` in the time zone ``tz``); ``group`` is the lane
     its occurrences join, ``owner`` the app that registered it (``@app.periodic``).
     ``limit``/``until_ms`` (issue 24): at most that many fires, none due after that ms;
-    ``fired`` counts the fires of a repeat that has either."""
+    ``fired`` counts the fires of a repeat that has either. ``paused`` (issue 26): it fires
+    no more until ``resume_repeat`` (``next_ms`` is None meanwhile); ``last_ms``: the server
+    ms of its last fire (None before its first, or for a spec written before issue 26)."""
 
     name: str
     next_ms: int | None
@@ -105,11 +109,14 @@ class Repeat:
     limit: int | None = None
     until_ms: int | None = None
     fired: int = 0
+    paused: bool = False
+    last_ms: int | None = None
 
     @property
     def ended(self) -> bool:
-        """The repeat is spent (its limit reached or its end passed): it fires no more."""
-        return self.next_ms is None
+        """The repeat is spent (its limit reached or its end passed): it fires no more. A
+        paused repeat is not ended (a spent one that is paused shows ended once resumed)."""
+        return self.next_ms is None and not self.paused
 
 
 # --------------------------------------------------------------------------- validation
@@ -305,13 +312,16 @@ def repeats(k: Keys) -> Plan[list[Repeat]]:
     pairs = [(_s(m), _score(s)) for m, s in _pairs(listed)]
     if not pairs:
         return []
-    fields = ("every_ms", "cron", "tz", "group", "owner", "limit", "until_ms", "fired")
+    fields: tuple[str, ...] = ("every_ms", "cron", "tz", "group", "owner", "limit", "until_ms")
+    fields += ("fired", "paused", "last_ms")  # issue 26: paused, last_ms
     rows = yield [_cmd(("HMGET", reg + ":" + m, *fields), lambda r: r) for m, _ in pairs]
     out = []
     for (m, score), row in zip(pairs, rows, strict=True):
         if isinstance(row, BaseException):
             raise row
-        every, expr, tz, grp, who, most, end, fired = (_s(x) if x else "" for x in row)
+        every, expr, tz, grp, who, most, end, fired, paused, last = (
+            _s(x) if x else "" for x in row
+        )
         if not every and not expr:
             continue  # unregistered between the two reads
         out.append(
@@ -326,9 +336,54 @@ def repeats(k: Keys) -> Plan[list[Repeat]]:
                 int(most) if most else None,
                 int(end) if end else None,
                 int(fired) if fired else 0,
+                paused == "1",
+                int(last) if last else None,
             )
         )
     return out
+
+
+def pause_repeat(k: Keys, name: str) -> Call[bool]:
+    """Pause ``name`` (repeat_pause.lua, issue 26): it fires no more, its spec is kept, and
+    registering it again (a worker start) keeps it paused. True when it is registered
+    (paused now or already), False when no repeat has that name (nothing written)."""
+    n = _name(name)
+    return _call("repeat_pause", _spec_keys(k, n), (n,), lambda r: int(r) == 1)
+
+
+def resume_repeat(k: Keys, name: str) -> Plan[bool]:
+    """Resume a paused ``name`` (repeat_resume.lua, issue 26): its next fire is computed
+    afresh from the server clock (``every_ms``: now + every_ms; cron: the first fire after
+    now, computed here from the spec's cron and tz as ``repeat`` does). True when it is
+    registered (resumed, or it was not paused: left as it is), False when no repeat has that
+    name (nothing written). A spec whose schedule changes between the read and the call is
+    read again."""
+    n = _name(name)
+    keys = _spec_keys(k, n)
+    for _ in range(5):
+        replies = yield [
+            _cmd(("HMGET", keys[1], "every_ms", "cron", "tz", "paused"), lambda r: r),
+            _cmd(("TIME",), lambda r: (int(r[0]), int(r[1]))),
+        ]
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        spec, (sec, usec) = replies
+        every, expr, tz, paused = (_s(x) if x else "" for x in spec)
+        if not every and not expr:
+            return False
+        if paused != "1":
+            return True
+        first: Arg = ""
+        zone = tz or "UTC"
+        if expr:
+            first = cron_next(expr, zone, sec * 1000 + usec // 1000)
+        got: int = yield _call(
+            "repeat_resume", keys, (n, expr, zone if expr else "", first), _int_reply
+        )
+        if got >= 0:
+            return got == 1
+    raise StateError(f"EMQSTATE repeat {n!r}: its schedule kept changing while it was resumed")
 
 
 def _score(raw: Any) -> int | None:

@@ -5,9 +5,9 @@ queues.
 The task objects live in ``echomq._tasks`` (``Task``, ``Signature``, ``TaskEnqueued``), the
 argument binding in ``echomq._binding``, the handler's outcomes (``Retry``, ``Discard``,
 ``RateLimit``) in ``echomq.outcomes``, and ``current_job``/``JobContext`` in
-``echomq.context``; this module re-exports them. A task call travels as one payload, the task
-envelope (``echomq._envelope``), encoded by the app's serializer (JSON by default, never
-pickle): the queue below sees only opaque bytes.
+``echomq.context``; this module re-exports them. A task call travels as one payload, the
+task envelope (``echomq._envelope``), encoded by the app's serializer
+(JSON by default, never pickle): the queue below sees only opaque bytes.
 """
 
 from __future__ import annotations

@@ -102,6 +102,8 @@ class QueueModel:
         # issue 24: a repeat's limit (None: none) and its fires counted while it has one
         self.repeat_limit: dict[str, int | None] = {}
         self.repeat_fired: dict[str, int] = {}
+        # issue 26: the paused repeats (pause_repeat; a re-registration keeps the pause)
+        self.repeat_paused: set[str] = set()
         self.paused = False
         self.paused_lanes: set[str] = set()
         self.limits: dict[str, int] = {}
@@ -136,6 +138,10 @@ class QueueModel:
         """Issue 24: a repeat with a limit it has reached fires no more."""
         most = self.repeat_limit.get(name)
         return most is None or self.repeat_fired.get(name, 0) < most
+
+    def repeat_due(self, name: str) -> bool:
+        """Issue 26: a repeat comes due when it is live and not paused."""
+        return self.repeat_live(name) and name not in self.repeat_paused
 
     def active_in(self, g: str) -> int:
         return sum(1 for j in self.jobs.values() if j.state == "active" and j.group == g)

@@ -358,3 +358,31 @@ def unrepeat(ctx: click.Context, queue: str, name: str) -> None:
         click.echo(f"{name}: not registered", err=True)
         sys.exit(1)
     click.echo(f"{name}: removed")
+
+
+@main.command("pause-repeat")
+@click.argument("queue")
+@click.argument("name")
+@click.pass_context
+def pause_repeat(ctx: click.Context, queue: str, name: str) -> None:
+    """Pause the repeatable job NAME of QUEUE: it fires no more until resume-repeat, and a
+    worker start registering it again keeps it paused (exit 1 when it is not registered)."""
+    q = _queue(ctx, queue)
+    if not _run(ctx, lambda: q.pause_repeat(name)):
+        click.echo(f"{name}: not registered", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: paused")
+
+
+@main.command("resume-repeat")
+@click.argument("queue")
+@click.argument("name")
+@click.pass_context
+def resume_repeat(ctx: click.Context, queue: str, name: str) -> None:
+    """Resume the paused repeatable job NAME of QUEUE: its next fire is computed from now
+    (exit 1 when it is not registered)."""
+    q = _queue(ctx, queue)
+    if not _run(ctx, lambda: q.resume_repeat(name)):
+        click.echo(f"{name}: not registered", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: resumed")

@@ -378,13 +378,16 @@ def events(
 @click.argument("queue")
 @click.pass_context
 def repeats(ctx: click.Context, queue: str) -> None:
-    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC, or "ended" for a
-    spent one), schedule, and its limits with the fires counted."""
+    """List QUEUE's repeatable jobs, soonest first: name, next fire (UTC, "paused" for a
+    paused one, "ended" for a spent one), schedule, its limits with the fires counted, and
+    its last fire (UTC)."""
     import datetime as _dt
 
     q = _queue(ctx, queue)
     for rep in _run(ctx, q.repeats):
-        if rep.next_ms is None:  # spent: its limit reached or its end passed (issue 24)
+        if rep.paused:  # issue 26: it fires no more until resume-repeat
+            at = "paused"
+        elif rep.next_ms is None:  # spent: its limit reached or its end passed (issue 24)
             at = "ended"
         else:
             when = _dt.datetime.fromtimestamp(rep.next_ms / 1000, _dt.timezone.utc)
@@ -393,6 +396,9 @@ def repeats(ctx: click.Context, queue: str) -> None:
         shown: list[tuple[str, object]] = [("group", rep.group), ("owner", rep.owner)]
         if rep.limit is not None or rep.until_ms is not None:
             shown += [("limit", rep.limit), ("until_ms", rep.until_ms), ("fired", rep.fired)]
+        if rep.last_ms is not None:
+            last = _dt.datetime.fromtimestamp(rep.last_ms / 1000, _dt.timezone.utc)
+            shown.append(("last", last.isoformat(timespec="milliseconds")))
         extra = "".join(f" {k}={v}" for k, v in shown if v is not None and v != "")
         click.echo(f"{rep.name} {at} {sched}{extra}")
 

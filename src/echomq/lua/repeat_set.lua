@@ -19,6 +19,8 @@
                           limits, or another schedule, is scheduled again
   Returns 'registered' | 'updated'. An update that keeps the schedule (every_ms, cron, tz)
     keeps the next fire, so re-registering on every worker start never shifts the phase.
+    A paused repeat (field `paused`, repeat_pause) stays paused whatever the update: its
+    spec takes the new schedule and its entry stays at +inf until repeat_resume.
     A new name gets its slot (the low 22 bits of its occurrence ids, unique among the
     queue's repeats); an update keeps it, and a row written before slots gets one.
     | error EMQSTATE when all 2^22 slots are held (nothing written)
@@ -60,7 +62,7 @@ if not same or not rcall('ZSCORE', KEYS[1], name) then
   local spec = {fired = f and f[1]}
   if limit ~= '' then spec.limit = limit end
   if until_ms ~= '' then spec.until_ms = until_ms end
-  if repeat_spent(spec, score) then
+  if repeat_spent(spec, score) or rcall('HGET', KEYS[2], 'paused') == '1' then
     score = '+inf'
   end
   rcall('ZADD', KEYS[1], score, name)

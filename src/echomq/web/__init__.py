@@ -16,17 +16,22 @@ Stable routes (bookmark and script them; every page has a JSON twin under ``/api
                                            find (``?find=&by=id|task|error``)
 ``GET /queues/<queue>/jobs/<id>``          a job: row, payload, logs, progress, events
 ``GET /queues/<queue>/workers``            the live workers of the queue (the registry)
-``GET /queues/<queue>/repeats``            the repeatable jobs: schedule, next fire
-``GET /queues/<queue>/flows``              flow parents with their children's states
+``GET /queues/<queue>/repeats``            the repeatable jobs: schedule, next fire, last
+                                           fire, limits, paused
+``GET /queues/<queue>/flows``              flow parents with their children's tree and states
 ``GET /queues/<queue>/charts``             completed and failed per minute, depth, oldest waiting
 ``GET /metrics``                           the Prometheus exposition
 ``GET /healthz``                           200 ``ok`` when the server answers, else 503
 ``POST /queues/<queue>/<action>``          pause, resume, drain, pause_lane, resume_lane,
                                            limit_lane, weight_lane (form: ``lane``, ``value``),
-                                           retry_dead, delete_dead, selected (form: ``verb``
-                                           and one ``ids`` per job), unrepeat (form: ``name``)
+                                           retry_dead, delete_dead, cancel_all, selected
+                                           (form: ``verb`` and one ``ids`` per job),
+                                           unrepeat, pause_repeat, resume_repeat (form: ``name``)
 ``POST /queues/<queue>/jobs/<id>/<action>``  reprocess, remove, retry (run a scheduled job now),
-                                           cancel (an active job)
+                                           cancel (an active job), change_priority (form:
+                                           ``priority``), reschedule (form: ``delay_s``,
+                                           seconds from now), update_payload (form:
+                                           ``payload``)
 ``GET /api/...`` twins of every page; ``POST /api/queues/...`` (the same actions, JSON)
 ========================================  ==============================================
 
@@ -37,8 +42,8 @@ is a random id whose record lives on the server (``{emq}:session:<sha256 of the 
 "sign out" deletes it, so a copied cookie stops working too. An action is authenticated
 before its body is read, and a body over 64 KiB is refused with 413, from its
 ``Content-Length`` or, without one, once the capped read passes the bound.
-Destructive actions (remove, drain, cancel, delete_dead, unrepeat and a selection's remove or
-cancel) ask for confirmation first. ``read_only=True`` hides every
+Destructive actions (remove, drain, cancel, delete_dead, cancel_all, unrepeat and a selection's
+remove or cancel) ask for confirmation first. ``read_only=True`` hides every
 action and refuses them. Every name and payload is escaped by the templates (autoescape).
 """
 
@@ -47,10 +52,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import decimal
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import threading
 import time
@@ -94,8 +101,11 @@ QUEUE_ACTIONS = (
     "weight_lane",
     "retry_dead",
     "delete_dead",
+    "cancel_all",
     "selected",
     "unrepeat",
+    "pause_repeat",
+    "resume_repeat",
 )
 
 
@@ -110,8 +120,11 @@ class JobAction:
     label: str
     places: tuple[str, ...]
     destructive: bool
-    run: Callable[[Any, str, dict[str, str]], Any]
+    # (queue, job id, the form's fields, the dashboard's App or None) -> the verb's result
+    run: Callable[[Any, str, dict[str, str], Any], Any]
     field: str | None = None  # a form input the verb reads (its name), shown beside the button
+    kind: str = "input"  # "textarea": a multi-line field, drawn with the payload it replaces
+    hint: str | None = None  # the field's placeholder (its name when None)
 
 
 def _priority(f: dict[str, str]) -> int:
@@ -121,27 +134,110 @@ def _priority(f: dict[str, str]) -> int:
     return int(raw)  # its range is the verb's to check (InvalidArgument past it)
 
 
-def _cancel(q: Any, job_id: str, _f: dict[str, str]) -> str:
+def _cancel(q: Any, job_id: str, _f: dict[str, str], _app: Any) -> str:
     outcome: str = q.cancel(job_id)
     if outcome == "absent":
         raise JobGone(job_id)
     return outcome
 
 
+_SECONDS = re.compile(r"\d{1,10}(\.\d{1,3})?")
+
+
+def _delay_ms(f: dict[str, str]) -> int:
+    """The reschedule form's ``delay_s``: seconds from now (server clock), up to three
+    decimals, as ms; InvalidArgument for anything else (its range is the verb's to check)."""
+    raw = f.get("delay_s", "").strip()
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidArgument(f"a delay is seconds from now (e.g. 90 or 1.5), got {raw[:40]!r}")
+    return int(decimal.Decimal(raw) * 1000)
+
+
+def _update_payload(q: Any, job_id: str, f: dict[str, str], app: Any) -> None:
+    """The edit-payload form: the text as the job page shows it. With an App, a job whose
+    payload is a task envelope shows it decoded (``{"task", "args", "kwargs"}`` as JSON):
+    that JSON is read back and encoded by the app's serializer as a task call, keeping the
+    envelope's trace context and per-job options; every other payload (and every payload
+    without an App) is replaced by the text's UTF-8 bytes (line ends as LF). Bad JSON, a
+    wrong shape or a text over MAX_FORM bytes is InvalidArgument, nothing written."""
+    if "payload" not in f:
+        raise InvalidArgument("update_payload needs the form's payload")
+    text = f["payload"].replace("\r\n", "\n")
+    data = text.encode("utf-8")
+    if len(data) > MAX_FORM:
+        raise InvalidArgument(f"a payload from the form is at most {MAX_FORM} bytes")
+    serializer = getattr(app, "serializer", None)
+    if serializer is not None:
+        row = q.get_job(job_id)
+        if row is None:
+            raise JobGone(job_id)
+        current = row.get("payload") or b""
+        current = current.encode() if isinstance(current, str) else current
+        try:
+            opts = _envelope.parse_full(serializer, current)[3]
+        except Exception:  # not an envelope: shown and replaced as text
+            opts = None
+        if opts is not None:
+            tc = _envelope.trace_context(serializer, current)
+            data = _task_call(serializer, text, tc, opts)
+    q.update_payload(job_id, data)
+
+
+def _task_call(serializer: Any, text: str, tc: dict[str, str], opts: dict[str, Any]) -> bytes:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"the payload is not JSON: {exc}") from None
+    shape = 'a JSON object {"task": "name", "args": [...], "kwargs": {...}}'
+    if not isinstance(value, dict) or set(value) - {"task", "args", "kwargs"}:
+        raise InvalidArgument(f"a task call is {shape}")
+    task, args, kwargs = value.get("task"), value.get("args", []), value.get("kwargs", {})
+    if not isinstance(task, str) or not task:
+        raise InvalidArgument(f"a task call names its task: {shape}")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise InvalidArgument(f"a task call's args is a list and its kwargs an object: {shape}")
+    try:
+        return _envelope.build(serializer, task, args, kwargs, tc=tc or None, opts=opts or None)
+    except Exception as exc:  # the serializer refused a value
+        raise InvalidArgument(f"the app's serializer cannot encode it: {exc}") from None
+
+
 JOB_TABLE: dict[str, JobAction] = {
     a.name: a
     for a in (
         JobAction(
-            "reprocess", "reprocess", ("dead", "completed"), False, lambda q, i, f: q.reprocess(i)
+            "reprocess",
+            "reprocess",
+            ("dead", "completed"),
+            False,
+            lambda q, i, f, a: q.reprocess(i),
         ),
-        JobAction("retry", "run now", ("scheduled",), False, lambda q, i, f: q.run_now(i)),
+        JobAction("retry", "run now", ("scheduled",), False, lambda q, i, f, a: q.run_now(i)),
+        JobAction(
+            "reschedule",
+            "reschedule",
+            ("scheduled",),
+            False,
+            lambda q, i, f, a: q.reschedule(i, _delay_ms(f)),
+            field="delay_s",
+            hint="seconds from now",
+        ),
         JobAction(
             "change_priority",
             "set priority",
             ("pending", "scheduled"),
             False,
-            lambda q, i, f: q.change_priority(i, _priority(f)),
+            lambda q, i, f, a: q.change_priority(i, _priority(f)),
             field="priority",
+        ),
+        JobAction(
+            "update_payload",
+            "save payload",
+            ("pending", "scheduled"),
+            False,
+            _update_payload,
+            field="payload",
+            kind="textarea",
         ),
         JobAction("cancel", "cancel", ("active",), True, _cancel),
         JobAction(
@@ -149,7 +245,7 @@ JOB_TABLE: dict[str, JobAction] = {
             "remove",
             ("pending", "scheduled", "dead", "active", "awaiting_children", "completed"),
             True,
-            lambda q, i, f: q.remove(i),
+            lambda q, i, f, a: q.remove(i),
         ),
     )
 }
@@ -157,7 +253,7 @@ JOB_ACTIONS = tuple(JOB_TABLE)
 # The verbs a list's selection can apply (the names of `_console.bulk`).
 SELECTION = {"reprocess": "reprocess", "retry": "run_now", "cancel": "cancel", "remove": "remove"}
 ACTIONS = QUEUE_ACTIONS
-DESTRUCTIVE = {"drain", "delete_dead", "unrepeat"} | {
+DESTRUCTIVE = {"drain", "delete_dead", "cancel_all", "unrepeat"} | {
     a.name for a in JOB_TABLE.values() if a.destructive
 }
 # A list's page sizes; the states a list shows (the set names, "schedule" for scheduled).
@@ -699,7 +795,14 @@ def create_app(
     def job_page(request: Request) -> Response:
         view, payload = job_data(request)
         shown = payload if isinstance(payload, str) else json.dumps(payload, indent=2, default=repr)
-        return render(request, "job.html", job=view, payload=shown, job_table=JOB_TABLE)
+        return render(
+            request,
+            "job.html",
+            job=view,
+            payload=shown,
+            payload_call=isinstance(payload, dict),
+            job_table=JOB_TABLE,
+        )
 
     def api_job(request: Request) -> Response:
         view, payload = job_data(request)
@@ -813,6 +916,8 @@ def create_app(
             return error(request, 400, str(exc), api)
         except JobGone as exc:
             return error(request, 404, f"no such job: {exc}", api)
+        except _NoSuchRepeat as exc:
+            return error(request, 404, str(exc), api)
         except StateError as exc:
             return error(request, 409, str(exc), api)
         except TRANSIENT as exc:
@@ -826,7 +931,7 @@ def create_app(
             back = fields.get("back", "")
             # Only a path of this dashboard's queue page: never an open redirect.
             target = f"{base}/queues/{queue}" + (back if back.startswith("?") else "")
-        elif action == "unrepeat":
+        elif action in ("unrepeat", "pause_repeat", "resume_repeat"):
             target = f"{base}/queues/{queue}/repeats"
         return RedirectResponse(target, status_code=303)
 
@@ -838,12 +943,14 @@ def create_app(
         q = Queue(queue, client=st.client, retry_for=0)
         if job_id is not None:
             q._k.job(job_id)  # a malformed id is InvalidId (400) before the verb runs
-            return JOB_TABLE[action].run(q, job_id, f)
+            return JOB_TABLE[action].run(q, job_id, f, st.app)
         lane = f.get("lane") or None
         if action == "retry_dead":
             return q.reprocess_all("dead")
         if action == "delete_dead":
             return _console.bulk(q, "remove")
+        if action == "cancel_all":
+            return q.cancel_all()
         if action == "selected":
             verb = f.get("verb", "")
             if verb not in SELECTION:
@@ -855,6 +962,12 @@ def create_app(
             return _console.bulk(q, SELECTION[verb], selected)
         if action == "unrepeat":
             return q.unrepeat(f.get("name", ""))
+        if action in ("pause_repeat", "resume_repeat"):
+            name = f.get("name", "")
+            flip = q.pause_repeat if action == "pause_repeat" else q.resume_repeat
+            if not flip(name):  # a malformed name is InvalidArgument (400) first
+                raise _NoSuchRepeat(f"no such repeat: {name!r}")
+            return True
         if action == "pause":
             q.pause_lane(lane) if lane else q.pause()
         elif action == "resume":
@@ -954,6 +1067,10 @@ def create_app(
 class _NoSuchQueue(EchoMQError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no such queue: {name!r}")
+
+
+class _NoSuchRepeat(EchoMQError):
+    """A pause or resume of a repeat name not registered on the queue: 404."""
 
 
 class _PastTheEnd(EchoMQError):

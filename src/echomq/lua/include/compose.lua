@@ -1,7 +1,8 @@
 -- compose: repeatable jobs (D19), and later flows (D18). Needs common, control and admit.
 --
--- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms),
--- p..repeat:<name> HASH (payload, group, every_ms | cron + tz, owner, slot), p..repeatfree
+-- Registry: p..repeat ZSET (member = repeat name, score = its next fire, server ms; +inf
+-- once spent or while paused), p..repeat:<name> HASH (payload, group, every_ms | cron + tz,
+-- owner, slot; limit, until_ms, fired; paused, last_ms: issue 26), p..repeatfree
 -- LIST (slots freed by repeat_remove) and meta.repeat_slots (slots minted so far).
 
 --@lazy repeats
@@ -84,6 +85,8 @@ local function fire_repeat(base, name, fire_ms, now)
   local verdict = admit(base, occurrence_id(slot, fire_ms), spec[1], g, nil, now)
   if verdict ~= 'enqueued' then return 0 end
   if spec[3] or spec[4] then rcall('HINCRBY', sk, 'fired', 1) end
+  -- Issue 26: the server ms of the last fire that admitted an occurrence (repeats() shows it).
+  rcall('HSET', sk, 'last_ms', now)
   touch(base, g, 1)
   return 1
 end
