@@ -566,6 +566,7 @@ class ModelMachine(RuleBasedStateMachine):
         claimable = self.m(qi).claimable()
         t0 = self.now()
         job = self.q(qi).claim(lease_ms=lease)
+        self.expired_met(qi)  # the expired jobs this claim met died in it, before what follows
         t1 = self.now()
         if job is None:
             assert claimable == 0, f"claim answered empty with {claimable} claimable"
@@ -578,6 +579,7 @@ class ModelMachine(RuleBasedStateMachine):
         claimable = self.m(qi).claimable()
         t0 = self.now()
         jobs = self.q(qi).claim_batch(n, lease_ms=lease)
+        self.expired_met(qi)  # the expired jobs this claim met died in it, before what follows
         t1 = self.now()
         assert len(jobs) == min(n, claimable), f"{len(jobs)} of {n}, {claimable} claimable"
         for job in jobs:
@@ -599,6 +601,7 @@ class ModelMachine(RuleBasedStateMachine):
         claimable = self.m(qi).claimable()
         t0 = self.now()
         jobs = self.q(qi).claim_batch(len(outcomes), lease_ms=LONG)
+        self.expired_met(qi)  # the expired jobs this claim met died in it, before what follows
         t1 = self.now()
         assert len(jobs) == min(len(outcomes), claimable)
         for job in jobs:
@@ -631,6 +634,7 @@ class ModelMachine(RuleBasedStateMachine):
         claimable = m.claimable()
         t0 = self.now()
         job = self.q(qi).claim(lease_ms=lease)
+        self.expired_met(qi)  # the expired jobs this claim met died in it, before what follows
         t1 = self.now()
         if job is None:
             assert claimable == 0
@@ -673,6 +677,7 @@ class ModelMachine(RuleBasedStateMachine):
             return {}
         t0 = self.now()
         jobs = self.q(qi).claim_batch(n, lease_ms=lease)
+        self.expired_met(qi)  # the expired jobs this claim met died in it, before what follows
         t1 = self.now()
         assert len(jobs) == n
         for job in jobs:
@@ -2089,6 +2094,20 @@ def test_a_kept_flow_parent_and_its_rerun_child(sm: ModelMachine) -> None:
     assert sm.m(0).jobs[child].state == "completed"
     s.do_reprocess(qi=0, jid=child)
     s.work(qi=0, outcomes=["done"])
+
+
+def test_an_expiry_a_seam_claim_meets_dies_before_the_seam_goes_on(sm: ModelMachine) -> None:
+    """Found by the machine (deep run): a claim inside a multi-step rule dead-letters the
+    expired job it meets at once, so a bounded dead set trims it in time order with the
+    deaths that follow in the same rule; the model learnt of the expiry only at its next
+    check, after the rule, and trimmed the wrong job."""
+    s = Steps(sm)
+    s.seed(n=0, g=None)
+    s.keep_history(keep=None, dead=2)
+    s.flow_seam(chain="child-rerun", cross=0)
+    s.seam(chain="cancel-retry", keep=False, qi=0, remove=False)
+    s.enqueue_prioritized(delay=None, group=None, payload=b"", priority=0, qi=0, ttl=1)
+    s.flow_seam(chain="child-rerun", cross=0)
 
 
 def test_kept_dead_trims_by_the_time_of_death_not_the_last_lease(sm: ModelMachine) -> None:
