@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, overload
 
-from echomq import _compose, _native, keyspace
+from echomq import _compose, _native, _repeats, keyspace
 from echomq import _protocol as _p
 from echomq._connect import (
     AsyncClient,
@@ -283,14 +283,14 @@ class App:
         restarts); other keywords go to ``task``.
         """
         _compose.schedule(every_ms, cron, tz)
-        _compose.repeat_limits(limit, until_ms)
+        _repeats.repeat_limits(limit, until_ms)
         if group is not None:
             keyspace.check_lane(group)
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             t: Task[P, R] = self.task(queue=queue, **task_options)(f)
             rname = name if name is not None else _NOT_NAME.sub("_", t.name)[-128:]
-            _compose._name(rname)
+            _repeats._name(rname)
             if (t.queue, rname) in self.periodics:
                 raise InvalidArgument(f"periodic {rname!r} is already registered")
             t.payload(tuple(args), dict(kwargs or {}))  # BadArguments here, not in the worker
