@@ -49,37 +49,27 @@ action and refuses them. Every name and payload is escaped by the templates (aut
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
-import decimal
-import hashlib
 import hmac
 import json
 import os
-import re
 import secrets
-import threading
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from echomq import _console, _envelope, _inspect, _registry, ids, keyspace
+from echomq import _console, _inspect, _registry
 from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq._connect import TRANSIENT
-from echomq._executor import SyncExecutor, sync_client
+from echomq._executor import sync_client
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
@@ -87,446 +77,26 @@ from echomq.errors import (
     JobGone,
     StateError,
 )
+from echomq.web._session import _CSRF, _SESSION, MAX_FORM, _form, _https, _State, _TooLarge
+from echomq.web._views import _PAGE, HERE, LIST_STATES, PAGE_SIZES, _decode_payload, _env
+from echomq.web.actions import (
+    ACTIONS,
+    DESTRUCTIVE,
+    JOB_ACTIONS,
+    JOB_TABLE,
+    QUEUE_ACTIONS,
+    SELECTION,
+    JobAction,
+    _NoSuchRepeat,
+    perform,
+)
 
 __all__ = ["ACTIONS", "JOB_ACTIONS", "JobAction", "create_app"]
 
-HERE = Path(__file__).parent
-QUEUE_ACTIONS = (
-    "pause",
-    "resume",
-    "drain",
-    "pause_lane",
-    "resume_lane",
-    "limit_lane",
-    "weight_lane",
-    "retry_dead",
-    "delete_dead",
-    "cancel_all",
-    "selected",
-    "unrepeat",
-    "pause_repeat",
-    "resume_repeat",
-)
 
-
-@dataclass(frozen=True)
-class JobAction:
-    """One action on one job: the verb it runs, the places it applies to (as ``job_state``
-    names them), its button, and whether it asks for confirmation first. The job page, the
-    list's row buttons and the selection's verbs are all drawn from :data:`JOB_TABLE`, so a
-    new verb is one entry here."""
-
-    name: str
-    label: str
-    places: tuple[str, ...]
-    destructive: bool
-    # (queue, job id, the form's fields, the dashboard's App or None) -> the verb's result
-    run: Callable[[Any, str, dict[str, str], Any], Any]
-    field: str | None = None  # a form input the verb reads (its name), shown beside the button
-    kind: str = "input"  # "textarea": a multi-line field, drawn with the payload it replaces
-    hint: str | None = None  # the field's placeholder (its name when None)
-
-
-def _priority(f: dict[str, str]) -> int:
-    raw = f.get("priority", "").strip()
-    if not raw.isdigit():
-        raise InvalidArgument(f"a priority is an int 0..2097152, got {raw[:40]!r}")
-    return int(raw)  # its range is the verb's to check (InvalidArgument past it)
-
-
-def _cancel(q: Any, job_id: str, _f: dict[str, str], _app: Any) -> str:
-    outcome: str = q.cancel(job_id)
-    if outcome == "absent":
-        raise JobGone(job_id)
-    return outcome
-
-
-_SECONDS = re.compile(r"\d{1,10}(\.\d{1,3})?")
-
-
-def _delay_ms(f: dict[str, str]) -> int:
-    """The reschedule form's ``delay_s``: seconds from now (server clock), up to three
-    decimals, as ms; InvalidArgument for anything else (its range is the verb's to check)."""
-    raw = f.get("delay_s", "").strip()
-    if not _SECONDS.fullmatch(raw):
-        raise InvalidArgument(f"a delay is seconds from now (e.g. 90 or 1.5), got {raw[:40]!r}")
-    return int(decimal.Decimal(raw) * 1000)
-
-
-def _update_payload(q: Any, job_id: str, f: dict[str, str], app: Any) -> None:
-    """The edit-payload form: the text as the job page shows it. With an App, a job whose
-    payload is a task envelope shows it decoded (``{"task", "args", "kwargs"}`` as JSON):
-    that JSON is read back and encoded by the app's serializer as a task call, keeping the
-    envelope's trace context and per-job options; every other payload (and every payload
-    without an App) is replaced by the text's UTF-8 bytes (line ends as LF). Bad JSON, a
-    wrong shape or a text over MAX_FORM bytes is InvalidArgument, nothing written."""
-    if "payload" not in f:
-        raise InvalidArgument("update_payload needs the form's payload")
-    text = f["payload"].replace("\r\n", "\n")
-    data = text.encode("utf-8")
-    if len(data) > MAX_FORM:
-        raise InvalidArgument(f"a payload from the form is at most {MAX_FORM} bytes")
-    serializer = getattr(app, "serializer", None)
-    if serializer is not None:
-        row = q.get_job(job_id)
-        if row is None:
-            raise JobGone(job_id)
-        current = row.get("payload") or b""
-        current = current.encode() if isinstance(current, str) else current
-        try:
-            opts = _envelope.parse_full(serializer, current)[3]
-        except Exception:  # not an envelope: shown and replaced as text
-            opts = None
-        if opts is not None:
-            tc = _envelope.trace_context(serializer, current)
-            data = _task_call(serializer, text, tc, opts)
-    q.update_payload(job_id, data)
-
-
-def _task_call(serializer: Any, text: str, tc: dict[str, str], opts: dict[str, Any]) -> bytes:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"the payload is not JSON: {exc}") from None
-    shape = 'a JSON object {"task": "name", "args": [...], "kwargs": {...}}'
-    if not isinstance(value, dict) or set(value) - {"task", "args", "kwargs"}:
-        raise InvalidArgument(f"a task call is {shape}")
-    task, args, kwargs = value.get("task"), value.get("args", []), value.get("kwargs", {})
-    if not isinstance(task, str) or not task:
-        raise InvalidArgument(f"a task call names its task: {shape}")
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise InvalidArgument(f"a task call's args is a list and its kwargs an object: {shape}")
-    try:
-        return _envelope.build(serializer, task, args, kwargs, tc=tc or None, opts=opts or None)
-    except Exception as exc:  # the serializer refused a value
-        raise InvalidArgument(f"the app's serializer cannot encode it: {exc}") from None
-
-
-JOB_TABLE: dict[str, JobAction] = {
-    a.name: a
-    for a in (
-        JobAction(
-            "reprocess",
-            "reprocess",
-            ("dead", "completed"),
-            False,
-            lambda q, i, f, a: q.reprocess(i),
-        ),
-        JobAction("retry", "run now", ("scheduled",), False, lambda q, i, f, a: q.run_now(i)),
-        JobAction(
-            "reschedule",
-            "reschedule",
-            ("scheduled",),
-            False,
-            lambda q, i, f, a: q.reschedule(i, _delay_ms(f)),
-            field="delay_s",
-            hint="seconds from now",
-        ),
-        JobAction(
-            "change_priority",
-            "set priority",
-            ("pending", "scheduled"),
-            False,
-            lambda q, i, f, a: q.change_priority(i, _priority(f)),
-            field="priority",
-        ),
-        JobAction(
-            "update_payload",
-            "save payload",
-            ("pending", "scheduled"),
-            False,
-            _update_payload,
-            field="payload",
-            kind="textarea",
-        ),
-        JobAction("cancel", "cancel", ("active",), True, _cancel),
-        JobAction(
-            "remove",
-            "remove",
-            ("pending", "scheduled", "dead", "active", "awaiting_children", "completed"),
-            True,
-            lambda q, i, f, a: q.remove(i),
-        ),
-    )
-}
-JOB_ACTIONS = tuple(JOB_TABLE)
-# The verbs a list's selection can apply (the names of `_console.bulk`).
-SELECTION = {"reprocess": "reprocess", "retry": "run_now", "cancel": "cancel", "remove": "remove"}
-ACTIONS = QUEUE_ACTIONS
-DESTRUCTIVE = {"drain", "delete_dead", "cancel_all", "unrepeat"} | {
-    a.name for a in JOB_TABLE.values() if a.destructive
-}
-# A list's page sizes; the states a list shows (the set names, "schedule" for scheduled).
-PAGE_SIZES = (10, 25, 50, 100, 200, 500)
-LIST_STATES = ("pending", "active", "schedule", "dead", "completed")
-_SESSION = "echomq_session"
-_CSRF = "echomq_csrf"
-_PAGE = 50
-# A form of ours is a few short fields; anything larger is refused before it is buffered.
-MAX_FORM = 65536
-SESSION_TTL_MS = 12 * 3600 * 1000
 # How long the overview rides out a failover (the cluster's slot map re-read, the reads
 # asked again) before it answers 503: a request should not hang for a whole outage.
 _RIDE_OUT_S = 5.0
-
-
-class _State:
-    def __init__(
-        self,
-        client: Any,
-        *,
-        read_only: bool,
-        token: str | None,
-        app: Any,
-        queues: Sequence[str] | None,
-        discover_s: float,
-    ) -> None:
-        self.client = client
-        self.x = SyncExecutor(client, retry_for=0)
-        self.read_only = read_only
-        self.token = token or None
-        self.app = app
-        self.fixed = list(queues) if queues else None
-        self.discover_s = discover_s
-        self._found: list[str] = []
-        self._found_at = -1e18
-        self._lock = threading.Lock()
-        # Depth and oldest-waiting history for the charts: the server keeps per-minute
-        # completions and failures (D16) but no depth history, so this process samples it
-        # whenever it reads a queue (its pages and their live refresh), one point a minute.
-        self.samples: dict[str, collections.OrderedDict[int, tuple[int, float | None]]] = {}
-
-    def _session(self, sid: str) -> tuple[str, bytes] | None:
-        """The server key of session id ``sid`` and the value it holds while signed in: an
-        HMAC of the id under the token, so a session minted under another token is void."""
-        if not self.token or not sid or len(sid) > 128:
-            return None
-        digest = hashlib.sha256(sid.encode()).hexdigest()
-        tag = hmac.new(self.token.encode(), sid.encode(), hashlib.sha256).hexdigest()
-        return keyspace.session_key(digest), tag.encode()
-
-    def sign_in(self) -> str:
-        """A fresh session id, recorded on the server with its TTL."""
-        sid = secrets.token_urlsafe(32)
-        record = self._session(sid)
-        assert record is not None
-        self.client.set(record[0], record[1], px=SESSION_TTL_MS)
-        return sid
-
-    def signed_in(self, sid: str | None) -> bool:
-        record = self._session(sid or "")
-        if record is None:
-            return False
-        held = self.client.get(record[0])
-        if isinstance(held, str):
-            held = held.encode()
-        return held is not None and hmac.compare_digest(held, record[1])
-
-    def sign_out(self, sid: str | None) -> None:
-        record = self._session(sid or "")
-        if record is not None:
-            self.client.delete(record[0])
-
-    @property
-    def actions(self) -> bool:
-        return not self.read_only and self.token is not None
-
-    def names(self) -> list[str]:
-        if self.fixed is not None:
-            return self.fixed
-        with self._lock:
-            now = time.monotonic()
-            if now - self._found_at >= self.discover_s:
-                self._found = _inspect.discover(self.client)
-                self._found_at = now
-            return self._found
-
-    def forget(self) -> None:
-        with self._lock:
-            self._found_at = -1e18
-
-    def exists(self, name: str) -> bool:
-        """Whether queue ``name`` is one to show: a configured one, or one with keys (the
-        discovery's cached list, else one EXISTS over the queue's own key types)."""
-        keyspace.check_queue(name)  # a malformed name is InvalidId (400) before any I/O
-        if self.fixed is not None:
-            return name in self.fixed
-        # One EXISTS first: the discovery SCAN walks the whole keyspace (a second or more
-        # on a 1M-job server), so a page of a live queue never waits for it.
-        keys = [keyspace.queue_key(name, t) for t in sorted(keyspace.QUEUE_TYPES)]
-        if int(self.client.execute_command("EXISTS", *keys)):
-            return True
-        return name in self.names()
-
-    def sample(self, view: _inspect.QueueView) -> None:
-        minute = view.now_ms // 60_000
-        depth = view.counts.get("pending", 0)
-        with self._lock:
-            points = self.samples.setdefault(view.name, collections.OrderedDict())
-            points[minute] = (depth, view.oldest_waiting_age_s)
-            while points and next(iter(points)) <= minute - 60:
-                points.popitem(last=False)
-
-
-def _sparkline(values: Sequence[int], width: int = 120, height: int = 24) -> Markup:
-    """An inline SVG of per-minute counts (current minute at the right)."""
-    pts = list(reversed(values))
-    if not pts:
-        return Markup("")
-    top = max(pts) or 1
-    step = width / max(1, len(pts) - 1)
-    coords = " ".join(
-        f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(pts)
-    )
-    # Only numbers go into the markup: nothing user-controlled.
-    return Markup(
-        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'aria-hidden="true"><polyline fill="none" stroke="currentColor" stroke-width="1.5" '
-        f'points="{coords}"/></svg>'
-    )
-
-
-def _ms(value: int | None, now_ms: int) -> str:
-    if value is None:
-        return ""
-    delta = value - now_ms
-    text = _console.human(delta)
-    return f"in {text}" if delta >= 0 else f"{text} ago"
-
-
-def _when(value: int | None, now_ms: int) -> Markup:
-    """A time as a person reads it ("3.2m ago", "in 4.0s"), the raw value on hover: the
-    UTC date and the unix ms. Only numbers and fixed words go into the markup."""
-    if value is None:
-        return Markup('<span class="muted">—</span>')
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
-    return Markup(
-        f'<time datetime="{stamp}Z" title="{stamp} UTC ({int(value)} unix ms)">'
-        f"{_ms(int(value), now_ms)}</time>"
-    )
-
-
-def _span(value: int | None, now_ms: int) -> Markup:
-    """How long since ``value`` (a run time, an age), the raw value on hover."""
-    if value is None:
-        return Markup('<span class="muted">—</span>')
-    text = _console.human(max(0, now_ms - value))
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
-    return Markup(f'<time title="since {stamp} UTC ({int(value)} unix ms)">{text}</time>')
-
-
-def _thousands(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-
-
-def _bars(
-    values: Sequence[float | None], *, width: int = 720, height: int = 120, cls: str = "bars"
-) -> Markup:
-    """A bar chart of ``values`` (oldest at the left), each bar titled with its value, the
-    maximum labelled: server-rendered SVG, readable without JavaScript. Only numbers go
-    into the markup."""
-    n = max(1, len(values))
-    top = max((v for v in values if v is not None), default=0) or 1
-    step = width / n
-    bars = []
-    for i, v in enumerate(values):
-        if v is None:
-            continue
-        h = (v / top) * (height - 16)
-        label = f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
-        bars.append(
-            f'<rect x="{i * step + 1:.1f}" y="{height - h:.1f}" width="{max(1.0, step - 2):.1f}" '
-            f'height="{h:.1f}"><title>{n - i - 1} min ago: {label}</title></rect>'
-        )
-    top_label = f"{top:,.1f}" if isinstance(top, float) else f"{top:,}"
-    return Markup(
-        f'<svg class="{cls}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'role="img"><text x="2" y="11" class="axis">max {top_label}</text>{"".join(bars)}'
-        f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" class="axis"/></svg>'
-    )
-
-
-def _id_time(job_id: str) -> int | None:
-    try:
-        return ids.decode_time_ms(job_id)
-    except ValueError:
-        return None
-
-
-def _env() -> Environment:
-    env = Environment(
-        loader=FileSystemLoader(str(HERE / "templates")),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-    )
-    env.globals["sparkline"] = _sparkline
-    env.filters["rel"] = _ms
-    env.globals["id_time"] = _id_time
-    env.globals["when"] = _when
-    env.globals["span"] = _span
-    env.globals["bars"] = _bars
-    env.filters["n"] = _thousands
-    return env
-
-
-def _decode_payload(app: Any, payload: bytes | str | None) -> Any:
-    """The payload for display: the task call through the app's serializer when an app is
-    given, else text (or a repr of binary data). Never evaluated, always escaped later."""
-    if payload is None:
-        return None
-    data = payload.encode() if isinstance(payload, str) else payload
-    if app is not None:
-        try:
-            task, args, kwargs = _envelope.parse(app.serializer, data)
-            return {"task": task, "args": args, "kwargs": kwargs}
-        except Exception:  # not an envelope: shown raw below
-            pass
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return repr(data)
-
-
-def _https(request: Request) -> bool:
-    # Cookies are marked Secure whenever the page itself came over TLS.
-    return request.url.scheme == "https"
-
-
-class _TooLarge(Exception):
-    """A request body over :data:`MAX_FORM`."""
-
-
-class _Fields(dict[str, str]):
-    """A form's fields (the last value of each) and every value of a repeated one."""
-
-    def __init__(self, pairs: list[tuple[str, str]]) -> None:
-        super().__init__(pairs)
-        self.pairs = pairs
-
-    def every(self, name: str) -> list[str]:
-        return [v for k, v in self.pairs if k == name]
-
-
-async def _form(request: Request) -> _Fields:
-    """The urlencoded form of a POST (the only kind the pages send; no multipart parser
-    needed). A body over :data:`MAX_FORM` is not a form of ours: refused (``_TooLarge``) from
-    its ``Content-Length`` before a byte is read, or, chunked, once the read passes the
-    bound, so no request can make the process buffer more than that."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.strip().isdigit():
-            raise InvalidArgument("a malformed Content-Length")
-        if int(declared) > MAX_FORM:
-            raise _TooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_FORM:
-            raise _TooLarge
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-    return _Fields(pairs)
 
 
 def create_app(
@@ -911,7 +481,7 @@ def create_app(
         try:
             if not st.exists(queue):
                 return error(request, 404, f"no such queue: {queue!r}", api)
-            result = _perform(queue, job_id, action, fields, selected)
+            result = perform(st.client, st.app, queue, job_id, action, fields, selected)
         except (InvalidId, InvalidArgument) as exc:
             return error(request, 400, str(exc), api)
         except JobGone as exc:
@@ -934,67 +504,6 @@ def create_app(
         elif action in ("unrepeat", "pause_repeat", "resume_repeat"):
             target = f"{base}/queues/{queue}/repeats"
         return RedirectResponse(target, status_code=303)
-
-    def _perform(
-        queue: str, job_id: str | None, action: str, f: dict[str, str], selected: list[str]
-    ) -> Any:
-        from echomq.queue import Queue
-
-        q = Queue(queue, client=st.client, retry_for=0)
-        if job_id is not None:
-            q._k.job(job_id)  # a malformed id is InvalidId (400) before the verb runs
-            return JOB_TABLE[action].run(q, job_id, f, st.app)
-        lane = f.get("lane") or None
-        if action == "retry_dead":
-            return q.reprocess_all("dead")
-        if action == "delete_dead":
-            return _console.bulk(q, "remove")
-        if action == "cancel_all":
-            return q.cancel_all()
-        if action == "selected":
-            verb = f.get("verb", "")
-            if verb not in SELECTION:
-                raise InvalidArgument(f"a selection's verb is one of {', '.join(SELECTION)}")
-            if not selected or len(selected) > 1000:
-                raise InvalidArgument("select 1 to 1000 jobs")
-            for one in selected:
-                q._k.job(one)  # every id checked before the first one moves
-            return _console.bulk(q, SELECTION[verb], selected)
-        if action == "unrepeat":
-            return q.unrepeat(f.get("name", ""))
-        if action in ("pause_repeat", "resume_repeat"):
-            name = f.get("name", "")
-            flip = q.pause_repeat if action == "pause_repeat" else q.resume_repeat
-            if not flip(name):  # a malformed name is InvalidArgument (400) first
-                raise _NoSuchRepeat(f"no such repeat: {name!r}")
-            return True
-        if action == "pause":
-            q.pause_lane(lane) if lane else q.pause()
-        elif action == "resume":
-            q.resume_lane(lane) if lane else q.resume()
-        elif action == "drain":
-            return q.drain(include_schedule=f.get("include_schedule") == "1")
-        elif action in ("pause_lane", "resume_lane", "limit_lane", "weight_lane"):
-            if not lane:
-                raise InvalidArgument(f"{action} needs a lane")
-            if action == "pause_lane":
-                q.pause_lane(lane)
-            elif action == "resume_lane":
-                q.resume_lane(lane)
-            else:
-                raw = f.get("value", "").strip()
-                if action == "limit_lane" and raw in ("", "none"):
-                    q.limit_lane(lane, None)
-                else:
-                    try:
-                        value = int(raw)
-                    except ValueError:
-                        raise InvalidArgument(f"{action} needs an int value, got {raw!r}") from None
-                    if action == "limit_lane":
-                        q.limit_lane(lane, value)
-                    else:
-                        q.weight_lane(lane, value)
-        return None
 
     # ------------------------------------------------------------------ errors
 
@@ -1067,10 +576,6 @@ def create_app(
 class _NoSuchQueue(EchoMQError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no such queue: {name!r}")
-
-
-class _NoSuchRepeat(EchoMQError):
-    """A pause or resume of a repeat name not registered on the queue: 404."""
 
 
 class _PastTheEnd(EchoMQError):

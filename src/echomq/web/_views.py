@@ -1,0 +1,145 @@
+"""What the dashboard's pages show and how: the templates' environment and filters (human
+times with the raw value on hover, thousands separators, sparklines and bars), a decoded
+payload, and the page sizes and list states."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from echomq import _console, _envelope, ids
+
+HERE = Path(__file__).parent
+
+
+# A list's page sizes; the states a list shows (the set names, "schedule" for scheduled).
+PAGE_SIZES = (10, 25, 50, 100, 200, 500)
+
+
+LIST_STATES = ("pending", "active", "schedule", "dead", "completed")
+
+
+_PAGE = 50
+
+
+def _sparkline(values: Sequence[int], width: int = 120, height: int = 24) -> Markup:
+    """An inline SVG of per-minute counts (current minute at the right)."""
+    pts = list(reversed(values))
+    if not pts:
+        return Markup("")
+    top = max(pts) or 1
+    step = width / max(1, len(pts) - 1)
+    coords = " ".join(
+        f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(pts)
+    )
+    # Only numbers go into the markup: nothing user-controlled.
+    return Markup(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'aria-hidden="true"><polyline fill="none" stroke="currentColor" stroke-width="1.5" '
+        f'points="{coords}"/></svg>'
+    )
+
+
+def _ms(value: int | None, now_ms: int) -> str:
+    if value is None:
+        return ""
+    delta = value - now_ms
+    text = _console.human(delta)
+    return f"in {text}" if delta >= 0 else f"{text} ago"
+
+
+def _when(value: int | None, now_ms: int) -> Markup:
+    """A time as a person reads it ("3.2m ago", "in 4.0s"), the raw value on hover: the
+    UTC date and the unix ms. Only numbers and fixed words go into the markup."""
+    if value is None:
+        return Markup('<span class="muted">—</span>')
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
+    return Markup(
+        f'<time datetime="{stamp}Z" title="{stamp} UTC ({int(value)} unix ms)">'
+        f"{_ms(int(value), now_ms)}</time>"
+    )
+
+
+def _span(value: int | None, now_ms: int) -> Markup:
+    """How long since ``value`` (a run time, an age), the raw value on hover."""
+    if value is None:
+        return Markup('<span class="muted">—</span>')
+    text = _console.human(max(0, now_ms - value))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value / 1000))
+    return Markup(f'<time title="since {stamp} UTC ({int(value)} unix ms)">{text}</time>')
+
+
+def _thousands(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _bars(
+    values: Sequence[float | None], *, width: int = 720, height: int = 120, cls: str = "bars"
+) -> Markup:
+    """A bar chart of ``values`` (oldest at the left), each bar titled with its value, the
+    maximum labelled: server-rendered SVG, readable without JavaScript. Only numbers go
+    into the markup."""
+    n = max(1, len(values))
+    top = max((v for v in values if v is not None), default=0) or 1
+    step = width / n
+    bars = []
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        h = (v / top) * (height - 16)
+        label = f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+        bars.append(
+            f'<rect x="{i * step + 1:.1f}" y="{height - h:.1f}" width="{max(1.0, step - 2):.1f}" '
+            f'height="{h:.1f}"><title>{n - i - 1} min ago: {label}</title></rect>'
+        )
+    top_label = f"{top:,.1f}" if isinstance(top, float) else f"{top:,}"
+    return Markup(
+        f'<svg class="{cls}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img"><text x="2" y="11" class="axis">max {top_label}</text>{"".join(bars)}'
+        f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" class="axis"/></svg>'
+    )
+
+
+def _id_time(job_id: str) -> int | None:
+    try:
+        return ids.decode_time_ms(job_id)
+    except ValueError:
+        return None
+
+
+def _env() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(HERE / "templates")),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    env.globals["sparkline"] = _sparkline
+    env.filters["rel"] = _ms
+    env.globals["id_time"] = _id_time
+    env.globals["when"] = _when
+    env.globals["span"] = _span
+    env.globals["bars"] = _bars
+    env.filters["n"] = _thousands
+    return env
+
+
+def _decode_payload(app: Any, payload: bytes | str | None) -> Any:
+    """The payload for display: the task call through the app's serializer when an app is
+    given, else text (or a repr of binary data). Never evaluated, always escaped later."""
+    if payload is None:
+        return None
+    data = payload.encode() if isinstance(payload, str) else payload
+    if app is not None:
+        try:
+            task, args, kwargs = _envelope.parse(app.serializer, data)
+            return {"task": task, "args": args, "kwargs": kwargs}
+        except Exception:  # not an envelope: shown raw below
+            pass
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(data)

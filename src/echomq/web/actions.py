@@ -1,0 +1,269 @@
+"""The dashboard's actions: one :class:`JobAction` per verb on one job (the job page, a list's
+row buttons and a selection are all drawn from :data:`JOB_TABLE`), and the queue-wide ones
+(:data:`QUEUE_ACTIONS`). Each runs one script verb; the destructive ones ask first."""
+
+from __future__ import annotations
+
+import decimal
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from echomq import _console, _envelope
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    JobGone,
+)
+from echomq.web._session import MAX_FORM
+
+QUEUE_ACTIONS = (
+    "pause",
+    "resume",
+    "drain",
+    "pause_lane",
+    "resume_lane",
+    "limit_lane",
+    "weight_lane",
+    "retry_dead",
+    "delete_dead",
+    "cancel_all",
+    "selected",
+    "unrepeat",
+    "pause_repeat",
+    "resume_repeat",
+)
+
+
+@dataclass(frozen=True)
+class JobAction:
+    """One action on one job: the verb it runs, the places it applies to (as ``job_state``
+    names them), its button, and whether it asks for confirmation first. The job page, the
+    list's row buttons and the selection's verbs are all drawn from :data:`JOB_TABLE`, so a
+    new verb is one entry here."""
+
+    name: str
+    label: str
+    places: tuple[str, ...]
+    destructive: bool
+    # (queue, job id, the form's fields, the dashboard's App or None) -> the verb's result
+    run: Callable[[Any, str, dict[str, str], Any], Any]
+    field: str | None = None  # a form input the verb reads (its name), shown beside the button
+    kind: str = "input"  # "textarea": a multi-line field, drawn with the payload it replaces
+    hint: str | None = None  # the field's placeholder (its name when None)
+
+
+def _priority(f: dict[str, str]) -> int:
+    raw = f.get("priority", "").strip()
+    if not raw.isdigit():
+        raise InvalidArgument(f"a priority is an int 0..2097152, got {raw[:40]!r}")
+    return int(raw)  # its range is the verb's to check (InvalidArgument past it)
+
+
+def _cancel(q: Any, job_id: str, _f: dict[str, str], _app: Any) -> str:
+    outcome: str = q.cancel(job_id)
+    if outcome == "absent":
+        raise JobGone(job_id)
+    return outcome
+
+
+_SECONDS = re.compile(r"\d{1,10}(\.\d{1,3})?")
+
+
+def _delay_ms(f: dict[str, str]) -> int:
+    """The reschedule form's ``delay_s``: seconds from now (server clock), up to three
+    decimals, as ms; InvalidArgument for anything else (its range is the verb's to check)."""
+    raw = f.get("delay_s", "").strip()
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidArgument(f"a delay is seconds from now (e.g. 90 or 1.5), got {raw[:40]!r}")
+    return int(decimal.Decimal(raw) * 1000)
+
+
+def _update_payload(q: Any, job_id: str, f: dict[str, str], app: Any) -> None:
+    """The edit-payload form: the text as the job page shows it. With an App, a job whose
+    payload is a task envelope shows it decoded (``{"task", "args", "kwargs"}`` as JSON):
+    that JSON is read back and encoded by the app's serializer as a task call, keeping the
+    envelope's trace context and per-job options; every other payload (and every payload
+    without an App) is replaced by the text's UTF-8 bytes (line ends as LF). Bad JSON, a
+    wrong shape or a text over MAX_FORM bytes is InvalidArgument, nothing written."""
+    if "payload" not in f:
+        raise InvalidArgument("update_payload needs the form's payload")
+    text = f["payload"].replace("\r\n", "\n")
+    data = text.encode("utf-8")
+    if len(data) > MAX_FORM:
+        raise InvalidArgument(f"a payload from the form is at most {MAX_FORM} bytes")
+    serializer = getattr(app, "serializer", None)
+    if serializer is not None:
+        row = q.get_job(job_id)
+        if row is None:
+            raise JobGone(job_id)
+        current = row.get("payload") or b""
+        current = current.encode() if isinstance(current, str) else current
+        try:
+            opts = _envelope.parse_full(serializer, current)[3]
+        except Exception:  # not an envelope: shown and replaced as text
+            opts = None
+        if opts is not None:
+            tc = _envelope.trace_context(serializer, current)
+            data = _task_call(serializer, text, tc, opts)
+    q.update_payload(job_id, data)
+
+
+def _task_call(serializer: Any, text: str, tc: dict[str, str], opts: dict[str, Any]) -> bytes:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"the payload is not JSON: {exc}") from None
+    shape = 'a JSON object {"task": "name", "args": [...], "kwargs": {...}}'
+    if not isinstance(value, dict) or set(value) - {"task", "args", "kwargs"}:
+        raise InvalidArgument(f"a task call is {shape}")
+    task, args, kwargs = value.get("task"), value.get("args", []), value.get("kwargs", {})
+    if not isinstance(task, str) or not task:
+        raise InvalidArgument(f"a task call names its task: {shape}")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise InvalidArgument(f"a task call's args is a list and its kwargs an object: {shape}")
+    try:
+        return _envelope.build(serializer, task, args, kwargs, tc=tc or None, opts=opts or None)
+    except Exception as exc:  # the serializer refused a value
+        raise InvalidArgument(f"the app's serializer cannot encode it: {exc}") from None
+
+
+JOB_TABLE: dict[str, JobAction] = {
+    a.name: a
+    for a in (
+        JobAction(
+            "reprocess",
+            "reprocess",
+            ("dead", "completed"),
+            False,
+            lambda q, i, f, a: q.reprocess(i),
+        ),
+        JobAction("retry", "run now", ("scheduled",), False, lambda q, i, f, a: q.run_now(i)),
+        JobAction(
+            "reschedule",
+            "reschedule",
+            ("scheduled",),
+            False,
+            lambda q, i, f, a: q.reschedule(i, _delay_ms(f)),
+            field="delay_s",
+            hint="seconds from now",
+        ),
+        JobAction(
+            "change_priority",
+            "set priority",
+            ("pending", "scheduled"),
+            False,
+            lambda q, i, f, a: q.change_priority(i, _priority(f)),
+            field="priority",
+        ),
+        JobAction(
+            "update_payload",
+            "save payload",
+            ("pending", "scheduled"),
+            False,
+            _update_payload,
+            field="payload",
+            kind="textarea",
+        ),
+        JobAction("cancel", "cancel", ("active",), True, _cancel),
+        JobAction(
+            "remove",
+            "remove",
+            ("pending", "scheduled", "dead", "active", "awaiting_children", "completed"),
+            True,
+            lambda q, i, f, a: q.remove(i),
+        ),
+    )
+}
+
+
+JOB_ACTIONS = tuple(JOB_TABLE)
+
+
+# The verbs a list's selection can apply (the names of `_console.bulk`).
+SELECTION = {"reprocess": "reprocess", "retry": "run_now", "cancel": "cancel", "remove": "remove"}
+
+
+ACTIONS = QUEUE_ACTIONS
+
+
+DESTRUCTIVE = {"drain", "delete_dead", "cancel_all", "unrepeat"} | {
+    a.name for a in JOB_TABLE.values() if a.destructive
+}
+
+
+class _NoSuchRepeat(EchoMQError):
+    """A pause or resume of a repeat name not registered on the queue: 404."""
+
+
+def perform(
+    client: Any,
+    app: Any,
+    queue: str,
+    job_id: str | None,
+    action: str,
+    f: dict[str, str],
+    selected: list[str],
+) -> Any:
+    """Run one checked action (a job's, from :data:`JOB_TABLE`, or a queue's, from
+    :data:`QUEUE_ACTIONS`) on ``queue``, on the dashboard's ``client``; ``app`` encodes an
+    edited task call. A malformed id or name raises before anything is written."""
+    from echomq.queue import Queue
+
+    q = Queue(queue, client=client, retry_for=0)
+    if job_id is not None:
+        q._k.job(job_id)  # a malformed id is InvalidId (400) before the verb runs
+        return JOB_TABLE[action].run(q, job_id, f, app)
+    lane = f.get("lane") or None
+    if action == "retry_dead":
+        return q.reprocess_all("dead")
+    if action == "delete_dead":
+        return _console.bulk(q, "remove")
+    if action == "cancel_all":
+        return q.cancel_all()
+    if action == "selected":
+        verb = f.get("verb", "")
+        if verb not in SELECTION:
+            raise InvalidArgument(f"a selection's verb is one of {', '.join(SELECTION)}")
+        if not selected or len(selected) > 1000:
+            raise InvalidArgument("select 1 to 1000 jobs")
+        for one in selected:
+            q._k.job(one)  # every id checked before the first one moves
+        return _console.bulk(q, SELECTION[verb], selected)
+    if action == "unrepeat":
+        return q.unrepeat(f.get("name", ""))
+    if action in ("pause_repeat", "resume_repeat"):
+        name = f.get("name", "")
+        flip = q.pause_repeat if action == "pause_repeat" else q.resume_repeat
+        if not flip(name):  # a malformed name is InvalidArgument (400) first
+            raise _NoSuchRepeat(f"no such repeat: {name!r}")
+        return True
+    if action == "pause":
+        q.pause_lane(lane) if lane else q.pause()
+    elif action == "resume":
+        q.resume_lane(lane) if lane else q.resume()
+    elif action == "drain":
+        return q.drain(include_schedule=f.get("include_schedule") == "1")
+    elif action in ("pause_lane", "resume_lane", "limit_lane", "weight_lane"):
+        if not lane:
+            raise InvalidArgument(f"{action} needs a lane")
+        if action == "pause_lane":
+            q.pause_lane(lane)
+        elif action == "resume_lane":
+            q.resume_lane(lane)
+        else:
+            raw = f.get("value", "").strip()
+            if action == "limit_lane" and raw in ("", "none"):
+                q.limit_lane(lane, None)
+            else:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    raise InvalidArgument(f"{action} needs an int value, got {raw!r}") from None
+                if action == "limit_lane":
+                    q.limit_lane(lane, value)
+                else:
+                    q.weight_lane(lane, value)
+    return None
