@@ -1,6 +1,7 @@
 /* cmd_claim.c: EMQ.CLAIM, the twin of claim.lua (3 keys, 2 args) and claim_batch.lua
  * (3 keys, 3 args). KEYS meta, ring, active; ARGV base, lease_ms[, n]. */
 #include "lease.h"
+#include "commands.gen.h"
 
 /* The deadline now + lease_ms; an integer that would overflow is malformed input (the Lua
  * would score a float), refused like any other malformed number, before any write. */
@@ -12,7 +13,7 @@ static long long deadline_of(emq *e, long long now, long long lease) {
 }
 
 /* claim.lua: {id, payload, attempts, group|nil[, floor]} | {} | {ms}. */
-static void claim_one(emq *e) {
+void emq_cmd_claim(emq *e) {
     /* Before anything is read, as the Lua's prologue checks it (include/args.lua). */
     long long lease = emq_need_ll(e, emq_arg(e, 2));
     emq_lease out;
@@ -37,7 +38,7 @@ static void claim_one(emq *e) {
 }
 
 /* claim_batch.lua: {{id, payload, attempts, group|nil[, floor]}, ...} | {ms}. */
-static void claim_batch(emq *e) {
+void emq_cmd_claim_batch(emq *e) {
     long long lease = emq_need_ll(e, emq_arg(e, 2));
     long long n = emq_need_ll(e, emq_arg(e, 3));
     emq_lease out;
@@ -58,11 +59,4 @@ static void claim_batch(emq *e) {
     }
     RedisModule_ReplyWithArray(e->ctx, out.n);
     for (long long i = 0; i < out.n; i++) emq_reply_job(e, &out.jobs[i]);
-}
-
-emq_body emq_claim_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 3 && nargs == 2) return claim_one;
-    if (nkeys == 3 && nargs == 3) return claim_batch;
-    *why = "ERR EMQ.CLAIM takes 3 keys and 2 args (claim) or 3 keys and 3 args (claim_batch)";
-    return NULL;
 }

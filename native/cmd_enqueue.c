@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "emq.h"
+#include "commands.gen.h"
 
 static const char *KIND = "EMQKIND job id must be JOB-namespaced";
 
@@ -16,7 +17,7 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
                          long long run_at, long long now, int fresh, emq_sv pri,
                          emq_sv expires) {
     if (!is_job(id)) return "kind";
-    emq_sv jk = emq_key2(e, "job:", id);
+    emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
     if (emq_exists(e, jk) == 1) return "duplicate";
     int due = !has_run_at || run_at <= now;
     emq_sv attempts = EMQ_LIT("0");
@@ -51,14 +52,14 @@ static const char *admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_ru
     emq_hsetv(e, n, f);
     if (carried) emq_unretire(e, id);
     /* A new incarnation of a named id: an earlier one's outcome goes (admit.lua). */
-    if (!fresh) emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));
+    if (!fresh) emq_del(e, 2, emq_key2(e, EMQ_KP_RESULT, id), emq_key2(e, EMQ_KP_NOTIFY, id));
     if (due) {
         emq_zadd(e, 3, emq_waiting_key(e, g), pri, id);
         emq_emit_in(e, "enqueued", id, g, 0, NULL);
         return "enqueued";
     }
     emq_sv at = emq_fmt_ll(e, run_at);
-    emq_zadd(e, 3, emq_key(e, "schedule"), at, id);
+    emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), at, id);
     emq_sv extra[2] = {EMQ_LIT("run_at"), at};
     emq_emit_in(e, "scheduled", id, g, 2, extra);
     return "scheduled";
@@ -94,7 +95,7 @@ static long long floor_div(long long a, long long b) {
 /* admit.lua marker_of(): p..recent:<replay_ms as sent>:<second>:<nonce[1..2]>, field
  * nonce[3..12] .. the id's last 4 characters. */
 static emq_sv marker_key(emq *e, emq_sv nonce, emq_sv rm, emq_sv second) {
-    return emq_cat(e, 7, e->base, EMQ_LIT("recent:"), rm, EMQ_LIT(":"), second, EMQ_LIT(":"),
+    return emq_cat(e, 7, e->base, EMQ_LIT(EMQ_KP_RECENT), rm, EMQ_LIT(":"), second, EMQ_LIT(":"),
                    emq_sub(nonce, 1, 2));
 }
 
@@ -120,10 +121,10 @@ static const char *find_one(emq *e, emq_sv key, emq_sv field) {
  * holder that still waits takes this enqueue's payload and run time. */
 static emq_sv dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
                            long long run_at, long long now) {
-    emq_sv dk = emq_key2(e, "de:", did);
+    emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
     emq_sv holder = emq_str(e, emq_call(e, "GET", 1, dk));
     if (!holder.p) return EMQ_NONE;
-    emq_sv jk = emq_key2(e, "job:", holder);
+    emq_sv jk = emq_key2(e, EMQ_KP_JOB, holder);
     if (emq_exists(e, jk) == 0 &&
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
         return EMQ_NONE;
@@ -137,29 +138,29 @@ static emq_sv dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int 
     if (row[2].p) emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
     int due = !has_run_at || run_at <= now;
     if (emq_eqs(row[0], "scheduled")) {
-        emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, has_run_at ? run_at : now),
+        emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, has_run_at ? run_at : now),
                  holder);
     } else if (!due &&
                emq_str(e, emq_call(e, "ZSCORE", 2, emq_waiting_key(e, row[1]), holder)).p) {
         emq_leave_waiting(e, holder, row[1]);
         emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"));
-        emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, run_at), holder);
+        emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, run_at), holder);
     }
     return holder;
 }
 
 static void take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms) {
-    emq_sv dk = emq_key2(e, "de:", did);
+    emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
     if (ttl_ms > 0)
         emq_call(e, "SET", 4, dk, id, EMQ_LIT("PX"), emq_fmt_ll(e, ttl_ms));
     else
         emq_call(e, "SET", 2, dk, id);
-    emq_hset(e, 3, emq_key2(e, "job:", id), EMQ_LIT("dedup"), did);
+    emq_hset(e, 3, emq_key2(e, EMQ_KP_JOB, id), EMQ_LIT("dedup"), did);
 }
 
 /* enqueue.lua: KEYS row, meta; ARGV base id payload group mode value [flags replay_ms nonce
  * dedup dedup_mode dedup_ttl_ms second priority ttl_ms]. */
-static void enqueue_one(emq *e) {
+void emq_cmd_enqueue(emq *e) {
     emq_sv id = emq_arg(e, 2), payload = emq_arg(e, 3), g = emq_arg(e, 4);
     emq_sv mode = emq_arg(e, 5), value = emq_arg(e, 6);
     if (emq_eqs(g, "")) g = EMQ_NONE;
@@ -233,7 +234,7 @@ static const char *code_of(const char *v) {
 
 /* enqueue_many.lua: KEYS meta; ARGV base group mode value replay_ms nonce flags priority
  * ttl_ms id payload... */
-static void enqueue_many(emq *e) {
+void emq_cmd_enqueue_many(emq *e) {
     emq_sv g = emq_arg(e, 2), mode = emq_arg(e, 3), value = emq_arg(e, 4);
     if (emq_eqs(g, "")) g = EMQ_NONE;
     long long replay_ms = emq_need_ll(e, emq_arg(e, 5));
@@ -243,7 +244,7 @@ static void enqueue_many(emq *e) {
     emq_sv ttl = emq_arg(e, 9);
     long long ttl_ms = ttl.n ? emq_need_ll(e, ttl) : 0;
     int marked = replay_ms > 0 && !emq_eqs(nonce, "");
-    emq_sv rk = emq_key2(e, "recent:", nonce);
+    emq_sv rk = emq_key2(e, EMQ_KP_RECENT, nonce);
     if (marked && emq_has_char(flags, 'r')) {
         emq_sv codes = emq_str(e, emq_call(e, "GET", 1, rk));
         if (codes.p) {
@@ -286,12 +287,4 @@ static void enqueue_many(emq *e) {
     }
     RedisModule_ReplyWithArray(e->ctx, jobs);
     for (int j = 0; j < jobs; j++) emq_reply_sv(e, verdict_sv(out[j]));
-}
-
-emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && nargs >= 6 && nargs <= 15) return enqueue_one;
-    if (nkeys == 1 && nargs >= 9 && (nargs - 9) % 2 == 0) return enqueue_many;
-    *why = "ERR EMQ.ENQUEUE takes 2 keys and 6..15 args (enqueue) or 1 key and 9 + 2n args "
-           "(enqueue_many)";
-    return NULL;
 }

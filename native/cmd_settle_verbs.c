@@ -1,5 +1,6 @@
 /* cmd_settle_verbs.c: EMQ.COMPLETE (complete.lua) and EMQ.RETRY (retry.lua). */
 #include "settle.h"
+#include "commands.gen.h"
 
 #include <string.h>
 
@@ -14,7 +15,7 @@ static void reply_verdict(emq *e, emq_verdict v, int error_if_emq) {
 }
 
 /* complete.lua: KEYS active, row; ARGV base id token result [keep_result_ms]. */
-static void complete(emq *e) {
+void emq_cmd_complete(emq *e) {
     /* keep_result_ms is checked before anything is written (the Lua's tonumber would raise
      * after the completion on a malformed value). */
     long long keep = e->nargs >= 5 ? emq_need_ll(e, emq_arg(e, 5)) : 0;
@@ -35,7 +36,7 @@ static void complete(emq *e) {
 /* retry.lua: KEYS active, schedule, dead, row; ARGV base id token delay_ms max_attempts
  * error [keep_ms]. The numbers are checked before the fence (see README: a gone job with a
  * malformed number answers ERR here, 0 in the Lua). */
-static void retry(emq *e) {
+void emq_cmd_retry(emq *e) {
     long long delay = emq_need_ll(e, emq_arg(e, 4));
     long long max = emq_need_ll(e, emq_arg(e, 5));
     long long keep = e->nargs >= 7 ? emq_need_ll(e, emq_arg(e, 7)) : 0;
@@ -44,18 +45,4 @@ static void retry(emq *e) {
                                   emq_arg(e, 6), now, keep);
     emq_trim_dead(e, now); /* keep_dead (history.h) */
     reply_verdict(e, v, 1);
-}
-
-emq_body emq_complete_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && (nargs == 4 || nargs == 5)) return complete;
-    *why = "ERR EMQ.COMPLETE takes 2 keys (active, row) and 4 or 5 args (base, id, token, "
-           "result [, keep_result_ms])";
-    return NULL;
-}
-
-emq_body emq_retry_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 4 && (nargs == 6 || nargs == 7)) return retry;
-    *why = "ERR EMQ.RETRY takes 4 keys (active, schedule, dead, row) and 6 or 7 args (base, "
-           "id, token, delay_ms, max_attempts, error [, keep_ms])";
-    return NULL;
 }

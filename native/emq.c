@@ -24,7 +24,17 @@ static int has_tag(emq_sv b) {
     return close != NULL && close > open + 1;
 }
 
-int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape shape) {
+static emq_body pick_form(const emq_command *cmd, int nkeys, int nargs) {
+    for (int i = 0; i < cmd->nforms; i++) {
+        const emq_form *f = &cmd->forms[i];
+        if (nkeys == f->nkeys && nargs >= f->amin && (f->amax < 0 || nargs <= f->amax) &&
+            (nargs - f->amin) % f->astep == 0)
+            return f->body;
+    }
+    return NULL;
+}
+
+int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, const emq_command *cmd) {
     /* getkeys-api: the server (cluster slot check, COMMAND GETKEYS, ACL) asks for the keys
      * exactly as EVAL declares them: numkeys at argv[1], the keys right after. A malformed
      * numkeys names no key; the call itself then answers ERR. */
@@ -44,9 +54,8 @@ int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape s
         return RedisModule_ReplyWithError(
             ctx, "ERR Number of keys can't be greater than number of args");
     int nkeys = (int)nk, nargs = argc - 2 - nkeys;
-    const char *why = "ERR wrong number of arguments";
-    emq_body body = shape(nkeys, nargs, &why);
-    if (!body) return RedisModule_ReplyWithError(ctx, why);
+    emq_body body = pick_form(cmd, nkeys, nargs);
+    if (!body) return RedisModule_ReplyWithError(ctx, cmd->arity_error);
     /* Heap, not stack: its fields are read after a longjmp. */
     emq *e = RedisModule_PoolAlloc(ctx, sizeof(emq));
     memset(e, 0, sizeof(*e));
@@ -178,8 +187,9 @@ emq_sv emq_key2(emq *e, const char *suffix, emq_sv x) {
 }
 
 emq_sv emq_waiting_key(emq *e, emq_sv g) {
-    if (g.p && !emq_eqs(g, "*")) return emq_cat(e, 4, e->base, EMQ_LIT("g:"), g, EMQ_LIT(":pending"));
-    return emq_key(e, "pending");
+    if (g.p && !emq_eqs(g, "*"))
+        return emq_cat(e, 4, e->base, EMQ_LIT(EMQ_KP_G), g, EMQ_LIT(EMQ_KT_PENDING));
+    return emq_key(e, EMQ_K_PENDING);
 }
 
 /* ------------------------------------------------------------------ calls */
@@ -575,7 +585,7 @@ void emq_wake(emq *e, long long n) {
     if (n <= 0) return;
     if (n > 64) n = 64;
     emq_sv args[65];
-    args[0] = emq_key(e, "wake");
+    args[0] = emq_key(e, EMQ_K_WAKE);
     for (int i = 1; i <= n; i++) args[i] = EMQ_LIT("1");
     /* LPUSH, then LTRIM 0 63 past 64 entries: as pushes at the head and pops at the tail
      * through the key API, replicated as those two commands. */
@@ -598,10 +608,10 @@ static double num_or0(emq_sv s) {
 int emq_serviceable(emq *e, emq_sv g) {
     if (emq_zcard(e, emq_waiting_key(e, g)) == 0) return 0;
     if (emq_eqs(g, "*")) return 1;
-    if (emq_int(e, emq_call(e, "SISMEMBER", 2, emq_key(e, "paused"), g)) == 1) return 0;
-    emq_sv lim = emq_hget(e, emq_key(e, "glimit"), g);
+    if (emq_int(e, emq_call(e, "SISMEMBER", 2, emq_key(e, EMQ_K_PAUSED), g)) == 1) return 0;
+    emq_sv lim = emq_hget(e, emq_key(e, EMQ_K_GLIMIT), g);
     if (lim.p) {
-        emq_sv act = emq_hget(e, emq_key(e, "gactive"), g);
+        emq_sv act = emq_hget(e, emq_key(e, EMQ_K_GACTIVE), g);
         if (num_or0(act) >= num_or0(lim)) return 0;
     }
     if (emq_any_lane_rated(e) && emq_rate_blocked(e, g)) return 0;
@@ -609,23 +619,23 @@ int emq_serviceable(emq *e, emq_sv g) {
 }
 
 void emq_ring_add(emq *e, emq_sv key) {
-    if (emq_int(e, emq_call(e, "SMOVE", 3, emq_key(e, "ringstale"), emq_key(e, "inring"), key)) == 1)
-        return;
-    emq_call(e, "RPUSH", 2, emq_key(e, "ring"), key);
-    emq_call(e, "SADD", 2, emq_key(e, "inring"), key);
+    emq_sv stale = emq_key(e, EMQ_K_RINGSTALE), inring = emq_key(e, EMQ_K_INRING);
+    if (emq_int(e, emq_call(e, "SMOVE", 3, stale, inring, key)) == 1) return;
+    emq_call(e, "RPUSH", 2, emq_key(e, EMQ_K_RING), key);
+    emq_call(e, "SADD", 2, emq_key(e, EMQ_K_INRING), key);
 }
 
 void emq_ring_remove(emq *e, emq_sv key) {
-    emq_sv ring = emq_key(e, "ring");
-    emq_call(e, "SREM", 2, emq_key(e, "inring"), key);
-    if (emq_scard(e, emq_key(e, "inring")) == 0) {
-        emq_del(e, 2, ring, emq_key(e, "ringstale"));
+    emq_sv ring = emq_key(e, EMQ_K_RING);
+    emq_call(e, "SREM", 2, emq_key(e, EMQ_K_INRING), key);
+    if (emq_scard(e, emq_key(e, EMQ_K_INRING)) == 0) {
+        emq_del(e, 2, ring, emq_key(e, EMQ_K_RINGSTALE));
     } else if (emq_eq(emq_lindex(e, ring, 0), key)) {
         emq_call(e, "LPOP", 1, ring);
     } else if (emq_eq(emq_lindex(e, ring, -1), key)) {
         emq_call(e, "RPOP", 1, ring);
     } else {
-        emq_call(e, "SADD", 2, emq_key(e, "ringstale"), key);
+        emq_call(e, "SADD", 2, emq_key(e, EMQ_K_RINGSTALE), key);
     }
 }
 
@@ -634,11 +644,11 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
     int flat = emq_eqs(key, "*");
     if (!flat) {
         if (emq_zcard(e, emq_waiting_key(e, key)) > 0)
-            emq_call(e, "SADD", 2, emq_key(e, "lanes"), key);
+            emq_call(e, "SADD", 2, emq_key(e, EMQ_K_LANES), key);
         else
-            emq_call(e, "SREM", 2, emq_key(e, "lanes"), key);
+            emq_call(e, "SREM", 2, emq_key(e, EMQ_K_LANES), key);
     }
-    emq_sv ring = emq_key(e, "ring"), inr = emq_key(e, "inring");
+    emq_sv ring = emq_key(e, EMQ_K_RING), inr = emq_key(e, EMQ_K_INRING);
     int inring = known_inring || emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
     if (!inring && emq_scard(e, inr) == 0 &&
         emq_llen(e, ring) > 0) {
@@ -647,7 +657,7 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
         size_t len = RedisModule_CallReplyLength(all);
         for (size_t i = 0; i < len; i++)
             emq_call(e, "SADD", 2, inr, emq_str(e, RedisModule_CallReplyArrayElement(all, i)));
-        emq_del(e, 1, emq_key(e, "ringstale"));
+        emq_del(e, 1, emq_key(e, EMQ_K_RINGSTALE));
         inring = emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
     }
     int ins = 0, live = 0;
@@ -663,12 +673,12 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
             /* D21: a lane whose window is spent waits in ratewait for its readmission. */
             long long max, window;
             if (emq_lane_rate(e, key, &max, &window)) {
-                emq_sv lk = emq_key2(e, "limiter:", key);
+                emq_sv lk = emq_key2(e, EMQ_KP_LIMITER, key);
                 if (emq_rate_left(e, lk, max) <= 0 &&
-                    !emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, "ratewait"), key)).p) {
+                    !emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, EMQ_K_RATEWAIT), key)).p) {
                     long long pttl = emq_int(e, emq_call(e, "PTTL", 1, lk));
                     long long at = emq_now_ms(e) + (pttl > 1 ? pttl : 1);
-                    emq_zadd(e, 3, emq_key(e, "ratewait"), emq_fmt_ll(e, at), key);
+                    emq_zadd(e, 3, emq_key(e, EMQ_K_RATEWAIT), emq_fmt_ll(e, at), key);
                 }
             }
         }
@@ -679,7 +689,7 @@ void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted
 
 void emq_touch(emq *e, emq_sv g, long long added) {
     if (!g.p && added > 0 &&
-        emq_zcard(e, emq_key(e, "pending")) > added) {
+        emq_zcard(e, emq_key(e, EMQ_K_PENDING)) > added) {
         /* The flat set was non-empty before: '*' is in the ring already. */
         emq_wake(e, added);
         return;
@@ -696,7 +706,7 @@ void emq_touch(emq *e, emq_sv g, long long added) {
 
 void emq_retire(emq *e, const emq_sv *pairs, int n) {
     if (n == 0) return;
-    emq_sv rk = emq_key(e, "retired");
+    emq_sv rk = emq_key(e, EMQ_K_RETIRED);
     emq_sv args[1001];
     for (int i = 0; i < n; i += 1000) {
         int m = n - i < 1000 ? n - i : 1000;
@@ -711,8 +721,8 @@ void emq_retire(emq *e, const emq_sv *pairs, int n) {
         if ((unsigned char)pairs[0].p[pairs[0].n - 1] % 8 != 0) return;
     }
     if (emq_hlen(e, rk) >= RETIRED_GEN) {
-        emq_call(e, "UNLINK", 1, emq_key(e, "retired:old"));
-        emq_call(e, "RENAME", 2, rk, emq_key(e, "retired:old"));
+        emq_call(e, "UNLINK", 1, emq_key(e, EMQ_K_RETIRED_OLD));
+        emq_call(e, "RENAME", 2, rk, emq_key(e, EMQ_K_RETIRED_OLD));
     }
 }
 
@@ -724,16 +734,16 @@ void emq_retire_one(emq *e, emq_sv id, emq_sv attempts) {
 }
 
 emq_sv emq_retired_last(emq *e, emq_sv id) {
-    emq_sv v = emq_hget(e, emq_key(e, "retired"), id);
+    emq_sv v = emq_hget(e, emq_key(e, EMQ_K_RETIRED), id);
     if (v.p) return v;
-    v = emq_hget(e, emq_key(e, "retired:old"), id);
+    v = emq_hget(e, emq_key(e, EMQ_K_RETIRED_OLD), id);
     if (v.p) return v;
     return EMQ_LIT("0");
 }
 
 void emq_unretire(emq *e, emq_sv id) {
-    emq_call(e, "HDEL", 2, emq_key(e, "retired"), id);
-    emq_call(e, "HDEL", 2, emq_key(e, "retired:old"), id);
+    emq_call(e, "HDEL", 2, emq_key(e, EMQ_K_RETIRED), id);
+    emq_call(e, "HDEL", 2, emq_key(e, EMQ_K_RETIRED_OLD), id);
 }
 
 void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g) {
@@ -744,13 +754,13 @@ void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g) {
 }
 
 void emq_free_slot(emq *e, emq_sv g) {
-    emq_sv ga = emq_key(e, "gactive");
+    emq_sv ga = emq_key(e, EMQ_K_GACTIVE);
     if (emq_hincrby(e, ga, g, -1) <= 0)
         emq_call(e, "HDEL", 2, ga, g);
 }
 
 long long emq_leave_active(emq *e, emq_sv id, emq_sv g) {
-    long long n = emq_zrem(e, 2, emq_key(e, "active"), id);
+    long long n = emq_zrem(e, 2, emq_key(e, EMQ_K_ACTIVE), id);
     if (n == 1 && g.p) {
         emq_free_slot(e, g);
         emq_touch(e, g, 0);
@@ -769,13 +779,13 @@ long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g) {
 int emq_any_lane_rated(emq *e) {
     if (e->lanes_rated < 0)
         e->lanes_rated =
-            emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, "meta"), EMQ_LIT("grated"))) == 1;
+            emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, EMQ_K_META), EMQ_LIT("grated"))) == 1;
     return e->lanes_rated;
 }
 
 int emq_lane_rate(emq *e, emq_sv g, long long *max, long long *window) {
     if (!emq_any_lane_rated(e)) return 0;
-    emq_sv spec = emq_hget(e, emq_key(e, "grate"), g);
+    emq_sv spec = emq_hget(e, emq_key(e, EMQ_K_GRATE), g);
     if (!spec.p) return 0;
     const char *colon = memchr(spec.p, ':', spec.n);
     if (!colon) return 0;
@@ -795,23 +805,23 @@ long long emq_rate_left(emq *e, emq_sv key, long long max) {
 
 int emq_rate_blocked(emq *e, emq_sv g) {
     if (!emq_any_lane_rated(e)) return 0;
-    if (emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, "ratewait"), g)).p) return 1;
+    if (emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, EMQ_K_RATEWAIT), g)).p) return 1;
     long long max, window;
     if (!emq_lane_rate(e, g, &max, &window)) return 0;
-    return emq_rate_left(e, emq_key2(e, "limiter:", g), max) <= 0;
+    return emq_rate_left(e, emq_key2(e, EMQ_KP_LIMITER, g), max) <= 0;
 }
 
 /* ------------------------------------------------------------------ observe.lua */
 
 void emq_emit(emq *e, const char *event, emq_sv id, int nextra, const emq_sv *extra) {
     if (!e->events_known) {
-        e->events_bound = emq_hget(e, emq_key(e, "meta"), EMQ_LIT("events"));
+        e->events_bound = emq_hget(e, emq_key(e, EMQ_K_META), EMQ_LIT("events"));
         e->events_known = 1;
     }
     if (!e->events_bound.p) return;
     emq_sv args[24];
     int n = 0;
-    args[n++] = emq_key(e, "events");
+    args[n++] = emq_key(e, EMQ_K_EVENTS);
     args[n++] = EMQ_LIT("MAXLEN");
     args[n++] = EMQ_LIT("~");
     args[n++] = e->events_bound;
@@ -847,9 +857,10 @@ static long long floor_div(long long a, long long b) {
 
 void emq_bump_metrics(emq *e, const char *kind, long long n, long long now) {
     if (n <= 0) return;
-    emq_sv k = (emq_sv){kind, strlen(kind)};
-    emq_hincrby(e, emq_cat(e, 3, e->base, EMQ_LIT("metrics:"), k), EMQ_LIT("count"), n);
-    emq_sv key = emq_cat(e, 4, e->base, EMQ_LIT("metrics:"), k, EMQ_LIT(":data"));
+    int done = strcmp(kind, "completed") == 0;
+    emq_hincrby(e, emq_key(e, done ? EMQ_K_METRICS_COMPLETED : EMQ_K_METRICS_FAILED),
+                EMQ_LIT("count"), n);
+    emq_sv key = emq_key(e, done ? EMQ_K_METRICS_COMPLETED_DATA : EMQ_K_METRICS_FAILED_DATA);
     long long minute = floor_div(now > 0 ? now : emq_now_ms(e), 60000);
     emq_sv head = emq_lindex(e, key, 0);
     if (head.p) {
@@ -904,13 +915,13 @@ long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]) {
 
 void emq_rearm(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5], long long deadline) {
     if (emq_eqs(row[1], "pending")) {
-        if (row[2].p) emq_hincrby(e, emq_key(e, "gactive"), row[2], 1);
+        if (row[2].p) emq_hincrby(e, emq_key(e, EMQ_K_GACTIVE), row[2], 1);
         emq_leave_waiting(e, id, row[2]);
         emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("active"));
         emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("rearmed"), EMQ_LIT("1")};
         emq_emit_in(e, "active", id, row[2], 4, extra);
     }
-    emq_zadd(e, 3, emq_key(e, "active"), emq_fmt_ll(e, deadline), id);
+    emq_zadd(e, 3, emq_key(e, EMQ_K_ACTIVE), emq_fmt_ll(e, deadline), id);
 }
 
 /* ------------------------------------------------------------------ control.lua */
@@ -928,7 +939,7 @@ void emq_release_dedup(emq *e, emq_sv id, emq_sv jk) {
 
 void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did) {
     if (!did.p) return;
-    emq_sv dk = emq_key2(e, "de:", did);
+    emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
     if (emq_eq(emq_str(e, emq_call(e, "GET", 1, dk)), id) &&
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
         emq_del(e, 1, dk);

@@ -13,6 +13,7 @@
 #include <setjmp.h>
 #include <stddef.h>
 
+#include "keyspace.gen.h"
 #include "rmapi.h"
 
 #define TRAFIKEY_VERSION 1
@@ -50,11 +51,30 @@ typedef struct emq {
 /* A transition's body: it replies itself (or fails through emq_fail). */
 typedef void (*emq_body)(emq *e);
 
-/* The whole EVAL-like frame: numkeys parsing, the base/hash-tag check (every KEY must start
- * with ARGV[1], which holds a {tag}), the AutoMemory scope and the error jump. shape() picks
- * the body from nkeys/nargs, or returns NULL with *why set to an error text. */
-typedef emq_body (*emq_shape)(int nkeys, int nargs, const char **why);
-int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape shape);
+/* One form of a command: the script it twins, its body, its KEYS count and ARGV counts
+ * (amin..amax, amax -1: no bound, in steps of astep). The rows are generated from the Lua
+ * headers (commands.gen.h, scripts/gen-native), never written by hand. */
+typedef struct {
+    const char *script;
+    emq_body body;
+    int nkeys, amin, amax, astep;
+} emq_form;
+
+#define EMQ_FORMS_MAX 4
+typedef struct {
+    const char *name; /* lowercase, as registered */
+    RedisModuleCmdFunc fn;
+    const char *flags;
+    const char *summary;
+    const char *arity_error; /* the reply to counts no form takes (the scripts' shape() text) */
+    int nforms;
+    emq_form forms[EMQ_FORMS_MAX];
+} emq_command;
+
+/* The whole EVAL-like frame: numkeys parsing, the form whose counts fit (else the command's
+ * arity error), the base/hash-tag check (every KEY must start with ARGV[1], which holds a
+ * {tag}), the AutoMemory scope and the error jump. */
+int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, const emq_command *cmd);
 
 /* ---- values ---- */
 emq_sv emq_arg(emq *e, int i); /* ARGV[i], 1-based; absent past the end */
@@ -161,10 +181,5 @@ void emq_rearm(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5], long long dead
 int emq_cancel_flagged(emq *e, emq_sv jk);
 void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did);
 void emq_release_dedup(emq *e, emq_sv id, emq_sv jk); /* reads the row's dedup (pcall) */
-
-/* ---- command bodies / shapes ---- */
-emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why);
-emq_body emq_extend_shape(int nkeys, int nargs, const char **why);
-emq_body emq_reprocess_shape(int nkeys, int nargs, const char **why);
 
 #endif

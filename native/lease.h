@@ -45,9 +45,6 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
 long long emq_rate_wait(emq *e, long long now);
 long long emq_rate_wait_in(emq *e, long long now, emq_lease *cache);
 
-/* EMQ.CLAIM's shape (cmd_claim.c). */
-emq_body emq_claim_shape(int nkeys, int nargs, const char **why);
-
 /* The reply of one claimed job: a 4 or 5 element array (the Lua table's RESP form). */
 void emq_reply_job(emq *e, const emq_job *j);
 
