@@ -4,7 +4,7 @@
  * commands in the same order. */
 #include "lease.h"
 
-#include "flow.h"
+#include "compose.h"
 #include "history.h"
 #include "settle.h"
 
@@ -406,4 +406,13 @@ void emq_reply_job(emq *e, const emq_job *j) {
     else
         reply_null(e->ctx);
     if (j->floor.p) emq_reply_sv(e, j->floor);
+}
+
+/* The deadline now + lease_ms; an integer that would overflow is malformed input (the Lua
+ * would score a float), refused like any other malformed number, before any write. */
+long long emq_deadline_of(emq *e, long long now, long long lease) {
+    long long d;
+    if (__builtin_add_overflow(now, lease, &d))
+        emq_fail(e, "ERR a numeric argument is not an integer");
+    return d;
 }

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "flow.h"
+#include "compose.h"
 #include "history.h"
 
 #define ERRORS_KEPT "-10" /* per job: the errors of its last 10 attempts, in <row>:errors */
@@ -249,4 +249,16 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
             emq_retire(e, retired, nretired);
     }
     return ok;
+}
+
+/* A settle verdict as the scripts reply it: an integer, an EMQ* text as an error (when
+ * error_if_emq), any other text as a string. */
+void emq_reply_verdict(emq *e, emq_verdict v, int error_if_emq) {
+    if (!v.text) {
+        RedisModule_ReplyWithLongLong(e->ctx, v.n);
+    } else if (error_if_emq && v.text[0] == 'E' && v.text[1] == 'M' && v.text[2] == 'Q') {
+        RedisModule_ReplyWithError(e->ctx, v.text);
+    } else {
+        RedisModule_ReplyWithStringBuffer(e->ctx, v.text, strlen(v.text));
+    }
 }

@@ -42,4 +42,6 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
                       const emq_sv *res_vals, int nres, long long now, const emq_keep *keep,
                       emq_verdict *verdicts);
 
+void emq_reply_verdict(emq *e, emq_verdict v, int error_if_emq);
+
 #endif

@@ -2162,3 +2162,15 @@ def test_a_repeat_limit_stops_it(sm: ModelMachine) -> None:
     s.repeat_limited(qi=0, name="r1", g=None, limit=2)  # the same limit: still spent
     s.repeat(qi=0, name="r1", g=None)  # no limit: fires again, the count kept
     s.fire_due(qi=0)
+
+
+def test_every_mutation_anchor_is_in_the_tree() -> None:
+    """tests/model/mutations.py re-introduces each seam bug by exact-text edits of the fixed
+    code (Lua and its C twin); a refactor that moves or respells that code must move the
+    anchor with it, or the mutation check reports "anchor not found" long after."""
+    from model.mutations import PATCHES
+
+    root = Path(__file__).resolve().parent.parent
+    for seam, patches in PATCHES.items():
+        for path, old, _new in patches:
+            assert (root / path).read_text().count(old) == 1, (seam, path, old)

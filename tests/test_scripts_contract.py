@@ -339,6 +339,30 @@ def test_arity_texts() -> None:
     assert [n for n in range(6) if Arity(2, 4, 2).fits(n)] == [2, 4]
 
 
+NATIVE = LUA.parent.parent.parent / "native"
+# The C files with no Lua namesake: the runtime (the frame with include/args.lua's checks,
+# values, calls, the key API) and the module's entry.
+NATIVE_RUNTIME = {"emq.c", "trafikey.c"}
+
+
+def test_the_native_tree_mirrors_the_lua_tree() -> None:
+    """Issue 23: lua/include/X.lua <-> native/X.c and lua/Y.lua <-> native/cmd_Y.c, whose
+    body is emq_cmd_Y, for exactly the scripts with a Native line."""
+    sources = {p.name: p.read_text() for p in NATIVE.glob("*.c")}
+    includes = {p.stem for p in (LUA / "include").glob("*.lua")}
+    for name, text in sources.items():
+        if name in NATIVE_RUNTIME:
+            continue
+        if name.startswith("cmd_"):
+            script = name[4:-2]
+            assert script in TWINS, f"native/{name}: no lua/{script}.lua with a Native line"
+            bodies = re.findall(r"^void (emq_cmd_\w+)\(emq \*e\) \{", text, re.M)
+            assert bodies == [f"emq_cmd_{script}"], (name, bodies)
+        else:
+            assert name[:-2] in includes, f"native/{name}: no lua/include/{name[:-2]}.lua"
+    assert {f"cmd_{s}.c" for s in TWINS} <= set(sources)
+
+
 # --------------------------------------------------------------------------- raw EVAL
 
 

@@ -29,7 +29,7 @@ The writer (in the settling scripts, once per script call that settled ``n > 0``
 server clock that stepped back adds to the newest minute rather than rewrite history) it
 ``LSET``\\s the head to the new sum, else it ``LPUSH``\\es ``"<minute>:<n>"`` and ``LTRIM``\\s to
 the bound. That writer is ``bump_metrics`` in ``lua/include/observe.lua`` (and its C twin,
-``emq_bump_metrics`` in ``native/emq.c``); the settling scripts include it.
+``emq_bump_metrics`` in ``native/observe.c``); the settling scripts include it.
 """
 
 from __future__ import annotations

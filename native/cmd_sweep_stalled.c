@@ -1,8 +1,8 @@
-/* cmd_sweep.c: EMQ.SWEEP, the twin of sweep_stalled.lua (the counted stall sweep). */
+/* cmd_sweep_stalled.c: EMQ.SWEEP, the twin of sweep_stalled.lua (the counted stall sweep). */
 #include <stdint.h>
 #include <string.h>
 
-#include "flow.h"
+#include "compose.h"
 #include "settle.h"
 #include "commands.gen.h"
 

@@ -1,6 +1,6 @@
-/* flow.c: flows (D18) as the settles see them; see flow.h. Each function issues the commands
+/* compose.c: flows (D18) as the settles see them; see compose.h. Each function issues the commands
  * of its Lua twin in compose.lua, in the same order. */
-#include "flow.h"
+#include "compose.h"
 
 #include "history.h"
 #include "settle.h"
