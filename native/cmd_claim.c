@@ -1,5 +1,5 @@
-/* cmd_claim.c: EMQ.CLAIM's first form (2 args), the twin of claim.lua. KEYS meta, ring, active; ARGV
- * base, lease_ms. */
+/* cmd_claim.c: EMQ.CLAIM's first form (2 args), the twin of claim.lua. KEYS meta, ring,
+ * active; ARGV base, lease_ms. */
 #include "lease.h"
 #include "commands.gen.h"
 

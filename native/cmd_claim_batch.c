@@ -1,5 +1,5 @@
-/* cmd_claim_batch.c: EMQ.CLAIM's second form (3 args), the twin of claim_batch.lua. KEYS meta, ring, active; ARGV
- * base, lease_ms, n. */
+/* cmd_claim_batch.c: EMQ.CLAIM's second form (3 args), the twin of claim_batch.lua. KEYS
+ * meta, ring, active; ARGV base, lease_ms, n. */
 #include "lease.h"
 #include "commands.gen.h"
 

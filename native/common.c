@@ -1,6 +1,7 @@
-/* common.c: the twin of src/echomq/lua/include/common.lua (see emq.h): wake, the ring and registry sync (serviceable, ring_add/remove, sync, touch), retire,
- * park and the moves out of the waiting and active sets.
- * Each function names the Lua helper it mirrors and issues its commands in the same order. */
+/* common.c: the twin of src/echomq/lua/include/common.lua (see emq.h): wake, the ring and
+ * registry sync (serviceable, ring_add/remove, sync, touch), retire, park and the moves out of
+ * the waiting and active sets. Each function names the Lua helper it mirrors and issues its
+ * commands in the same order. */
 #include "emq.h"
 
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* control.c: the twin of src/echomq/lua/include/control.lua (see emq.h): cancel flags (D22), kept outcomes' dedup release and the dedup holder
- * (D20) the enqueue reads.
- * Each function names the Lua helper it mirrors and issues its commands in the same order. */
+/* control.c: the twin of src/echomq/lua/include/control.lua (see emq.h): cancel flags (D22),
+ * kept outcomes' dedup release and the dedup holder (D20) the enqueue reads. Each function
+ * names the Lua helper it mirrors and issues its commands in the same order. */
 #include "emq.h"
 
 #include <stdio.h>

@@ -1,5 +1,6 @@
-/* fence.c: the twin of src/echomq/lua/include/fence.lua (see emq.h): the D5 fence (fence, release, rearm).
- * Each function names the Lua helper it mirrors and issues its commands in the same order. */
+/* fence.c: the twin of src/echomq/lua/include/fence.lua (see emq.h): the D5 fence (fence,
+ * release, rearm). Each function names the Lua helper it mirrors and issues its commands in
+ * the same order. */
 #include "emq.h"
 
 #include <stdio.h>

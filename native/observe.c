@@ -1,5 +1,6 @@
-/* observe.c: the twin of src/echomq/lua/include/observe.lua (see emq.h): events (D15: emit, emit_in) and per-minute metrics (D16: bump_metrics).
- * Each function names the Lua helper it mirrors and issues its commands in the same order. */
+/* observe.c: the twin of src/echomq/lua/include/observe.lua (see emq.h): events (D15: emit,
+ * emit_in) and per-minute metrics (D16: bump_metrics). Each function names the Lua helper it
+ * mirrors and issues its commands in the same order. */
 #include "emq.h"
 
 #include <stdio.h>

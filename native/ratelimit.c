@@ -1,6 +1,7 @@
-/* ratelimit.c: the twin of src/echomq/lua/include/ratelimit.lua (see emq.h): the lane rate limits (D21) as the ring and the claims read them; the
- * queue-wide part is in lease.c (the claim core).
- * Each function names the Lua helper it mirrors and issues its commands in the same order. */
+/* ratelimit.c: the twin of src/echomq/lua/include/ratelimit.lua (see emq.h): the lane rate
+ * limits (D21) as the ring and the claims read them; the queue-wide part is in lease.c (the
+ * claim core). Each function names the Lua helper it mirrors and issues its commands in the
+ * same order. */
 #include "emq.h"
 
 #include <stdio.h>
