@@ -1,8 +1,9 @@
-/* cmd_extend.c: EMQ.EXTEND, the twin of extend.lua (2 keys) and extend_many.lua (1 key). */
+/* cmd_extend.c: EMQ.EXTEND's first form, the twin of extend.lua (2 keys). */
 #include "emq.h"
+#include "commands.gen.h"
 
 /* extend.lua: KEYS active, row; ARGV base id token lease_ms. */
-static void extend_one(emq *e) {
+void emq_cmd_extend(emq *e) {
     /* Checked first, as the Lua's prologue does (include/args.lua, PROTOCOL §6). */
     long long lease = emq_need_ll(e, emq_arg(e, 4));
     emq_sv id = emq_arg(e, 2), jk = emq_key_at(e, 2);
@@ -19,38 +20,4 @@ static void extend_one(emq *e) {
     }
     emq_rearm(e, id, jk, row, emq_now_ms(e) + lease);
     RedisModule_ReplyWithLongLong(e->ctx, 1);
-}
-
-/* extend_many.lua: KEYS active; ARGV base lease_ms id token id token ... A missing last
- * token never matches (the Lua compares against nil): that id fails. */
-static void extend_many(emq *e) {
-    long long deadline = emq_now_ms(e) + emq_need_ll(e, emq_arg(e, 2));
-    int pairs = (e->nargs - 1) / 2;
-    emq_sv *failed = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(pairs + 1));
-    emq_sv *flagged = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(pairs + 1));
-    int nf = 0, ng = 0;
-    for (int i = 3; i <= e->nargs; i += 2) {
-        emq_sv id = emq_arg(e, i), token = emq_arg(e, i + 1);
-        emq_sv jk = emq_key2(e, "job:", id);
-        emq_sv row[EMQ_ROW];
-        const char *err;
-        int f = token.p ? emq_fence(e, jk, token, "extend", 0, row, &err) : EMQ_FENCE_STALE;
-        if (f == EMQ_FENCE_OK) {
-            emq_rearm(e, id, jk, row, deadline);
-            if (emq_cancel_flagged(e, jk)) flagged[ng++] = emq_cat(e, 2, EMQ_LIT("!"), id);
-        } else {
-            failed[nf++] = id;
-        }
-    }
-    RedisModule_ReplyWithArray(e->ctx, nf + ng);
-    for (int i = 0; i < nf; i++) emq_reply_sv(e, failed[i]);
-    for (int i = 0; i < ng; i++) emq_reply_sv(e, flagged[i]);
-}
-
-emq_body emq_extend_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && nargs == 4) return extend_one;
-    if (nkeys == 1 && nargs >= 2) return extend_many;
-    *why = "ERR EMQ.EXTEND takes 2 keys and 4 args (extend) or 1 key and 2 + 2n args "
-           "(extend_many)";
-    return NULL;
 }

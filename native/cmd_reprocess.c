@@ -1,9 +1,10 @@
 /* cmd_reprocess.c: EMQ.REPROCESS, the twin of reprocess.lua: dead or a kept completed row ->
  * pending (its lane), or -> schedule with a run time (issue 24). */
 #include "emq.h"
+#include "commands.gen.h"
 
 /* KEYS row, dead; ARGV base id [in|at ms]. */
-static void reprocess(emq *e) {
+void emq_cmd_reprocess(emq *e) {
     emq_sv id = emq_arg(e, 2), jk = emq_key_at(e, 1), mode = emq_arg(e, 3);
     long long ms = 0;
     if (mode.p) {
@@ -22,7 +23,7 @@ static void reprocess(emq *e) {
         return;
     }
     if (emq_zrem(e, 2, emq_key_at(e, 2), id) == 0 &&
-        emq_zrem(e, 2, emq_key(e, "completed"), id) == 0) {
+        emq_zrem(e, 2, emq_key(e, EMQ_K_COMPLETED), id) == 0) {
         RedisModule_ReplyWithError(e->ctx, "EMQSTATE not dead or completed");
         return;
     }
@@ -32,7 +33,7 @@ static void reprocess(emq *e) {
              EMQ_LIT("progress"), EMQ_LIT("finished_ms"), EMQ_LIT("claimed_ms"),
              EMQ_LIT("expires"));
     /* A new incarnation: the previous one's kept outcome and wake token go (reprocess.lua). */
-    emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));
+    emq_del(e, 2, emq_key2(e, EMQ_KP_RESULT, id), emq_key2(e, EMQ_KP_NOTIFY, id));
     if (row[1].p && !emq_eqs(row[1], "0") && emq_is_digits(row[1]))
         emq_hset(e, 3, jk, EMQ_LIT("floor"), row[1]);
     if (mode.p) {
@@ -40,7 +41,7 @@ static void reprocess(emq *e) {
         if (run_at > now) {
             emq_sv at = emq_fmt_ll(e, run_at);
             emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"));
-            emq_zadd(e, 3, emq_key(e, "schedule"), at, id);
+            emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), at, id);
             emq_sv extra[2] = {EMQ_LIT("run_at"), at};
             emq_emit_in(e, "reprocessed", id, g, 2, extra);
             RedisModule_ReplyWithLongLong(e->ctx, 1);
@@ -51,10 +52,4 @@ static void reprocess(emq *e) {
     emq_touch(e, g, 1);
     emq_emit_in(e, "reprocessed", id, g, 0, NULL);
     RedisModule_ReplyWithLongLong(e->ctx, 1);
-}
-
-emq_body emq_reprocess_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && (nargs == 2 || nargs == 4)) return reprocess;
-    *why = "ERR EMQ.REPROCESS takes 2 keys (row, dead) and 2 or 4 args (base, id[, in|at, ms])";
-    return NULL;
 }

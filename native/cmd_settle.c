@@ -11,6 +11,7 @@
 
 #include "lease.h"
 #include "settle.h"
+#include "commands.gen.h"
 
 #define ERR_NUM "ERR a numeric argument is not an integer"
 
@@ -59,7 +60,7 @@ static void reply_verdict(emq *e, emq_verdict v) {
         RedisModule_ReplyWithLongLong(e->ctx, v.n);
 }
 
-static void settle(emq *e) {
+void emq_cmd_settle(emq *e) {
     emq_lease out;
     emq_lease_init(&out);
     /* One read of meta first: the pause flag for the claim part and the events bound every
@@ -125,7 +126,7 @@ static void settle(emq *e) {
     emq_verdict *retried =
         RedisModule_PoolAlloc(e->ctx, sizeof(emq_verdict) * (size_t)(nretry + 1));
     for (int k = 0; k < nretry; k++)
-        retried[k] = emq_retry_one(e, rt[k].id, emq_key2(e, "job:", rt[k].id), rt[k].token,
+        retried[k] = emq_retry_one(e, rt[k].id, emq_key2(e, EMQ_KP_JOB, rt[k].id), rt[k].token,
                                    rt[k].delay, rt[k].max, rt[k].error, now, rt[k].keep);
     emq_trim_dead(e, now); /* keep_dead, after this call's dead-letters (history.h) */
     long long wait = 0;
@@ -143,11 +144,4 @@ static void settle(emq *e) {
     RedisModule_ReplyWithArray(e->ctx, out.n);
     for (long long j = 0; j < out.n; j++) emq_reply_job(e, &out.jobs[j]);
     RedisModule_ReplyWithLongLong(e->ctx, wait);
-}
-
-emq_body emq_settle_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 5 && nargs >= 4) return settle;
-    *why = "ERR EMQ.SETTLE takes 5 keys (meta, ring, active, schedule, dead) and at least 4 "
-           "args (base, lease_ms, n, completes)";
-    return NULL;
 }

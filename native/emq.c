@@ -1,5 +1,8 @@
-/* emq.c: the shared layer (see emq.h). Each function names the Lua helper it mirrors; the
- * command order follows the Lua so the keyspace (and the replicated effects) end identical. */
+/* emq.c: the runtime every command stands on (see emq.h): the EVAL-like frame with the shape
+ * and argument checks of include/args.lua, values, server calls and the key API. The twins of
+ * the other includes are their namesakes: common.c, ratelimit.c, observe.c, fence.c,
+ * control.c, admit.c, compose.c, lease.c, settle.c, history.c (tests/test_key_suffixes.py
+ * keeps the mirror). */
 #include "emq.h"
 
 #include <stdarg.h>
@@ -24,7 +27,17 @@ static int has_tag(emq_sv b) {
     return close != NULL && close > open + 1;
 }
 
-int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape shape) {
+static emq_body pick_form(const emq_command *cmd, int nkeys, int nargs) {
+    for (int i = 0; i < cmd->nforms; i++) {
+        const emq_form *f = &cmd->forms[i];
+        if (nkeys == f->nkeys && nargs >= f->amin && (f->amax < 0 || nargs <= f->amax) &&
+            (nargs - f->amin) % f->astep == 0)
+            return f->body;
+    }
+    return NULL;
+}
+
+int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, const emq_command *cmd) {
     /* getkeys-api: the server (cluster slot check, COMMAND GETKEYS, ACL) asks for the keys
      * exactly as EVAL declares them: numkeys at argv[1], the keys right after. A malformed
      * numkeys names no key; the call itself then answers ERR. */
@@ -44,9 +57,8 @@ int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape s
         return RedisModule_ReplyWithError(
             ctx, "ERR Number of keys can't be greater than number of args");
     int nkeys = (int)nk, nargs = argc - 2 - nkeys;
-    const char *why = "ERR wrong number of arguments";
-    emq_body body = shape(nkeys, nargs, &why);
-    if (!body) return RedisModule_ReplyWithError(ctx, why);
+    emq_body body = pick_form(cmd, nkeys, nargs);
+    if (!body) return RedisModule_ReplyWithError(ctx, cmd->arity_error);
     /* Heap, not stack: its fields are read after a longjmp. */
     emq *e = RedisModule_PoolAlloc(ctx, sizeof(emq));
     memset(e, 0, sizeof(*e));
@@ -135,6 +147,14 @@ long long emq_need_ll(emq *e, emq_sv s) {
     return v;
 }
 
+/* args.lua priority_arg: an integer argument in 0..2^21, or the refusal. The Lua stores the
+ * number, so the text stored is its canonical decimal (a leading zero or '-0' is folded). */
+emq_sv emq_priority_arg(emq *e, emq_sv s) {
+    long long p = emq_need_ll(e, s);
+    if (p < 0 || p > 2097152) emq_fail(e, "ERR priority must be 0..2097152");
+    return emq_fmt_ll(e, p);
+}
+
 emq_sv emq_fmt_ll(emq *e, long long v) {
     char *buf = RedisModule_PoolAlloc(e->ctx, 24);
     int n = snprintf(buf, 24, "%lld", v);
@@ -178,8 +198,9 @@ emq_sv emq_key2(emq *e, const char *suffix, emq_sv x) {
 }
 
 emq_sv emq_waiting_key(emq *e, emq_sv g) {
-    if (g.p && !emq_eqs(g, "*")) return emq_cat(e, 4, e->base, EMQ_LIT("g:"), g, EMQ_LIT(":pending"));
-    return emq_key(e, "pending");
+    if (g.p && !emq_eqs(g, "*"))
+        return emq_cat(e, 4, e->base, EMQ_LIT(EMQ_KP_G), g, EMQ_LIT(EMQ_KT_PENDING));
+    return emq_key(e, EMQ_K_PENDING);
 }
 
 /* ------------------------------------------------------------------ calls */
@@ -562,374 +583,29 @@ void emq_zadd(emq *e, int n, ...) {
     emq_zaddv(e, n, args);
 }
 
+/* LPUSH key vals..., then LTRIM 0 cap-1 when the list outgrew cap: as pushes at the head and
+ * pops at the tail through the key API, replicated as those two commands. */
+void emq_lpush_capped(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap) {
+    emq_sv *args = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(n + 1));
+    args[0] = key;
+    for (int i = 0; i < n; i++) args[i + 1] = vals[i];
+    RedisModuleString **av = strings_of(e, n + 1, args);
+    RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_LIST);
+    for (int i = 1; i <= n; i++) RedisModule_ListPush(k, REDISMODULE_LIST_HEAD, av[i]);
+    long long len = (long long)RedisModule_ValueLength(k);
+    for (long long i = len; i > cap; i--) RedisModule_ListPop(k, REDISMODULE_LIST_TAIL);
+    close_key(k);
+    RedisModule_Replicate(e->ctx, "LPUSH", "v", av, (size_t)n + 1);
+    if (len > cap) {
+        char last[24];
+        snprintf(last, sizeof last, "%lld", cap - 1);
+        RedisModule_Replicate(e->ctx, "LTRIM", "scc", av[0], "0", last);
+    }
+}
+
 /* The server clock (D10). The scripts read TIME (sec * 1000 + usec / 1000): the same
  * wall-clock millisecond the server's own clock gives the module. */
 long long emq_now_ms(emq *e) {
     (void)e;
     return RedisModule_Milliseconds();
-}
-
-/* ------------------------------------------------------------------ common.lua */
-
-void emq_wake(emq *e, long long n) {
-    if (n <= 0) return;
-    if (n > 64) n = 64;
-    emq_sv args[65];
-    args[0] = emq_key(e, "wake");
-    for (int i = 1; i <= n; i++) args[i] = EMQ_LIT("1");
-    /* LPUSH, then LTRIM 0 63 past 64 entries: as pushes at the head and pops at the tail
-     * through the key API, replicated as those two commands. */
-    RedisModuleString **av = strings_of(e, (int)n + 1, args);
-    RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_LIST);
-    for (int i = 1; i <= n; i++) RedisModule_ListPush(k, REDISMODULE_LIST_HEAD, av[i]);
-    long long len = (long long)RedisModule_ValueLength(k);
-    for (long long i = len; i > 64; i--) RedisModule_ListPop(k, REDISMODULE_LIST_TAIL);
-    close_key(k);
-    RedisModule_Replicate(e->ctx, "LPUSH", "v", av, (size_t)n + 1);
-    if (len > 64) RedisModule_Replicate(e->ctx, "LTRIM", "scc", av[0], "0", "63");
-}
-
-static double num_or0(emq_sv s) {
-    /* tonumber(x or '0') for a planted value: garbage counts as 0 (the Lua would raise). */
-    long long v;
-    return emq_parse_ll(s, &v) ? (double)v : 0;
-}
-
-int emq_serviceable(emq *e, emq_sv g) {
-    if (emq_zcard(e, emq_waiting_key(e, g)) == 0) return 0;
-    if (emq_eqs(g, "*")) return 1;
-    if (emq_int(e, emq_call(e, "SISMEMBER", 2, emq_key(e, "paused"), g)) == 1) return 0;
-    emq_sv lim = emq_hget(e, emq_key(e, "glimit"), g);
-    if (lim.p) {
-        emq_sv act = emq_hget(e, emq_key(e, "gactive"), g);
-        if (num_or0(act) >= num_or0(lim)) return 0;
-    }
-    if (emq_any_lane_rated(e) && emq_rate_blocked(e, g)) return 0;
-    return 1;
-}
-
-void emq_ring_add(emq *e, emq_sv key) {
-    if (emq_int(e, emq_call(e, "SMOVE", 3, emq_key(e, "ringstale"), emq_key(e, "inring"), key)) == 1)
-        return;
-    emq_call(e, "RPUSH", 2, emq_key(e, "ring"), key);
-    emq_call(e, "SADD", 2, emq_key(e, "inring"), key);
-}
-
-void emq_ring_remove(emq *e, emq_sv key) {
-    emq_sv ring = emq_key(e, "ring");
-    emq_call(e, "SREM", 2, emq_key(e, "inring"), key);
-    if (emq_scard(e, emq_key(e, "inring")) == 0) {
-        emq_del(e, 2, ring, emq_key(e, "ringstale"));
-    } else if (emq_eq(emq_lindex(e, ring, 0), key)) {
-        emq_call(e, "LPOP", 1, ring);
-    } else if (emq_eq(emq_lindex(e, ring, -1), key)) {
-        emq_call(e, "RPOP", 1, ring);
-    } else {
-        emq_call(e, "SADD", 2, emq_key(e, "ringstale"), key);
-    }
-}
-
-void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted_out) {
-    emq_sv key = g.p ? g : EMQ_FLAT;
-    int flat = emq_eqs(key, "*");
-    if (!flat) {
-        if (emq_zcard(e, emq_waiting_key(e, key)) > 0)
-            emq_call(e, "SADD", 2, emq_key(e, "lanes"), key);
-        else
-            emq_call(e, "SREM", 2, emq_key(e, "lanes"), key);
-    }
-    emq_sv ring = emq_key(e, "ring"), inr = emq_key(e, "inring");
-    int inring = known_inring || emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
-    if (!inring && emq_scard(e, inr) == 0 &&
-        emq_llen(e, ring) > 0) {
-        /* A ring written before the SETs existed: adopt its entries once. */
-        RedisModuleCallReply *all = emq_call(e, "LRANGE", 3, ring, EMQ_LIT("0"), EMQ_LIT("-1"));
-        size_t len = RedisModule_CallReplyLength(all);
-        for (size_t i = 0; i < len; i++)
-            emq_call(e, "SADD", 2, inr, emq_str(e, RedisModule_CallReplyArrayElement(all, i)));
-        emq_del(e, 1, emq_key(e, "ringstale"));
-        inring = emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
-    }
-    int ins = 0, live = 0;
-    if (emq_serviceable(e, key)) {
-        live = 1;
-        if (!inring) {
-            emq_ring_add(e, key);
-            ins = 1;
-        }
-    } else {
-        if (inring) emq_ring_remove(e, key);
-        if (!flat && emq_zcard(e, emq_waiting_key(e, key)) > 0) {
-            /* D21: a lane whose window is spent waits in ratewait for its readmission. */
-            long long max, window;
-            if (emq_lane_rate(e, key, &max, &window)) {
-                emq_sv lk = emq_key2(e, "limiter:", key);
-                if (emq_rate_left(e, lk, max) <= 0 &&
-                    !emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, "ratewait"), key)).p) {
-                    long long pttl = emq_int(e, emq_call(e, "PTTL", 1, lk));
-                    long long at = emq_now_ms(e) + (pttl > 1 ? pttl : 1);
-                    emq_zadd(e, 3, emq_key(e, "ratewait"), emq_fmt_ll(e, at), key);
-                }
-            }
-        }
-    }
-    if (inring_out) *inring_out = live;
-    if (inserted_out) *inserted_out = ins;
-}
-
-void emq_touch(emq *e, emq_sv g, long long added) {
-    if (!g.p && added > 0 &&
-        emq_zcard(e, emq_key(e, "pending")) > added) {
-        /* The flat set was non-empty before: '*' is in the ring already. */
-        emq_wake(e, added);
-        return;
-    }
-    int inring, inserted;
-    emq_sync(e, g, 0, &inring, &inserted);
-    if (inserted)
-        emq_wake(e, emq_zcard(e, emq_waiting_key(e, g)));
-    else if (inring)
-        emq_wake(e, added);
-}
-
-#define RETIRED_GEN 25000
-
-void emq_retire(emq *e, const emq_sv *pairs, int n) {
-    if (n == 0) return;
-    emq_sv rk = emq_key(e, "retired");
-    emq_sv args[1001];
-    for (int i = 0; i < n; i += 1000) {
-        int m = n - i < 1000 ? n - i : 1000;
-        args[0] = rk;
-        for (int j = 0; j < m; j++) args[1 + j] = pairs[i + j];
-        emq_hsetv(e, m + 1, args);
-    }
-    /* Look at the size on a big batch, or about one small call in eight (the first id's
-     * last byte: ids end in a sequence). */
-    if (n < 64) {
-        if (pairs[0].n == 0) emq_fail(e, "ERR empty id");
-        if ((unsigned char)pairs[0].p[pairs[0].n - 1] % 8 != 0) return;
-    }
-    if (emq_hlen(e, rk) >= RETIRED_GEN) {
-        emq_call(e, "UNLINK", 1, emq_key(e, "retired:old"));
-        emq_call(e, "RENAME", 2, rk, emq_key(e, "retired:old"));
-    }
-}
-
-void emq_retire_one(emq *e, emq_sv id, emq_sv attempts) {
-    if (attempts.p && !emq_eqs(attempts, "0") && emq_is_digits(attempts)) {
-        emq_sv pair[2] = {id, attempts};
-        emq_retire(e, pair, 2);
-    }
-}
-
-emq_sv emq_retired_last(emq *e, emq_sv id) {
-    emq_sv v = emq_hget(e, emq_key(e, "retired"), id);
-    if (v.p) return v;
-    v = emq_hget(e, emq_key(e, "retired:old"), id);
-    if (v.p) return v;
-    return EMQ_LIT("0");
-}
-
-void emq_unretire(emq *e, emq_sv id) {
-    emq_call(e, "HDEL", 2, emq_key(e, "retired"), id);
-    emq_call(e, "HDEL", 2, emq_key(e, "retired:old"), id);
-}
-
-void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g) {
-    /* Scored by the row's priority (absent = 0): common.lua park. */
-    emq_sv pri = emq_hget(e, jk, EMQ_LIT("priority"));
-    emq_zadd(e, 3, emq_waiting_key(e, g), pri.p ? pri : EMQ_LIT("0"), id);
-    emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("pending"));
-}
-
-void emq_free_slot(emq *e, emq_sv g) {
-    emq_sv ga = emq_key(e, "gactive");
-    if (emq_hincrby(e, ga, g, -1) <= 0)
-        emq_call(e, "HDEL", 2, ga, g);
-}
-
-long long emq_leave_active(emq *e, emq_sv id, emq_sv g) {
-    long long n = emq_zrem(e, 2, emq_key(e, "active"), id);
-    if (n == 1 && g.p) {
-        emq_free_slot(e, g);
-        emq_touch(e, g, 0);
-    }
-    return n;
-}
-
-long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g) {
-    long long n = emq_zrem(e, 2, emq_waiting_key(e, g), id);
-    emq_sync(e, g, 0, NULL, NULL);
-    return n;
-}
-
-/* ------------------------------------------------------------------ ratelimit.lua */
-
-int emq_any_lane_rated(emq *e) {
-    if (e->lanes_rated < 0)
-        e->lanes_rated =
-            emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, "meta"), EMQ_LIT("grated"))) == 1;
-    return e->lanes_rated;
-}
-
-int emq_lane_rate(emq *e, emq_sv g, long long *max, long long *window) {
-    if (!emq_any_lane_rated(e)) return 0;
-    emq_sv spec = emq_hget(e, emq_key(e, "grate"), g);
-    if (!spec.p) return 0;
-    const char *colon = memchr(spec.p, ':', spec.n);
-    if (!colon) return 0;
-    emq_sv a = {spec.p, (size_t)(colon - spec.p)};
-    emq_sv b = {colon + 1, spec.n - a.n - 1};
-    if (!emq_is_digits(a) || !emq_is_digits(b)) return 0;
-    if (!emq_parse_ll(a, max) || !emq_parse_ll(b, window)) return 0;
-    return 1;
-}
-
-long long emq_rate_left(emq *e, emq_sv key, long long max) {
-    emq_sv used = emq_str(e, emq_call(e, "GET", 1, key));
-    long long u = 0;
-    if (used.p && !emq_parse_ll(used, &u)) u = 0;
-    return max - u;
-}
-
-int emq_rate_blocked(emq *e, emq_sv g) {
-    if (!emq_any_lane_rated(e)) return 0;
-    if (emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, "ratewait"), g)).p) return 1;
-    long long max, window;
-    if (!emq_lane_rate(e, g, &max, &window)) return 0;
-    return emq_rate_left(e, emq_key2(e, "limiter:", g), max) <= 0;
-}
-
-/* ------------------------------------------------------------------ observe.lua */
-
-void emq_emit(emq *e, const char *event, emq_sv id, int nextra, const emq_sv *extra) {
-    if (!e->events_known) {
-        e->events_bound = emq_hget(e, emq_key(e, "meta"), EMQ_LIT("events"));
-        e->events_known = 1;
-    }
-    if (!e->events_bound.p) return;
-    emq_sv args[24];
-    int n = 0;
-    args[n++] = emq_key(e, "events");
-    args[n++] = EMQ_LIT("MAXLEN");
-    args[n++] = EMQ_LIT("~");
-    args[n++] = e->events_bound;
-    args[n++] = EMQ_LIT("*");
-    args[n++] = EMQ_LIT("event");
-    args[n++] = (emq_sv){event, strlen(event)};
-    if (id.p) {
-        args[n++] = EMQ_LIT("id");
-        args[n++] = id;
-    }
-    for (int i = 0; i < nextra && n < 24; i++) args[n++] = extra[i];
-    emq_callv(e, "XADD", n, args);
-}
-
-void emq_emit_in(emq *e, const char *event, emq_sv id, emq_sv g, int nextra,
-                 const emq_sv *extra) {
-    if (g.p && !emq_eqs(g, "*")) {
-        emq_sv more[16];
-        more[0] = EMQ_LIT("group");
-        more[1] = g;
-        for (int i = 0; i < nextra && i < 14; i++) more[2 + i] = extra[i];
-        emq_emit(e, event, id, nextra + 2, more);
-    } else {
-        emq_emit(e, event, id, nextra, extra);
-    }
-}
-
-static long long floor_div(long long a, long long b) {
-    long long q = a / b;
-    if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
-    return q;
-}
-
-void emq_bump_metrics(emq *e, const char *kind, long long n, long long now) {
-    if (n <= 0) return;
-    emq_sv k = (emq_sv){kind, strlen(kind)};
-    emq_hincrby(e, emq_cat(e, 3, e->base, EMQ_LIT("metrics:"), k), EMQ_LIT("count"), n);
-    emq_sv key = emq_cat(e, 4, e->base, EMQ_LIT("metrics:"), k, EMQ_LIT(":data"));
-    long long minute = floor_div(now > 0 ? now : emq_now_ms(e), 60000);
-    emq_sv head = emq_lindex(e, key, 0);
-    if (head.p) {
-        const char *sep = memchr(head.p, ':', head.n);
-        long long m, c;
-        if (sep && emq_parse_ll((emq_sv){head.p, (size_t)(sep - head.p)}, &m) && m >= minute) {
-            emq_sv rest = {sep + 1, head.n - (size_t)(sep - head.p) - 1};
-            if (!emq_parse_ll(rest, &c)) c = 0;
-            char buf[48];
-            int len = snprintf(buf, sizeof buf, "%lld:%lld", m, c + n);
-            emq_lset(e, key, 0, emq_cat(e, 1, (emq_sv){buf, (size_t)len}));
-            return;
-        }
-    }
-    char buf[48];
-    int len = snprintf(buf, sizeof buf, "%lld:%lld", minute, n);
-    emq_call(e, "LPUSH", 2, key, emq_cat(e, 1, (emq_sv){buf, (size_t)len}));
-    emq_call(e, "LTRIM", 3, key, EMQ_LIT("0"), EMQ_LIT("1439"));
-}
-
-/* ------------------------------------------------------------------ fence.lua */
-
-int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_sv *row,
-              const char **err) {
-    static const char *fields[EMQ_ROW_WIDE] = {"attempts", "state",  "group",         "lease_epoch",
-                                               "floor",    "dedup",  "parent",        "parent_policy",
-                                               "children", "parent_queue", "flow"};
-    *err = NULL;
-    if (!emq_hmget(e, jk, wide ? EMQ_ROW_WIDE : EMQ_ROW, fields, row) || !row[0].p)
-        return EMQ_FENCE_GONE;
-    char *msg = RedisModule_PoolAlloc(e->ctx, strlen(verb) + 40);
-    /* A never-claimed job holds attempts "0": "0" is never a token. */
-    if (!emq_eq(row[0], token) || emq_eqs(token, "0")) {
-        sprintf(msg, "EMQSTALE %s token mismatch", verb);
-        *err = msg;
-        return EMQ_FENCE_STALE;
-    }
-    if (!emq_eq(row[3], token) || (!emq_eqs(row[1], "active") && !emq_eqs(row[1], "pending"))) {
-        sprintf(msg, "EMQSTALE %s lease settled", verb);
-        *err = msg;
-        return EMQ_FENCE_STALE;
-    }
-    return EMQ_FENCE_OK;
-}
-
-long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]) {
-    /* The cancel flag ends with the lease (fence.lua release). */
-    emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
-    if (emq_eqs(row[1], "active")) return emq_leave_active(e, id, row[2]);
-    return emq_leave_waiting(e, id, row[2]);
-}
-
-void emq_rearm(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5], long long deadline) {
-    if (emq_eqs(row[1], "pending")) {
-        if (row[2].p) emq_hincrby(e, emq_key(e, "gactive"), row[2], 1);
-        emq_leave_waiting(e, id, row[2]);
-        emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("active"));
-        emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("rearmed"), EMQ_LIT("1")};
-        emq_emit_in(e, "active", id, row[2], 4, extra);
-    }
-    emq_zadd(e, 3, emq_key(e, "active"), emq_fmt_ll(e, deadline), id);
-}
-
-/* ------------------------------------------------------------------ control.lua */
-
-int emq_cancel_flagged(emq *e, emq_sv jk) {
-    return emq_int(e, emq_call(e, "HEXISTS", 2, jk, EMQ_LIT("cancel"))) == 1;
-}
-
-void emq_release_dedup(emq *e, emq_sv id, emq_sv jk) {
-    static const char *fields[1] = {"dedup"};
-    emq_sv did;
-    /* pcall in the Lua: a planted non-hash row must not fail the settle that carries it. */
-    if (emq_hmget(e, jk, 1, fields, &did)) emq_release_dedup_of(e, id, did);
-}
-
-void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did) {
-    if (!did.p) return;
-    emq_sv dk = emq_key2(e, "de:", did);
-    if (emq_eq(emq_str(e, emq_call(e, "GET", 1, dk)), id) &&
-        emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
-        emq_del(e, 1, dk);
 }

@@ -1,5 +1,6 @@
-/* emq.h: the shared layer of trafikey, the C twin of src/echomq/lua/include/{common,observe,
- * fence,ratelimit,control}.lua. Every command runs inside one call frame (struct emq): the
+/* emq.h: the shared layer of trafikey: the runtime (emq.c) and the C twins of
+ * src/echomq/lua/include/{common,observe,fence,ratelimit,control,admit}.lua, each in its
+ * namesake .c file. Every command runs inside one call frame (struct emq): the
  * parsed KEYS/ARGV, the queue base, and the per-call caches the Lua keeps in script-local
  * variables (the events bound, whether lanes are rate limited).
  *
@@ -13,6 +14,7 @@
 #include <setjmp.h>
 #include <stddef.h>
 
+#include "keyspace.gen.h"
 #include "rmapi.h"
 
 #define TRAFIKEY_VERSION 1
@@ -50,11 +52,30 @@ typedef struct emq {
 /* A transition's body: it replies itself (or fails through emq_fail). */
 typedef void (*emq_body)(emq *e);
 
-/* The whole EVAL-like frame: numkeys parsing, the base/hash-tag check (every KEY must start
- * with ARGV[1], which holds a {tag}), the AutoMemory scope and the error jump. shape() picks
- * the body from nkeys/nargs, or returns NULL with *why set to an error text. */
-typedef emq_body (*emq_shape)(int nkeys, int nargs, const char **why);
-int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, emq_shape shape);
+/* One form of a command: the script it twins, its body, its KEYS count and ARGV counts
+ * (amin..amax, amax -1: no bound, in steps of astep). The rows are generated from the Lua
+ * headers (commands.gen.h, scripts/gen-native), never written by hand. */
+typedef struct {
+    const char *script;
+    emq_body body;
+    int nkeys, amin, amax, astep;
+} emq_form;
+
+#define EMQ_FORMS_MAX 4
+typedef struct {
+    const char *name; /* lowercase, as registered */
+    RedisModuleCmdFunc fn;
+    const char *flags;
+    const char *summary;
+    const char *arity_error; /* the reply to counts no form takes (the scripts' shape() text) */
+    int nforms;
+    emq_form forms[EMQ_FORMS_MAX];
+} emq_command;
+
+/* The whole EVAL-like frame: numkeys parsing, the form whose counts fit (else the command's
+ * arity error), the base/hash-tag check (every KEY must start with ARGV[1], which holds a
+ * {tag}), the AutoMemory scope and the error jump. */
+int emq_run(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, const emq_command *cmd);
 
 /* ---- values ---- */
 emq_sv emq_arg(emq *e, int i); /* ARGV[i], 1-based; absent past the end */
@@ -65,6 +86,7 @@ int emq_has_char(emq_sv s, char c);
 int emq_is_digits(emq_sv s); /* Lua '^[0-9]+$' */
 int emq_parse_ll(emq_sv s, long long *out); /* a strict decimal integer that fits 64 bits */
 long long emq_need_ll(emq *e, emq_sv s); /* emq_parse_ll or fail with ERR */
+emq_sv emq_priority_arg(emq *e, emq_sv s); /* args.lua priority_arg: 0..2^21, canonical */
 emq_sv emq_fmt_ll(emq *e, long long v);
 emq_sv emq_sub(emq_sv s, long i, long j); /* Lua string.sub(s, i, j) */
 emq_sv emq_cat(emq *e, int n, ...);        /* join n emq_sv */
@@ -110,12 +132,14 @@ void emq_lset(emq *e, emq_sv key, long idx, emq_sv value);
 /* ZPOPMIN key count: the members popped (lowest first) into *out; their number. */
 long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out);
 void emq_zadd(emq *e, int n, ...);
+/* LPUSH key vals..., then LTRIM 0 cap-1 when the list is longer than cap. */
+void emq_lpush_capped(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap);
 #define emq_zcard(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_ZSET)
 #define emq_scard(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_SET)
 #define emq_hlen(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_HASH)
 #define emq_llen(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_LIST)
 
-/* ---- common.lua ---- */
+/* ---- common.lua (common.c) ---- */
 void emq_wake(emq *e, long long n);
 int emq_serviceable(emq *e, emq_sv g);
 void emq_ring_add(emq *e, emq_sv key);
@@ -131,19 +155,19 @@ void emq_free_slot(emq *e, emq_sv g);
 long long emq_leave_active(emq *e, emq_sv id, emq_sv g);
 long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g);
 
-/* ---- ratelimit.lua ---- */
+/* ---- ratelimit.lua (ratelimit.c) ---- */
 int emq_any_lane_rated(emq *e);
 int emq_lane_rate(emq *e, emq_sv g, long long *max, long long *window);
 long long emq_rate_left(emq *e, emq_sv key, long long max);
 int emq_rate_blocked(emq *e, emq_sv g);
 
-/* ---- observe.lua ---- */
+/* ---- observe.lua (observe.c) ---- */
 void emq_emit(emq *e, const char *event, emq_sv id, int nextra, const emq_sv *extra);
 void emq_emit_in(emq *e, const char *event, emq_sv id, emq_sv g, int nextra,
                  const emq_sv *extra);
 void emq_bump_metrics(emq *e, const char *kind, long long n, long long now);
 
-/* ---- fence.lua ---- row = {attempts, state, group, lease_epoch, floor}; wide adds
+/* ---- fence.lua (fence.c) ---- row = {attempts, state, group, lease_epoch, floor}; wide adds
  * {dedup, parent, parent_policy, children, parent_queue, flow} (row[5..10]) for the finishing
  * settles, so they read the row once (fence(..., wide) in the Lua). row must hold
  * EMQ_ROW_WIDE entries when wide. */
@@ -157,14 +181,28 @@ int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_s
 long long emq_release(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5]);
 void emq_rearm(emq *e, emq_sv id, emq_sv jk, const emq_sv row[5], long long deadline);
 
-/* ---- control.lua ---- */
+/* ---- admit.lua (admit.c) ---- */
+extern const char *const EMQ_KIND; /* the EMQKIND refusal */
+emq_sv emq_verdict_sv(const char *v);
+int emq_is_job(emq_sv id);
+/* admit(): policy (kind) before existence (duplicate) before write; the verdict. has_run_at
+ * = 0 is Lua's run_at == nil. */
+const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_at,
+                      long long run_at, long long now, int fresh, emq_sv pri, emq_sv expires);
+int emq_run_time(emq *e, emq_sv mode, emq_sv value, long long now, long long *run_at);
+long long emq_floor_div(long long a, long long b);
+emq_sv emq_marker_key(emq *e, emq_sv nonce, emq_sv rm, emq_sv second);
+emq_sv emq_marker_field(emq *e, emq_sv id, emq_sv nonce);
+void emq_mark_one(emq *e, emq_sv key, emq_sv field, const char *verdict, long long replay_ms,
+                  int ttl);
+const char *emq_find_one(emq *e, emq_sv key, emq_sv field);
+
+/* ---- control.lua (control.c) ---- */
+emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
+                        long long run_at, long long now);
+void emq_take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms);
 int emq_cancel_flagged(emq *e, emq_sv jk);
 void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did);
 void emq_release_dedup(emq *e, emq_sv id, emq_sv jk); /* reads the row's dedup (pcall) */
-
-/* ---- command bodies / shapes ---- */
-emq_body emq_enqueue_shape(int nkeys, int nargs, const char **why);
-emq_body emq_extend_shape(int nkeys, int nargs, const char **why);
-emq_body emq_reprocess_shape(int nkeys, int nargs, const char **why);
 
 #endif

@@ -31,7 +31,7 @@ void emq_keep_parse(emq_sv v, emq_keep *k) {
 
 void emq_keep_completed_spec(emq *e, emq_keep *k) {
     if (!e->keep_known) {
-        e->keep_completed = emq_hget(e, emq_key(e, "meta"), EMQ_LIT("keep_completed"));
+        e->keep_completed = emq_hget(e, emq_key(e, EMQ_K_META), EMQ_LIT("keep_completed"));
         e->keep_known = 1;
     }
     emq_keep_parse(e->keep_completed, k);
@@ -41,7 +41,7 @@ void emq_keep_completed_row(emq *e, emq_sv id, emq_sv jk, long long now) {
     emq_sv at = emq_fmt_ll(e, now);
     emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("completed"), EMQ_LIT("finished_ms"), at);
     emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
-    emq_zadd(e, 3, emq_key(e, "completed"), at, id);
+    emq_zadd(e, 3, emq_key(e, EMQ_K_COMPLETED), at, id);
 }
 
 /* kept_drop: the rows and every side key the lifecycle table ties to them; their tokens
@@ -50,11 +50,12 @@ static void kept_drop(emq *e, RedisModuleCallReply *ids, size_t n, int dead) {
     emq_sv *keys = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (7 * n + 1));
     emq_sv *retired = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (2 * n + 1));
     static const char *fields[2] = {"attempts", "children"};
-    static const char *flows[4] = {":deps", ":processed", ":failed", ":unsuccessful"};
+    static const char *flows[4] = {EMQ_KT_DEPS, EMQ_KT_PROCESSED, EMQ_KT_FAILED,
+                                   EMQ_KT_UNSUCCESSFUL};
     int nk = 0, nr = 0;
     for (size_t i = 0; i < n; i++) {
         emq_sv id = emq_str(e, RedisModule_CallReplyArrayElement(ids, i));
-        emq_sv jk = emq_key2(e, "job:", id), row[2];
+        emq_sv jk = emq_key2(e, EMQ_KP_JOB, id), row[2];
         if (!emq_hmget(e, jk, 2, fields, row)) row[0] = row[1] = EMQ_NONE;
         emq_sv att = row[0];
         if (att.p && !emq_eqs(att, "0") && emq_is_digits(att)) {
@@ -62,9 +63,9 @@ static void kept_drop(emq *e, RedisModuleCallReply *ids, size_t n, int dead) {
             retired[nr++] = att;
         }
         keys[nk++] = jk;
-        keys[nk++] = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
+        keys[nk++] = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_LOGS));
         /* Only a retry writes <row>:errors; only a flow parent has flow keys (history.lua). */
-        if (dead || !emq_eqs(att, "1")) keys[nk++] = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
+        if (dead || !emq_eqs(att, "1")) keys[nk++] = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_ERRORS));
         if (row[1].p)
             for (int s = 0; s < 4; s++)
                 keys[nk++] = emq_cat(e, 2, jk, (emq_sv){flows[s], strlen(flows[s])});
@@ -92,7 +93,7 @@ void emq_kept_trim(emq *e, const char *set, const emq_keep *k, long long added, 
 
 void emq_dead_letter(emq *e, emq_sv id, long long now) {
     if (now <= 0) now = emq_now_ms(e);
-    emq_zadd(e, 3, emq_key(e, "dead"), emq_fmt_ll(e, now), id);
+    emq_zadd(e, 3, emq_key(e, EMQ_K_DEAD), emq_fmt_ll(e, now), id);
     e->dead_added++;
 }
 
@@ -101,7 +102,7 @@ void emq_trim_dead(emq *e, long long now) {
     long long added = e->dead_added;
     e->dead_added = 0;
     if (!e->keep_dead_known) {
-        e->keep_dead = emq_hget(e, emq_key(e, "meta"), EMQ_LIT("keep_dead"));
+        e->keep_dead = emq_hget(e, emq_key(e, EMQ_K_META), EMQ_LIT("keep_dead"));
         e->keep_dead_known = 1;
     }
     emq_keep k;

@@ -4,7 +4,7 @@
  * commands in the same order. */
 #include "lease.h"
 
-#include "flow.h"
+#include "compose.h"
 #include "history.h"
 #include "settle.h"
 
@@ -43,7 +43,7 @@ static void queue_rate(emq *e, emq_lease *c) {
     if (c->qrate_known) return;
     static const char *fields[2] = {"rate_max", "rate_window_ms"};
     emq_sv v[2];
-    emq_hmget(e, emq_key(e, "meta"), 2, fields, v);
+    emq_hmget(e, emq_key(e, EMQ_K_META), 2, fields, v);
     seed_queue_rate(c, v[0], v[1]);
 }
 
@@ -68,7 +68,7 @@ int emq_claim_gate(emq *e, emq_lease *out) {
                                     "limit", "keep_completed"};
     emq_sv m[7];
     /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    emq_hmget_strict(e, emq_key(e, "meta"), 7, fields, m);
+    emq_hmget_strict(e, emq_key(e, EMQ_K_META), 7, fields, m);
     seed_limit(out, m[5]);
     e->keep_completed = m[6]; /* kept history (history.h), for settle's completions */
     e->keep_known = 1;
@@ -155,7 +155,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
         if (len == 0) break;
         for (long long i = 0; i < len; i++) {
             emq_sv id = popped[i];
-            emq_sv jk = emq_key2(e, "job:", id);
+            emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
             emq_sv row[4];
             int hash = emq_hmget(e, jk, 4, fields, row);
             long long att = 0;
@@ -205,7 +205,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
     }
     if (got > 0) {
         /* call_chunked('ZADD', active, scored, 2000) */
-        emq_sv active = emq_key(e, "active");
+        emq_sv active = emq_key(e, EMQ_K_ACTIVE);
         for (long long i = 0; i < ns; i += 2000) {
             long long m = ns - i < 2000 ? ns - i : 2000;
             emq_sv saved = scored[i];
@@ -213,7 +213,7 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             emq_zaddv(e, (int)m + 1, scored + i);
             scored[i] = saved;
         }
-        if (lane.p) emq_hincrby(e, emq_key(e, "gactive"), lane, got);
+        if (lane.p) emq_hincrby(e, emq_key(e, EMQ_K_GACTIVE), lane, got);
     }
     return got;
 }
@@ -228,25 +228,25 @@ static long long turn_room(emq *e, emq_sv g, long long want, int alone, long lon
                            long long *served) {
     long long k = want;
     if (!alone) {
-        *w = num_or(emq_hget(e, emq_key(e, "gweight"), g), 1);
+        *w = num_or(emq_hget(e, emq_key(e, EMQ_K_GWEIGHT), g), 1);
         emq_sv turn[2];
         static const char *rr[2] = {"rr_lane", "rr_n"};
-        emq_hmget_strict(e, emq_key(e, "meta"), 2, rr, turn);
+        emq_hmget_strict(e, emq_key(e, EMQ_K_META), 2, rr, turn);
         *served = 0;
         if (emq_eq(turn[0], g)) *served = num_or(turn[1], 0);
         long long room = *w - *served > 1 ? *w - *served : 1;
         if (room < k) k = room;
     }
     if (!emq_eqs(g, "*")) {
-        emq_sv lim = emq_hget(e, emq_key(e, "glimit"), g);
+        emq_sv lim = emq_hget(e, emq_key(e, EMQ_K_GLIMIT), g);
         if (lim.p) {
-            emq_sv act = emq_hget(e, emq_key(e, "gactive"), g);
+            emq_sv act = emq_hget(e, emq_key(e, EMQ_K_GACTIVE), g);
             long long room = num_or(lim, 0) - num_or(act, 0);
             if (room < k) k = room;
         }
         long long max, window;
         if (emq_lane_rate(e, g, &max, &window)) {
-            long long left = emq_rate_left(e, emq_key2(e, "limiter:", g), max);
+            long long left = emq_rate_left(e, emq_key2(e, EMQ_KP_LIMITER, g), max);
             if (left < k) k = left;
         }
     }
@@ -256,7 +256,7 @@ static long long turn_room(emq *e, emq_sv g, long long want, int alone, long lon
 /* charge: count n serves against the head g's turn; rotate it when the turn is spent. */
 static void charge(emq *e, emq_sv g, long long n, int live, int alone, long long w,
                    long long served) {
-    emq_sv ring = emq_key(e, "ring"), meta = emq_key(e, "meta");
+    emq_sv ring = emq_key(e, EMQ_K_RING), meta = emq_key(e, EMQ_K_META);
     if (!live) {
         emq_call(e, "HDEL", 3, meta, EMQ_LIT("rr_lane"), EMQ_LIT("rr_n"));
         return;
@@ -273,8 +273,8 @@ static void charge(emq *e, emq_sv g, long long n, int live, int alone, long long
 
 /* ring_head: the live head of the ring, dropping the stale entries before it. */
 static emq_sv ring_head(emq *e) {
-    emq_sv ring = emq_key(e, "ring"), inring = emq_key(e, "inring");
-    emq_sv stale = emq_key(e, "ringstale");
+    emq_sv ring = emq_key(e, EMQ_K_RING), inring = emq_key(e, EMQ_K_INRING);
+    emq_sv stale = emq_key(e, EMQ_K_RINGSTALE);
     for (;;) {
         emq_sv g = emq_lindex(e, ring, 0);
         if (!g.p) return EMQ_NONE;
@@ -288,7 +288,7 @@ static emq_sv ring_head(emq *e) {
 /* readmit_rated (D21): lanes whose window reopened come back to the ring. */
 static void readmit_rated(emq *e, long long now) {
     if (!emq_any_lane_rated(e)) return;
-    emq_sv rw = emq_key(e, "ratewait");
+    emq_sv rw = emq_key(e, EMQ_K_RATEWAIT);
     RedisModuleCallReply *due = emq_call(e, "ZRANGEBYSCORE", 6, rw, EMQ_LIT("-inf"),
                                          emq_fmt_ll(e, now), EMQ_LIT("LIMIT"), EMQ_LIT("0"),
                                          EMQ_LIT("100"));
@@ -303,14 +303,14 @@ static void readmit_rated(emq *e, long long now) {
 long long emq_rate_wait_in(emq *e, long long now, emq_lease *c) {
     queue_rate(e, c);
     if (c->qrated) {
-        emq_sv lk = emq_key(e, "limiter");
+        emq_sv lk = emq_key(e, EMQ_K_LIMITER);
         if (emq_rate_left(e, lk, c->qmax) <= 0) {
             long long pttl = emq_int(e, emq_call(e, "PTTL", 1, lk));
             return pttl > 1 ? pttl : 1;
         }
     }
     if (emq_any_lane_rated(e)) {
-        RedisModuleCallReply *first = emq_call(e, "ZRANGE", 4, emq_key(e, "ratewait"),
+        RedisModuleCallReply *first = emq_call(e, "ZRANGE", 4, emq_key(e, EMQ_K_RATEWAIT),
                                                EMQ_LIT("0"), EMQ_LIT("0"), EMQ_LIT("WITHSCORES"));
         if (RedisModule_CallReplyLength(first) > 0) {
             emq_sv s = emq_str(e, RedisModule_CallReplyArrayElement(first, 1));
@@ -335,15 +335,15 @@ long long emq_rate_wait(emq *e, long long now) {
 
 /* ratelimit.lua limit_room: n capped by the queue-wide concurrency limit's room, >= 0. */
 static long long limit_room(emq *e, emq_lease *c, long long n) {
-    if (!c->qlimit_known) seed_limit(c, emq_hget(e, emq_key(e, "meta"), EMQ_LIT("limit")));
+    if (!c->qlimit_known) seed_limit(c, emq_hget(e, emq_key(e, EMQ_K_META), EMQ_LIT("limit")));
     if (!c->qlimited) return n;
-    long long room = c->qlimit - emq_card(e, emq_key(e, "active"), REDISMODULE_KEYTYPE_ZSET);
+    long long room = c->qlimit - emq_card(e, emq_key(e, EMQ_K_ACTIVE), REDISMODULE_KEYTYPE_ZSET);
     if (room < n) n = room;
     return n > 0 ? n : 0;
 }
 
 long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, long long now) {
-    emq_sv ring = emq_key(e, "ring");
+    emq_sv ring = emq_key(e, EMQ_K_RING);
     long long got = 0;
     if (now <= 0) now = emq_now_ms(e);
     emq_keep kept; /* kept history: stamp claimed_ms while the queue keeps completed rows */
@@ -352,7 +352,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
     readmit_rated(e, now);
     queue_rate(e, out);
     if (out->qrated) {
-        long long left = emq_rate_left(e, emq_key(e, "limiter"), out->qmax);
+        long long left = emq_rate_left(e, emq_key(e, EMQ_K_LIMITER), out->qmax);
         if (left < 0) left = 0;
         if (left < n) n = left;
     }
@@ -361,7 +361,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
         emq_sv g = ring_head(e);
         if (!g.p) break;
         int flat = emq_eqs(g, "*");
-        int alone = emq_scard(e, emq_key(e, "inring")) == 1;
+        int alone = emq_scard(e, emq_key(e, EMQ_K_INRING)) == 1;
         long long leased = 0, w = 1, served = 0;
         if (flat || emq_serviceable(e, g)) {
             long long k = turn_room(e, g, n - got, alone, &w, &served);
@@ -369,7 +369,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
             if (leased > 0 && !flat) {
                 long long max, window;
                 if (emq_lane_rate(e, g, &max, &window))
-                    rate_charge(e, emq_key2(e, "limiter:", g), leased, window);
+                    rate_charge(e, emq_key2(e, EMQ_KP_LIMITER, g), leased, window);
             }
         }
         int live;
@@ -381,7 +381,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
             emq_call(e, "LMOVE", 4, ring, ring, EMQ_LIT("LEFT"), EMQ_LIT("RIGHT"));
         }
     }
-    if (out->qrated && got > 0) rate_charge(e, emq_key(e, "limiter"), got, out->qwindow);
+    if (out->qrated && got > 0) rate_charge(e, emq_key(e, EMQ_K_LIMITER), got, out->qwindow);
     emq_trim_dead(e, now); /* keep_dead: a malformed row was dead-lettered (history.h) */
     return got;
 }
@@ -406,4 +406,13 @@ void emq_reply_job(emq *e, const emq_job *j) {
     else
         reply_null(e->ctx);
     if (j->floor.p) emq_reply_sv(e, j->floor);
+}
+
+/* The deadline now + lease_ms; an integer that would overflow is malformed input (the Lua
+ * would score a float), refused like any other malformed number, before any write. */
+long long emq_deadline_of(emq *e, long long now, long long lease) {
+    long long d;
+    if (__builtin_add_overflow(now, lease, &d))
+        emq_fail(e, "ERR a numeric argument is not an integer");
+    return d;
 }

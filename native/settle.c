@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "flow.h"
+#include "compose.h"
 #include "history.h"
 
 #define ERRORS_KEPT "-10" /* per job: the errors of its last 10 attempts, in <row>:errors */
@@ -12,15 +12,15 @@
 void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv attempts,
                       long long keep_ms, long long now) {
     if (keep_ms <= 0) return;
-    emq_sv rk = emq_key2(e, "result:", id), ms = emq_fmt_ll(e, keep_ms);
+    emq_sv rk = emq_key2(e, EMQ_KP_RESULT, id), ms = emq_fmt_ll(e, keep_ms);
     /* DEL: a reprocessed job's earlier outcome must not leave its other field behind. */
     emq_del(e, 1, rk);
     emq_hset(e, 7, rk, (emq_sv){field, strlen(field)}, value, EMQ_LIT("attempts"),
              attempts.p ? attempts : EMQ_LIT("0"), EMQ_LIT("finished_ms"),
              emq_fmt_ll(e, now > 0 ? now : emq_now_ms(e)));
     emq_call(e, "PEXPIRE", 2, rk, ms);
-    if (emq_exists(e, emq_key2(e, "want:", id)) == 1) {
-        emq_sv nk = emq_key2(e, "notify:", id);
+    if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1) {
+        emq_sv nk = emq_key2(e, EMQ_KP_NOTIFY, id);
         emq_call(e, "RPUSH", 2, nk, EMQ_LIT("1"));
         emq_call(e, "PEXPIRE", 2, nk, ms);
     }
@@ -30,7 +30,7 @@ void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long 
                     long long now) {
     if (keep_ms > 0)
         emq_keep_outcome(e, id, "error", error_text, attempts, keep_ms, now);
-    else if (emq_exists(e, emq_key2(e, "want:", id)) == 1)
+    else if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1)
         emq_keep_outcome(e, id, "error", error_text, attempts, 60000, now);
 }
 
@@ -59,11 +59,11 @@ emq_verdict emq_complete_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, emq_sv 
     if (keep->on) {
         emq_keep_completed_row(e, id, jk, now);
     } else {
-        emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
+        emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_LOGS));
         if (emq_eqs(row[0], "1"))
             emq_del(e, 2, jk, logs);
         else
-            emq_del(e, 3, jk, logs, emq_cat(e, 2, jk, EMQ_LIT(":errors")));
+            emq_del(e, 3, jk, logs, emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_ERRORS)));
         emq_retire_one(e, id, row[0]);
     }
     emq_sv extra[2] = {EMQ_LIT("attempts"), row[0]};
@@ -91,7 +91,8 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
     int remove = emq_eqs(error_text, "cancelled") &&
                  emq_eqs(emq_hget(e, jk, EMQ_LIT("cancel")), "remove");
     emq_release(e, id, jk, row);
-    emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(":logs")), errs = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
+    emq_sv logs = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_LOGS));
+    emq_sv errs = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_ERRORS));
     /* D22, cancel(remove=True): the holder's "cancelled" settle removes the job. */
     if (remove) {
         emq_release_dedup_of(e, id, row[5]);
@@ -125,7 +126,7 @@ emq_verdict emq_retry_one(emq *e, emq_sv id, emq_sv jk, emq_sv token, long long 
     }
     emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"), EMQ_LIT("last_error"),
              error_text);
-    emq_zadd(e, 3, emq_key(e, "schedule"), emq_fmt_ll(e, now + delay_ms), id);
+    emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, now + delay_ms), id);
     emq_sv extra[4] = {EMQ_LIT("attempts"), row[0], EMQ_LIT("delay_ms"), emq_fmt_ll(e, delay_ms)};
     emq_emit_in(e, "retried", id, row[2], 4, extra);
     return v_text("scheduled");
@@ -179,7 +180,7 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
     emq_sv *retired = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(2 * count + 1));
     int nflat = 0, nrows = 0, nretired = 0, ok = 0;
     for (int c = 0; c < count; c++) {
-        emq_sv id = pairs[2 * c], jk = emq_key2(e, "job:", id);
+        emq_sv id = pairs[2 * c], jk = emq_key2(e, EMQ_KP_JOB, id);
         emq_sv row[EMQ_ROW_WIDE];
         const char *err = NULL;
         int f = EMQ_FENCE_GONE;
@@ -227,9 +228,9 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
             emq_keep_completed_row(e, id, jk, now);
         } else {
             rows[nrows++] = jk;
-            rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":logs"));
+            rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_LOGS));
             /* Only a retry writes <row>:errors, and a job that was retried has attempts > 1. */
-            if (!emq_eqs(row[0], "1")) rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(":errors"));
+            if (!emq_eqs(row[0], "1")) rows[nrows++] = emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_ERRORS));
             retired[nretired++] = id;
             retired[nretired++] = row[0];
         }
@@ -238,7 +239,7 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
         ok++;
         verdicts[c] = v_int(1);
     }
-    if (nflat > 0) del_sliced(e, "ZREM", emq_key(e, "active"), flat, nflat);
+    if (nflat > 0) del_sliced(e, "ZREM", emq_key(e, EMQ_K_ACTIVE), flat, nflat);
     if (nrows > 0) del_sliced(e, "DEL", EMQ_NONE, rows, nrows);
     if (ok > 0) {
         emq_bump_metrics(e, "completed", ok, now);
@@ -248,4 +249,16 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
             emq_retire(e, retired, nretired);
     }
     return ok;
+}
+
+/* A settle verdict as the scripts reply it: an integer, an EMQ* text as an error (when
+ * error_if_emq), any other text as a string. */
+void emq_reply_verdict(emq *e, emq_verdict v, int error_if_emq) {
+    if (!v.text) {
+        RedisModule_ReplyWithLongLong(e->ctx, v.n);
+    } else if (error_if_emq && v.text[0] == 'E' && v.text[1] == 'M' && v.text[2] == 'Q') {
+        RedisModule_ReplyWithError(e->ctx, v.text);
+    } else {
+        RedisModule_ReplyWithStringBuffer(e->ctx, v.text, strlen(v.text));
+    }
 }

@@ -42,9 +42,6 @@ int emq_complete_many(emq *e, const emq_sv *pairs, int count, const emq_sv *res_
                       const emq_sv *res_vals, int nres, long long now, const emq_keep *keep,
                       emq_verdict *verdicts);
 
-/* ---- command shapes (trafikey.c's table) ---- */
-emq_body emq_complete_shape(int nkeys, int nargs, const char **why);
-emq_body emq_retry_shape(int nkeys, int nargs, const char **why);
-emq_body emq_sweep_shape(int nkeys, int nargs, const char **why);
+void emq_reply_verdict(emq *e, emq_verdict v, int error_if_emq);
 
 #endif

@@ -20,26 +20,11 @@ import pytest
 import redis
 
 import echomq
-from echomq._scripts import SCRIPTS
+from echomq._scripts import SCRIPTS, TWINS
 from echomq.server import EmbeddedServer, find_binary, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "native"
-
-# The EMQ verb that runs each script (the "many" forms are told apart by numkeys).
-VERB = {
-    "enqueue": "EMQ.ENQUEUE",
-    "enqueue_many": "EMQ.ENQUEUE",
-    "extend": "EMQ.EXTEND",
-    "extend_many": "EMQ.EXTEND",
-    "reprocess": "EMQ.REPROCESS",
-    "complete": "EMQ.COMPLETE",
-    "retry": "EMQ.RETRY",
-    "sweep_stalled": "EMQ.SWEEP",
-    "claim": "EMQ.CLAIM",
-    "claim_batch": "EMQ.CLAIM",
-    "settle": "EMQ.SETTLE",
-}
 
 # Scores that are server-clock times (leases, delays, rate windows): compared within this.
 TOLERANCE_MS = 2000
@@ -91,7 +76,7 @@ def call_native(
     r: redis.Redis, script: str, keys: Sequence[str], args: Sequence[str | bytes]
 ) -> Reply:
     try:
-        return ("ok", command(r, VERB[script], len(keys), *keys, *args))
+        return ("ok", command(r, TWINS[script], len(keys), *keys, *args))
     except redis.ResponseError as exc:
         return ("err", str(exc))
 

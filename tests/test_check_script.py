@@ -84,3 +84,11 @@ def test_every_test_listed_slow_in_conftest_exists() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     marked = {x.split("[", 1)[0] for x in done.stdout.splitlines() if "::" in x}
     assert sorted(SLOW_TESTS - marked) == []
+
+
+def test_the_generated_native_files_are_checked_before_the_build() -> None:
+    """Issue 23: the C command table and key constants come from the Lua headers; a header
+    changed without `scripts/gen-native` fails the check before the module is built."""
+    script = (ROOT / "scripts" / "check").read_text()
+    gen = script.index('"$ECHOMQ_PYTHON" scripts/gen-native --check')
+    assert script.index("source scripts/ensure-venv") < gen < script.index("make -s -C native")

@@ -216,3 +216,24 @@ def test_the_readmes_layout_names_every_module() -> None:
         if d.is_dir() and d.name != "__pycache__" and f"{d.name}/" not in named
     ]
     assert not missing, f"README's Layout does not name {missing}"
+
+
+def test_the_twin_tables_are_generated_and_current() -> None:
+    """Issue 23: the Lua -> EMQ.* twin tables of PROTOCOL §6 and native/README.md are written
+    by scripts/gen-native from the scripts' headers (marked blocks), not kept by hand."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("gen_native", str(ROOT / "scripts/gen-native"))
+    spec = importlib.util.spec_from_loader("gen_native", loader)
+    assert spec is not None
+    gen = importlib.util.module_from_spec(spec)
+    loader.exec_module(gen)
+    for doc in gen.DOCS:
+        text = doc.read_text(encoding="utf-8")
+        assert "<!-- gen-native: " in text, doc
+        assert gen.rewrite_blocks(text, doc) == text, f"{doc}: run scripts/gen-native"
+    # Nowhere else is the list spelled by hand: no Markdown names two EMQ.* commands in a row.
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        hand = re.findall(r"`EMQ\.[A-Z]+`,\s+`EMQ\.[A-Z]+`", _text(path))
+        assert hand == [], path

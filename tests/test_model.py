@@ -2244,3 +2244,15 @@ def test_a_paused_repeat_never_fires_and_resumes_from_now(sm: ModelMachine) -> N
     s.pause_repeat(qi=0, name="r1")
     s.unrepeat(qi=0, name="r1")
     s.pause_repeat(qi=0, name="r1")  # unknown now: False, nothing written
+
+
+def test_every_mutation_anchor_is_in_the_tree() -> None:
+    """tests/model/mutations.py re-introduces each seam bug by exact-text edits of the fixed
+    code (Lua and its C twin); a refactor that moves or respells that code must move the
+    anchor with it, or the mutation check reports "anchor not found" long after."""
+    from model.mutations import PATCHES
+
+    root = Path(__file__).resolve().parent.parent
+    for seam, patches in PATCHES.items():
+        for path, old, _new in patches:
+            assert (root / path).read_text().count(old) == 1, (seam, path, old)

@@ -484,7 +484,7 @@ def test_sweep_ring_order_is_the_order_first_met(
     pair: Pair, both: Both, r: redis.Redis, nlanes: int
 ) -> None:
     """The lanes a sweep syncs re-enter the ring in the order the sweep first met them
-    (common.lua's ordered tally, cmd_sweep.c's twin). It walked pairs() once: an order that
+    (common.lua's ordered tally, cmd_sweep_stalled.c's twin). It walked pairs() once: an order that
     follows the server Lua's string hash, which Valkey 8 changed from Redis 7's, so no
     module could mirror both. The ring ends identical on both executors and is that order."""
     lanes = [f"lane{n}" for n in range(nlanes)] + ["x", "queue-with-a-long-lane-name-" * 2]

@@ -13,7 +13,8 @@ import redis
 
 import echomq
 from echomq import _observe
-from echomq._observe import METRICS_BUMP_LUA, Event, decode_metrics
+from echomq._observe import Event, decode_metrics
+from echomq._scripts import include_text
 
 
 def _xadd(r: redis.Redis, queue: str, event: str, job: str | None = None, **extras: Any) -> str:
@@ -26,10 +27,14 @@ def _xadd(r: redis.Redis, queue: str, event: str, job: str | None = None, **extr
     return sid.decode()
 
 
+# The settling scripts' own writer (lua/include/observe.lua, inlined through common), called
+# alone: what a completion or a dead-letter adds to the per-minute series.
+BUMP = include_text("common") + "\nbump_metrics(ARGV[1], ARGV[2], tonumber(ARGV[3]))"
+
+
 def _bump(r: redis.Redis, queue: str, kind: str, n: int) -> None:
     key = f"emq:{{{queue}}}:metrics:{kind}:data"
-    body = METRICS_BUMP_LUA + "\nbump_metrics(ARGV[1], ARGV[2], tonumber(ARGV[3]))"
-    r.eval(body, 1, key, f"emq:{{{queue}}}:", kind, n)
+    r.eval(BUMP, 1, key, f"emq:{{{queue}}}:", kind, n)
 
 
 def _minute(r: redis.Redis) -> int:
@@ -331,8 +336,7 @@ def test_events_and_metrics_on_a_cluster(tmp_path: Any) -> None:
             sid = rc.xadd("emq:{obs-cluster}:events", {"event": "paused"}).decode()
             assert q.events() == [Event(sid, "paused", None, {})]
             key = "emq:{obs-cluster}:metrics:completed:data"
-            body = METRICS_BUMP_LUA + "\nbump_metrics(ARGV[1], ARGV[2], tonumber(ARGV[3]))"
-            rc.eval(body, 1, key, "emq:{obs-cluster}:", "completed", 4)
+            rc.eval(BUMP, 1, key, "emq:{obs-cluster}:", "completed", 4)
             assert q.metrics(minutes=3)[0] in (4, 0)  # 0 only if the minute turned meanwhile
             assert sum(q.metrics(minutes=3)) == 4
             q.disable_events()

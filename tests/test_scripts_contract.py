@@ -14,9 +14,17 @@ import pytest
 import redis
 
 from conftest import server_ms
-from echomq import _compose, _control, _registry, ids, keyspace
+from echomq import _compose, _control, _native, _registry, ids, keyspace
 from echomq import _protocol as _p
-from echomq._scripts import SCRIPTS, parse_flags
+from echomq._scripts import (
+    SCRIPTS,
+    TWINS,
+    Arity,
+    arity_error,
+    parse_flags,
+    parse_native,
+    twin_forms,
+)
 
 LUA = Path(_p.__file__).parent / "lua"
 JOB_STATES = {"pending", "active", "scheduled", "dead", "completed", "awaiting_children"}
@@ -253,6 +261,116 @@ def test_job_state_answers_are_documented() -> None:
     text = (LUA / "job_state.lua").read_text()
     answers = set(re.findall(r"return '(\w+)'", text))
     assert answers == JOB_STATES | {"unknown", "absent"}
+
+
+# --------------------------------------------------------------------------- native twins
+# A header's `Native: EMQ.<VERB> args=<arity> [deny-oom]` line is the one source of the twin
+# table (_scripts.TWINS, _native.TWINS), the C command table (native/commands.gen.h) and the
+# docs' twin tables (scripts/gen-native; tests/test_key_suffixes.py checks they are current).
+
+_SHAPE = re.compile(r"^shape\((\d+), (\d+), (\d+|nil), (?:'([^']*)'|(\w+))\)$", re.M)
+
+
+def test_twins_are_the_native_lines() -> None:
+    assert _native.TWINS is TWINS
+    assert {n: s.native.command for n, s in SCRIPTS.items() if s.native} == TWINS
+    # The hot path at least; a script added without a twin (repeat pause ...) is fine.
+    assert {"enqueue", "claim", "complete", "retry", "settle", "extend"} <= set(TWINS)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_native_line_matches_the_prologue(name: str) -> None:
+    """A twin's prologue checks the counts its Native line declares (KEYS: the header's
+    KEYS lines), and refuses with the text the module answers (_scripts.arity_error)."""
+    script = SCRIPTS[name]
+    text = (LUA / f"{name}.lua").read_text()
+    if script.native is None:
+        assert "EMQ." not in text, f"{name} names an EMQ.* command but has no Native: line"
+        return
+    shape = _SHAPE.search(text)
+    assert shape is not None, f"{name}: a twin checks its shape first (include/args.lua)"
+    nkeys, lo, hi = int(shape.group(1)), int(shape.group(2)), shape.group(3)
+    args = script.native.args
+    assert (nkeys, lo) == (script.nkeys, args.lo), name
+    assert (None if hi == "nil" else int(hi)) == args.hi, name
+    command = script.native.command
+    expected = arity_error(command, twin_forms()[command])
+    literals = set(re.findall(rf"'(ERR {re.escape(command)} takes [^']*)'", text))
+    assert literals == {expected}, name
+    if shape.group(5):  # shape(..., ARITY): a local holding the text
+        assert re.search(rf"local {shape.group(5)} = '{re.escape(expected)}'", text), name
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("  Native: EMQ.CLAIM args=2\n", Arity(2, 2)),
+        ("  Native: EMQ.X args=4..5\n", Arity(4, 5)),
+        ("  Native: EMQ.X args=4..\n", Arity(4, None)),
+        ("  Native: EMQ.X args=9+2n deny-oom\n", Arity(9, None, 2)),
+        ("  Native: EMQ.X args=2|4\n", Arity(2, 4, 2)),
+        ("  Flags: writes once\n", None),
+    ],
+)
+def test_native_lines_parse(line: str, expected: Arity | None) -> None:
+    found = parse_native("demo", " demo: a script.\n" + line)
+    assert (found.args if found else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("  Native: EMQ.X\n", "takes EMQ.<VERB>"),
+        ("  Native: emq.x args=2\n", "takes EMQ.<VERB>"),
+        ("  Native: EMQ.X args=two\n", "bad arity"),
+        ("  Native: EMQ.X args=5..4\n", "bad arity"),
+        ("  Native: EMQ.X args=4|2\n", "bad arity"),
+        ("  Native: EMQ.X args=2 fast\n", "unknown 'Native:' words"),
+        ("  Native: EMQ.X args=2\n  Native: EMQ.X args=2\n", "more than one"),
+    ],
+)
+def test_malformed_native_lines_are_refused(line: str, error: str) -> None:
+    with pytest.raises(RuntimeError, match=re.escape(error)):
+        parse_native("demo", " demo: a script.\n" + line)
+
+
+def test_arity_texts() -> None:
+    assert [Arity(3, 3).text(), Arity(1, 1).text(), Arity(4, 5).text()] == [
+        "3 args",
+        "1 arg",
+        "4..5 args",
+    ]
+    assert [Arity(2, 4, 2).text(), Arity(4, None).text(), Arity(9, None, 2).text()] == [
+        "2 or 4 args",
+        "at least 4 args",
+        "9 + 2n args",
+    ]
+    assert [n for n in range(12) if Arity(9, None, 2).fits(n)] == [9, 11]
+    assert [n for n in range(6) if Arity(2, 4, 2).fits(n)] == [2, 4]
+
+
+NATIVE = LUA.parent.parent.parent / "native"
+# The C files with no Lua namesake: the runtime (the frame with include/args.lua's checks,
+# values, calls, the key API) and the module's entry.
+NATIVE_RUNTIME = {"emq.c", "trafikey.c"}
+
+
+def test_the_native_tree_mirrors_the_lua_tree() -> None:
+    """Issue 23: lua/include/X.lua <-> native/X.c and lua/Y.lua <-> native/cmd_Y.c, whose
+    body is emq_cmd_Y, for exactly the scripts with a Native line."""
+    sources = {p.name: p.read_text() for p in NATIVE.glob("*.c")}
+    includes = {p.stem for p in (LUA / "include").glob("*.lua")}
+    for name, text in sources.items():
+        if name in NATIVE_RUNTIME:
+            continue
+        if name.startswith("cmd_"):
+            script = name[4:-2]
+            assert script in TWINS, f"native/{name}: no lua/{script}.lua with a Native line"
+            bodies = re.findall(r"^void (emq_cmd_\w+)\(emq \*e\) \{", text, re.M)
+            assert bodies == [f"emq_cmd_{script}"], (name, bodies)
+        else:
+            assert name[:-2] in includes, f"native/{name}: no lua/include/{name[:-2]}.lua"
+    assert {f"cmd_{s}.c" for s in TWINS} <= set(sources)
 
 
 # --------------------------------------------------------------------------- raw EVAL

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from echomq import _scripts
 from echomq.errors import ExecutorUnavailable, InvalidArgument
 
 __all__ = [
@@ -48,22 +49,9 @@ MODULE_NAME = "trafikey"
 # not used (its commands may take other arguments or reply differently).
 MODULE_VERSION = 1
 
-# Script name -> native command: every script with a twin in the module (the batch forms are
-# told apart by numkeys/nargs, as the scripts' KEYS shapes differ). A script not listed here
-# (reap, promote, the admin verbs ...) always runs as Lua.
-TWINS: dict[str, str] = {
-    "enqueue": "EMQ.ENQUEUE",
-    "enqueue_many": "EMQ.ENQUEUE",
-    "claim": "EMQ.CLAIM",
-    "claim_batch": "EMQ.CLAIM",
-    "extend": "EMQ.EXTEND",
-    "extend_many": "EMQ.EXTEND",
-    "complete": "EMQ.COMPLETE",
-    "retry": "EMQ.RETRY",
-    "reprocess": "EMQ.REPROCESS",
-    "sweep_stalled": "EMQ.SWEEP",
-    "settle": "EMQ.SETTLE",
-}
+# Script name -> native command, derived from the scripts' headers (their ``Native:`` line,
+# _scripts.TWINS): a script without one (reap, promote, the admin verbs ...) runs as Lua.
+TWINS: dict[str, str] = _scripts.TWINS
 
 EXECUTORS = ("auto", "lua", "native")
 ENV = "ECHOMQ_EXECUTOR"

@@ -28,7 +28,8 @@ The writer (in the settling scripts, once per script call that settled ``n > 0``
 ``kind``) is O(1): it reads the head; when the head's minute is the current one (or later: a
 server clock that stepped back adds to the newest minute rather than rewrite history) it
 ``LSET``\\s the head to the new sum, else it ``LPUSH``\\es ``"<minute>:<n>"`` and ``LTRIM``\\s to
-the bound. :data:`METRICS_BUMP_LUA` is that writer, verbatim, for the scripts to include.
+the bound. That writer is ``bump_metrics`` in ``lua/include/observe.lua`` (and its C twin,
+``emq_bump_metrics`` in ``native/observe.c``); the settling scripts include it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from echomq.errors import InvalidArgument
 __all__ = [
     "EVENT_NAMES",
     "MAX_BLOCK_MS",
-    "METRICS_BUMP_LUA",
     "METRICS_KINDS",
     "METRICS_POINTS",
     "Event",
@@ -85,27 +85,6 @@ EVENT_NAMES = (
     "delayed",
     "reassigned",
 )
-
-METRICS_BUMP_LUA = """\
--- D16: count n settles of kind ('completed' | 'failed') in the current server minute.
-local function bump_metrics(base, kind, n)
-  if n <= 0 then return end
-  local key = base .. 'metrics:' .. kind .. ':data'
-  local minute = math.floor(tonumber(redis.call('TIME')[1]) / 60)
-  local head = redis.call('LINDEX', key, 0)
-  if head then
-    local sep = string.find(head, ':', 1, true)
-    local m = sep and tonumber(string.sub(head, 1, sep - 1))
-    if m and m >= minute then
-      local c = tonumber(string.sub(head, sep + 1)) or 0
-      redis.call('LSET', key, 0, string.format('%d:%d', m, c + n))
-      return
-    end
-  end
-  redis.call('LPUSH', key, string.format('%d:%d', minute, n))
-  redis.call('LTRIM', key, 0, 1439)
-end
-"""
 
 _STREAM_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 

@@ -4,6 +4,10 @@ Each file in ``lua/`` is one transition and opens with a header contract (``KEYS
 lines); ``--@include name`` inlines ``lua/include/name.lua`` so shared rules (the ring sync,
 the D5 fence, the claim core) exist once in the source and the scripts stay self-contained
 on the wire.
+
+A header's ``Native: EMQ.<VERB> args=<arity> [deny-oom]`` line names the script's twin in the
+``trafikey`` module (``lua/README.md``): :data:`TWINS` and the C command table
+(``scripts/gen-native``) are derived from those lines, nowhere written by hand.
 """
 
 from __future__ import annotations
@@ -14,10 +18,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-__all__ = ["SCRIPTS", "Script", "parse_flags"]
+__all__ = [
+    "SCRIPTS",
+    "TWINS",
+    "Arity",
+    "Native",
+    "Script",
+    "arity_error",
+    "include_text",
+    "parse_flags",
+    "parse_native",
+    "twin_forms",
+]
 
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.M)
-_KEY_LINE = re.compile(r"^\s*KEYS\[(\d+)\]", re.M)
+_KEY_LINE = re.compile(r"^\s*KEYS\[(\d+)\]\s+(\S+)", re.M)
 _HEADER = re.compile(r"^--\[\[(.*?)\]\]", re.S)
 _FLAGS = re.compile(r"^\s*Flags:\s*(.*?)\s*$", re.M)
 # Every header declares one word of each pair. ``writes`` scripts wait for replica acks in
@@ -29,6 +44,83 @@ _FLAG_PAIRS = (("reads", "writes"), ("replay", "once"))
 # and must not be refused there: a heartbeat moves scores of ids already in ``active``, and a
 # refused one lets a running job's lease lapse (the job would run twice).
 _OPTIONAL_FLAGS = ("allow-oom",)
+_NATIVE = re.compile(r"^\s*Native:(.*)$", re.M)
+_VERB = re.compile(r"EMQ\.[A-Z][A-Z_]*")
+_ARITY = re.compile(r"(\d+)(?:(\.\.)(\d+)?|\+(\d+)n|\|(\d+))?")
+
+
+@dataclass(frozen=True)
+class Arity:
+    """The ARGV counts a script (and its native form) accepts: ``lo`` up to ``hi`` (None: no
+    bound) in steps of ``step``. Written in a header as ``N`` (exactly), ``N..M``, ``N..`` (at
+    least), ``N+kn`` (N plus a multiple of k) or ``N|M`` (either)."""
+
+    lo: int
+    hi: int | None
+    step: int = 1
+
+    def fits(self, n: int) -> bool:
+        return n >= self.lo and (self.hi is None or n <= self.hi) and (n - self.lo) % self.step == 0
+
+    def text(self) -> str:
+        """The count in an arity error: ``4 args``, ``4..5 args``, ``2 or 4 args``, ``at least
+        4 args``, ``9 + 2n args``."""
+        if self.hi == self.lo:
+            return f"{self.lo} arg" + ("" if self.lo == 1 else "s")
+        if self.hi is None:
+            if self.step == 1:
+                return f"at least {self.lo} args"
+            return f"{self.lo} + {self.step}n args"
+        if self.step == 1:
+            return f"{self.lo}..{self.hi} args"
+        return " or ".join(map(str, range(self.lo, self.hi + 1, self.step))) + " args"
+
+
+@dataclass(frozen=True)
+class Native:
+    """A header's ``Native:`` line: the module command that runs the script, the ARGV counts
+    it takes (KEYS: the header's ``KEYS[n]`` lines), and whether it is refused at maxmemory
+    (``deny-oom``: it grows memory; every other twin settles or frees and must never be)."""
+
+    command: str
+    args: Arity
+    deny_oom: bool = False
+
+
+def parse_native(name: str, header: str) -> Native | None:
+    """The header's ``Native:`` line (None: the script has no twin, it always runs as Lua);
+    a malformed or repeated one is an error at import."""
+    found = _NATIVE.findall(header)
+    if not found:
+        return None
+    if len(found) > 1:
+        raise RuntimeError(f"lua/{name}.lua: the header has more than one 'Native:' line")
+    words = found[0].split()
+    if len(words) < 2 or not _VERB.fullmatch(words[0]) or not words[1].startswith("args="):
+        raise RuntimeError(
+            f"lua/{name}.lua: 'Native:' takes EMQ.<VERB> args=<arity> [deny-oom], got {found[0]!r}"
+        )
+    m = _ARITY.fullmatch(words[1][5:])
+    if m is None:
+        raise RuntimeError(f"lua/{name}.lua: bad arity {words[1]!r} (N, N..M, N.., N+kn, N|M)")
+    lo = int(m.group(1))
+    if m.group(2):
+        arity = Arity(lo, int(m.group(3)) if m.group(3) else None)
+    elif m.group(4):
+        arity = Arity(lo, None, int(m.group(4)))
+    elif m.group(5):
+        other = int(m.group(5))
+        if other <= lo:
+            raise RuntimeError(f"lua/{name}.lua: bad arity {words[1]!r} (N|M needs M > N)")
+        arity = Arity(lo, other, other - lo)
+    else:
+        arity = Arity(lo, lo)
+    if (arity.hi is not None and arity.hi < lo) or arity.step < 1:
+        raise RuntimeError(f"lua/{name}.lua: bad arity {words[1]!r}")
+    rest = words[2:]
+    if rest not in ([], ["deny-oom"]):
+        raise RuntimeError(f"lua/{name}.lua: unknown 'Native:' words {rest}")
+    return Native(words[0], arity, bool(rest))
 
 
 @dataclass(frozen=True)
@@ -44,6 +136,8 @@ class Script:
     writes: bool
     replay: bool
     allow_oom: bool = False
+    native: Native | None = None
+    key_names: tuple[str, ...] = ()  # the header's KEYS[n] names, in order
 
     @cached_property
     def source(self) -> str:
@@ -235,11 +329,59 @@ def _load() -> dict[str, Script]:
         header = _HEADER.match(text)
         if header is None:
             raise RuntimeError(f"lua/{entry.name} has no header contract")
-        nkeys = len(_KEY_LINE.findall(header.group(1)))
+        key_names = tuple(n for _, n in _KEY_LINE.findall(header.group(1)))
         writes, replay = parse_flags(name, header.group(1))
         allow_oom = "allow-oom" in _FLAGS.findall(header.group(1))[0].split()
-        scripts[name] = Script(name, text, nkeys, writes, replay, allow_oom)
+        native = parse_native(name, header.group(1))
+        scripts[name] = Script(
+            name, text, len(key_names), writes, replay, allow_oom, native, key_names
+        )
     return scripts
 
 
 SCRIPTS: dict[str, Script] = _load()
+
+# Script name -> native command: every script with a twin in ``trafikey`` (its header's
+# ``Native:`` line). Two forms of one command (enqueue / enqueue_many) are told apart by
+# their KEYS and ARGV counts; a script not listed here always runs as Lua.
+TWINS: dict[str, str] = {
+    name: s.native.command for name, s in SCRIPTS.items() if s.native is not None
+}
+
+
+def twin_forms(scripts: dict[str, Script] | None = None) -> dict[str, list[Script]]:
+    """Native command -> the scripts it runs (its forms), by script name. Two forms of one
+    command must be told apart by their counts, and agree on ``deny-oom``."""
+    forms: dict[str, list[Script]] = {}
+    for s in sorted((scripts or SCRIPTS).values(), key=lambda s: s.name):
+        if s.native is not None:
+            forms.setdefault(s.native.command, []).append(s)
+    for command, group in forms.items():
+        if len({s.native.deny_oom for s in group if s.native}) != 1:
+            raise RuntimeError(f"{command}: its scripts disagree on deny-oom")
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if a.nkeys == b.nkeys and any(
+                    a.native and b.native and a.native.args.fits(n) and b.native.args.fits(n)
+                    for n in range(64)
+                ):
+                    raise RuntimeError(f"{command}: {a.name} and {b.name} take the same counts")
+    return forms
+
+
+def arity_error(command: str, forms: list[Script]) -> str:
+    """The error both executors answer a call of ``command`` with counts no form takes: the
+    Lua scripts' ``shape()`` text and the C table's (tests/test_scripts_contract.py)."""
+    parts = []
+    for s in forms:
+        assert s.native is not None
+        keys = f"{s.nkeys} key" + ("" if s.nkeys == 1 else "s")
+        parts.append(f"{keys} ({', '.join(s.key_names)}) and {s.native.args.text()} ({s.name})")
+    return f"ERR {command} takes " + " or ".join(parts)
+
+
+def include_text(name: str) -> str:
+    """The text of ``lua/include/<name>.lua`` with its own includes inlined: a complete chunk
+    that a test can run with a call appended (``include_text("common")`` defines
+    ``bump_metrics``, ``emit``, ``sync`` ...)."""
+    return _expand(f"--@include {name}\n", _LUA)

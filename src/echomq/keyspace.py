@@ -14,6 +14,8 @@ from echomq import ids
 from echomq.errors import InvalidId
 
 __all__ = [
+    "QUEUE_PREFIXES",
+    "QUEUE_TAILS",
     "QUEUE_TYPES",
     "RESERVE_TYPES",
     "VERSION_KEY",
@@ -61,7 +63,7 @@ QUEUE_TYPES = frozenset(
         "metrics:failed:data",
         "recent",
         "retired",
-        "retired:at",
+        "retired:old",
         "repeat",
         "repeatfree",
         "flow:outbox",
@@ -72,6 +74,19 @@ QUEUE_TYPES = frozenset(
         "workers:ttl",
     }
 )
+
+# The id- and name-shaped per-queue keys (PROTOCOL §1.1): one of these prefixes, then a job
+# id, lane, dedup id, repeat name or replay marker's name.
+QUEUE_PREFIXES = frozenset(
+    {"job:", "g:", "result:", "notify:", "want:", "de:", "repeat:", "limiter:", "recent:"}
+)
+# What may follow a job id (``job:<id>:logs``) or a lane (``g:<lane>:pending``).
+QUEUE_TAILS = frozenset(
+    {":logs", ":errors", ":lock", ":deps", ":processed", ":failed", ":unsuccessful", ":pending"}
+)
+# QUEUE_TYPES, QUEUE_PREFIXES and QUEUE_TAILS are the registry that the Lua scripts and the C
+# module spell their key suffixes from (scripts/gen-native writes native/keyspace.gen.h from
+# it; tests/test_key_suffixes.py ties every suffix spelled in lua/ and native/ to it).
 
 
 def check_queue(name: object) -> str:

@@ -77,7 +77,7 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "  if before == 'processed' or before == 'unsuccessful' then return end\n",
             "",
         ),
-        ("native/flow.c", "    if (before == 0 || before == 1) return;\n", ""),
+        ("native/compose.c", "    if (before == 0 || before == 1) return;\n", ""),
     ],
     "4": [
         (
@@ -87,7 +87,7 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "local function release(base, id, jk, row)\n  rcall('HDEL', jk, 'lease_epoch')",
         ),
         (
-            "native/emq.c",
+            "native/fence.c",
             '    emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));\n'
             '    if (emq_eqs(row[1], "active")) return emq_leave_active(e, id, row[2]);',
             '    emq_call(e, "HDEL", 2, jk, EMQ_LIT("lease_epoch"));\n'
@@ -108,13 +108,13 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
         ),
         (
             "native/cmd_reprocess.c",
-            '    emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:", id));\n',
+            "    emq_del(e, 2, emq_key2(e, EMQ_KP_RESULT, id), emq_key2(e, EMQ_KP_NOTIFY, id));\n",
             "",
         ),
         (
-            "native/cmd_enqueue.c",
-            '    if (!fresh) emq_del(e, 2, emq_key2(e, "result:", id), emq_key2(e, "notify:",'
-            " id));\n",
+            "native/admit.c",
+            "    if (!fresh) emq_del(e, 2, emq_key2(e, EMQ_KP_RESULT, id),"
+            " emq_key2(e, EMQ_KP_NOTIFY, id));\n",
             "",
         ),
     ],
@@ -126,7 +126,7 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "  local before = flow_recorded(pk, id)",
         ),
         (
-            "native/flow.c",
+            "native/compose.c",
             "    if (!flow_parent_row(e, pk, mark)) return;\n"
             "    int before = flow_recorded(e, pk, id);",
             # (void): the build has -Werror, and mark is then unused.
@@ -140,7 +140,7 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "",
         ),
         (
-            "native/cmd_enqueue.c",
+            "native/control.c",
             '    if (row[2].p) emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"),'
             ' EMQ_LIT("cancel"));\n',
             "",

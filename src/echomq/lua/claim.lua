@@ -8,6 +8,7 @@
     {ms} when a rate limit holds back what could be claimed: the ms until its window reopens
     (D21, include/lease.lua rate_wait)
   Flags: writes replay
+  Native: EMQ.CLAIM args=2
 ]]
 --@include common
 --@include args
@@ -15,7 +16,7 @@
 --@include compose
 --@include lease
 --@cold expire_job
-shape(3, 2, 2, 'ERR EMQ.CLAIM takes 3 keys and 2 args (claim) or 3 keys and 3 args (claim_batch)')
+shape(3, 2, 2, 'ERR EMQ.CLAIM takes 3 keys (meta, ring, active) and 2 args (claim) or 3 keys (meta, ring, active) and 3 args (claim_batch)')
 local lease_ms = int_arg(ARGV[2])
 if claim_gate(ARGV[1]) then return {} end
 local out = {}

@@ -8,6 +8,7 @@
   Returns {{id, payload, attempts, group|nil}, ...} (possibly empty), in claim order; {ms}
     when it claimed nothing because a rate limit holds jobs back (D21, include/lease.lua)
   Flags: writes replay
+  Native: EMQ.CLAIM args=3
 ]]
 --@include common
 --@include args
@@ -15,7 +16,7 @@
 --@include compose
 --@include lease
 --@cold expire_job
-shape(3, 3, 3, 'ERR EMQ.CLAIM takes 3 keys and 2 args (claim) or 3 keys and 3 args (claim_batch)')
+shape(3, 3, 3, 'ERR EMQ.CLAIM takes 3 keys (meta, ring, active) and 2 args (claim) or 3 keys (meta, ring, active) and 3 args (claim_batch)')
 local lease_ms, want = int_arg(ARGV[2]), int_arg(ARGV[3])
 if claim_gate(ARGV[1]) then return {} end
 local out = {}

@@ -10,6 +10,7 @@
                           the job's waiters (include/control.lua keep_outcome)
   Returns 1 | 0 when gone | error EMQSTALE
   Flags: writes once
+  Native: EMQ.COMPLETE args=4..5
 ]]
 --@include common
 --@include args
@@ -17,7 +18,7 @@
 --@include control
 --@include compose
 --@include settle
-shape(2, 4, 5, 'ERR EMQ.COMPLETE takes 2 keys (active, row) and 4 or 5 args (base, id, token, result[, keep_result_ms])')
+shape(2, 4, 5, 'ERR EMQ.COMPLETE takes 2 keys (active, row) and 4..5 args (complete)')
 local keep_ms = ARGV[5] and int_arg(ARGV[5]) or 0
 local base = ARGV[1]
 local now = now_ms()

@@ -29,6 +29,7 @@
     resend whose first copy landed, and what that copy answered) | 'deduplicated:<holder id>'
     | error EMQKIND
   Flags: writes once
+  Native: EMQ.ENQUEUE args=6..15 deny-oom
 ]]
 --@include common
 --@include args
@@ -37,7 +38,7 @@
 -- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named).
 --@cold sync retired_last unretire
-shape(2, 6, 15, 'ERR EMQ.ENQUEUE takes 2 keys and 6..15 args (enqueue) or 1 key and 9 + 2n args (enqueue_many)')
+shape(2, 6, 15, 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..15 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
 if ARGV[8] then int_arg(ARGV[8]) end
 if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
 if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end

@@ -8,11 +8,12 @@
   Returns 1 | 0 when gone | error EMQSTALE
   A heartbeat is never refused for memory (allow-oom, _scripts.py): it only moves scores.
   Flags: writes replay allow-oom
+  Native: EMQ.EXTEND args=4
 ]]
 --@include common
 --@include args
 --@include fence
-shape(2, 4, 4, 'ERR EMQ.EXTEND takes 2 keys and 4 args (extend) or 1 key and 2 + 2n args (extend_many)')
+shape(2, 4, 4, 'ERR EMQ.EXTEND takes 2 keys (active, row) and 4 args (extend) or 1 key (active) and at least 2 args (extend_many)')
 local lease_ms = int_arg(ARGV[4])
 local base, id = ARGV[1], ARGV[2]
 local row, err = fence(KEYS[2], ARGV[3], 'extend')

@@ -7,12 +7,13 @@
     each extended job whose cancel flag is set (D22; '!' is never part of an id)
   A heartbeat is never refused for memory (allow-oom, _scripts.py): it only moves scores.
   Flags: writes replay allow-oom
+  Native: EMQ.EXTEND args=2..
 ]]
 --@include common
 --@include args
 --@include fence
 --@include control
-shape(1, 2, nil, 'ERR EMQ.EXTEND takes 2 keys and 4 args (extend) or 1 key and 2 + 2n args (extend_many)')
+shape(1, 2, nil, 'ERR EMQ.EXTEND takes 2 keys (active, row) and 4 args (extend) or 1 key (active) and at least 2 args (extend_many)')
 local lease_ms = int_arg(ARGV[2])
 local base = ARGV[1]
 local deadline = now_ms() + lease_ms

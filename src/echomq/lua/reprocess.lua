@@ -13,10 +13,11 @@
   ARGV[4] ms              with mode: a run time past now sends the job to schedule
   Returns 1 | 0 when gone | error EMQSTATE not dead or completed
   Flags: writes once
+  Native: EMQ.REPROCESS args=2|4
 ]]
 --@include common
 --@include args
-local ARITY = 'ERR EMQ.REPROCESS takes 2 keys (row, dead) and 2 or 4 args (base, id[, in|at, ms])'
+local ARITY = 'ERR EMQ.REPROCESS takes 2 keys (row, dead) and 2 or 4 args (reprocess)'
 shape(2, 2, 4, ARITY)
 if #ARGV == 3 then refuse(ARITY) end
 local base, id, mode = ARGV[1], ARGV[2], ARGV[3]

@@ -13,6 +13,7 @@
   Returns 'scheduled' | 'dead' | 'removed' (a cancel with remove, D22) | 0 when gone |
     error EMQSTALE
   Flags: writes once
+  Native: EMQ.RETRY args=6..7
 ]]
 --@include common
 --@include args
@@ -20,7 +21,7 @@
 --@include control
 --@include compose
 --@include settle
-shape(4, 6, 7, 'ERR EMQ.RETRY takes 4 keys (active, schedule, dead, row) and 6 or 7 args (base, id, token, delay_ms, max_attempts, error[, keep_result_ms])')
+shape(4, 6, 7, 'ERR EMQ.RETRY takes 4 keys (active, schedule, dead, row) and 6..7 args (retry)')
 local delay_ms, max_attempts = int_arg(ARGV[4]), int_arg(ARGV[5])
 local keep_ms = ARGV[7] and int_arg(ARGV[7]) or 0
 local now = now_ms()

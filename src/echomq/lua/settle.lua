@@ -18,6 +18,7 @@
     complete verdict: 1 | 0 (gone) | 'EMQSTALE ...'; retry verdict: 'scheduled' | 'dead' |
     0 (gone) | 'EMQSTALE ...'
   Flags: writes once
+  Native: EMQ.SETTLE args=4..
 ]]
 --@include common
 --@include args
@@ -27,7 +28,7 @@
 --@include settle
 --@include lease
 --@cold expire_job
-shape(5, 4, nil, 'ERR EMQ.SETTLE takes 5 keys (meta, ring, active, schedule, dead) and at least 4 args')
+shape(5, 4, nil, 'ERR EMQ.SETTLE takes 5 keys (meta, ring, active, schedule, dead) and at least 4 args (settle)')
 local lease_ms, want = int_arg(ARGV[2]), int_arg(ARGV[3])
 local nc, nr = count_pair(ARGV[4], "ERR EMQ.SETTLE completes must be 'c' or 'c:r' (decimal counts)")
 nr = nr or 0

@@ -9,12 +9,13 @@
   ARGV[3] limit           > 0, jobs per call
   Returns {{recovered id, ...}, {dead id, ...}}
   Flags: writes replay
+  Native: EMQ.SWEEP args=3
 ]]
 --@include common
 --@include args
 --@include control
 --@include compose
-shape(2, 3, 3, 'ERR EMQ.SWEEP takes 2 keys (active, dead) and 3 args (base, max_stalled, limit)')
+shape(2, 3, 3, 'ERR EMQ.SWEEP takes 2 keys (active, dead) and 3 args (sweep_stalled)')
 local max_stalled, sweep_limit = int_arg(ARGV[2]), int_arg(ARGV[3])
 local base = ARGV[1]
 local now = now_ms()

@@ -1,9 +1,9 @@
-/* flow.h: the C twins of the flow (D18) functions of src/echomq/lua/include/compose.lua that
+/* compose.h: the C twins of the flow (D18) functions of src/echomq/lua/include/compose.lua that
  * the settles use: flow_parent, flow_of, flow_outbox, cross_queue, flow_release,
- * flow_settled, flow_child_done, flow_child_dead, flow_forget. Owned by cmd_settle_verbs.c /
- * cmd_sweep.c (part 2, N3); EMQ.SETTLE reuses them through settle.h. */
-#ifndef TRAFIKEY_FLOW_H
-#define TRAFIKEY_FLOW_H
+ * flow_settled, flow_child_done, flow_child_dead, flow_forget. Used by cmd_complete.c,
+ * cmd_retry.c, cmd_sweep_stalled.c and (through settle.h) EMQ.SETTLE. */
+#ifndef TRAFIKEY_COMPOSE_H
+#define TRAFIKEY_COMPOSE_H
 
 #include "emq.h"
 

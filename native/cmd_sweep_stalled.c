@@ -1,9 +1,10 @@
-/* cmd_sweep.c: EMQ.SWEEP, the twin of sweep_stalled.lua (the counted stall sweep). */
+/* cmd_sweep_stalled.c: EMQ.SWEEP, the twin of sweep_stalled.lua (the counted stall sweep). */
 #include <stdint.h>
 #include <string.h>
 
-#include "flow.h"
+#include "compose.h"
 #include "settle.h"
+#include "commands.gen.h"
 
 /* ---- touch_all's tally: jobs added per waiting set, in the order first met ----
  * The script keeps the same ordered tally (common.lua's tally/tally_add) and touches the
@@ -75,7 +76,8 @@ static void end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, e
     if (emq_eqs(flag, "remove")) {
         if (inflow) emq_flow_child_removed(e, id, &flow);
         emq_flow_forget(e, jk);
-        emq_del(e, 3, jk, emq_cat(e, 2, jk, EMQ_LIT(":logs")), emq_cat(e, 2, jk, EMQ_LIT(":errors")));
+        emq_del(e, 3, jk, emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_LOGS)),
+                emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_ERRORS)));
         emq_retire_one(e, id, attempts);
         emq_sv extra[4] = {EMQ_LIT("state"), EMQ_LIT("active"), EMQ_LIT("cancelled"), EMQ_LIT("1")};
         emq_emit_in(e, "removed", id, g, 4, extra);
@@ -89,12 +91,12 @@ static void end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, e
         emq_emit_in(e, "dead", id, g, 2, extra);
         if (inflow) emq_flow_child_dead(e, id, &flow, EMQ_LIT("cancelled"));
     }
-    if (emq_exists(e, emq_key2(e, "want:", id)) == 1)
+    if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1)
         emq_keep_outcome(e, id, "error", EMQ_LIT("cancelled"), attempts, 60000, now);
 }
 
 /* KEYS active, dead; ARGV base max_stalled limit. Returns {{recovered...}, {dead...}}. */
-static void sweep(emq *e) {
+void emq_cmd_sweep_stalled(emq *e) {
     long long max_stalled = emq_need_ll(e, emq_arg(e, 2));
     emq_sv limit = emq_fmt_ll(e, emq_need_ll(e, emq_arg(e, 3)));
     long long now = emq_now_ms(e);
@@ -111,7 +113,7 @@ static void sweep(emq *e) {
     tally_init(e, &added, len + 1); /* each lapsed job brings at most one key, plus the flat set */
     static const char *fields[4] = {"state", "group", "attempts", "cancel"};
     for (size_t i = 0; i < len; i++) {
-        emq_sv id = ids[i], jk = emq_key2(e, "job:", id);
+        emq_sv id = ids[i], jk = emq_key2(e, EMQ_KP_JOB, id);
         emq_zrem(e, 2, active, id);
         emq_sv row[4] = {EMQ_NONE, EMQ_NONE, EMQ_NONE, EMQ_NONE};
         if (!emq_hmget(e, jk, 4, fields, row)) row[0] = row[1] = row[2] = row[3] = EMQ_NONE;
@@ -148,7 +150,7 @@ static void sweep(emq *e) {
             if (emq_flow_parent(e, jk, &flow)) emq_flow_child_dead(e, id, &flow, EMQ_LIT("stalled"));
             /* D17: the row holds no keep time; as cancel does, "stalled" is kept 60 s, only for
              * a waiter already waiting. */
-            if (emq_exists(e, emq_key2(e, "want:", id)) == 1)
+            if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1)
                 emq_keep_outcome(e, id, "error", EMQ_LIT("stalled"), row[2], 60000, now);
             died[ndied++] = id;
         } else {
@@ -170,10 +172,4 @@ static void sweep(emq *e) {
     for (int i = 0; i < nrec; i++) emq_reply_sv(e, recovered[i]);
     RedisModule_ReplyWithArray(e->ctx, ndied);
     for (int i = 0; i < ndied; i++) emq_reply_sv(e, died[i]);
-}
-
-emq_body emq_sweep_shape(int nkeys, int nargs, const char **why) {
-    if (nkeys == 2 && nargs == 3) return sweep;
-    *why = "ERR EMQ.SWEEP takes 2 keys (active, dead) and 3 args (base, max_stalled, limit)";
-    return NULL;
 }

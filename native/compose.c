@@ -1,6 +1,6 @@
-/* flow.c: flows (D18) as the settles see them; see flow.h. Each function issues the commands
+/* compose.c: flows (D18) as the settles see them; see compose.h. Each function issues the commands
  * of its Lua twin in compose.lua, in the same order. */
-#include "flow.h"
+#include "compose.h"
 
 #include "history.h"
 #include "settle.h"
@@ -47,12 +47,12 @@ static void flow_outbox(emq *e, const emq_flow *f, emq_sv id, int done, emq_sv v
         entry = emq_cat(e, 11, (emq_sv){"\0fail\0", 6}, f->parent_queue, nul, parent, nul,
                         id, nul, policy, nul, value, EMQ_LIT(""));
     }
-    emq_call(e, "RPUSH", 2, emq_key(e, "flow:outbox"), entry);
+    emq_call(e, "RPUSH", 2, emq_key(e, EMQ_K_FLOW_OUTBOX), entry);
 }
 
 static void flow_release(emq *e, emq_sv pid) {
     static const char *fields[3] = {"state", "group", "priority"};
-    emq_sv pk = emq_key2(e, "job:", pid), p[3];
+    emq_sv pk = emq_key2(e, EMQ_KP_JOB, pid), p[3];
     if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
     emq_hset(e, 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
     emq_zadd(e, 3, emq_waiting_key(e, p[1]), p[2].p ? p[2] : EMQ_LIT("0"), pid);
@@ -62,7 +62,7 @@ static void flow_release(emq *e, emq_sv pid) {
     emq_wake(e, 1);
 }
 
-static const char *FLOW_HASHES[3] = {":processed", ":unsuccessful", ":failed"};
+static const char *FLOW_HASHES[3] = {EMQ_KT_PROCESSED, EMQ_KT_UNSUCCESSFUL, EMQ_KT_FAILED};
 
 /* flow_parent_row (compose.lua): the row of this child's own parent, a flow parent (it has
  * `children`) with the child's flow mark; gone, an unrelated job admitted under the id since,
@@ -86,7 +86,7 @@ static int flow_recorded(emq *e, emq_sv pk, emq_sv id) {
 
 /* hash: 0 processed, 1 unsuccessful (the FLOW_HASHES index). */
 static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value, emq_sv mark) {
-    emq_sv pk = emq_key2(e, "job:", pid);
+    emq_sv pk = emq_key2(e, EMQ_KP_JOB, pid);
     if (!flow_parent_row(e, pk, mark)) return;
     int before = flow_recorded(e, pk, id);
     emq_sv hk = emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[hash], strlen(FLOW_HASHES[hash])});
@@ -100,14 +100,14 @@ static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value, 
                  id);
     emq_hset(e, 3, hk, id, value);
     if (before == 0 || before == 1) return;
-    if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
+    if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_DEPS)))) <= 0)
         flow_release(e, pid);
 }
 
 static void flow_dropped(emq *e, emq_sv pid, emq_sv id, emq_sv mark) {
-    emq_sv pk = emq_key2(e, "job:", pid);
+    emq_sv pk = emq_key2(e, EMQ_KP_JOB, pid);
     if (!flow_parent_row(e, pk, mark) || flow_recorded(e, pk, id) >= 0) return;
-    if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(":deps")))) <= 0)
+    if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_DEPS)))) <= 0)
         flow_release(e, pid);
 }
 
@@ -145,15 +145,14 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
             flow_outbox(e, f, id, 0, err);
             return;
         }
-        emq_sv pid = f->parent, pk = emq_key2(e, "job:", pid);
+        emq_sv pid = f->parent, pk = emq_key2(e, EMQ_KP_JOB, pid);
         if (emq_eqs(f->policy, "id")) {
             flow_settled(e, pid, 1, id, err, f->mark);
             return;
         }
         if (!flow_parent_row(e, pk, f->mark)) return;
-        if (emq_int(e, emq_call(e, "HSETNX", 3, emq_cat(e, 2, pk, EMQ_LIT(":failed")), id, err)) ==
-            0)
-            return;
+        emq_sv fk = emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_FAILED));
+        if (emq_int(e, emq_call(e, "HSETNX", 3, fk, id, err)) == 0) return;
         emq_sv p[3];
         if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
         err = emq_cat(e, 3, EMQ_LIT("child "), id, EMQ_LIT(" failed"));
@@ -167,7 +166,8 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *fin, emq_sv error_te
 }
 
 void emq_flow_forget(emq *e, emq_sv jk) {
-    emq_del(e, 4, emq_cat(e, 2, jk, EMQ_LIT(":deps")),
-             emq_cat(e, 2, jk, EMQ_LIT(":processed")), emq_cat(e, 2, jk, EMQ_LIT(":failed")),
-             emq_cat(e, 2, jk, EMQ_LIT(":unsuccessful")));
+    emq_del(e, 4, emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_DEPS)),
+            emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_PROCESSED)),
+            emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_FAILED)),
+            emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_UNSUCCESSFUL)));
 }

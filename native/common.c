@@ -1,0 +1,192 @@
+/* common.c: the twin of src/echomq/lua/include/common.lua (see emq.h): wake, the ring and
+ * registry sync (serviceable, ring_add/remove, sync, touch), retire, park and the moves out of
+ * the waiting and active sets. Each function names the Lua helper it mirrors and issues its
+ * commands in the same order. */
+#include "emq.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void emq_wake(emq *e, long long n) {
+    if (n <= 0) return;
+    if (n > 64) n = 64;
+    emq_sv ones[64];
+    for (int i = 0; i < n; i++) ones[i] = EMQ_LIT("1");
+    /* LPUSH, then LTRIM 0 63 past 64 entries (common.lua wake). */
+    emq_lpush_capped(e, emq_key(e, EMQ_K_WAKE), (int)n, ones, 64);
+}
+
+static double num_or0(emq_sv s) {
+    /* tonumber(x or '0') for a planted value: garbage counts as 0 (the Lua would raise). */
+    long long v;
+    return emq_parse_ll(s, &v) ? (double)v : 0;
+}
+
+int emq_serviceable(emq *e, emq_sv g) {
+    if (emq_zcard(e, emq_waiting_key(e, g)) == 0) return 0;
+    if (emq_eqs(g, "*")) return 1;
+    if (emq_int(e, emq_call(e, "SISMEMBER", 2, emq_key(e, EMQ_K_PAUSED), g)) == 1) return 0;
+    emq_sv lim = emq_hget(e, emq_key(e, EMQ_K_GLIMIT), g);
+    if (lim.p) {
+        emq_sv act = emq_hget(e, emq_key(e, EMQ_K_GACTIVE), g);
+        if (num_or0(act) >= num_or0(lim)) return 0;
+    }
+    if (emq_any_lane_rated(e) && emq_rate_blocked(e, g)) return 0;
+    return 1;
+}
+
+void emq_ring_add(emq *e, emq_sv key) {
+    emq_sv stale = emq_key(e, EMQ_K_RINGSTALE), inring = emq_key(e, EMQ_K_INRING);
+    if (emq_int(e, emq_call(e, "SMOVE", 3, stale, inring, key)) == 1) return;
+    emq_call(e, "RPUSH", 2, emq_key(e, EMQ_K_RING), key);
+    emq_call(e, "SADD", 2, emq_key(e, EMQ_K_INRING), key);
+}
+
+void emq_ring_remove(emq *e, emq_sv key) {
+    emq_sv ring = emq_key(e, EMQ_K_RING);
+    emq_call(e, "SREM", 2, emq_key(e, EMQ_K_INRING), key);
+    if (emq_scard(e, emq_key(e, EMQ_K_INRING)) == 0) {
+        emq_del(e, 2, ring, emq_key(e, EMQ_K_RINGSTALE));
+    } else if (emq_eq(emq_lindex(e, ring, 0), key)) {
+        emq_call(e, "LPOP", 1, ring);
+    } else if (emq_eq(emq_lindex(e, ring, -1), key)) {
+        emq_call(e, "RPOP", 1, ring);
+    } else {
+        emq_call(e, "SADD", 2, emq_key(e, EMQ_K_RINGSTALE), key);
+    }
+}
+
+void emq_sync(emq *e, emq_sv g, int known_inring, int *inring_out, int *inserted_out) {
+    emq_sv key = g.p ? g : EMQ_FLAT;
+    int flat = emq_eqs(key, "*");
+    if (!flat) {
+        if (emq_zcard(e, emq_waiting_key(e, key)) > 0)
+            emq_call(e, "SADD", 2, emq_key(e, EMQ_K_LANES), key);
+        else
+            emq_call(e, "SREM", 2, emq_key(e, EMQ_K_LANES), key);
+    }
+    emq_sv ring = emq_key(e, EMQ_K_RING), inr = emq_key(e, EMQ_K_INRING);
+    int inring = known_inring || emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
+    if (!inring && emq_scard(e, inr) == 0 &&
+        emq_llen(e, ring) > 0) {
+        /* A ring written before the SETs existed: adopt its entries once. */
+        RedisModuleCallReply *all = emq_call(e, "LRANGE", 3, ring, EMQ_LIT("0"), EMQ_LIT("-1"));
+        size_t len = RedisModule_CallReplyLength(all);
+        for (size_t i = 0; i < len; i++)
+            emq_call(e, "SADD", 2, inr, emq_str(e, RedisModule_CallReplyArrayElement(all, i)));
+        emq_del(e, 1, emq_key(e, EMQ_K_RINGSTALE));
+        inring = emq_int(e, emq_call(e, "SISMEMBER", 2, inr, key)) == 1;
+    }
+    int ins = 0, live = 0;
+    if (emq_serviceable(e, key)) {
+        live = 1;
+        if (!inring) {
+            emq_ring_add(e, key);
+            ins = 1;
+        }
+    } else {
+        if (inring) emq_ring_remove(e, key);
+        if (!flat && emq_zcard(e, emq_waiting_key(e, key)) > 0) {
+            /* D21: a lane whose window is spent waits in ratewait for its readmission. */
+            long long max, window;
+            if (emq_lane_rate(e, key, &max, &window)) {
+                emq_sv lk = emq_key2(e, EMQ_KP_LIMITER, key);
+                if (emq_rate_left(e, lk, max) <= 0 &&
+                    !emq_str(e, emq_call(e, "ZSCORE", 2, emq_key(e, EMQ_K_RATEWAIT), key)).p) {
+                    long long pttl = emq_int(e, emq_call(e, "PTTL", 1, lk));
+                    long long at = emq_now_ms(e) + (pttl > 1 ? pttl : 1);
+                    emq_zadd(e, 3, emq_key(e, EMQ_K_RATEWAIT), emq_fmt_ll(e, at), key);
+                }
+            }
+        }
+    }
+    if (inring_out) *inring_out = live;
+    if (inserted_out) *inserted_out = ins;
+}
+
+void emq_touch(emq *e, emq_sv g, long long added) {
+    if (!g.p && added > 0 &&
+        emq_zcard(e, emq_key(e, EMQ_K_PENDING)) > added) {
+        /* The flat set was non-empty before: '*' is in the ring already. */
+        emq_wake(e, added);
+        return;
+    }
+    int inring, inserted;
+    emq_sync(e, g, 0, &inring, &inserted);
+    if (inserted)
+        emq_wake(e, emq_zcard(e, emq_waiting_key(e, g)));
+    else if (inring)
+        emq_wake(e, added);
+}
+
+#define RETIRED_GEN 25000
+
+void emq_retire(emq *e, const emq_sv *pairs, int n) {
+    if (n == 0) return;
+    emq_sv rk = emq_key(e, EMQ_K_RETIRED);
+    emq_sv args[1001];
+    for (int i = 0; i < n; i += 1000) {
+        int m = n - i < 1000 ? n - i : 1000;
+        args[0] = rk;
+        for (int j = 0; j < m; j++) args[1 + j] = pairs[i + j];
+        emq_hsetv(e, m + 1, args);
+    }
+    /* Look at the size on a big batch, or about one small call in eight (the first id's
+     * last byte: ids end in a sequence). */
+    if (n < 64) {
+        if (pairs[0].n == 0) emq_fail(e, "ERR empty id");
+        if ((unsigned char)pairs[0].p[pairs[0].n - 1] % 8 != 0) return;
+    }
+    if (emq_hlen(e, rk) >= RETIRED_GEN) {
+        emq_call(e, "UNLINK", 1, emq_key(e, EMQ_K_RETIRED_OLD));
+        emq_call(e, "RENAME", 2, rk, emq_key(e, EMQ_K_RETIRED_OLD));
+    }
+}
+
+void emq_retire_one(emq *e, emq_sv id, emq_sv attempts) {
+    if (attempts.p && !emq_eqs(attempts, "0") && emq_is_digits(attempts)) {
+        emq_sv pair[2] = {id, attempts};
+        emq_retire(e, pair, 2);
+    }
+}
+
+emq_sv emq_retired_last(emq *e, emq_sv id) {
+    emq_sv v = emq_hget(e, emq_key(e, EMQ_K_RETIRED), id);
+    if (v.p) return v;
+    v = emq_hget(e, emq_key(e, EMQ_K_RETIRED_OLD), id);
+    if (v.p) return v;
+    return EMQ_LIT("0");
+}
+
+void emq_unretire(emq *e, emq_sv id) {
+    emq_call(e, "HDEL", 2, emq_key(e, EMQ_K_RETIRED), id);
+    emq_call(e, "HDEL", 2, emq_key(e, EMQ_K_RETIRED_OLD), id);
+}
+
+void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g) {
+    /* Scored by the row's priority (absent = 0): common.lua park. */
+    emq_sv pri = emq_hget(e, jk, EMQ_LIT("priority"));
+    emq_zadd(e, 3, emq_waiting_key(e, g), pri.p ? pri : EMQ_LIT("0"), id);
+    emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("pending"));
+}
+
+void emq_free_slot(emq *e, emq_sv g) {
+    emq_sv ga = emq_key(e, EMQ_K_GACTIVE);
+    if (emq_hincrby(e, ga, g, -1) <= 0)
+        emq_call(e, "HDEL", 2, ga, g);
+}
+
+long long emq_leave_active(emq *e, emq_sv id, emq_sv g) {
+    long long n = emq_zrem(e, 2, emq_key(e, EMQ_K_ACTIVE), id);
+    if (n == 1 && g.p) {
+        emq_free_slot(e, g);
+        emq_touch(e, g, 0);
+    }
+    return n;
+}
+
+long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g) {
+    long long n = emq_zrem(e, 2, emq_waiting_key(e, g), id);
+    emq_sync(e, g, 0, NULL, NULL);
+    return n;
+}

@@ -1,0 +1,67 @@
+/* control.c: the twin of src/echomq/lua/include/control.lua (see emq.h): cancel flags (D22),
+ * kept outcomes' dedup release and the dedup holder (D20) the enqueue reads. Each function
+ * names the Lua helper it mirrors and issues its commands in the same order. */
+#include "emq.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int emq_cancel_flagged(emq *e, emq_sv jk) {
+    return emq_int(e, emq_call(e, "HEXISTS", 2, jk, EMQ_LIT("cancel"))) == 1;
+}
+
+void emq_release_dedup(emq *e, emq_sv id, emq_sv jk) {
+    static const char *fields[1] = {"dedup"};
+    emq_sv did;
+    /* pcall in the Lua: a planted non-hash row must not fail the settle that carries it. */
+    if (emq_hmget(e, jk, 1, fields, &did)) emq_release_dedup_of(e, id, did);
+}
+
+void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did) {
+    if (!did.p) return;
+    emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
+    if (emq_eq(emq_str(e, emq_call(e, "GET", 1, dk)), id) &&
+        emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
+        emq_del(e, 1, dk);
+}
+
+/* control.lua dedup_holder(): the holder's id, or absent when the key is free. A debounce
+ * holder that still waits takes this enqueue's payload and run time. */
+emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
+                        long long run_at, long long now) {
+    emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
+    emq_sv holder = emq_str(e, emq_call(e, "GET", 1, dk));
+    if (!holder.p) return EMQ_NONE;
+    emq_sv jk = emq_key2(e, EMQ_KP_JOB, holder);
+    if (emq_exists(e, jk) == 0 &&
+        emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
+        return EMQ_NONE;
+    if (!emq_eqs(mode, "debounce")) return holder;
+    static const char *fields[3] = {"state", "group", "lease_epoch"};
+    emq_sv row[3];
+    if (!emq_hmget(e, jk, 3, fields, row)) return holder;
+    if (!emq_eqs(row[0], "pending") && !emq_eqs(row[0], "scheduled")) return holder;
+    emq_hset(e, 3, jk, EMQ_LIT("payload"), payload);
+    /* A reaped holder's open lease ends: its old holder cannot settle the folded payload. */
+    if (row[2].p) emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
+    int due = !has_run_at || run_at <= now;
+    if (emq_eqs(row[0], "scheduled")) {
+        emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, has_run_at ? run_at : now),
+                 holder);
+    } else if (!due &&
+               emq_str(e, emq_call(e, "ZSCORE", 2, emq_waiting_key(e, row[1]), holder)).p) {
+        emq_leave_waiting(e, holder, row[1]);
+        emq_hset(e, 3, jk, EMQ_LIT("state"), EMQ_LIT("scheduled"));
+        emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, run_at), holder);
+    }
+    return holder;
+}
+
+void emq_take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms) {
+    emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
+    if (ttl_ms > 0)
+        emq_call(e, "SET", 4, dk, id, EMQ_LIT("PX"), emq_fmt_ll(e, ttl_ms));
+    else
+        emq_call(e, "SET", 2, dk, id);
+    emq_hset(e, 3, emq_key2(e, EMQ_KP_JOB, id), EMQ_LIT("dedup"), did);
+}
