@@ -2096,6 +2096,21 @@ def test_a_kept_flow_parent_and_its_rerun_child(sm: ModelMachine) -> None:
     s.work(qi=0, outcomes=["done"])
 
 
+def test_a_kept_child_rerun_that_dies_moves_its_record(sm: ModelMachine) -> None:
+    """Found by the machine (deep run): a flow child that completed and was kept (issue 24)
+    is reprocessed and its new run dies, ignored: its record moves from processed to
+    unsuccessful (its latest outcome, PROTOCOL §2.4), still counted once."""
+    s = Steps(sm)
+    s.keep_history(keep=1, dead=None)
+    s.seed(n=0, g=None)
+    s.drain(include_schedule=False, qi=0)
+    s.flow_seam(chain="child-rerun", cross=0)
+    s.reprocess(delay=None, n=1, qi=0)
+    s.settle_batch(again=[], delay=0, done=[], lease=20, max_attempts=1, n=0, qi=0)
+    s.flow_seam(chain="debounce-lapse", cross=0)
+    s.seam(chain="cancel-retry", keep=False, qi=0, remove=False)
+
+
 def test_an_expiry_a_seam_claim_meets_dies_before_the_seam_goes_on(sm: ModelMachine) -> None:
     """Found by the machine (deep run): a claim inside a multi-step rule dead-letters the
     expired job it meets at once, so a bounded dead set trims it in time order with the

@@ -434,8 +434,9 @@ class World:
             # (issue 24) overwrites its record (a pump's redelivery carries the same value).
             fl.processed[cid] = value
         else:
-            if cid in fl.processed:
-                return
+            # Its latest outcome, again: a kept completed child reprocessed (issue 24) whose
+            # new run dies ignored moves from processed to unsuccessful (PROTOCOL §2.4).
+            fl.processed.pop(cid, None)
             fl.unsuccessful[cid] = value.decode()
         if cid in fl.counted:
             return
