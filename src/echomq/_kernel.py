@@ -5,7 +5,7 @@ names), the records a reply decodes to (:class:`Job`, :class:`Enqueued`, :class:
 the argument checks every verb runs before its first call (``_int``, ``_payload``, the dedup
 id...), and the decoders. ``_protocol``, ``_control``, ``_compose``, ``_observe``,
 ``_inspect`` and ``_waiters`` import from here and never from each other's cores, so the verb
-modules form no import cycle (tests/test_import_graph.py).
+modules form no import cycle (tests/repo/test_import_graph.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ echomq fences every new connection on the connection itself (the version fence, 
 that needs hooks redis-py does not document: the connect callback a pool hands to each
 connection it makes, the connections a pool already holds, the cluster client's
 connect callback and slot map. Every such access is a function here, and
-``tests/test_connect.py`` asserts each attribute exists on real client objects, so a
+``tests/reliability/test_connect.py`` asserts each attribute exists on real client objects, so a
 redis-py release that moves one fails that test loudly instead of silently skipping the
 fence.
 
@@ -52,7 +52,7 @@ __all__ = [
 # of its own ``on_connect`` (the handshake), so a hook must run ``on_connect`` itself.
 CONNECT_HOOK = "redis_connect_func"
 
-# What tests/test_connect.py checks on a real pool (sync and asyncio).
+# What tests/reliability/test_connect.py checks on a real pool (sync and asyncio).
 POOL_ATTRIBUTES = ("connection_kwargs", "_available_connections", "_in_use_connections")
 
 

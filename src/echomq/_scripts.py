@@ -371,7 +371,7 @@ def twin_forms(scripts: dict[str, Script] | None = None) -> dict[str, list[Scrip
 
 def arity_error(command: str, forms: list[Script]) -> str:
     """The error both executors answer a call of ``command`` with counts no form takes: the
-    Lua scripts' ``shape()`` text and the C table's (tests/test_scripts_contract.py)."""
+    Lua scripts' ``shape()`` text and the C table's (tests/protocol/test_scripts_contract.py)."""
     parts = []
     for s in forms:
         assert s.native is not None

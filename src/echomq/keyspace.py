@@ -86,7 +86,7 @@ QUEUE_TAILS = frozenset(
 )
 # QUEUE_TYPES, QUEUE_PREFIXES and QUEUE_TAILS are the registry that the Lua scripts and the C
 # module spell their key suffixes from (scripts/gen-native writes native/keyspace.gen.h from
-# it; tests/test_key_suffixes.py ties every suffix spelled in lua/ and native/ to it).
+# it; tests/protocol/test_key_suffixes.py ties every suffix spelled in lua/ and native/ to it).
 
 
 def check_queue(name: object) -> str:

@@ -1,4 +1,5 @@
-"""The app of the flow chaos test (tests/test_flow_chaos.py): a 3-level tree over 3 queues.
+"""The app of the flow chaos test (tests/reliability/test_flow_chaos.py): a 3-level tree
+over 3 queues.
 
 ``leaf(n)`` returns n; ``mid(k)`` returns the sum of its children's values; ``root()``
 checks its children. Every run of a parent appends ``kind:id:token:count:sum`` to the list

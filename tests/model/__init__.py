@@ -1,1 +1,1 @@
-"""The pure reference model of echomq's verb set (tests/test_model.py drives it)."""
+"""The pure reference model of echomq's verb set (tests/model/test_model.py drives it)."""

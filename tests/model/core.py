@@ -4,7 +4,7 @@ outbox, want markers), as docs/PROTOCOL.md, docs/API.md, docs/GUARANTEES.md and 
 say it should be -- the *intended* semantics, not the code's.
 
 No I/O here. What the model cannot know in advance (which lane a claim serves, the server
-clock) is given to it by the machine in tests/test_model.py, which reads it from the server
+clock) is given to it by the machine in tests/model/test_model.py, which reads it from the server
 and checks it is legal first.
 
 Incarnations (issue 22): a re-admission of an id (enqueue, add_flow, a repeat occurrence) and
@@ -116,7 +116,7 @@ class QueueModel:
         self.failed = 0
         self.seen: set[str] = set()  # every id this queue ever held
         # ---- kept history (issue 24): keep_completed / keep_dead, by count only (the age
-        # bound reads the server clock; tests/test_kept_history.py drives it).
+        # bound reads the server clock; tests/features/test_kept_history.py drives it).
         self.keep_count: int | None = None  # keep_completed(count): None = off
         self.keep_dead: int | None = None  # keep_dead(count): None = unbounded
         self.dead_added = False  # a dead-letter since the last trim (only those trim)
@@ -286,7 +286,7 @@ class QueueModel:
 class World:
     """Two queues: 0 is the main one, 1 holds the other half of cross-queue flows.
 
-    ``per_hash`` (a triage waiver, tests/test_model.py ``count1``) models today's counting,
+    ``per_hash`` (a triage waiver, tests/model/test_model.py ``count1``) models today's counting,
     once per hash instead of once per child, so a run can look past FINDINGS F5."""
 
     def __init__(self, per_hash: bool = False, keep_dropped: bool = False) -> None:

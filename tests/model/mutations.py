@@ -1,5 +1,5 @@
 """Mutation check of the model test (issue 22, point 4): re-introduce each seam bug on a
-scratch copy and show that tests/test_model.py fails within its CI budget.
+scratch copy and show that tests/model/test_model.py fails within its CI budget.
 
 One command, from the repository root::
 
@@ -201,7 +201,7 @@ def pytest(
         python,
         "-m",
         "pytest",
-        "tests/test_model.py",
+        "tests/model/test_model.py",
         "-q",
         "-p",
         "no:randomly",

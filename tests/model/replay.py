@@ -1,4 +1,4 @@
-"""Replay a failing sequence that hypothesis printed for tests/test_model.py, step by step,
+"""Replay a failing sequence that hypothesis printed for tests/model/test_model.py, step by step,
 checking the server against the model after each step (a triage aid for FINDINGS.md).
 
     .venv/bin/python tests/model/replay.py SEQUENCE_FILE [--executor lua|native|both]
@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for test
 
 import redis
 
-import test_model
 from echomq import _native
 from echomq.server import EmbeddedServer
+from model import test_model
 
 
 def main() -> int:
