@@ -22,10 +22,18 @@ that made it), so there the executor runs the plan itself.
 from __future__ import annotations
 
 import asyncio
+import math
+import sys
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from hiredis import pack_command
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # redis-py depends on async-timeout there
+    from async_timeout import timeout as _timeout  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 from echomq._connect import TRANSIENT, Budget
 from echomq._executor import _decode_one, _pipeline_args, _plan_delay
@@ -166,15 +174,24 @@ class AutoPipe:
         try:
             args = _pipeline_args(calls, False, False, native)
             await conn.send_packed_command([pack_command(a) for a in args])
-            for i, call in enumerate(calls):
-                try:
-                    reply = await conn.read_response()
-                except ResponseError as exc:
-                    if isinstance(exc, NoScriptError) or (native and unknown_command(exc)):
-                        again.append(i)
-                        continue
-                    reply = exc
-                _settle(futures[i], _decode_one(call, reply))
+            # One deadline for the batch's replies (the connection's socket timeout), not one
+            # timeout context per reply as read_response makes by default: a hundred replies
+            # read in a millisecond paid for a hundred timer handles. A reply past it fails
+            # the batch as a socket timeout does (read_response disconnects on the cancel).
+            try:
+                async with _timeout(conn.socket_timeout):
+                    for i, call in enumerate(calls):
+                        try:
+                            reply = await conn.read_response(timeout=math.inf)
+                        except ResponseError as exc:
+                            if isinstance(exc, NoScriptError) or (native and unknown_command(exc)):
+                                again.append(i)
+                                continue
+                            reply = exc
+                        _settle(futures[i], _decode_one(call, reply))
+            except asyncio.TimeoutError:
+                where = getattr(conn, "path", None) or f"{conn.host}:{conn.port}"
+                raise RedisTimeout(f"Timeout reading from {where}") from None
         except BaseException as exc:
             # A lost connection: the calls not yet answered learn it (read_response has
             # disconnected it, so the pool reconnects, and fences, on its next use).

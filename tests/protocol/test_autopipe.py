@@ -267,3 +267,48 @@ async def test_a_batch_to_a_server_that_lost_the_module_goes_as_scripts(
         await aq.aclose()
         admin.close()
         srv.stop()
+
+
+async def test_a_batch_past_the_socket_timeout_fails_as_a_timeout(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    """A batch's replies share one deadline (the connection's socket timeout): a server that
+    answers nothing past it fails every caller with redis-py's TimeoutError (a transient
+    error, as a per-reply timeout gave), and the connection goes (no late reply is read as
+    the next call's). A queue that rides out outages resends each call once the server
+    answers, each admitted once."""
+    import redis.asyncio
+
+    where = r.connection_pool.connection_kwargs
+    client = redis.asyncio.Redis(
+        host=where.get("host", "127.0.0.1"), port=where.get("port", 6379), socket_timeout=0.3
+    )
+    q = echomq.AsyncQueue(qname, client=client, retry_for=0)
+    try:
+        await asyncio.gather(q.enqueue(b"warm"), q.enqueue(b"warm"))  # two connections open
+        r.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        got = await asyncio.gather(
+            *(q.enqueue(b"%d" % i) for i in range(20)), return_exceptions=True
+        )
+        timed_out = [g for g in got if isinstance(g, redis.exceptions.TimeoutError)]
+        # The batch (every call but the first, which went alone) timed out as one.
+        assert len(timed_out) >= 19, got
+        assert all(isinstance(g, (echomq.Enqueued, redis.exceptions.TimeoutError)) for g in got)
+        time.sleep(1.3)  # the pause ends; the paused calls ran or never arrived
+        after = await asyncio.gather(*(q.enqueue(b"x%d" % i) for i in range(5)))
+        assert all(a.status == "enqueued" for a in after)
+    finally:
+        await q.aclose()
+        await client.aclose()
+    riding = echomq.AsyncQueue(qname, url=url, retry_for=10)
+    try:
+        riding.client.connection_pool.connection_kwargs["socket_timeout"] = 0.3
+        await asyncio.gather(riding.enqueue(b"w"), riding.enqueue(b"w"))
+        r.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        sent = [ids.mint() for _ in range(20)]
+        got = await asyncio.gather(*(riding.enqueue(b"r", id=j) for j in sent))
+        assert [g.id for g in got] == sent
+        assert all(g.status in ("enqueued", "replayed") for g in got), got
+    finally:
+        await riding.aclose()
+    assert all(r.exists(K(qname, "job:" + j)) for j in sent)
