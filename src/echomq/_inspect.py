@@ -110,11 +110,17 @@ def riding_out(x: SyncExecutor, read: Callable[[], T], within_s: float) -> T:
             time.sleep(delay)
 
 
-def queue_exists(client: Any, name: str) -> bool:
-    """Whether any key of queue ``name`` exists: one EXISTS over its registry of key types
-    (PROTOCOL §1.3), then a SCAN for the rest (job rows, lane sets) when none does."""
+def typed_keys_exist(client: Any, name: str) -> bool:
+    """Whether a key of queue ``name`` of a registered type exists (PROTOCOL §1.3): one
+    EXISTS, never a SCAN."""
     keys = [keyspace.queue_key(name, t) for t in sorted(keyspace.QUEUE_TYPES)]
-    if int(client.execute_command("EXISTS", *keys)):
+    return bool(int(client.execute_command("EXISTS", *keys)))
+
+
+def queue_exists(client: Any, name: str) -> bool:
+    """Whether any key of queue ``name`` exists: :func:`typed_keys_exist`, then a SCAN for
+    the rest (job rows, lane sets) when none does."""
+    if typed_keys_exist(client, name):
         return True
     # A queue name matches [A-Za-z0-9._-]: nothing in it is a glob character.
     return any(True for _ in client.scan_iter(match=f"emq:{{{name}}}:*", count=1000))

@@ -350,64 +350,54 @@ class BoundTask(Generic[P, R]):
     task: Task[P, R]
     opts: Options = field(default_factory=Options)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
-        o = self.opts
+    def _wire(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, Any]:
+        """The call's payload and, when the app traces (echomq.otel), its "<task> send" span,
+        whose context the envelope carries (None otherwise)."""
+        opts = _budget(self.opts.max_attempts)
         otel = self.task.app._otel
-        opts = _budget(o.max_attempts)
         if otel is None:
-            payload = self.task.payload(args, kwargs, opts)
-        else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            calls = [self.task.to_wire(args, kwargs)]
-            span, (payload,) = otel.start_send(self.task, calls, opts)
-        try:
-            e = self.task.app.queue(self.task.queue).enqueue(
-                payload,
-                id=o.id,
-                group=o.group,
-                delay_ms=o.delay_ms,
-                at_ms=o.at_ms,
-                dedup=o.dedup,
-                dedup_ttl_ms=o.dedup_ttl_ms,
-                dedup_mode=o.dedup_mode,
-                priority=self.task.priority if o.priority is None else o.priority,
-                ttl_ms=o.ttl_ms,
-            )
-        except BaseException as exc:
-            if otel is not None:
-                otel.end_send(span, None, exc)
-            raise
+            return self.task.payload(args, kwargs, opts), None
+        span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)], opts)
+        return payload, span
+
+    def _options(self) -> dict[str, Any]:
+        """The queue's enqueue options these bound options stand for."""
+        o = self.opts
+        return {
+            "id": o.id,
+            "group": o.group,
+            "delay_ms": o.delay_ms,
+            "at_ms": o.at_ms,
+            "dedup": o.dedup,
+            "dedup_ttl_ms": o.dedup_ttl_ms,
+            "dedup_mode": o.dedup_mode,
+            "priority": self.task.priority if o.priority is None else o.priority,
+            "ttl_ms": o.ttl_ms,
+        }
+
+    def _sent(self, span: Any, e: Enqueued | None, exc: BaseException | None) -> None:
+        otel = self.task.app._otel
         if otel is not None:
-            otel.end_send(span, e, None)
+            otel.end_send(span, e, exc)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
+        payload, span = self._wire(args, kwargs)
+        try:
+            e = self.task.app.queue(self.task.queue).enqueue(payload, **self._options())
+        except BaseException as exc:
+            self._sent(span, None, exc)
+            raise
+        self._sent(span, e, None)
         return TaskEnqueued(e.id, e.status, self.task)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
-        o = self.opts
-        otel = self.task.app._otel
-        opts = _budget(o.max_attempts)
-        if otel is None:
-            payload = self.task.payload(args, kwargs, opts)
-        else:  # echomq.otel: a "<task> send" span whose context the envelope carries
-            calls = [self.task.to_wire(args, kwargs)]
-            span, (payload,) = otel.start_send(self.task, calls, opts)
+        payload, span = self._wire(args, kwargs)
         try:
-            e = await self.task.app.aqueue(self.task.queue).enqueue(
-                payload,
-                id=o.id,
-                group=o.group,
-                delay_ms=o.delay_ms,
-                at_ms=o.at_ms,
-                dedup=o.dedup,
-                dedup_ttl_ms=o.dedup_ttl_ms,
-                dedup_mode=o.dedup_mode,
-                priority=self.task.priority if o.priority is None else o.priority,
-                ttl_ms=o.ttl_ms,
-            )
+            e = await self.task.app.aqueue(self.task.queue).enqueue(payload, **self._options())
         except BaseException as exc:
-            if otel is not None:
-                otel.end_send(span, None, exc)
+            self._sent(span, None, exc)
             raise
-        if otel is not None:
-            otel.end_send(span, e, None)
+        self._sent(span, e, None)
         return TaskEnqueued(e.id, e.status, self.task)
 
 

@@ -360,6 +360,15 @@ def unrepeat(ctx: click.Context, queue: str, name: str) -> None:
     click.echo(f"{name}: removed")
 
 
+def _flip_repeat(ctx: click.Context, queue: str, name: str, pause: bool) -> None:
+    q = _queue(ctx, queue)
+    flip = q.pause_repeat if pause else q.resume_repeat
+    if not _run(ctx, lambda: flip(name)):
+        click.echo(f"{name}: not registered", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: {'paused' if pause else 'resumed'}")
+
+
 @main.command("pause-repeat")
 @click.argument("queue")
 @click.argument("name")
@@ -367,11 +376,7 @@ def unrepeat(ctx: click.Context, queue: str, name: str) -> None:
 def pause_repeat(ctx: click.Context, queue: str, name: str) -> None:
     """Pause the repeatable job NAME of QUEUE: it fires no more until resume-repeat, and a
     worker start registering it again keeps it paused (exit 1 when it is not registered)."""
-    q = _queue(ctx, queue)
-    if not _run(ctx, lambda: q.pause_repeat(name)):
-        click.echo(f"{name}: not registered", err=True)
-        sys.exit(1)
-    click.echo(f"{name}: paused")
+    _flip_repeat(ctx, queue, name, pause=True)
 
 
 @main.command("resume-repeat")
@@ -381,8 +386,4 @@ def pause_repeat(ctx: click.Context, queue: str, name: str) -> None:
 def resume_repeat(ctx: click.Context, queue: str, name: str) -> None:
     """Resume the paused repeatable job NAME of QUEUE: its next fire is computed from now
     (exit 1 when it is not registered)."""
-    q = _queue(ctx, queue)
-    if not _run(ctx, lambda: q.resume_repeat(name)):
-        click.echo(f"{name}: not registered", err=True)
-        sys.exit(1)
-    click.echo(f"{name}: resumed")
+    _flip_repeat(ctx, queue, name, pause=False)

@@ -118,10 +118,7 @@ class _State:
             return name in self.fixed
         # One EXISTS first: the discovery SCAN walks the whole keyspace (a second or more
         # on a 1M-job server), so a page of a live queue never waits for it.
-        keys = [keyspace.queue_key(name, t) for t in sorted(keyspace.QUEUE_TYPES)]
-        if int(self.client.execute_command("EXISTS", *keys)):
-            return True
-        return name in self.names()
+        return _inspect.typed_keys_exist(self.client, name) or name in self.names()
 
     def sample(self, view: _inspect.QueueView) -> None:
         minute = view.now_ms // 60_000
