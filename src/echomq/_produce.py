@@ -64,9 +64,11 @@ _MARKED = frozenset(("enqueued", "scheduled", "replayed", "replayed:scheduled"))
 
 # How many markers of one process a key gets in a second, about: the calls of a second are
 # spread over one key per _PER_KEY of them (at the rate of that second or the one before,
-# whichever is higher; 1 to 256 keys), so a key's TTL is written once per ~64 markers at any
-# rate, and a key stays small enough for the compact listpack encoding (128 fields).
-_PER_KEY = 64
+# whichever is higher; 1 to 256 keys), so a key's TTL is written once per ~32 markers at any
+# rate, and a key stays small enough for the compact listpack encoding (128 fields). Why 32:
+# an HSET into a listpack hash scans its fields; at 32 a marker's HSET costs about half what
+# it did at 64 (bench/RESULTS.md, issue 28), for one more PEXPIRE per 64 calls.
+_PER_KEY = 32
 _rates: dict[str, list[int]] = {}  # scope -> [second, calls in it, calls in the one before]
 
 

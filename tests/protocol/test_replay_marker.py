@@ -126,18 +126,18 @@ def test_a_call_naming_its_second_keys_the_marker_there(
     assert enq(a, "fr", "ab0123456789", 1_700_000_000) == "replayed"
 
 
-def test_a_second_s_calls_spread_over_one_key_per_64(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_s_calls_spread_over_one_key_per_32(monkeypatch: pytest.MonkeyPatch) -> None:
     """The nonce prefix that names a marker's key: one key for a slow producer (its TTL is
-    written once, not on most calls), about one per 64 calls at a higher rate, from the
+    written once, not on most calls), about one per 32 calls at a higher rate, from the
     rate of the second before at once, at most 256."""
     monkeypatch.setattr(_produce, "_rates", {})
 
     def prefixes(second: int, n: int) -> list[str]:
         return [_produce._bucket("scope", second) for _ in range(n)]
 
-    assert set(prefixes(100, 64)) == {"00"}  # the first 64 of a second share one key
-    used = prefixes(100, 936)  # 1,000 in that second in all
-    assert {int(p, 16) for p in used} <= set(range(16)) and len(set(used)) > 8
+    assert set(prefixes(100, 32)) == {"00"}  # the first 32 of a second share one key
+    used = prefixes(100, 968)  # 1,000 in that second in all
+    assert {int(p, 16) for p in used} <= set(range(32)) and len(set(used)) > 16
     nxt = prefixes(101, 200)  # the second after starts at the rate of the one before
     assert len(set(nxt)) > 8
     assert {int(p, 16) for p in prefixes(102, 20_000)} <= set(range(256))

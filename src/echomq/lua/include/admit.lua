@@ -87,7 +87,7 @@ end
 -- and every later marker it writes there comes within that second of its clock, so each
 -- marker outlives its call's replay window, and no key is left without a TTL by a client
 -- that wrote one. The common call is one HSET. A client spreads a second's calls over about
--- one key per 64 (nonce[1..2], its choice); with at most 256 keys a second, each stays small
+-- one key per 32 (nonce[1..2], its choice); with at most 256 keys a second, each stays small
 -- enough for the server's compact (listpack) hash encoding up to ~30k enqueues/s
 -- (docs/CAPACITY.md). A call that names no second gets the server's, and sets the TTL.
 -- An enqueue_many call leaves one STRING p..recent:<nonce> with every job's verdict.
