@@ -6,6 +6,8 @@
 Rounds are interleaved (round 1 runs every system, then round 2 ...; the order rotates per
 round), every measurement starts on an empty server (FLUSHALL of the bench's own server),
 and the report gives medians over rounds plus the ratio echomq/peer computed per round.
+Every worker runs at -c 1 and -c 10; echomq also at ``--best``, every peer at ``--peer-best``,
+and the report compares each system at its best measured setting.
 Peer adapters live in ``bench/peers/`` and are imported lazily, so ``--smoke`` runs without
 any of them installed. ``bash bench/setup.sh`` installs the peers into ``bench/.venv``.
 """
@@ -62,6 +64,11 @@ METRICS = [
 ]
 BEST = (50, 200)  # echomq's extra concurrency settings
 ECHOMQ = ("echomq", "echomq_native")  # measured at those settings too, and verified
+PEER_BEST = (50,)  # every other system's extra concurrency settings (--peer-best)
+NODE = ("bullmq_node",)  # the peers that are not Python
+PYTHON_PEERS = tuple(s for s in SYSTEMS if s not in ECHOMQ and s not in NODE)
+Best = tuple[str, float]  # (processed/s key such as "c50", jobs/s)
+SETTING = re.compile(r"c([1-9]\d*)(?:x([1-9]\d*))?")  # a processed/s key: c10, c50, c50x2
 LAT_KEY = "bench:lat"
 
 
@@ -360,7 +367,7 @@ class Bench:
         self.fresh()
         secs = attempt("single", lambda: mod.enqueue_single(self.url, n))
         self.put(name, "single", rnd, n / secs if secs else None)
-        if secs and mod.CONCURRENCY.get(1) is None:
+        if secs and unsupported(mod, 1) is None:
             value = attempt("c1", lambda: self.processed(name, n, 1, f"c1-{tag}"))
             self.put(name, "c1", rnd, value)
         # 2. bulk enqueue (timed, when the system has a bulk API) -> processed at c=10
@@ -370,7 +377,7 @@ class Bench:
             self.put(name, "bulk", rnd, n / secs if secs else None)
         else:
             secs = attempt("fill", lambda: mod.enqueue_single(self.url, n))
-        if secs and mod.CONCURRENCY.get(10) is None:
+        if secs and unsupported(mod, 10) is None:
             self.put(
                 name, "c10", rnd, attempt("c10", lambda: self.processed(name, n, 10, f"c10-{tag}"))
             )
@@ -383,8 +390,23 @@ class Bench:
                 if secs:
                     value = attempt(f"c{c}", lambda c=c: self.processed(name, bn, c, f"c{c}-{tag}"))
                     self.put(name, f"c{c}", rnd, value)
+        # 3b. every peer at its larger settings (--peer-best), filled like c=10 above
+        else:
+            pn = a.peer_best_n
+            fill = mod.enqueue_bulk if mod.BULK else mod.enqueue_single
+            for c in a.peer_best:
+                if unsupported(mod, int(c.partition("x")[0])) is not None:
+                    continue  # the report gives the adapter's reason
+                self.fresh()
+                secs = attempt(f"fill c{c}", lambda: fill(self.url, pn))
+                value = (
+                    attempt(f"c{c}", lambda c=c: self.processed(name, pn, c, f"c{c}-{tag}"))
+                    if secs
+                    else None
+                )
+                self.put(name, f"c{c}", rnd, value)
         # 4. enqueue -> start latency at a steady rate, idle worker
-        lat_c = 10 if mod.CONCURRENCY.get(10) is None else 1
+        lat_c = 10 if unsupported(mod, 10) is None else 1
         res = attempt("latency", lambda: self.latency(name, lat_c, f"lat-{tag}"))
         self.put(name, "p50", rnd, res[0] if res else None)
         self.put(name, "p99", rnd, res[1] if res else None)
@@ -443,7 +465,9 @@ class Bench:
                 t0 = time.monotonic()
                 self.run_system(name, rnd)
                 got = self.data.get(name, {})
-                vals = [(k, got[k][rnd] if k in got else None) for k, *_ in METRICS]
+                larger = [k for k in settings(self, name) if k not in ("c1", "c10")]
+                keys = [k for k, *_ in METRICS] + larger
+                vals = [(k, got[k][rnd] if k in got else None) for k in keys]
                 shown = ", ".join(f"{k}={fmt(v)}" for k, v in vals)
                 log(f"  {name:<12} {time.monotonic() - t0:5.1f}s  {shown}")
 
@@ -478,6 +502,80 @@ def ratios(ours: list[float | None], theirs: list[float | None]) -> list[float |
         (a / b) if (a is not None and b is not None and b > 0) else None
         for a, b in zip(ours, theirs, strict=False)
     ]
+
+
+def unsupported(mod: ModuleType, c: int) -> str | None:
+    """Why the adapter cannot run its worker at concurrency ``c`` (None: it can). An adapter
+    lists reasons per concurrency in ``CONCURRENCY``; ``MAX_CONCURRENCY = (top, why)`` covers
+    every concurrency above ``top`` (rq: one job at a time, whatever -c is asked for)."""
+    why: str | None = mod.CONCURRENCY.get(c)
+    top = getattr(mod, "MAX_CONCURRENCY", None)
+    if why is None and top is not None and c > top[0]:
+        why = top[1]
+    return why
+
+
+def setting_order(key: str) -> tuple[int, int]:
+    m = SETTING.fullmatch(key)
+    assert m is not None, key
+    return int(m[1]) * int(m[2] or 1), int(m[2] or 1)
+
+
+def settings(b: Bench, name: str) -> list[str]:
+    """The processed/s keys measured for ``name`` (c1, c10, c50, c50x2 ...), in -c order."""
+    keys = [k for k in b.data.get(name, {}) if SETTING.fullmatch(k)]
+    return sorted(keys, key=setting_order)
+
+
+def top_of(pairs: list[tuple[str, float | None]]) -> Best | None:
+    """The (setting, value) pair with the highest value, values None or 0 left out."""
+    good: list[Best] = [(k, v) for k, v in pairs if v]
+    return max(good, key=lambda kv: kv[1]) if good else None
+
+
+def best_setting(b: Bench, name: str) -> Best | None:
+    """The setting with the highest median processed/s over rounds, and that median."""
+    return top_of([(k, med(b.data[name][k])) for k in settings(b, name)])
+
+
+def best_per_round(b: Bench, name: str) -> list[Best | None]:
+    """Per round: the setting with the highest processed/s in that round, and its value."""
+    keys = settings(b, name)
+    return [top_of([(k, b.data[name][k][rnd]) for k in keys]) for rnd in range(b.args.rounds)]
+
+
+def setting_label(key: str) -> str:
+    return f"`-c {key[1:]}`"
+
+
+def _fastest(systems: dict[str, list[Best | None]], rnd: int) -> tuple[str, Best] | None:
+    top: tuple[str, Best] | None = None
+    for name, per_round in systems.items():
+        got = per_round[rnd]
+        if got is not None and (top is None or got[1] > top[1][1]):
+            top = (name, got)
+    return top
+
+
+def best_ratios(b: Bench, names: list[str], ours: str) -> list[dict[str, Any]]:
+    """Per round: ``ours``'s best processed/s over the fastest Python peer's best and over
+    BullMQ Node's best in the same round (each at the setting that was best in that round)."""
+    mine = best_per_round(b, ours)
+    pys = {p: best_per_round(b, p) for p in names if p in PYTHON_PEERS}
+    nodes = {p: best_per_round(b, p) for p in names if p in NODE}
+    rows = []
+    for rnd in range(b.args.rounds):
+        own = mine[rnd]
+        row: dict[str, Any] = {"round": rnd + 1, "ours": own}
+        for key, systems in (("python", pys), ("node", nodes)):
+            other = _fastest(systems, rnd)
+            row[key] = other
+            ratio = None
+            if own is not None and other is not None and other[1][1] > 0:
+                ratio = own[1] / other[1][1]
+            row[f"vs_{key}"] = ratio
+        rows.append(row)
+    return rows
 
 
 def fmt(v: float | None, digits: int = 0) -> str:
@@ -535,7 +633,7 @@ def cell(b: Bench, name: str, key: str) -> str:
     mod = b.mods[name]
     if key == "bulk" and not mod.BULK:
         return "n/a (no bulk API)"
-    if key in ("c1", "c10") and mod.CONCURRENCY.get(int(key[1:])):
+    if key in ("c1", "c10") and unsupported(mod, int(key[1:])):
         return "n/a¹"
     return fmt(med(b.data.get(name, {}).get(key)))
 
@@ -551,30 +649,31 @@ def chart(b: Bench, names: list[str], path: Path) -> str | None:
     labels = [label(b, n) for n in names]
     c1 = [med(b.data.get(n, {}).get("c1")) or 0.0 for n in names]
     c10 = [med(b.data.get(n, {}).get("c10")) or 0.0 for n in names]
-    best: tuple[int, float] | None = None
-    if "echomq" in names:
-        tried = [(c, med(b.data["echomq"].get(f"c{c}"))) for c in b.args.best]
-        good = [(c, v) for c, v in tried if v]
-        if good:
-            best = max(good, key=lambda cv: cv[1])
-            labels.insert(1, f"echomq c={best[0]}")
-            c1.insert(1, 0.0)
-            c10.insert(1, 0.0)
+    # each system's best larger setting (echomq: --best, the peers: --peer-best)
+    larger: list[tuple[str, float]] = []
+    for n in names:
+        keys = [k for k in settings(b, n) if k not in ("c1", "c10")]
+        larger.append(top_of([(k, med(b.data[n][k])) for k in keys]) or ("", 0.0))
     x = list(range(len(labels)))
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=110)
-    w = 0.38
+    w = 0.27
     bars = [
-        ax.bar([i - w / 2 for i in x], c1, w, label="concurrency 1", color="#8fb3d9"),
-        ax.bar([i + w / 2 for i in x], c10, w, label="concurrency 10", color="#1f5fa8"),
+        ax.bar([i - w for i in x], c1, w, label="concurrency 1", color="#8fb3d9"),
+        ax.bar(x, c10, w, label="concurrency 10", color="#1f5fa8"),
+        ax.bar(
+            [i + w for i in x],
+            [v for _, v in larger],
+            w,
+            label="best larger setting (echomq: --best, peers: --peer-best)",
+            color="#c0392b",
+        ),
     ]
-    if best is not None:
-        bars.append(ax.bar([1], [best[1]], w * 1.6, label="echomq's best setting", color="#c0392b"))
-    for group in bars:
-        for rect in group:
+    for g, group in enumerate(bars):
+        for i, rect in enumerate(group):
             h = rect.get_height()
             if h:
                 ax.annotate(
-                    f"{h:,.0f}",
+                    f"{h:,.0f}" + (f" {larger[i][0]}" if g == 2 else ""),
                     (rect.get_x() + rect.get_width() / 2, h),
                     ha="center",
                     va="bottom",
@@ -583,21 +682,129 @@ def chart(b: Bench, names: list[str], path: Path) -> str | None:
                     xytext=(0, 2),
                     textcoords="offset points",
                 )
-    top = max([*c1, *c10, best[1] if best else 0.0, 1.0])
+    top = max([*c1, *c10, *(v for _, v in larger), 1.0])
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=20, ha="right")
     ax.set_ylabel("no-op jobs processed per second (one worker process)")
     ax.set_title(
         f"Processed/s, median of {b.args.rounds} interleaved rounds, N={b.args.n} "
-        f"({dt.date.today().isoformat()})"
+        f"(larger settings: echomq N={b.args.best_n}, peers N={b.args.peer_best_n}; "
+        f"{dt.date.today().isoformat()})"
     )
     ax.legend(loc="upper right")
     ax.grid(axis="y", alpha=0.3)
-    ax.set_ylim(0, top * 1.2)
+    ax.set_ylim(0, top * 1.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return None
+
+
+def tried(b: Bench, name: str) -> list[str]:
+    """The processed/s settings the run asks of ``name``, as keys (c1, c10, c50, c50x2 ...)."""
+    extra = b.args.best if name in ECHOMQ else b.args.peer_best
+    return sorted(dict.fromkeys(f"c{c}" for c in ("1", "10", *extra)), key=setting_order)
+
+
+def fmt_best(got: Best | None) -> str:
+    return "—" if got is None else f"{fmt(got[1])} ({setting_label(got[0])})"
+
+
+def best_section(b: Bench, names: list[str]) -> list[str]:
+    """Processed/s at each system's best measured setting, and echomq's best over the fastest
+    Python peer's best and over BullMQ Node's best, per round then the median."""
+    a = b.args
+    peers = [n for n in names if n not in ECHOMQ]
+    larger = "/".join(a.peer_best)
+    lines = [
+        "## Processed/s at each system's best setting",
+        "",
+        "Every system's worker ran at `-c 1` and `-c 10` (N jobs each) and at larger settings: "
+        + (
+            f"echomq at `--best` `-c {'/'.join(a.best)}` with N={a.best_n}, "
+            if a.best and any(n in ECHOMQ for n in names)
+            else ""
+        )
+        + (
+            f"every peer at `--peer-best` `-c {larger}` with N={a.peer_best_n} (the queue "
+            "filled as for `-c 10`: the peer's bulk API when it has one, else its single "
+            "enqueue), where the adapter supports that setting. "
+            if larger
+            else "the peers at no larger setting (`--peer-best ''`). "
+        )
+        + "A system's figure is the highest of its per-setting medians over rounds. The ratios "
+        "are computed per round, each system at whichever of its settings was fastest in that "
+        "round, the fastest Python peer picked per round among the Python peers measured ("
+        + (", ".join(label(b, n) for n in peers if n in PYTHON_PEERS) or "none")
+        + "), then the median over rounds.",
+        "",
+        "| system | processed/s per setting (median) | best setting | processed/s at best "
+        "| per round: best (setting) |",
+        "|---|---|---|---:|---|",
+    ]
+    why_not: list[str] = []
+    for name in names:
+        mod = b.mods[name]
+        cells = []
+        for key in tried(b, name):
+            why = unsupported(mod, int(key[1:].partition("x")[0]))
+            if why:
+                cells.append(f"{setting_label(key)} n/a")
+                why_not.append(f"{label(b, name)} {setting_label(key)}: {why}")
+            else:
+                cells.append(f"{setting_label(key)} {fmt(med(b.data.get(name, {}).get(key)))}")
+        best = best_setting(b, name) if name in b.data else None
+        per_round = best_per_round(b, name) if name in b.data else []
+        lines.append(
+            f"| {label(b, name)} | {' · '.join(cells)} | "
+            f"{setting_label(best[0]) if best else '—'} | {fmt(best[1] if best else None)} | "
+            f"{', '.join(fmt_best(x) for x in per_round)} |"
+        )
+    lines.append("")
+    if why_not:
+        lines += ["Settings not run (the adapter's reason):", ""]
+        lines += [f"- {w}" for w in why_not]
+        lines.append("")
+    if any("x" in c for c in (*a.best, *a.peer_best)):
+        lines += ["`CxP` is P worker processes of `-c C` each; the other settings use one.", ""]
+    for ours in (n for n in names if n in ECHOMQ):
+        rows = best_ratios(b, names, ours)
+        me = label(b, ours)
+        node = label(b, NODE[0]) if NODE[0] in b.mods else "BullMQ (Node)"
+        lines += [
+            f"### {me}'s best ÷ the peers' best, per round",
+            "",
+            f"| round | {me} best | fastest Python peer's best | ÷ fastest Python peer | "
+            f"{node} best | ÷ {node} |",
+            "|---:|---:|---|---:|---:|---:|",
+        ]
+        for row in rows:
+            py = row["python"]
+            lines.append(
+                f"| {row['round']} | {fmt_best(row['ours'])} | "
+                f"{f'{label(b, py[0])} {fmt_best(py[1])}' if py else '—'} | "
+                f"{fmt_ratio(row['vs_python'])} | "
+                f"{fmt_best(row['node'][1]) if row['node'] else '—'} | "
+                f"{fmt_ratio(row['vs_node'])} |"
+            )
+        vs_py = med([r["vs_python"] for r in rows])
+        vs_node = med([r["vs_node"] for r in rows])
+        lines.append(f"| median | | | **{fmt_ratio(vs_py)}** | | **{fmt_ratio(vs_node)}** |")
+        fastest = [label(b, r["python"][0]) for r in rows if r["python"]]
+        named = ", ".join(
+            f"{p} in {fastest.count(p)} of {len(rows)} round{'s' * (len(rows) > 1)}"
+            for p in dict.fromkeys(fastest)
+        )
+        lines += [
+            "",
+            f"Median over rounds: {me}'s best processed/s is **{fmt_ratio(vs_py)}** the fastest "
+            f"Python peer's best ({named or 'no Python peer measured'}) and "
+            f"**{fmt_ratio(vs_node)}** {node}'s best"
+            + ("" if any(n in NODE for n in names) else f" ({node} not measured in this run)")
+            + ". The issue's targets: ≥ 15x and ≥ 5x.",
+            "",
+        ]
+    return lines
 
 
 def report(b: Bench, names: list[str], command: str, started: float, out: Path) -> str:
@@ -727,6 +934,7 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
                             f"- {label(b, p)}, {title}: " + ", ".join(fmt_ratio(x) for x in rs)
                         )
             lines += ["", "</details>", ""]
+    lines += best_section(b, names)
     if out.suffix == ".md" and not a.smoke:
         lines += ["## Processed/s", "", "![processed/s per system](processed.png)", ""]
     lines += ["## Settings per system", ""]
@@ -788,6 +996,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--best-n", type=int, default=None, help="jobs for echomq's larger -c runs (max(N, 50000))"
     )
+    p.add_argument(
+        "--peer-best",
+        default=",".join(map(str, PEER_BEST)),
+        help="every peer's extra settings (not echomq's: see --best), same form as --best;\n"
+        "'' runs the peers at -c 1 and -c 10 only",
+    )
+    p.add_argument(
+        "--peer-best-n", type=int, default=None, help="jobs for the peers' --peer-best runs (N)"
+    )
     p.add_argument("--evalsha-n", type=int, default=200_000)
     p.add_argument("--lifecycle-n", type=int, default=50_000)
     p.add_argument("--stall-timeout", type=float, default=90.0)
@@ -805,12 +1022,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         a.best = "50"
         a.stall_timeout = 20.0
     # An entry is a concurrency, or CxP: P worker processes of concurrency C each.
-    a.best = [x.strip() for x in str(a.best).split(",") if x.strip()]
-    bad = [x for x in a.best if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*)?", x)]
-    if bad:
-        p.error(f"--best takes concurrencies or CxP (P processes), got {bad}")
+    for opt in ("best", "peer_best"):
+        vals = list(dict.fromkeys(x.strip() for x in str(getattr(a, opt)).split(",")))
+        vals = [x for x in vals if x]
+        bad = [x for x in vals if not SETTING.fullmatch(f"c{x}")]
+        if bad:
+            p.error(
+                f"--{opt.replace('_', '-')} takes concurrencies or CxP (P processes), got {bad}"
+            )
+        setattr(a, opt, vals)
+    # -c 1 and -c 10 are measured for every system anyway
+    a.peer_best = [x for x in a.peer_best if x not in ("1", "10")]
     if a.best_n is None:
         a.best_n = a.n if a.smoke else max(a.n, 50_000)
+    if a.peer_best_n is None:
+        a.peer_best_n = a.n
     return a
 
 
@@ -875,7 +1101,21 @@ def main(argv: list[str] | None = None) -> int:
                     "echomq": b.echomq_source,
                     "n": a.n,
                     "rounds": a.rounds,
+                    "best": a.best,
+                    "best_n": a.best_n,
+                    "peer_best": a.peer_best,
+                    "peer_best_n": a.peer_best_n,
                     "data": b.data,
+                    "best_setting": {
+                        n: {
+                            "setting": (best := best_setting(b, n)) and best[0],
+                            "median": best and best[1],
+                            "per_round": best_per_round(b, n),
+                        }
+                        for n in ok
+                        if n in b.data
+                    },
+                    "best_ratios": {n: best_ratios(b, ok, n) for n in ok if n in ECHOMQ},
                     "notes": b.notes,
                     "unavailable": b.unavailable,
                     "verifications": b.verifications,

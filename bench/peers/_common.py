@@ -81,6 +81,7 @@ class Peer(Protocol):
     SETTINGS: str  # the settings used, for RESULTS.md
     BULK: str | None  # the bulk API used, or None when the system has none
     CONCURRENCY: dict[int, str | None]  # per concurrency: None = supported, else why not
+    # optional: MAX_CONCURRENCY = (top, why), every concurrency above top unsupported (rq)
 
     def version(self) -> str: ...
     def enqueue_single(self, url: str, n: int) -> float: ...  # seconds for n enqueues

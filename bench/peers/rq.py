@@ -20,9 +20,11 @@ SETTINGS = (
     "(one pipeline); completion = the FinishedJobRegistry (ZCARD)"
 )
 BULK: str | None = "Queue.enqueue_many"
-CONCURRENCY: dict[int, str | None] = {
-    10: "n/a: one SimpleWorker process runs one job at a time (rq has no in-process concurrency)",
-}
+_ONE_AT_A_TIME = (
+    "n/a: one SimpleWorker process runs one job at a time (rq has no in-process concurrency)"
+)
+CONCURRENCY: dict[int, str | None] = {10: _ONE_AT_A_TIME}
+MAX_CONCURRENCY = (1, _ONE_AT_A_TIME)  # bench/run.py: every -c above 1 (--peer-best too)
 
 
 def noop(i: int, t: float = 0.0) -> None:
