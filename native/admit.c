@@ -20,7 +20,8 @@ const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_a
     if (emq_exists(e, jk) == 1) return "duplicate";
     int due = !has_run_at || run_at <= now;
     emq_sv attempts = EMQ_LIT("0");
-    if (!fresh) attempts = emq_retired_last(e, id);
+    int was = 0;
+    if (!fresh) attempts = emq_retired_last(e, id, &was);
     int carried = !emq_eqs(attempts, "0");
     int prioritized = !emq_eqs(pri, "0");
     emq_sv f[16];
@@ -49,7 +50,7 @@ const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_a
         f[n++] = expires;
     }
     emq_hsetv(e, n, f);
-    if (carried) emq_unretire(e, id);
+    if (was) emq_unretire(e, id);
     /* A new incarnation of a named id: an earlier one's outcome goes (admit.lua). */
     if (!fresh) emq_del(e, 2, emq_key2(e, EMQ_KP_RESULT, id), emq_key2(e, EMQ_KP_NOTIFY, id));
     if (due) {

@@ -36,6 +36,16 @@ void emq_cmd_enqueue(emq *e) {
         RedisModule_ReplyWithError(e->ctx, EMQ_KIND);
         return;
     }
+    int fresh = emq_has_char(flags, 'f');
+    /* The id is the marker (admit.lua): a resend of a minted id due now, without a nonce,
+     * within EMQ_ID_REPLAY_MS landed before if its row exists or was retired since. */
+    if (resend && fresh && !nonce.n && emq_eqs(mode, "now") && replay_ms > 0 &&
+        replay_ms <= EMQ_ID_REPLAY_MS) {
+        if (emq_exists(e, emq_key2(e, EMQ_KP_JOB, id)) == 1 || emq_retired_has(e, id)) {
+            emq_reply_sv(e, EMQ_LIT("replayed"));
+            return;
+        }
+    }
     emq_sv mk = EMQ_NONE, mf = EMQ_NONE;
     if (nonce.n && replay_ms > 0) {
         emq_sv at = second.p ? second : emq_fmt_ll(e, emq_floor_div(now, 1000));
@@ -60,7 +70,6 @@ void emq_cmd_enqueue(emq *e) {
             return;
         }
     }
-    int fresh = emq_has_char(flags, 'f');
     const char *verdict =
         emq_admit(e, id, payload, g, has_run_at, run_at, now, fresh, pri, expires);
     int dup = strcmp(verdict, "duplicate") == 0;

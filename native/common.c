@@ -138,24 +138,39 @@ void emq_retire(emq *e, const emq_sv *pairs, int n) {
         if ((unsigned char)pairs[0].p[pairs[0].n - 1] % 8 != 0) return;
     }
     if (emq_hlen(e, rk) >= RETIRED_GEN) {
+        /* The generation before goes only once it was closed EMQ_ID_REPLAY_MS ago (meta
+         * retired_closed): it may hold a minted id a resend still looks for (common.lua). */
+        long long now = emq_now_ms(e), closed;
+        emq_sv meta = emq_key(e, EMQ_K_META);
+        emq_sv at = emq_hget(e, meta, EMQ_LIT("retired_closed"));
+        if (at.p && emq_parse_ll(at, &closed) && closed <= now && now - closed < EMQ_ID_REPLAY_MS)
+            return;
         emq_call(e, "UNLINK", 1, emq_key(e, EMQ_K_RETIRED_OLD));
         emq_call(e, "RENAME", 2, rk, emq_key(e, EMQ_K_RETIRED_OLD));
+        emq_hset(e, 3, meta, EMQ_LIT("retired_closed"), emq_fmt_ll(e, now));
     }
 }
 
+/* common.lua retire_one: every deleted row, '0' (never claimed) included. */
 void emq_retire_one(emq *e, emq_sv id, emq_sv attempts) {
-    if (attempts.p && !emq_eqs(attempts, "0") && emq_is_digits(attempts)) {
+    if (attempts.p && emq_is_digits(attempts)) {
         emq_sv pair[2] = {id, attempts};
         emq_retire(e, pair, 2);
     }
 }
 
-emq_sv emq_retired_last(emq *e, emq_sv id) {
+/* common.lua retired_last: the last token ('0' when absent), *found = recorded at all. */
+emq_sv emq_retired_last(emq *e, emq_sv id, int *found) {
     emq_sv v = emq_hget(e, emq_key(e, EMQ_K_RETIRED), id);
-    if (v.p) return v;
-    v = emq_hget(e, emq_key(e, EMQ_K_RETIRED_OLD), id);
-    if (v.p) return v;
-    return EMQ_LIT("0");
+    if (!v.p) v = emq_hget(e, emq_key(e, EMQ_K_RETIRED_OLD), id);
+    *found = v.p != NULL;
+    return v.p ? v : EMQ_LIT("0");
+}
+
+/* common.lua retired_has: the id is in either generation (claimed or not). */
+int emq_retired_has(emq *e, emq_sv id) {
+    if (emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, EMQ_K_RETIRED), id)) == 1) return 1;
+    return emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, EMQ_K_RETIRED_OLD), id)) == 1;
 }
 
 void emq_unretire(emq *e, emq_sv id) {

@@ -58,7 +58,7 @@ static void kept_drop(emq *e, RedisModuleCallReply *ids, size_t n, int dead) {
         emq_sv jk = emq_key2(e, EMQ_KP_JOB, id), row[2];
         if (!emq_hmget(e, jk, 2, fields, row)) row[0] = row[1] = EMQ_NONE;
         emq_sv att = row[0];
-        if (att.p && !emq_eqs(att, "0") && emq_is_digits(att)) {
+        if (att.p && emq_is_digits(att)) {
             retired[nr++] = id;
             retired[nr++] = att;
         }

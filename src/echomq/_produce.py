@@ -35,6 +35,12 @@ from echomq.errors import (
     KindError,
 )
 
+# The id is the marker (include/admit.lua): an id minted in this call, due now, whose
+# resends may come within this many ms, is sent without a nonce and leaves no marker: a
+# resend finds the row, or the id in the retired record, which keeps every retirement that
+# long (include/common.lua ID_REPLAY_MS, native/emq.h EMQ_ID_REPLAY_MS: the same number).
+ID_REPLAY_MS = 70_000
+
 _ENQUEUE_CHUNK_ITEMS = 1000
 _ENQUEUE_CHUNK_BYTES = 1 << 20
 _REMINT_TRIES = 8
@@ -135,7 +141,9 @@ def enqueue(
         extra = dedup_args(dedup, dedup_ttl_ms, dedup_mode)
     minted = id is None
     jid = ids.mint() if id is None else keyspace.check_id(id)
-    nonce = _nonce() if replay_ms else ""
+    # A nonce (and a marker) only where the id cannot stand for the call (see ID_REPLAY_MS).
+    by_id = minted and mode == "now" and 0 < replay_ms <= ID_REPLAY_MS
+    nonce = _nonce() if replay_ms and not by_id else ""
     scope = f"{k.base}{replay_ms}"
 
     for _ in range(_REMINT_TRIES):
@@ -187,14 +195,14 @@ def enqueue(
             return Enqueued(status[len("deduplicated:") :], "deduplicated")
         if minted and status == "duplicate":
             if resent and not nonce:
-                # No marker (replay_ms=0): the row a resend of a minted id finds is its own
-                # first copy's.
+                # No nonce (replay_ms=0, or the id is the marker): the row a resend of a
+                # minted id finds is its own first copy's.
                 return Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
             # Else a minted id that already exists is a collision with another process's
             # minter, not our own first copy (that one would have answered "replayed" from
             # its marker): mint again rather than report someone else's job.
             jid = ids.mint()
-            nonce = _nonce() if replay_ms else ""
+            nonce = _nonce() if replay_ms and not by_id else ""
             continue
         return Enqueued(jid, status)
     raise EchoMQError("could not mint a fresh job id")  # pragma: no cover - 8 collisions in a row

@@ -237,8 +237,7 @@ class QueueModel:
         key released, its own flow keys deleted."""
         self.release_dedup(jid)
         j = self.jobs.pop(jid)
-        if j.attempts:
-            self.retired[jid] = j.attempts
+        self.retired[jid] = j.attempts  # 0 too: a resend of its enqueue looks here (issue 28)
         self.flows.pop(jid, None)
         return j
 
@@ -272,8 +271,7 @@ class QueueModel:
         )
         for _, jid in held[: max(0, len(held) - bound)]:
             j = self.jobs.pop(jid)
-            if j.attempts:
-                self.retired[jid] = j.attempts
+            self.retired[jid] = j.attempts
             self.flows.pop(jid, None)
 
     def trim_dead(self) -> None:

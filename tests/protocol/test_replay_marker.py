@@ -29,12 +29,27 @@ def calls(r: redis.Redis, name: str) -> int:
     return int(r.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
 
 
-def test_a_plain_enqueue_reads_no_clock_and_sets_each_markers_ttl_once(
+def test_a_plain_enqueue_leaves_no_marker_and_reads_no_clock(
     q: echomq.Queue, r: redis.Redis, qname: str
 ) -> None:
+    """The id is the marker: a minted id due now, with the default retry_for, is sent with
+    no nonce and writes nothing but the job (include/admit.lua)."""
     q.enqueue(b"warm")
     r.config_resetstat()
     got = [q.enqueue(str(i).encode()) for i in range(300)]
+    assert all(e.status == "enqueued" for e in got)
+    assert list(r.scan_iter(match=K(qname, "recent:*"))) == []
+    assert calls(r, "time") == 0
+    assert calls(r, "pexpire") == 0
+
+
+def test_a_named_enqueue_reads_no_clock_and_sets_each_markers_ttl_once(
+    q: echomq.Queue, r: redis.Redis, qname: str
+) -> None:
+    """An id the caller names may be named again by another call: it keeps a marker."""
+    q.enqueue(b"warm", id=ids.mint())
+    r.config_resetstat()
+    got = [q.enqueue(str(i).encode(), id=ids.mint()) for i in range(300)]
     assert all(e.status == "enqueued" for e in got)
     keys = list(r.scan_iter(match=K(qname, "recent:*")))
     assert keys
@@ -50,13 +65,72 @@ def test_a_plain_enqueue_reads_no_clock_and_sets_each_markers_ttl_once(
     assert calls(r, "pexpire") == len(keys) - 1
 
 
+def lost(q: echomq.Queue, replay_ms: int = 70_000) -> tuple[Any, str]:
+    """A minted enqueue whose first copy landed and whose reply was lost: (its plan, id)."""
+    plan = _p.enqueue(q._k, b"x", replay_ms=replay_ms)
+    first = next(plan)
+    assert q._x.call(first) == "enqueued"
+    jid = first.args[1]
+    assert isinstance(jid, str)
+    return plan, jid
+
+
+def resend(q: echomq.Queue, plan: Any) -> tuple[str, echomq.Enqueued]:
+    again = plan.throw(Replay(redis.ConnectionError("reply lost")))
+    assert "r" in str(again.args[6]) and again.args[8] == ""  # no nonce: the id stands for it
+    answer = q._x.call(again)
+    with pytest.raises(StopIteration) as stop:
+        plan.send(answer)
+    return answer, stop.value.value
+
+
+def test_a_resent_minted_enqueue_lands_once_after_complete_and_remove(
+    q: echomq.Queue, r: redis.Redis, qname: str
+) -> None:
+    """The id is the marker: a resend finds the row, or the id retired after a completion
+    or a removal of the never-claimed job; one that finds neither is the first landing."""
+    plan, jid = lost(q)
+    assert resend(q, plan) == ("replayed", echomq.Enqueued(jid, "enqueued"))  # the row
+    plan, jid = lost(q)
+    q.remove(jid)  # never claimed: retired with 0
+    assert resend(q, plan) == ("replayed", echomq.Enqueued(jid, "enqueued"))
+    assert not r.exists(K(qname, "job:" + jid))
+    q.drain()
+    plan, jid = lost(q)
+    job = q.claim()
+    assert job is not None and job.id == jid
+    q.complete(job.id, job.token)
+    assert resend(q, plan) == ("replayed", echomq.Enqueued(jid, "enqueued"))
+    assert q.counts()["pending"] == 0
+    # A first copy that never landed: the resend admits it.
+    plan = _p.enqueue(q._k, b"lost on the way", replay_ms=70_000)
+    jid = next(plan).args[1]
+    assert resend(q, plan) == ("enqueued", echomq.Enqueued(str(jid), "enqueued"))
+    assert q.counts()["pending"] == 1
+    # Past ID_REPLAY_MS (or delayed, or named) a call keeps its nonce and marker.
+    call = next(_p.enqueue(q._k, b"long", replay_ms=_produce.ID_REPLAY_MS + 1))
+    assert call.args[8] != ""
+    call = next(_p.enqueue(q._k, b"later", replay_ms=70_000, delay_ms=5))
+    assert call.args[8] != ""
+
+
+def test_id_replay_ms_is_one_number_on_every_side() -> None:
+    from pathlib import Path
+
+    root = Path(_produce.__file__).parent
+    lua = (root / "lua" / "include" / "common.lua").read_text()
+    c = (root.parent.parent / "native" / "emq.h").read_text()
+    assert f"local ID_REPLAY_MS = {_produce.ID_REPLAY_MS}\n" in lua
+    assert f"#define EMQ_ID_REPLAY_MS {_produce.ID_REPLAY_MS}\n" in c
+
+
 def test_a_resend_finds_its_marker_after_the_job_completed_and_the_clock_moved(
     q: echomq.Queue, r: redis.Redis, qname: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The resend names the second its first copy named, not the clock's at the resend."""
     clock = [1_800_000_000]
     monkeypatch.setattr(_produce, "_second", lambda: clock[0])
-    plan = _p.enqueue(q._k, b"x", replay_ms=60_000)
+    plan = _p.enqueue(q._k, b"x", replay_ms=60_000, id=ids.mint())
     first = next(plan)
     assert q._x.call(first) == "enqueued"  # it landed; say its reply was lost
     jid = first.args[1]

@@ -117,10 +117,15 @@ def test_every_row_deletion_records_the_last_token(q: echomq.Queue, r: redis.Red
     retired = {k.decode(): v for k, v in r.hgetall(K(q.name, "retired")).items()}
     assert retired == {done: b"1", gone: b"1", drained: b"1"}
     assert not r.exists(K(q.name, "retired:old"))
-    # A never-claimed id is not recorded: no token was handed out for it.
+    # A never-claimed id is recorded with 0 (issue 28: a resend of its enqueue must find it,
+    # include/admit.lua "the id is the marker"), and 0 carries no token over.
     fresh = q.enqueue(b"y").id
     q.remove(fresh)
-    assert r.hexists(K(q.name, "retired"), fresh) is False
+    assert r.hget(K(q.name, "retired"), fresh) == b"0"
+    q.enqueue(b"y again", id=fresh)
+    job = q.claim()
+    assert job is not None and job.id == fresh and job.token == 1
+    q.complete(job.id, job.token)
     # Re-admission consumes the record.
     q.enqueue(b"z", id=done)
     assert r.hexists(K(q.name, "retired"), done) is False
@@ -529,7 +534,8 @@ def test_a_ring_written_before_its_sets_is_adopted(q: echomq.Queue, r: redis.Red
 
 def test_the_retired_record_keeps_two_generations(q: echomq.Queue, r: redis.Redis) -> None:
     """25,000 retirements fill a generation: it becomes retired:old and is still read; the
-    next 25,000 drop it, and an id retired that long ago restarts at 0 (documented window)."""
+    next 25,000 drop it once it was closed ID_REPLAY_MS ago (a resend may still look for a
+    minted id in it: issue 28), and an id retired that long ago restarts at 0."""
 
     def retire_batch(n: int) -> list[str]:
         jids = [ids.mint() for _ in range(n)]
@@ -548,8 +554,15 @@ def test_the_retired_record_keeps_two_generations(q: echomq.Queue, r: redis.Redi
     job = q.claim()
     assert job is not None and job.id == first[0] and job.token == 2  # continued, not 1
     q.complete(job.id, job.token)
-    retire_batch(24_999)  # with the one above: the current generation fills and rotates
-    assert r.hlen(K(q.name, "retired:old")) == 25_000
+    retire_batch(24_999)  # with the one above the current generation is full, but the one
+    # before was closed less than ID_REPLAY_MS ago: it stays, the current one grows on
+    assert r.hexists(K(q.name, "retired:old"), first[1])
+    assert r.hlen(K(q.name, "retired")) == 25_000
+    closed = int(r.hget(K(q.name, "meta"), "retired_closed") or 0)
+    assert closed > 0
+    r.hset(K(q.name, "meta"), "retired_closed", closed - 70_001)  # as if 70 s went by
+    retire_batch(1000)
+    assert r.hlen(K(q.name, "retired:old")) == 26_000 and r.hlen(K(q.name, "retired")) == 0
     assert not r.hexists(K(q.name, "retired:old"), first[1])
     q.enqueue(b"fresh again", id=first[1])
     job = q.claim()

@@ -255,8 +255,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def drop(self, jid: str) -> None:
         j = self.m.jobs.pop(jid)
-        if j.attempts:
-            self.m.retired[jid] = j.attempts
+        self.m.retired[jid] = j.attempts  # 0 too: a resend of its enqueue looks here (issue 28)
         self.gone.add(jid)
 
     def fence(self, verb: str, jid: str, token: int) -> type[Exception] | None:

@@ -45,7 +45,7 @@ end
 local function drain_one(id)
   local jk = base .. 'job:' .. id
   local att = redis.pcall('HGET', jk, 'attempts')
-  if type(att) == 'string' and att ~= '0' then
+  if type(att) == 'string' then
     retired[#retired + 1] = id
     retired[#retired + 1] = att
   end

@@ -13,7 +13,9 @@
                           key's TTL (the client's first marker in that key, admit.lua);
                           '' for none
   ARGV[8] replay_ms       optional: how long a resend of this call may still come (0: none)
-  ARGV[9] nonce           optional: the call's nonce, the same on every resend ('' : none)
+  ARGV[9] nonce           optional: the call's nonce, the same on every resend ('' : none;
+                          a minted id due now with 0 < replay_ms <= 70000 sends none: its id
+                          is its marker, include/admit.lua)
   ARGV[10] dedup          optional: a dedup id (D20, include/control.lua); '' : none
   ARGV[11] dedup_mode     simple | throttle | debounce
   ARGV[12] dedup_ttl_ms   the key's TTL (throttle, debounce); 0 for simple
@@ -71,8 +73,8 @@ end
 --@include admit
 --@include control
 -- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
--- and the retired record (an id the caller named).
---@cold sync retired_last unretire
+-- and the retired record (an id the caller named, or a resend's).
+--@cold sync retired_last retired_has unretire
 shape(2, 6, 15, 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..15 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
 if ARGV[8] then int_arg(ARGV[8]) end
 if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
@@ -98,6 +100,15 @@ if ttl ~= '' then expires = now + tonumber(ttl) end
 -- Policy first (admit checks it too): a refused call writes nothing.
 local KIND = 'EMQKIND job id must be JOB-namespaced'
 if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply(KIND) end
+local fresh = string.find(flags, 'f', 1, true) ~= nil
+-- The id is the marker (admit.lua): a resend of a minted id, due now, sent without a nonce
+-- within ID_REPLAY_MS landed before if its row exists or was deleted (retired) since.
+if resend and fresh and nonce == '' and ARGV[5] == 'now' and replay_ms > 0
+  and replay_ms <= ID_REPLAY_MS then
+  if rcall('EXISTS', base .. 'job:' .. id) == 1 or retired_has(base, id) then
+    return 'replayed'
+  end
+end
 local mk, mf  -- the replay marker's key and field (admit.lua)
 if nonce ~= '' and replay_ms > 0 then
   mk, mf = marker_of(base, id, nonce, ARGV[8], second or math.floor(now / 1000))
@@ -115,7 +126,6 @@ if did ~= '' then
     return 'deduplicated:' .. holder
   end
 end
-local fresh = string.find(flags, 'f', 1, true) ~= nil
 local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri, expires)
 if verdict == 'kind' then return redis.error_reply(KIND) end
 if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end

@@ -42,14 +42,14 @@ for i = 0, n - 1 do
   if g == '' then g = false end
   local jk = base .. 'job:' .. id
   if kids > 0 then
-    local attempts = retired_last(base, id)
+    local attempts, was = retired_last(base, id)
     local fields = {'state', 'awaiting_children', 'attempts', attempts, 'payload', payload}
     if g then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
     if attempts ~= '0' then fields[#fields + 1] = 'floor'; fields[#fields + 1] = attempts end
     -- A held parent keeps its priority for its release (compose.lua flow_release).
     if pri ~= 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = pri end
     rcall('HSET', jk, unpack(fields))
-    if attempts ~= '0' then unretire(base, id) end
+    if was then unretire(base, id) end
     -- A new incarnation, as admit() does for a leaf: an earlier one's kept outcome and wake
     -- token under a re-used id must not answer this parent's waiters (PROTOCOL §2.4).
     rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id)

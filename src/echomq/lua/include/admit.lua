@@ -19,8 +19,8 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri, expires)
   -- A retired id continues its old count (common.lua, retire): no (id, token) pair is ever
   -- handed out twice. `floor` keeps the count it came back with, so max_attempts still
   -- gives the new incarnation its full budget.
-  local attempts = '0'
-  if not fresh then attempts = retired_last(base, id) end
+  local attempts, was = '0', false
+  if not fresh then attempts, was = retired_last(base, id) end
   local fields = {'state', state, 'attempts', attempts, 'payload', payload}
   if g then
     fields[#fields + 1] = 'group'
@@ -43,9 +43,7 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri, expires)
   -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any
   -- other write first (a cleanup), Redis would let every later write of the script through.
   rcall('HSET', jk, unpack(fields))
-  if attempts ~= '0' then
-    unretire(base, id)
-  end
+  if was then unretire(base, id) end
   -- A new incarnation of an id the caller named: an earlier one's kept outcome and wake token
   -- must not answer this one's waiters (docs/PROTOCOL.md, the side-key lifecycle). A minted
   -- id never had an earlier incarnation, so the common path pays nothing.
@@ -91,6 +89,16 @@ end
 -- enough for the server's compact (listpack) hash encoding up to ~30k enqueues/s
 -- (docs/CAPACITY.md). A call that names no second gets the server's, and sets the TTL.
 -- An enqueue_many call leaves one STRING p..recent:<nonce> with every job's verdict.
+--
+-- The id is the marker (issue 28): the common call -- an id minted by the client in this
+-- call ('f'), due now, with 0 < replay_ms <= ID_REPLAY_MS (the default retry_for gives 70 s)
+-- -- sends no nonce and leaves no marker at all. A minted id is unique (time, node,
+-- sequence), so a resend of it that finds its row, or finds it in the retired record
+-- (include/common.lua: every deleted row is recorded there, claimed or not, and the record
+-- keeps every retirement of the last ID_REPLAY_MS), knows its first copy landed and
+-- answers 'replayed' (its verdict was 'enqueued': due now). One that finds neither is the
+-- call's first landing. The cost moved from every enqueue (one HSET) to nothing: the
+-- deleting scripts write the retired record anyway, and only its retention grew.
 
 -- The marker's key and field of a single enqueue (rm: replay_ms as the call sent it).
 local function marker_of(base, id, nonce, rm, second)

@@ -112,14 +112,21 @@ end
 -- Retired ids (no ABA on the token): a caller-chosen id may be enqueued again after its row
 -- was deleted. Its token is its attempts, so a re-admitted id restarting at 0 would hand out
 -- (id, 1) a second time and a stale holder of the first incarnation could settle the new one.
--- Every script that deletes a row with attempts > 0 records the id's last attempts, and
--- admit continues from there (retired_last). The record is two generations of one HASH (id
--- -> attempts): p..retired takes every retirement; once it holds RETIRED_GEN ids it becomes
--- p..retired:old, dropping the generation before. So the last RETIRED_GEN retirements (up to
--- twice that) are always remembered, for one HSET and one HLEN per settle call, and memory is
--- bounded (about 64 B an id, 2 x RETIRED_GEN ids); an id older than that restarts at 0
--- (docs/RELIABILITY.md).
+-- Every script that deletes a row records the id's last attempts ('0' for a row never
+-- claimed), and admit continues from there (retired_last). The record is two generations of
+-- one HASH (id -> attempts): p..retired takes every retirement; once it holds RETIRED_GEN ids
+-- it becomes p..retired:old, dropping the generation before -- but only once that one was
+-- closed ID_REPLAY_MS ago or more (meta `retired_closed`, the server ms of the last
+-- rotation); until then the current generation grows on. So the last RETIRED_GEN retirements
+-- (up to twice that), and every retirement of the last ID_REPLAY_MS, are remembered, for one
+-- HSET per settle call and an HLEN on about one small call in eight (docs/RELIABILITY.md).
+-- An id older than both restarts at 0.
+--
+-- The record is also what makes a resent enqueue of a minted id land once (include/admit.lua,
+-- "the id is the marker"): a minted id is unique, so a resend that finds it retired knows its
+-- first copy landed, even after that job completed or was removed.
 local RETIRED_GEN = 25000
+local ID_REPLAY_MS = 70000
 
 -- pairs: {id, attempts, id, attempts, ...} of deleted rows. The caller has already written
 -- (a ZREM/DEL): under noeviction these writes are never the script's first, so retiring a
@@ -139,24 +146,36 @@ local function retire(base, pairs_)
   -- RETIRED_GEN by what a few small calls retire, no more.
   if #pairs_ < 64 and string.byte(pairs_[1], -1) % 8 ~= 0 then return end
   if rcall('HLEN', rk) >= RETIRED_GEN then
+    local now = now_ms()
+    local closed = tonumber(rcall('HGET', base .. 'meta', 'retired_closed') or '')
+    if closed and closed <= now and now - closed < ID_REPLAY_MS then return end
     -- UNLINK: the dropped generation is freed off the main thread (it may hold 25k fields).
     rcall('UNLINK', base .. 'retired:old')
     rcall('RENAME', rk, base .. 'retired:old')
+    rcall('HSET', base .. 'meta', 'retired_closed', now)
   end
 end
 
--- Record one deleted row's id when a token was ever handed out for it (attempts > 0).
--- (A planted non-integer attempts is not carried over: only what claim could mint.)
+-- Record one deleted row's id with its last attempts ('0': never claimed). (A planted
+-- non-integer attempts is not carried over: only what claim could mint.)
 local function retire_one(base, id, attempts)
-  if type(attempts) == 'string' and attempts ~= '0' and string.match(attempts, '^[0-9]+$') then
+  if type(attempts) == 'string' and string.match(attempts, '^[0-9]+$') then
     retire(base, {id, attempts})
   end
 end
 
--- The last token a retired id left ('0' when it is in neither generation). An admission that
--- continues from it calls unretire after its own first write (see admit).
+-- The last token a retired id left ('0' when it is in neither generation, or was deleted
+-- unclaimed), and whether it is recorded at all. An admission that finds it calls unretire
+-- after its own first write: the new incarnation's row is the id's record now.
 local function retired_last(base, id)
-  return rcall('HGET', base .. 'retired', id) or rcall('HGET', base .. 'retired:old', id) or '0'
+  local v = rcall('HGET', base .. 'retired', id) or rcall('HGET', base .. 'retired:old', id)
+  return v or '0', v ~= false
+end
+
+-- Whether the id's row was deleted within the record's memory (claimed or not).
+local function retired_has(base, id)
+  return rcall('HEXISTS', base .. 'retired', id) == 1
+    or rcall('HEXISTS', base .. 'retired:old', id) == 1
 end
 
 local function unretire(base, id)

@@ -35,7 +35,7 @@ local function kept_drop(base, ids, dead)
     local jk = base .. 'job:' .. id
     local row = hmget(jk, 'attempts', 'children') or {}
     local att = row[1]
-    if type(att) == 'string' and att ~= '0' and string.match(att, '^[0-9]+$') then
+    if type(att) == 'string' and string.match(att, '^[0-9]+$') then
       retired[#retired + 1] = id
       retired[#retired + 1] = att
     end
