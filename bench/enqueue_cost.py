@@ -34,6 +34,8 @@ import redis
 from echomq import _protocol as _p
 from echomq._scripts import SCRIPTS
 url, executor, replay_ms, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+named = sys.argv[5] == "named"  # a caller-chosen id: the call keeps a nonce and a marker
+from echomq import ids
 r = redis.Redis.from_url(url)
 k = _p.Keys("cost")
 sha = r.script_load(SCRIPTS["enqueue"].source)
@@ -43,7 +45,7 @@ def one_batch():
     pipe = r.pipeline(transaction=False)
     plans = []
     for _ in range(batch):
-        plan = _p.enqueue(k, b"payload", replay_ms=replay_ms)
+        plan = _p.enqueue(k, b"payload", replay_ms=replay_ms, id=ids.mint() if named else None)
         call = next(plan)
         plans.append(plan)
         pipe.execute_command(*head, len(call.keys), *call.keys, *call.args)
@@ -94,6 +96,9 @@ def main() -> None:
     ap.add_argument("--old-rev", default="main")
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument(
+        "--named", action="store_true", help="caller-chosen ids (a minted id is its own marker)"
+    )
     a = ap.parse_args()
     import random
 
@@ -117,7 +122,10 @@ def main() -> None:
                     ).start()
                     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
                     proc = subprocess.Popen(
-                        [sys.executable, "-c", CELL, srv.url, ex, str(rm), str(a.batch)],
+                        [
+                            *(sys.executable, "-c", CELL, srv.url, ex, str(rm), str(a.batch)),
+                            "named" if a.named else "minted",
+                        ],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         text=True,
@@ -137,7 +145,7 @@ def main() -> None:
         per: dict[tuple[str, str, int], float] = {}
         print(
             f"command: `PYTHONPATH=src .venv/bin/python bench/enqueue_cost.py --old-rev "
-            f"{a.old_rev} --batches {a.batches}`\n"
+            f"{a.old_rev} --batches {a.batches}{' --named' if a.named else ''}`\n"
         )
         print(
             "| revision | executor | replay marker | server µs per enqueue "
