@@ -760,10 +760,10 @@ class ModelMachine(RuleBasedStateMachine):
         if err is None:
             self.completed(qi, jid, result, keep)
 
-    def completed(self, qi: int, jid: str, result: bytes, keep: bool) -> None:
+    def completed(self, qi: int, jid: str, result: bytes, keep: bool, trim: bool = True) -> None:
         m = self.m(qi)
         if m.keep_count is not None:
-            self.kept_completion(qi, jid, result, keep)
+            self.kept_completion(qi, jid, result, keep, trim)
             return
         j = m.drop(jid)
         m.completed += 1
@@ -773,9 +773,12 @@ class ModelMachine(RuleBasedStateMachine):
 
     # ---- kept history (issue 24) ----------------------------------------------------------
 
-    def kept_completion(self, qi: int, jid: str, result: bytes, keep: bool) -> None:
+    def kept_completion(
+        self, qi: int, jid: str, result: bytes, keep: bool, trim: bool = True
+    ) -> None:
         """A completion while the queue keeps rows: the row stays as completed, scored by
-        its finish time (read back: the server clock), then the set is trimmed by count."""
+        its finish time (read back: the server clock), then the set is trimmed by count --
+        at once, or (``trim=False``) by the caller after the rest of its batch."""
         m = self.m(qi)
         j = m.jobs[jid]
         m.completed += 1
@@ -791,7 +794,8 @@ class ModelMachine(RuleBasedStateMachine):
             s = newest[0][1] if newest else self.now()
         m.keep_completed_row(jid, int(s))
         self.w.child_done(qi, jid, j, result)
-        m.trim("completed", m.keep_count)
+        if trim:
+            m.trim("completed", m.keep_count)
 
     def dead_lettered(self, qi: int) -> None:
         """A script dead-lettered on queue qi: it trims the dead set (keep_dead)."""
@@ -960,9 +964,14 @@ class ModelMachine(RuleBasedStateMachine):
             err = self.fence(qi, jid, tok)
             if err is None:
                 assert verdict is None, f"complete {jid}/{tok} in a batch: {verdict!r}"
-                self.completed(qi, jid, b"", False)
+                self.completed(qi, jid, b"", False, trim=False)
             else:
                 assert isinstance(verdict, err), f"complete {jid}/{tok}: {verdict!r}, not {err}"
+        # The batch trims its kept rows once, after every complete's verdict and before the
+        # retries (include/settle.lua complete_many): a complete of a row this batch's trim
+        # drops still finds it (FINDINGS F20).
+        if self.m(qi).keep_count is not None:
+            self.m(qi).trim("completed", self.m(qi).keep_count)
         for (jid, tok), verdict in zip(retr, out.retried, strict=True):
             err = self.fence(qi, jid, tok)
             if err is None:
@@ -2111,6 +2120,21 @@ def test_a_kept_child_rerun_that_dies_moves_its_record(sm: ModelMachine) -> None
     s.settle_batch(again=[], delay=0, done=[], lease=20, max_attempts=1, n=0, qi=0)
     s.flow_seam(chain="debounce-lapse", cross=0)
     s.seam(chain="cancel-retry", keep=False, qi=0, remove=False)
+
+
+def test_a_batch_trims_its_kept_rows_after_its_verdicts(sm: ModelMachine) -> None:
+    """Found by the machine (FINDINGS F20): a batch that completes an active job and, again,
+    a job completed and kept earlier, with keep_completed 1. The script answers every
+    complete first and trims once after (the earlier row still there: StaleToken, "lease
+    settled"); the model trimmed after each completion and expected JobGone."""
+    s = Steps(sm)
+    s.keep_history(keep=1, dead=None)
+    s.seed(n=3, g=None)
+    s.reschedule(due=False, n=0, qi=0)
+    s.fire_due(qi=0)
+    s.settle_batch(again=[], delay=0, done=[], lease=20, max_attempts=1, n=3, qi=0)
+    s.settle(error="boom", keep=False, max_attempts=1, ms=0, n=0, verb="complete")
+    s.settle_batch(again=[], delay=0, done=[0, 2], lease=20, max_attempts=1, n=0, qi=0)
 
 
 def test_an_expiry_a_seam_claim_meets_dies_before_the_seam_goes_on(sm: ModelMachine) -> None:

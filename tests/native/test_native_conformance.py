@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from echomq import _native
 from echomq.server import EmbeddedServer
 from native_fixtures import (
     Pair,
@@ -392,7 +393,7 @@ def test_getkeys_and_cross_slot(r: redis.Redis, module_path: Path) -> None:
     ]
     assert len(r.command_getkeys("EMQ.EXTEND", "1", "k", "a")) == 1
     mods = {m[b"name"]: m[b"ver"] for m in r.module_list()}
-    assert mods[b"trafikey"] == 1
+    assert mods[b"trafikey"] == _native.MODULE_VERSION
     before = snapshot(r, QB)
     b = base(QB)
     cases: list[tuple[list[str], list[str | bytes]]] = [

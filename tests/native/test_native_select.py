@@ -343,7 +343,9 @@ def test_server_native_builds_and_loads(tmp_path: Path) -> None:
         url = first.split()[2]
         lines = [proc.stdout.readline().decode() for _ in range(2)]
         assert "native executor: trafikey loaded from" in lines[1], lines
-        assert (tmp_path / "cache" / "echomq" / "trafikey-1" / "trafikey.so").is_file()
+        assert (
+            tmp_path / "cache" / "echomq" / f"trafikey-{_native.MODULE_VERSION}" / "trafikey.so"
+        ).is_file()
         with echomq.Queue("srv-native", url=url) as q:
             q.enqueue(b"x")
             assert q.executor == "native"
