@@ -41,7 +41,9 @@ void emq_cmd_enqueue(emq *e) {
      * within EMQ_ID_REPLAY_MS landed before if its row exists or was retired since. */
     if (resend && fresh && !nonce.n && emq_eqs(mode, "now") && replay_ms > 0 &&
         replay_ms <= EMQ_ID_REPLAY_MS) {
-        if (emq_exists(e, emq_key2(e, EMQ_KP_JOB, id)) == 1 || emq_retired_has(e, id)) {
+        int landed = emq_exists(e, emq_key2(e, EMQ_KP_JOB, id)) == 1;
+        if (!landed) (void)emq_retired_last(e, id, &landed);
+        if (landed) {
             emq_reply_sv(e, EMQ_LIT("replayed"));
             return;
         }

@@ -167,12 +167,6 @@ emq_sv emq_retired_last(emq *e, emq_sv id, int *found) {
     return v.p ? v : EMQ_LIT("0");
 }
 
-/* common.lua retired_has: the id is in either generation (claimed or not). */
-int emq_retired_has(emq *e, emq_sv id) {
-    if (emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, EMQ_K_RETIRED), id)) == 1) return 1;
-    return emq_int(e, emq_call(e, "HEXISTS", 2, emq_key(e, EMQ_K_RETIRED_OLD), id)) == 1;
-}
-
 void emq_unretire(emq *e, emq_sv id) {
     emq_call(e, "HDEL", 2, emq_key(e, EMQ_K_RETIRED), id);
     emq_call(e, "HDEL", 2, emq_key(e, EMQ_K_RETIRED_OLD), id);

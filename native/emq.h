@@ -149,7 +149,6 @@ void emq_touch(emq *e, emq_sv g, long long added);
 void emq_retire(emq *e, const emq_sv *pairs, int n);
 void emq_retire_one(emq *e, emq_sv id, emq_sv attempts);
 emq_sv emq_retired_last(emq *e, emq_sv id, int *found);
-int emq_retired_has(emq *e, emq_sv id);
 /* A minted id due now, resent within this many ms, is its own replay marker (admit.lua,
  * "the id is the marker"); the retired record keeps every retirement that long. */
 #define EMQ_ID_REPLAY_MS 70000

@@ -34,24 +34,25 @@
   Native: EMQ.ENQUEUE args=6..15 deny-oom
 ]]
 -- The plain enqueue first (issue 28, "a lean enqueue"): a minted id, due now, no lane, no
--- dedup, priority or expiry, not a resend, into a non-empty flat set. It runs before any
+-- dedup, priority or expiry, no nonce (its id is its replay marker, include/admit.lua), not
+-- a resend, into a non-empty flat set. It runs before any
 -- include is defined, so the call builds no closure: in a script, every `local function`
 -- is built anew on each call, and a single enqueue spent more time building them (and
 -- collecting them) than in its writes. It writes exactly what the general path below
--- writes for these inputs, in the same order (row, waiting set, event, wake, marker), and
+-- writes for these inputs, in the same order (row, waiting set, event, wake), and
 -- leaves every other case to it -- an empty flat set (the ring's resync), a taken id, a
 -- malformed call (so the errors stay the general path's). The model test drives this path
 -- on both executors (tests/model); EMQ.ENQUEUE has no closures to skip.
 if #KEYS == 2 and #ARGV >= 7 and #ARGV <= 13 then
   local call, base, id, flags = redis.call, ARGV[1], ARGV[2], ARGV[7]
-  local rm, nonce, second = ARGV[8] or '0', ARGV[9] or '', ARGV[13]
+  local rm = ARGV[8] or '0'
   local open = string.find(base, '{', 1, true)
   local close = open and string.find(base, '}', open + 1, true)
   local jk = base .. 'job:' .. id
   if close and close > open + 1 and KEYS[1] == jk and string.sub(KEYS[2], 1, #base) == base
-    and ARGV[5] == 'now' and ARGV[4] == '' and (flags == 'f' or flags == 'fx')
+    and ARGV[5] == 'now' and ARGV[4] == '' and flags == 'f' and (ARGV[9] or '') == ''
     and (ARGV[10] or '') == '' and string.sub(id, 1, 3) == 'JOB'
-    and string.match(rm, '^%d+$') and #rm <= 15 and (nonce == '' or second ~= nil)
+    and string.match(rm, '^%d+$') and #rm <= 15
     and call('ZCARD', base .. 'pending') > 0 and call('EXISTS', jk) == 0 then
     call('HSET', jk, 'state', 'pending', 'attempts', '0', 'payload', ARGV[3])
     call('ZADD', base .. 'pending', 0, id)
@@ -60,11 +61,6 @@ if #KEYS == 2 and #ARGV >= 7 and #ARGV <= 13 then
       call('XADD', base .. 'events', 'MAXLEN', '~', bound, '*', 'event', 'enqueued', 'id', id)
     end
     if call('LPUSH', base .. 'wake', '1') > 64 then call('LTRIM', base .. 'wake', 0, 63) end
-    if nonce ~= '' and tonumber(rm) > 0 then
-      local mk = base .. 'recent:' .. rm .. ':' .. second .. ':' .. string.sub(nonce, 1, 2)
-      call('HSET', mk, string.sub(nonce, 3) .. string.sub(id, -4), 'e')
-      if flags == 'fx' then call('PEXPIRE', mk, tonumber(rm) + 2000) end
-    end
     return 'enqueued'
   end
 end
@@ -74,7 +70,7 @@ end
 --@include control
 -- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named, or a resend's).
---@cold sync retired_last retired_has unretire
+--@cold sync retired_last unretire
 shape(2, 6, 15, 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..15 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
 if ARGV[8] then int_arg(ARGV[8]) end
 if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
@@ -105,7 +101,7 @@ local fresh = string.find(flags, 'f', 1, true) ~= nil
 -- within ID_REPLAY_MS landed before if its row exists or was deleted (retired) since.
 if resend and fresh and nonce == '' and ARGV[5] == 'now' and replay_ms > 0
   and replay_ms <= ID_REPLAY_MS then
-  if rcall('EXISTS', base .. 'job:' .. id) == 1 or retired_has(base, id) then
+  if rcall('EXISTS', base .. 'job:' .. id) == 1 or select(2, retired_last(base, id)) then
     return 'replayed'
   end
 end

@@ -172,12 +172,6 @@ local function retired_last(base, id)
   return v or '0', v ~= false
 end
 
--- Whether the id's row was deleted within the record's memory (claimed or not).
-local function retired_has(base, id)
-  return rcall('HEXISTS', base .. 'retired', id) == 1
-    or rcall('HEXISTS', base .. 'retired:old', id) == 1
-end
-
 local function unretire(base, id)
   rcall('HDEL', base .. 'retired', id)
   rcall('HDEL', base .. 'retired:old', id)
