@@ -12,8 +12,8 @@ void emq_wake(emq *e, long long n) {
     if (n > 64) n = 64;
     emq_sv ones[64];
     for (int i = 0; i < n; i++) ones[i] = EMQ_LIT("1");
-    /* LPUSH, then LTRIM 0 63 past 64 entries (common.lua wake). */
-    emq_lpush_capped(e, emq_key(e, EMQ_K_WAKE), (int)n, ones, 64);
+    /* LLEN, then LPUSH while fewer than 64 are kept (common.lua wake). */
+    emq_lpush_room(e, emq_key(e, EMQ_K_WAKE), (int)n, ones, 64);
 }
 
 static double num_or0(emq_sv s) {

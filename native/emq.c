@@ -585,22 +585,20 @@ void emq_zadd(emq *e, int n, ...) {
 
 /* LPUSH key vals..., then LTRIM 0 cap-1 when the list outgrew cap: as pushes at the head and
  * pops at the tail through the key API, replicated as those two commands. */
-void emq_lpush_capped(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap) {
+void emq_lpush_room(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap) {
+    /* The length first, on a read handle: a write handle signals the key modified when it
+     * closes, and a full list is left untouched (no write, nothing replicated). */
+    long long room = cap - emq_llen(e, key);
+    if (room <= 0) return;
+    if (n > room) n = (int)room;
     emq_sv *args = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(n + 1));
     args[0] = key;
     for (int i = 0; i < n; i++) args[i + 1] = vals[i];
     RedisModuleString **av = strings_of(e, n + 1, args);
     RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_LIST);
     for (int i = 1; i <= n; i++) RedisModule_ListPush(k, REDISMODULE_LIST_HEAD, av[i]);
-    long long len = (long long)RedisModule_ValueLength(k);
-    for (long long i = len; i > cap; i--) RedisModule_ListPop(k, REDISMODULE_LIST_TAIL);
     close_key(k);
     RedisModule_Replicate(e->ctx, "LPUSH", "v", av, (size_t)n + 1);
-    if (len > cap) {
-        char last[24];
-        snprintf(last, sizeof last, "%lld", cap - 1);
-        RedisModule_Replicate(e->ctx, "LTRIM", "scc", av[0], "0", last);
-    }
 }
 
 /* The server clock (D10). The scripts read TIME (sec * 1000 + usec / 1000): the same

@@ -132,8 +132,9 @@ void emq_lset(emq *e, emq_sv key, long idx, emq_sv value);
 /* ZPOPMIN key count: the members popped (lowest first) into *out; their number. */
 long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out);
 void emq_zadd(emq *e, int n, ...);
-/* LPUSH key vals..., then LTRIM 0 cap-1 when the list is longer than cap. */
-void emq_lpush_capped(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap);
+/* LLEN key, then LPUSH key vals... while it holds fewer than cap: at most cap - LLEN of
+ * them, none on a full list (common.lua wake). */
+void emq_lpush_room(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap);
 #define emq_zcard(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_ZSET)
 #define emq_scard(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_SET)
 #define emq_hlen(e, k) emq_card((e), (k), REDISMODULE_KEYTYPE_HASH)

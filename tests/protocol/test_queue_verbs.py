@@ -137,6 +137,34 @@ def test_enqueue_writes_row_and_pending(anyq: Any, r: redis.Redis, qname: str) -
     assert anyq.check() == []
 
 
+def test_a_full_wake_list_is_left_unwritten(q: echomq.Queue, r: redis.Redis, qname: str) -> None:
+    """Waking reads LLEN first (PROTOCOL §3): with 64 tokens kept no worker is parked, so an
+    enqueue (plain path and general path), a bulk enqueue and a resume write no token and no
+    trim: a WATCH on the list survives them. Below 64 the tokens are topped up to 64, never
+    past."""
+    wake = K(qname, "wake")
+    q.enqueue(b"first")  # the ring's first job goes the general path
+    r.delete(wake)
+    r.rpush(wake, *["1"] * 64)
+    with r.pipeline() as pipe:
+        pipe.watch(wake)
+        q.enqueue(b"plain")
+        q.enqueue(b"lane", group=LANE)
+        q.enqueue_many([b"a", b"b", b"c"])
+        q.pause()
+        q.resume()
+        pipe.multi()
+        pipe.llen(wake)
+        assert pipe.execute() == [64]  # no WatchError: nothing wrote the list
+    r.ltrim(wake, 0, 61)  # 62 kept: two tokens of room
+    q.enqueue_many([b"d", b"e", b"f"])
+    assert r.lrange(wake, 0, -1) == [b"1"] * 64
+    r.delete(wake)
+    q.enqueue(b"g")
+    assert r.lrange(wake, 0, -1) == [b"1"]
+    assert q.check() == []
+
+
 def test_enqueue_str_payload_is_utf8(anyq: Any, r: redis.Redis, qname: str) -> None:
     e = anyq.enqueue("h\u00e9llo \u2603")
     assert row(r, qname, e.id)["payload"] == "h\u00e9llo \u2603".encode()

@@ -60,7 +60,7 @@ if #KEYS == 2 and #ARGV >= 7 and #ARGV <= 13 then
     if bound then
       call('XADD', base .. 'events', 'MAXLEN', '~', bound, '*', 'event', 'enqueued', 'id', id)
     end
-    if call('LPUSH', base .. 'wake', '1') > 64 then call('LTRIM', base .. 'wake', 0, 63) end
+    if call('LLEN', base .. 'wake') < 64 then call('LPUSH', base .. 'wake', '1') end
     return 'enqueued'
   end
 end

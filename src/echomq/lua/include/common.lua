@@ -19,15 +19,17 @@ local function hmget(key, ...)
   return row
 end
 
--- Push n wake tokens (at most 64 kept) for consumers parked on BLPOP emq:{q}:wake.
+-- Push n wake tokens (at most 64 kept) for consumers parked on BLPOP emq:{q}:wake. The
+-- length is read first: a list already holding 64 has no parked consumer to wake (a parked
+-- BLPOP would have taken a token), so a busy queue's enqueue writes no token and no trim.
 local function wake(base, n)
   if n <= 0 then return end
-  if n > 64 then n = 64 end
+  local room = 64 - rcall('LLEN', base .. 'wake')
+  if room <= 0 then return end
+  if n > room then n = room end
   local tokens = {}
   for i = 1, n do tokens[i] = '1' end
-  if rcall('LPUSH', base .. 'wake', unpack(tokens)) > 64 then
-    rcall('LTRIM', base .. 'wake', 0, 63)
-  end
+  rcall('LPUSH', base .. 'wake', unpack(tokens))
 end
 
 -- The waiting set of a lane, or the flat pending set when g is false/nil/FLAT.
