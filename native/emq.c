@@ -583,8 +583,8 @@ void emq_zadd(emq *e, int n, ...) {
     emq_zaddv(e, n, args);
 }
 
-/* LPUSH key vals..., then LTRIM 0 cap-1 when the list outgrew cap: as pushes at the head and
- * pops at the tail through the key API, replicated as those two commands. */
+/* LLEN key, then LPUSH key vals... while it holds fewer than cap (at most cap - LLEN of them):
+ * pushes at the head through the key API, replicated as one LPUSH; a full list gets none. */
 void emq_lpush_room(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap) {
     /* The length first, on a read handle: a write handle signals the key modified when it
      * closes, and a full list is left untouched (no write, nothing replicated). */
