@@ -13,7 +13,8 @@ its fence is a marker (an HTML comment, invisible on GitHub):
   same namespace (for what the prose around the block says it assumes); ``expect=TEXT``: the
   block's output must contain TEXT; ``terminals``: a shell block whose lines are separate
   terminals: every line but the last keeps running in the background until the document
-  ends, the last runs in the foreground; ``worker``: a Python block runs while an
+  ends, the last runs in the foreground; ``worker=MODULE:APP``: a Python block runs while
+  ``echomq worker MODULE:APP`` runs in the background; a bare ``worker``: while an
   ``echomq.Worker`` of the namespace's ``app`` serves its queues in a thread of the same
   process (what ``echomq worker`` in another terminal does for the reader; the tasks the
   block defines exist only in its namespace, so no worker process could import them).
@@ -176,7 +177,14 @@ def _worker_beside(ns: dict[str, Any]) -> Iterator[None]:
 
 
 def _run_python(b: Block, ns: dict[str, Any], loop: asyncio.AbstractEventLoop) -> str:
-    if "worker" in b.options:
+    spec = b.options.get("worker")
+    if spec:  # worker=module:app: the command a reader runs in another terminal
+        proc = subprocess.Popen(["echomq", "worker", spec], start_new_session=True)
+        try:
+            return _run_python_code(b, ns, loop)
+        finally:
+            _stop([proc])
+    if spec is not None:
         with _worker_beside(ns):
             return _run_python_code(b, ns, loop)
     return _run_python_code(b, ns, loop)
@@ -252,7 +260,9 @@ def drive(steps: list[Block]) -> int:
         for b in steps:
             print(f"----- {b.where} ({b.lang})", flush=True)
             if "file" in b.options:
-                Path(b.options["file"]).write_text(b.code, encoding="utf-8")
+                target = Path(b.options["file"])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(b.code, encoding="utf-8")
                 continue
             try:
                 if b.lang == "python":
