@@ -99,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
 SLOW_TESTS = frozenset(
     {
         "tests/repo/test_bench_smoke.py::test_bench_smoke",
+        "tests/repo/test_docs_run.py::test_document_runs",
         "tests/repo/test_check_script.py::test_every_test_listed_slow_in_conftest_exists",
         "tests/repo/test_check_script.py::test_no_test_that_needs_chromium_or_valgrind_runs_under_fast",
         "tests/operate/test_cli.py::test_subprocess_check_violation_exits_1",
