@@ -267,7 +267,9 @@ class EmbeddedServer:
 
 
 def state_dir() -> Path:
-    """Where the embedded server keeps its data: ``ECHOMQ_HOME`` or ``./.echomq``."""
+    """Where the embedded server keeps its data and ``echomq server`` records itself:
+    ``ECHOMQ_HOME``, else the nearest ``.echomq/`` at or above the current directory, else
+    ``./.echomq`` (see :func:`echomq._connect.state_dir`)."""
     return _connect.state_dir()
 
 
