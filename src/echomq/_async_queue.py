@@ -250,7 +250,9 @@ class AsyncQueue:
         )
 
     async def delay(self, id: str, token: int, delay_ms: int) -> None:
-        """Release a held job without minting; ``delay_ms=0`` returns it to pending at once."""
+        """Release a held job without minting; ``delay_ms=0`` returns it to pending at once.
+        The run still counts against ``max_attempts`` (a shutdown's hand-back and
+        ``RateLimit`` use ``push_back``, which does not count it)."""
         return await self._x.run(_p.delay(self._k, id, token, delay_ms))
 
     async def extend(self, id: str, token: int, *, lease_ms: int) -> None:
