@@ -33,3 +33,27 @@ def test_job_counts_attempts_from_the_floor(url: str, q: echomq.Queue, qname: st
     # A plain job: the attempts as before.
     e2 = q.enqueue(b"y")
     assert "attempts: 0" in _job(url, qname, e2.id)
+
+
+def test_job_lists_count_attempts_from_the_floor(url: str, q: echomq.Queue, qname: str) -> None:
+    """The lists (``echomq browse``, the dashboard's, ``_console.rows``) show the same count
+    as ``echomq job``: a handed-back run is not an attempt."""
+    from echomq import _console, _inspect
+
+    e = q.enqueue(b"x")
+    job = q.claim(lease_ms=60_000)
+    assert job is not None
+    q._x.run(_ctl.push_back(q._k, e.id, job.token, 0))
+    job = q.claim(lease_ms=60_000)
+    assert job is not None and job.token == 2
+    page = _inspect.page(q._x, q._k, "active")
+    (row,) = _console.rows(q._x, q._k, page.items, page.state)
+    assert (row.id, row.attempts) == (e.id, 1)
+    result = CliRunner(env={"COLUMNS": "400", "ECHOMQ_URL": None}).invoke(
+        main, ["--url", url, "browse", qname, "--state", "active"]
+    )
+    assert result.exit_code == 0, result.output
+    head, *lines = result.stdout.splitlines()
+    (line,) = [ln for ln in lines if ln.startswith(e.id)]
+    at = head.index("attempts")  # right-aligned under its header
+    assert line[at : at + len("attempts")].strip() == "1", (head, line)
