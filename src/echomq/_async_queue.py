@@ -42,7 +42,8 @@ class AsyncQueue:
     Args:
         name: the queue name (``[A-Za-z0-9._-]{1,128}``, not ``emq``).
         url: a ``redis://``/``rediss://``/``unix://`` URL; default: ``ECHOMQ_URL``, else a
-            live ``echomq server`` recorded in ``./.echomq/``, else ``redis://127.0.0.1:6379/0``
+            live ``echomq server`` recorded in the nearest ``.echomq/`` at or above the current
+            directory, else ``redis://127.0.0.1:6379/0``
             (the same resolution as ``App``).
         client: a redis-py client (``redis.Redis``/``RedisCluster``, or their ``redis.asyncio``
             forms on an asyncio client; bytes replies); not closed by ``aclose``.

@@ -98,7 +98,8 @@ class App:
 
     Args:
         url: the server; when None, ``ECHOMQ_URL``, then an ``echomq server`` recorded in
-            ``./.echomq/``, then ``redis://127.0.0.1:6379/0``.
+            the nearest ``.echomq/`` at or above the current directory, then
+            ``redis://127.0.0.1:6379/0``.
         client: a ready sync client instead of a URL (not closed by the app).
         serializer: "json" (default), "msgpack", or an object with dumps/loads.
         max_payload: the largest payload in bytes (default 16 MiB).
