@@ -2,7 +2,8 @@
 
 The server comes from ``--url``, else ``ECHOMQ_URL``, else an ``echomq server`` recorded in
 the nearest ``.echomq/`` at or above the current directory. ``worker``, ``server`` and
-``demo`` start a private embedded server when none is configured; the operator commands default to ``redis://127.0.0.1:6379/0``.
+``demo`` start a private embedded server when none is configured; the operator commands
+default to ``redis://127.0.0.1:6379/0``.
 """
 
 from __future__ import annotations
