@@ -5,12 +5,17 @@ in-process Workers against the leg's server, on both executors."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import threading
 
 import pytest
+import redis
 
+import echomq
 from conftest import running, wait_for
 from echomq import App, StaleToken, Worker, current_job
+from procs import Spawner
 
 pytestmark = pytest.mark.executors
 
@@ -109,3 +114,30 @@ def test_a_stale_holder_of_a_handed_back_run_stays_refused(url: str, qname: str)
     finally:
         state["mode"] = "ok"
         app.close()
+
+
+# The Lua leg only: tests/apps/basic.py opens its bookkeeping client from the app's URL,
+# which cannot carry ?executor=native; the in-process tests above cover both executors.
+@pytest.mark.executors("lua")
+def test_sigterm_past_grace_hands_back_without_spending_an_attempt(
+    spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    """The real deploy: ``echomq worker`` gets SIGTERM while a job runs past ``--grace``.
+    The job is pending at once with ``floor`` = ``attempts`` = 1, and its next claim is
+    attempt 1 on token 2 (the handed-back token refused)."""
+    w = spawn.worker(qname, "-c", "1", "--grace", "0.3")  # a 30 s lease: it never lapses
+    e = q.enqueue(json.dumps({"task": "ahold", "args": [30], "kwargs": {}}).encode())
+    try:
+        wait_for(lambda: r.llen(f"emqtest:{qname}:tokens") == 1, 30)
+    except AssertionError:
+        raise AssertionError(f"the job never started:\n{w.text()}") from None
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.text()
+    assert q.job_state(e.id) == "pending"
+    row = q.get_job(e.id)
+    assert row is not None and (row["attempts"], row.get("floor")) == ("1", "1")
+    job = q.claim(lease_ms=60_000)
+    assert job is not None and (job.id, job.token, job.attempt) == (e.id, 2, 1)
+    with pytest.raises(StaleToken):
+        q.complete(e.id, 1)
+    q.complete(e.id, job.token)
