@@ -463,6 +463,8 @@ class App:
             return self.serializer.loads(kept.value)
         if state in ("absent", "completed"):
             raise ResultNotKept(id)
+        if state == "dead":  # a row that died, then went (trimmed) between the reads
+            raise JobFailed(id, "dead")
         raise ResultNotReady(id, state)
 
     def close(self) -> None:
@@ -486,12 +488,12 @@ class App:
 
 def _outcome(k: Keys, id: str) -> Plan[tuple[_ctl.Result | None, str]]:
     """The job's kept outcome (a dead row's death included), and where the job is when
-    there is none. A job that finished between the two reads (absent, or a kept completed
-    row, now) is read again: its outcome is kept by then."""
+    there is none. A job that finished between the two reads (absent, dead, or a kept
+    completed row, now) is read again: its outcome is kept by then."""
     kept = yield from _ctl.result(k, id)
     if kept is not None:
         return kept, "finished"
     state: str = yield _p.job_state(k, id)
-    if state in ("absent", "completed"):
+    if state in ("absent", "completed", "dead"):
         kept = yield from _ctl.result(k, id)
     return kept, state
