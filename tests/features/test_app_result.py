@@ -131,3 +131,4 @@ async def test_async_result_and_await_result(app: App, url: str, qname: str) -> 
             await later.aresult(plain.id, queue=qname)
     finally:
         await later.aclose()
+        await app.aclose()  # the async client it opened on this loop
