@@ -283,12 +283,15 @@ def _isolate_from_the_users_home() -> None:
 
     _saved_env = dict(os.environ)
     _private_home = tempfile.mkdtemp(prefix="echomq-test-home-")
-    for key in [k for k in os.environ if k.startswith("ECHOMQ_")]:
+    for key in [k for k in os.environ if k.startswith("ECHOMQ_")]:  # the user's: dropped
         if not key.startswith(("ECHOMQ_TEST_", "ECHOMQ_MODEL_")) and key != "ECHOMQ_SERVER_BIN":
             del os.environ[key]
     os.environ["HOME"] = os.path.join(_private_home, "home")
     os.environ["XDG_CACHE_HOME"] = os.path.join(_private_home, "cache")
     os.environ["ECHOMQ_HOME"] = os.path.join(_private_home, "state")
+    # A test that unsets ECHOMQ_HOME walks up from its tmp_path looking for .echomq/: never
+    # into the temp dir itself or above, where another run's state may lie.
+    os.environ["ECHOMQ_CEILING_DIRS"] = tempfile.gettempdir()
     os.makedirs(os.environ["HOME"])
 
 

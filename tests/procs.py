@@ -84,6 +84,7 @@ class Spawner:
         env["HOME"] = str(own / "home")
         env["XDG_CACHE_HOME"] = str(own / "cache")
         env["ECHOMQ_HOME"] = str(own / "state")
+        env["ECHOMQ_CEILING_DIRS"] = os.environ.get("ECHOMQ_CEILING_DIRS", "")  # conftest's
         env["ECHOMQ_URL"] = self.url
         for key, value in extra.items():
             if value is None:

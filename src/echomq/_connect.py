@@ -14,6 +14,7 @@ the CLI cannot disagree:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -91,9 +92,56 @@ class Resolved(NamedTuple):
     reason: str
 
 
+STATE_NAME = ".echomq"
+CEILING_ENV = "ECHOMQ_CEILING_DIRS"
+
+
 def state_dir() -> Path:
-    """Where the embedded server keeps its data: ``ECHOMQ_HOME`` or ``./.echomq``."""
-    return Path(os.environ.get("ECHOMQ_HOME") or ".echomq")
+    """The state dir (``server.json``, the embedded servers' data): ``ECHOMQ_HOME`` when set,
+    else the nearest existing ``.echomq/`` directory found the way git finds ``.git``
+    (:func:`find_state_dir`), else ``./.echomq`` (created there when first needed). A
+    script run from a subdirectory of a project, or a server started in one, so uses the
+    project's ``.echomq/`` and talks to the server recorded there."""
+    home = os.environ.get("ECHOMQ_HOME")
+    if home:
+        return Path(home)
+    try:
+        found = find_state_dir(Path.cwd())
+    except OSError:  # the cwd was deleted: nothing to walk from
+        found = None
+    return found or Path(STATE_NAME)
+
+
+def find_state_dir(start: Path) -> Path | None:
+    """The nearest ``.echomq/`` directory at or above ``start``: ``start`` itself first,
+    then each parent. Like git's ``GIT_CEILING_DIRECTORIES``, the walk never looks in a
+    ceiling or above it: the home directory (so ``~/.echomq`` is only used from ``~``
+    itself), the filesystem root, and the absolute paths listed in ``ECHOMQ_CEILING_DIRS``
+    (``os.pathsep``-separated). ``./.echomq`` is returned relative, as before; one found
+    above ``start`` is absolute. None when there is none."""
+    here = Path(os.path.abspath(start))
+    ceilings = {Path(here.anchor)}
+    with contextlib.suppress(RuntimeError, KeyError):
+        ceilings.add(Path(os.path.abspath(Path.home())))
+    for entry in os.environ.get(CEILING_ENV, "").split(os.pathsep):
+        if entry and os.path.isabs(entry):
+            ceilings.add(Path(os.path.abspath(entry)))
+    if _is_dir(here / STATE_NAME):
+        return Path(STATE_NAME)
+    for parent in here.parents:
+        if parent in ceilings:
+            return None
+        if _is_dir(parent / STATE_NAME):
+            return parent / STATE_NAME
+    return None
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, False for a directory this user may not look into."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def pid_alive(pid: int) -> bool:
@@ -207,8 +255,8 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
        ``echomq --url``);
     2. ``app_url``: ``App(url=...)``;
     3. the ``ECHOMQ_URL`` environment variable;
-    4. a live ``echomq server`` recorded in ``./.echomq/server.json`` (``ECHOMQ_HOME``
-       moves the directory);
+    4. a live ``echomq server`` recorded in ``server.json`` of :func:`state_dir`
+       (``ECHOMQ_HOME``, else the nearest ``.echomq/`` at or above the current directory);
     5. ``redis://127.0.0.1:6379/0``, when nothing at all is configured.
 
     A record whose server is gone raises :class:`~echomq.errors.ServerNotRunning` instead

@@ -45,8 +45,18 @@ __all__ = [
 ]
 
 # The row fields a list shows. `priority` is read whether or not the server writes it: a
-# queue without priorities answers nil and the column shows a dash.
-ROW_FIELDS = ("payload", "attempts", "last_error", "priority", "group", "state", "parent")
+# queue without priorities answers nil and the column shows a dash. `floor` makes the
+# attempts column the count max_attempts compares (hand-backs and push-backs not counted).
+ROW_FIELDS = (
+    "payload",
+    "attempts",
+    "last_error",
+    "priority",
+    "group",
+    "state",
+    "parent",
+    "floor",
+)
 FIND_KINDS = ("id", "task", "error")
 PREVIEW = 80  # characters of an arguments preview
 _ID_PREFIX = re.compile(r"^[0-9A-Za-z]{1,14}$")
@@ -174,6 +184,14 @@ def rows(
     return out
 
 
+def _counted(attempts: Any, floor: Any) -> int:
+    """The attempts max_attempts counts: the row's attempts less its floor (a shutdown's
+    hand-back, a RateLimit push-back, an earlier incarnation's claims), as Job.attempt."""
+    if attempts is None:
+        return 0
+    return int(_s(attempts)) - (int(_s(floor)) if floor is not None else 0)
+
+
 def _row(
     job_id: str,
     state: str,
@@ -182,7 +200,7 @@ def _row(
     serializer: Serializer | None,
     held: dict[str, tuple[str, int]],
 ) -> JobRow:
-    payload, attempts, error, priority, group, row_state, parent = values
+    payload, attempts, error, priority, group, row_state, parent, floor = values
     try:
         minted: int | None = ids.decode_time_ms(job_id)
     except ValueError:
@@ -192,7 +210,7 @@ def _row(
         return row
     row.state = _s(row_state)
     row.task, row.args = preview(serializer, payload)
-    row.attempts = int(_s(attempts)) if attempts is not None else 0
+    row.attempts = _counted(attempts, floor)
     row.priority = _s(priority) if priority is not None else None
     row.error = one_line(_s(error)) if error is not None else ""
     row.group = _s(group) if group is not None else None

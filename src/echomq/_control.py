@@ -276,7 +276,8 @@ def idle_wait_ms(k: Keys) -> Call[tuple[int, int]]:
 
 def push_back(k: Keys, id: str, token: int, delay_ms: int) -> Call[None]:
     """Release a held job to run again after ``delay_ms`` without spending an attempt (a
-    handler's ``raise echomq.RateLimit(delay_ms)``; see push_back.lua)."""
+    handler's ``raise echomq.RateLimit(delay_ms)``, and with 0 a worker's shutdown
+    hand-back; see push_back.lua)."""
     keys = (k.active, k.schedule, k.job(id))
     args = (k.base, id, _token(token), _int("delay_ms", delay_ms, 0, MAX_MS))
     return _call("push_back", keys, args, _gone_if_zero(id))

@@ -74,8 +74,9 @@ class Job:
     """A claimed job: ``token`` is the fencing token every settle verb must present.
 
     ``floor`` is the count a re-admitted id came back with (its retired last token), raised
-    by one for each ``RateLimit`` push-back; ``attempt`` is this incarnation's attempt
-    number (``token - floor``, 1 for the first run), the one ``max_attempts`` counts.
+    by one for each ``RateLimit`` push-back and each shutdown hand-back; ``attempt`` is
+    this incarnation's attempt number (``token - floor``, 1 for the first run), the one
+    ``max_attempts`` counts.
     """
 
     id: str

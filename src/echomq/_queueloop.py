@@ -297,14 +297,18 @@ class QueueLoop:
         return back
 
     async def hand_back(self, x: AsyncExecutor) -> int:
-        """At shutdown: every run still held goes back to pending now (``delay`` 0, fenced on
-        its token), its handler's result dropped; returns how many went back."""
+        """At shutdown: every run still held goes back to pending now, its handler's result
+        dropped; returns how many went back. The run spends no attempt (issue 36): it is a
+        ``push_back`` with no delay, fenced on its token, which raises the row's ``floor``
+        instead of lowering ``attempts`` — the next claim still mints a new token, so a stale
+        holder of this run stays refused, while ``max_attempts``, the retry backoff and
+        ``Job.attempt`` count ``token - floor`` and so skip the handed-back run."""
         left = [r for r in self.inflight.values() if not r.lost]
         for r in left:
             r.lose()
         if not left:
             return 0
-        calls = [_p.delay(self.keys, r.job.id, r.job.token, 0) for r in left]
+        calls = [_ctl.push_back(self.keys, r.job.id, r.job.token, 0) for r in left]
         results = await x.pipeline(calls)
         # Not acknowledged by enough replicas (durable mode) is still applied: handed back.
         return sum(

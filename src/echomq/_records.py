@@ -1,6 +1,8 @@
 """The ``server.json`` writer (its reader is ``_connect.read_record``): an ``echomq server``
-or a worker's embedded server is recorded in ``./.echomq/`` so clients started there find
-it, and a lock file keeps two servers from sharing one data directory."""
+or a worker's embedded server is recorded in the state dir (``_connect.state_dir``: the
+nearest ``.echomq/`` at or above the current directory, else ``./.echomq/``) so clients
+started there or below find it, and a lock file keeps two servers from sharing one data
+directory."""
 
 from __future__ import annotations
 

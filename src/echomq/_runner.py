@@ -307,7 +307,16 @@ class Runner:
             # thread still runs: a stranded thread, counted by the worker (Worker._finish).
             r.thread, r.started = thread, time.monotonic()
             run = asyncio.wrap_future(thread)
-        return await (asyncio.wait_for(run, task.timeout) if task.timeout else run)
+        if not task.timeout:
+            return await run
+        try:
+            return await asyncio.wait_for(run, task.timeout)
+        except asyncio.TimeoutError:
+            if r.thread is not None and not r.thread.done() and r.ctx is not None:
+                # The run is settled as failed while the thread runs on: whatever it returns
+                # is never settled, so its current_job().lost / .should_stop turn true.
+                r.ctx.lost = True
+            raise
 
     def _log_end(
         self, r: Running, task: Task[Any, Any], settle: Settle, error: BaseException | None

@@ -35,7 +35,8 @@ class Queue:
     Args:
         name: the queue name (``[A-Za-z0-9._-]{1,128}``, not ``emq``).
         url: a ``redis://``/``rediss://``/``unix://`` URL; default: ``ECHOMQ_URL``, else a
-            live ``echomq server`` recorded in ``./.echomq/``, else ``redis://127.0.0.1:6379/0``
+            live ``echomq server`` recorded in the nearest ``.echomq/`` at or above the current
+            directory, else ``redis://127.0.0.1:6379/0``
             (the same resolution as ``App``).
         client: a redis-py client (``redis.Redis``/``RedisCluster``, or their ``redis.asyncio``
             forms on a synchronous client; bytes replies); not closed by ``close``.
@@ -238,7 +239,9 @@ class Queue:
         )
 
     def delay(self, id: str, token: int, delay_ms: int) -> None:
-        """Release a held job without minting; ``delay_ms=0`` returns it to pending at once."""
+        """Release a held job without minting; ``delay_ms=0`` returns it to pending at once.
+        The run still counts against ``max_attempts`` (a shutdown's hand-back and
+        ``RateLimit`` use ``push_back``, which does not count it)."""
         return self._x.run(_p.delay(self._k, id, token, delay_ms))
 
     def extend(self, id: str, token: int, *, lease_ms: int) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from echomq import _compose, _native, _repeats, keyspace
+from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._connect import (
     AsyncClient,
@@ -34,7 +35,13 @@ from echomq._kernel import Keys, Plan
 from echomq._tasks import P, R, Signature, Task, TaskEnqueued, TaskFlow
 from echomq.backoff import BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
-from echomq.errors import EchoMQError, InvalidArgument
+from echomq.errors import (
+    EchoMQError,
+    InvalidArgument,
+    JobFailed,
+    ResultNotKept,
+    ResultNotReady,
+)
 from echomq.outcomes import Discard, RateLimit, Retry
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer, resolve_serializer
@@ -91,7 +98,8 @@ class App:
 
     Args:
         url: the server; when None, ``ECHOMQ_URL``, then an ``echomq server`` recorded in
-            ``./.echomq/``, then ``redis://127.0.0.1:6379/0``.
+            the nearest ``.echomq/`` at or above the current directory, then
+            ``redis://127.0.0.1:6379/0``.
         client: a ready sync client instead of a URL (not closed by the app).
         serializer: "json" (default), "msgpack", or an object with dumps/loads.
         max_payload: the largest payload in bytes (default 16 MiB).
@@ -405,6 +413,60 @@ class App:
             q = per_loop[name] = AsyncQueue(name, client=client, **self._queue_kwargs())
         return q
 
+    # ------------------------------------------------------------------ results by id
+    # A later request (a web app's) reads a job's outcome by id alone, as a receipt's wait
+    # does: the kept value is decoded by the app's serializer, the one its worker encoded it
+    # with (a task has no serializer of its own, and the kept outcome names no task).
+
+    def result(self, id: str, *, queue: str | None = None) -> Any:
+        """The job's return value, decoded, read once (no waiting): ``ResultNotReady`` when
+        it has not finished (``.state`` says where it is), ``JobFailed`` when it died
+        (``.error``), ``ResultNotKept`` when it finished with no kept value (its task keeps
+        none, the value expired, or no such job). ``queue``: the job's queue; default the
+        one queue of the app's tasks (``InvalidArgument`` when they use several)."""
+        q = self.queue(self._result_queue(queue))
+        return self._decoded(id, q._x.run(_outcome(q._k, id)))
+
+    async def aresult(self, id: str, *, queue: str | None = None) -> Any:
+        """:meth:`result` for asyncio code."""
+        q = self.aqueue(self._result_queue(queue))
+        return self._decoded(id, await q._x.run(_outcome(q._k, id)))
+
+    def wait_result(self, id: str, *, timeout_s: float, queue: str | None = None) -> Any:
+        """Block until the job's outcome is kept, as a receipt's ``wait`` does, and return
+        the value decoded: ``JobFailed`` when it died, ``TimeoutError`` at the deadline
+        (also when its task keeps no results: nothing is ever kept)."""
+        res = self.queue(self._result_queue(queue)).wait(id, timeout_s=timeout_s)
+        return self.serializer.loads(res.value)
+
+    async def await_result(self, id: str, *, timeout_s: float, queue: str | None = None) -> Any:
+        """:meth:`wait_result` for asyncio code (many waiters share one connection)."""
+        res = await self.aqueue(self._result_queue(queue)).wait(id, timeout_s=timeout_s)
+        return self.serializer.loads(res.value)
+
+    def _result_queue(self, queue: str | None) -> str:
+        if queue is not None:
+            return queue
+        names = self.queues()
+        if len(names) == 1:
+            return names[0]
+        raise InvalidArgument(
+            "name the job's queue (queue=...): "
+            + (f"this app's tasks use {', '.join(names)}" if names else "this app has no tasks")
+        )
+
+    def _decoded(self, id: str, found: tuple[_ctl.Result | None, str]) -> Any:
+        kept, state = found
+        if kept is not None:
+            if kept.error is not None:
+                raise JobFailed(id, kept.error)
+            return self.serializer.loads(kept.value)
+        if state in ("absent", "completed"):
+            raise ResultNotKept(id)
+        if state == "dead":  # a row that died, then went (trimmed) between the reads
+            raise JobFailed(id, "dead")
+        raise ResultNotReady(id, state)
+
     def close(self) -> None:
         """Close the sync client if the app opened it."""
         self._queues.clear()
@@ -422,3 +484,16 @@ class App:
         if client is not None:
             await client.aclose()  # type: ignore[attr-defined]
         self.close()
+
+
+def _outcome(k: Keys, id: str) -> Plan[tuple[_ctl.Result | None, str]]:
+    """The job's kept outcome (a dead row's death included), and where the job is when
+    there is none. A job that finished between the two reads (absent, dead, or a kept
+    completed row, now) is read again: its outcome is kept by then."""
+    kept = yield from _ctl.result(k, id)
+    if kept is not None:
+        return kept, "finished"
+    state: str = yield _p.job_state(k, id)
+    if state in ("absent", "completed", "dead"):
+        kept = yield from _ctl.result(k, id)
+    return kept, state

@@ -50,6 +50,14 @@ class JobContext:
         return {k: self.app.serializer.loads(v) if v else None for k, v in raw.items()}
 
     @property
+    def should_stop(self) -> bool:
+        """The one flag a long sync handler polls to know it should return now: True once
+        the lease was lost (another run owns the job, or a shutdown handed it back) or the
+        job was cancelled. Either way whatever the handler returns is not settled as a
+        success, so finishing the work only wastes it; ``lost`` and ``cancelled`` say which."""
+        return self.lost or self.cancelled
+
+    @property
     def attempt(self) -> int:
         """This incarnation's attempt number (1 for the first run): the token less the
         count a re-admitted id came back with (the number ``max_attempts`` counts)."""

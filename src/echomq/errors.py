@@ -11,7 +11,10 @@
     ├── KindError           EMQKIND   a non-JOB id in the job position
     ├── StaleToken          EMQSTALE  the token no longer owns the job
     ├── JobGone             the row does not exist (completed, removed, never enqueued)
-    ├── JobFailed           ``wait()`` on a dead-lettered job; ``.error``
+    ├── JobFailed           ``wait()`` (or ``App.result``) on a dead-lettered job; ``.error``
+    ├── ResultNotReady      ``App.result``: the job has not finished yet; ``.state``
+    ├── ResultNotKept       ``App.result``: no outcome is kept for the job (its task keeps none,
+    │                       it expired, or no such job)
     ├── StateError          EMQSTATE  e.g. reprocess of a job that is not dead; ``.reason``
     ├── Locked              EMQLOCK   remove/cancel of a job whose ``:lock`` key exists (reserved:
     │                                 nothing in echomq writes that key)
@@ -49,6 +52,8 @@ __all__ = [
     "PayloadTooLarge",
     "ProtocolError",
     "RateLimited",
+    "ResultNotKept",
+    "ResultNotReady",
     "ServerNotRunning",
     "ServerUnreachable",
     "StaleToken",
@@ -142,6 +147,30 @@ class JobFailed(EchoMQError):
         super().__init__(f"job {job_id} failed: {error}")
         self.job_id = job_id
         self.error = error
+
+
+class ResultNotReady(EchoMQError):
+    """``App.result`` on a job that has not finished: ``.state`` says where it is
+    (``pending``, ``active``, ``scheduled`` — backing off before a retry too —,
+    ``awaiting_children``, or ``unknown``)."""
+
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"job {job_id} has not finished yet (it is {state})")
+        self.job_id = job_id
+        self.state = state
+
+
+class ResultNotKept(EchoMQError):
+    """``App.result`` on a job with no kept outcome: it finished but its task keeps no
+    results (``keep_result_ms``), its result outlived its TTL, or there is no such job —
+    the server cannot tell these apart once the row is gone."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"no result is kept for job {job_id}: its task keeps none (keep_result_ms), it "
+            "expired, or there is no such job"
+        )
+        self.job_id = job_id
 
 
 class DurabilityError(EchoMQError):

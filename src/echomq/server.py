@@ -1,7 +1,8 @@
 """A private ``valkey-server``/``redis-server`` process: the embedded server and test fixture.
 
 With no URL configured, ``echomq server``, ``demo`` and ``worker`` start one of these (unix
-socket + loopback port, AOF on, data in ``./.echomq/``) and stop it when done. The test
+socket + loopback port, AOF on, data in the state dir: the nearest ``.echomq/`` at or above
+the current directory, else ``./.echomq/``) and stop it when done. The test
 suite starts its servers with the same class, so there is one way to run a server here (a
 cluster of them for tests: :class:`echomq.testing.EmbeddedCluster`).
 """
@@ -267,7 +268,9 @@ class EmbeddedServer:
 
 
 def state_dir() -> Path:
-    """Where the embedded server keeps its data: ``ECHOMQ_HOME`` or ``./.echomq``."""
+    """Where the embedded server keeps its data and ``echomq server`` records itself:
+    ``ECHOMQ_HOME``, else the nearest ``.echomq/`` at or above the current directory, else
+    ``./.echomq`` (see :func:`echomq._connect.state_dir`)."""
     return _connect.state_dir()
 
 

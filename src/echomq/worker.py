@@ -19,7 +19,8 @@ never per job. Several processes run under ``echomq worker -p N`` (``_supervisor
 Async handlers run as tasks on the loop; sync handlers in a thread pool, or for
 ``@app.task(pool="process")`` in the worker's process pool (``_pool``). SIGTERM/SIGINT stop
 claiming, let in-flight jobs finish within ``grace_s``, then hand the rest back to pending at
-once (``delay(id, token, 0)``); a second signal exits immediately.
+once (``push_back(id, token, 0)``: no attempt spent, the fence still moves); a second
+signal exits immediately.
 """
 
 from __future__ import annotations

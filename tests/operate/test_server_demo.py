@@ -184,7 +184,7 @@ def test_the_suite_never_reads_the_users_home(spawn: Spawner, tmp_path: Path) ->
     for where in (Path.home(), _native.cache_dir(), echomq.server.state_dir().resolve()):
         assert not str(where).startswith(users + os.sep) and str(where) != users, where
     kept = {k for k in os.environ if k.startswith("ECHOMQ_") and "TEST" not in k}
-    assert kept - {"ECHOMQ_SERVER_BIN"} == {"ECHOMQ_HOME"}, kept
+    assert kept - {"ECHOMQ_SERVER_BIN"} == {"ECHOMQ_HOME", "ECHOMQ_CEILING_DIRS"}, kept
     env = spawn.env()
     for key in ("HOME", "XDG_CACHE_HOME", "ECHOMQ_HOME"):
         assert Path(env[key]).is_relative_to(tmp_path), (key, env[key])

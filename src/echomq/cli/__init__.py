@@ -1,8 +1,9 @@
 """The ``echomq`` command line: run workers, operate queues, run a server, run the demo.
 
 The server comes from ``--url``, else ``ECHOMQ_URL``, else an ``echomq server`` recorded in
-``./.echomq/``. ``worker``, ``server`` and ``demo`` start a private embedded server when none
-is configured; the operator commands default to ``redis://127.0.0.1:6379/0``.
+the nearest ``.echomq/`` at or above the current directory. ``worker``, ``server`` and
+``demo`` start a private embedded server when none is configured; the operator commands
+default to ``redis://127.0.0.1:6379/0``.
 """
 
 from __future__ import annotations

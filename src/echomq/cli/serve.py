@@ -38,7 +38,7 @@ from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, stat
     "--dir",
     "directory",
     type=click.Path(file_okay=False),
-    help="Data directory (default ./.echomq/server).",
+    help="Data directory (default: server/ in the state dir, ./.echomq or the nearest above).",
 )
 @click.option(
     "--native",
@@ -47,7 +47,9 @@ from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, stat
 )
 def server(port: int | None, directory: str | None, native: bool) -> None:
     """Run a private valkey-server/redis-server in the foreground (AOF on) for other
-    processes to share; its URL is printed and recorded in ./.echomq/server.json. Started
+    processes to share; its URL is printed and recorded in server.json of the state dir
+    (ECHOMQ_HOME, else the nearest .echomq/ at or above the current directory, else
+    ./.echomq, so one started in a project's subdirectory reuses the project's). Started
     again in the same directory it keeps the recorded port, so clients follow a restart;
     a second one while the first runs is refused."""
     state = state_dir()

@@ -256,6 +256,23 @@ def _errors_of(view: Any, row: dict[str, str | bytes]) -> list[str]:
     return [_show_value(e) for e in view.errors]
 
 
+def _attempts_line(row: dict[str, str | bytes]) -> str:
+    """The attempts the ceiling counts (``attempts - floor``, as ``Job.attempt`` does), then
+    how many claims the row saw when some are not counted (shutdown hand-backs, RateLimit
+    push-backs, an earlier incarnation's)."""
+    attempts = _show_value(row.get("attempts", "0"))
+    floor = _show_value(row.get("floor", "0"))
+    most = row.get("max_attempts")
+    try:
+        counted, claims = str(int(attempts) - int(floor)), int(attempts)
+    except ValueError:  # a malformed row: shown as stored
+        counted, claims = attempts, 0
+    line = f"attempts: {counted}" + (f" of {_show_value(most)}" if most else "")
+    if claims and floor not in ("", "0"):
+        line += f" (claimed {claims} times; {floor} not counted: hand-backs, push-backs, reruns)"
+    return line
+
+
 @main.command()
 @click.argument("queue")
 @click.argument("job_id")
@@ -272,9 +289,7 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
         click.echo(f"id: {job_id}\nplace: {state}")
         if row is not None:
             click.echo(f"enqueued: {_enqueued(job_id)}")
-            attempts = _show_value(row.get("attempts", "0"))
-            most = row.get("max_attempts")
-            click.echo(f"attempts: {attempts}" + (f" of {_show_value(most)}" if most else ""))
+            click.echo(_attempts_line(row))
             errors = _errors_of(view, row)
             if errors:
                 click.echo("errors:")
@@ -290,7 +305,7 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
         if row is None:
             return 0 if kept is not None else 1
         for field, value in sorted(row.items()):
-            if field not in ("attempts", "max_attempts", "errors"):  # shown above
+            if field not in ("attempts", "max_attempts", "errors", "floor"):  # shown above
                 click.echo(f"{field}: {_show_value(value)}")
         lines = view.logs
         if lines:

@@ -1,7 +1,8 @@
---[[ push_back: a handler's manual rate limit (D21, echomq.RateLimit): release the lease to
-  schedule at now + delay_ms without spending an attempt. The token still grows at the next
-  claim (never reuse a token), so `floor` grows with it: retry's ceiling counts
-  attempts - floor, and this run is not counted.
+--[[ push_back: release the lease without spending an attempt, to schedule at now + delay_ms
+  (pending at once for 0). Two callers: a handler's manual rate limit (D21, echomq.RateLimit)
+  and a worker's shutdown hand-back (delay 0, PROTOCOL §3.9). The token still grows at the
+  next claim (never reuse a token: a stale holder stays refused), so `floor` grows with it:
+  retry's ceiling counts attempts - floor, and this run is not counted.
   KEYS[1] active    ZSET  emq:{q}:active
   KEYS[2] schedule  ZSET  emq:{q}:schedule
   KEYS[3] row       HASH  emq:{q}:job:<id>
