@@ -143,8 +143,12 @@ void emq_retire(emq *e, const emq_sv *pairs, int n) {
         long long now = emq_now_ms(e), closed;
         emq_sv meta = emq_key(e, EMQ_K_META);
         emq_sv at = emq_hget(e, meta, EMQ_LIT("retired_closed"));
-        if (at.p && emq_parse_ll(at, &closed) && closed <= now && now - closed < EMQ_ID_REPLAY_MS)
+        if (at.p && emq_parse_ll(at, &closed) && closed <= now && now - closed < EMQ_ID_REPLAY_MS) {
+            /* Held back: the generation grows past RETIRED_GEN (a burst); a TTL lets the
+             * server drop it after the burst, on a quiet queue too (common.lua retire). */
+            emq_call(e, "PEXPIRE", 2, rk, emq_fmt_ll(e, 2 * EMQ_ID_REPLAY_MS));
             return;
+        }
         emq_call(e, "UNLINK", 1, emq_key(e, EMQ_K_RETIRED_OLD));
         emq_call(e, "RENAME", 2, rk, emq_key(e, EMQ_K_RETIRED_OLD));
         emq_hset(e, 3, meta, EMQ_LIT("retired_closed"), emq_fmt_ll(e, now));

@@ -71,3 +71,73 @@ def test_a_process_on_two_databases_leaves_no_marker_without_a_ttl(
             replay_ms = int(key.decode().split(":")[3])
             assert 0 < client.pttl(key) <= replay_ms + 2000
     assert q1.check() == [] and q.check() == []
+
+
+RETIRED_GEN = 25_000  # include/common.lua, native/common.c
+HELD_TTL_MS = 140_000  # 2 x ID_REPLAY_MS: a held-back generation's TTL (include/common.lua)
+
+
+def plant_generation(r: redis.Redis, key: str, n: int, tag: str) -> None:
+    """``n`` retired ids in ``key``, as a burst of deletions would have left them."""
+    for start in range(0, n, 5000):
+        fields = {
+            ids.encode("JOB", hash((tag, i)) & (2**62 - 1)): "1" for i in range(start, start + 5000)
+        }
+        r.hset(key, mapping=fields)
+
+
+def retire_a_batch(q: echomq.Queue, n: int = 64) -> None:
+    """``n`` real completions in one settle call (a worker's batch: the script looks at the
+    record's size on every batch of 64 or more)."""
+    q.enqueue_many([b"x"] * n)
+    held = q.claim_batch(n)
+    assert len(held) == n
+    assert q.complete_many((j.id, j.token) for j in held) == []
+
+
+def untimed_ids(r: redis.Redis, qname: str) -> int:
+    """How many retired ids live in generations without a TTL (those stay through any quiet
+    spell; a generation with a TTL is gone after it)."""
+    total = 0
+    for gen in ("retired", "retired:old"):
+        if r.exists(K(qname, gen)) and r.pttl(K(qname, gen)) == -1:
+            total += r.hlen(K(qname, gen))
+    return total
+
+
+def test_a_burst_s_retired_record_is_gone_after_a_quiet_spell(
+    q: echomq.Queue, r: redis.Redis, qname: str
+) -> None:
+    """Finding M2: the retired record rotates only when a deletion finds the current
+    generation full *and* the one before closed ID_REPLAY_MS (70 s) ago; during a burst the
+    current generation grows past RETIRED_GEN (every retirement of the last 70 s is kept for
+    a minted id's resend). When the burst ends -- a quiet queue, no further deletion to rotate
+    it -- that grown generation stayed forever (60,000 ids here: ~4 MB; 700,000 after a
+    10,000/s burst), against RELIABILITY's "the larger of 25,000-50,000 retirements and
+    70-140 s of them". Now a generation the rotation had to hold back takes a TTL of
+    2 x ID_REPLAY_MS (kept by the RENAME that makes it retired:old): the server drops it
+    after the burst, and a normal generation still has none."""
+    meta = K(qname, "meta")
+    # The burst, planted: a generation closed just now (retired:old) and the current one
+    # grown to 60,000 ids behind it; then the burst's last batch of deletions.
+    plant_generation(r, K(qname, "retired:old"), RETIRED_GEN, "old")
+    plant_generation(r, K(qname, "retired"), 60_000, "cur")
+    sec, usec = r.time()
+    r.hset(meta, "retired_closed", int(sec) * 1000 + int(usec) // 1000)
+    retire_a_batch(q)
+    assert r.hlen(K(qname, "retired")) == 60_064  # held back: nothing rotated
+    ttl = r.pttl(K(qname, "retired"))
+    assert 0 < ttl <= HELD_TTL_MS  # gone after a quiet spell of 140 s
+    assert untimed_ids(r, qname) <= 2 * RETIRED_GEN  # what stays: two generations at most
+
+    # Traffic after it: once the generation before was closed 70 s ago, the next deletions
+    # rotate; the grown generation keeps its TTL as retired:old, the new one has none.
+    closed = int(r.hget(meta, "retired_closed") or 0)
+    r.hset(meta, "retired_closed", closed - 70_001)  # as if 70 s went by
+    retire_a_batch(q)
+    assert r.hlen(K(qname, "retired:old")) == 60_128 and not r.exists(K(qname, "retired"))
+    assert 0 < r.pttl(K(qname, "retired:old")) <= HELD_TTL_MS
+    retire_a_batch(q)
+    assert r.pttl(K(qname, "retired")) == -1  # a normal generation: no TTL
+    assert untimed_ids(r, qname) <= 2 * RETIRED_GEN
+    assert q.check() == []
