@@ -141,3 +141,81 @@ def test_a_burst_s_retired_record_is_gone_after_a_quiet_spell(
     assert r.pttl(K(qname, "retired")) == -1  # a normal generation: no TTL
     assert untimed_ids(r, qname) <= 2 * RETIRED_GEN
     assert q.check() == []
+
+
+# What a queue may keep with no TTL after its traffic stopped, each with its owner and
+# the bound the docs state (PROTOCOL §1.3, docs/CAPACITY.md): the queue's own state.
+OWNED = {
+    "meta", "pending", "active", "schedule", "dead", "completed", "ring", "inring",
+    "ringstale", "lanes", "paused", "glimit", "gactive", "gweight", "wake", "grate",
+    "ratewait", "repeat", "repeatfree", "flow:outbox", "events", "metrics:completed",
+    "metrics:failed", "metrics:completed:data", "metrics:failed:data", "retired",
+    "retired:old",
+}  # fmt: skip
+
+
+def untimed(r: redis.Redis, qname: str) -> dict[str, int]:
+    """Every key of the queue without a TTL, by suffix, with its size."""
+    base = K(qname, "")
+    out: dict[str, int] = {}
+    for key in r.scan_iter(match=base + "*", count=1000):
+        if r.pttl(key) != -1:
+            continue
+        kind, name = r.type(key), key.decode()[len(base) :]
+        size = {b"hash": r.hlen, b"zset": r.zcard, b"list": r.llen, b"set": r.scard}
+        out[name] = size[kind](key) if kind in size else (r.xlen(key) if kind == b"stream" else 1)
+    return out
+
+
+def burst(q: echomq.Queue, n: int) -> None:
+    """Every kind of traffic that writes a side key: minted and named ids, a batch, a lane with
+    rate and concurrency limits, kept results, a waiter, events; then everything completes."""
+    q.enable_events(maxlen=100)
+    q.rate_limit(10_000, 60_000)
+    q.rate_limit_lane("A", 10_000, 60_000)
+    q.limit_lane("A", 50)
+    for i in range(n):
+        q.enqueue(b"m%d" % i)
+        q.enqueue(b"n%d" % i, id=ids.mint())
+        q.enqueue(b"g%d" % i, group="A", dedup=f"d{i}")
+    q.enqueue_many([b"b%d" % i for i in range(n)])
+    q.enqueue_many([(ids.mint(), b"c%d" % i) for i in range(n)])
+    done = 0
+    while True:
+        held = q.claim_batch(100)
+        if not held:
+            break
+        for j in held:
+            q.complete(j.id, j.token, result=b"r", keep_result_ms=60_000)
+        done += len(held)
+    assert done == 5 * n
+    kept = q.result(j.id)
+    assert kept is not None
+
+
+def test_after_a_burst_only_owned_keys_stay_and_within_their_bounds(
+    q: echomq.Queue,
+    r: redis.Redis,
+    qname: str,
+    other_db: tuple[echomq.Queue, redis.Redis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quiet hour, read from the keys: after a burst on one queue name on two databases
+    of one process, every key either carries a TTL (so it is gone after the hour: the
+    longest here is a kept result's 60 s, a marker's replay_ms + 2 s, a held-back retired
+    generation's 140 s) or is the queue's own state, listed in OWNED with its bound."""
+    monkeypatch.setattr(_produce, "_second", lambda: 1_800_000_456)  # one marker second
+    q1, r1 = other_db
+    for queue, client in ((q, r), (q1, r1)):
+        burst(queue, 150)
+        left = untimed(client, qname)
+        assert set(left) <= OWNED, set(left) - OWNED
+        assert left.get("wake", 0) <= 64
+        assert left.get("events", 0) <= 200  # MAXLEN ~ 100: whole macro nodes past it
+        assert left.get("metrics:completed:data", 0) <= 1440
+        assert left.get("retired", 0) + left.get("retired:old", 0) <= 2 * RETIRED_GEN
+        for gone in ("pending", "active", "schedule", "lanes", "inring", "gactive"):
+            assert left.get(gone, 0) == 0, gone
+        for key in client.scan_iter(match=K(qname, "*"), count=1000):
+            assert client.pttl(key) <= 140_000, key  # every timed key: gone within the hour
+        assert queue.check() == []
