@@ -321,7 +321,7 @@ elseif section == 'ttls' then
   -- Keys that live by their TTL alone, no script deleting them (PROTOCOL §1.3): a replay
   -- marker, a rate-limit counter (its window never reopens without one), a kept result, its
   -- wake list, a waiter's registration. One without a TTL stays forever (issue 37).
-  local r = rcall('SCAN', where, 'MATCH', base .. '*', 'COUNT', count)
+  local r = rcall('SCAN', where, 'MATCH', ARGV[1] .. '*', 'COUNT', count)  -- all, as obliterate
   nxt = r[1]
   for _, key in ipairs(r[2]) do
     local rest = string.sub(key, #base + 1)
