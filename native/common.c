@@ -131,11 +131,14 @@ void emq_retire(emq *e, const emq_sv *pairs, int n) {
         for (int j = 0; j < m; j++) args[1 + j] = pairs[i + j];
         emq_hsetv(e, m + 1, args);
     }
-    /* Look at the size on a big batch, or about one small call in eight (the first id's
-     * last byte: ids end in a sequence). */
+    /* Look at the size on a big batch, or about one small call in eight: the sum of the
+     * first id's bytes, not its last byte alone, which ids a caller names may all share
+     * (common.lua retire: such deletions never looked, and the generation grew unbounded). */
     if (n < 64) {
         if (pairs[0].n == 0) emq_fail(e, "ERR empty id");
-        if ((unsigned char)pairs[0].p[pairs[0].n - 1] % 8 != 0) return;
+        unsigned sum = 0;
+        for (size_t i = 0; i < pairs[0].n; i++) sum += (unsigned char)pairs[0].p[i];
+        if (sum % 8 != 0) return;
     }
     if (emq_hlen(e, rk) >= RETIRED_GEN) {
         /* The generation before goes only once it was closed EMQ_ID_REPLAY_MS ago (meta

@@ -143,6 +143,28 @@ def test_a_burst_s_retired_record_is_gone_after_a_quiet_spell(
     assert q.check() == []
 
 
+def test_single_deletions_of_ids_that_end_alike_still_rotate_the_record(
+    q: echomq.Queue, r: redis.Redis, qname: str
+) -> None:
+    """Finding M3: a small settle call looked at the record's size only when its first id's
+    last byte was a multiple of 8. Ids a caller names may all end alike (here every id is
+    `encode('JOB', n)` with n = 10 mod 62: they all end in 'A', byte 65): their single
+    deletions never looked, the generation never rotated and grew without bound. 200 such
+    completions on a full generation whose rotation is free must rotate it."""
+    plant_generation(r, K(qname, "retired"), RETIRED_GEN, "full")
+    r.hset(K(qname, "meta"), "retired_closed", 1)  # the generation before closed long ago
+    for i in range(200):
+        jid = ids.encode("JOB", (1_000_000 + i) * 62 + 10)
+        assert jid.endswith("A")
+        q.enqueue(b"x", id=jid)
+        job = q.claim()
+        assert job is not None and job.id == jid
+        q.complete(job.id, job.token)
+    assert r.hlen(K(qname, "retired:old")) >= RETIRED_GEN  # rotated
+    assert r.hlen(K(qname, "retired")) < 200
+    assert q.check() == []
+
+
 # What a queue may keep with no TTL after its traffic stopped, each with its owner and
 # the bound the docs state (PROTOCOL §1.3, docs/CAPACITY.md): the queue's own state.
 OWNED = {

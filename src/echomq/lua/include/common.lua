@@ -144,10 +144,17 @@ local function retire(base, pairs_)
       rcall('HSET', rk, unpack(pairs_, i, math.min(i + 999, #pairs_)))
     end
   end
-  -- The size is looked at on a big batch, or when the first id's last byte is a multiple of
-  -- 8 (about one small call in eight: ids end in a sequence): a generation may pass
-  -- RETIRED_GEN by what a few small calls retire, no more.
-  if #pairs_ < 64 and string.byte(pairs_[1], -1) % 8 ~= 0 then return end
+  -- The size is looked at on a big batch, or when the sum of the first id's bytes is a
+  -- multiple of 8 (about one small call in eight): a generation may pass RETIRED_GEN by what
+  -- a few small calls retire, no more. The sum, not the last byte alone: ids a caller names
+  -- may all end alike (every `encode('JOB', n)` of an n = 10 mod 62 ends in 'A'), and
+  -- single deletions of such ids never looked, so the generation never rotated and grew
+  -- without bound (issue 37).
+  if #pairs_ < 64 then
+    local id, sum = pairs_[1], 0
+    for i = 1, #id do sum = sum + string.byte(id, i) end
+    if sum % 8 ~= 0 then return end
+  end
   if rcall('HLEN', rk) >= RETIRED_GEN then
     local now = now_ms()
     local closed = tonumber(rcall('HGET', base .. 'meta', 'retired_closed') or '')
