@@ -224,10 +224,20 @@ local function core()
   end
 end
 
--- The keys that must carry a TTL (the ttls section), by the head of their suffix.
-local TIMED = {'recent:', 'limiter', 'result:', 'notify:', 'want:'}
-local TIMED_WHAT = {['recent:'] = 'replay marker', limiter = 'rate-limit counter',
-  ['result:'] = 'kept result', ['notify:'] = 'result wake list', ['want:'] = 'waiter mark'}
+-- The keys that must carry a TTL (the ttls section), by the head of their suffix, and what
+-- each is called in a violation; `limiter` alone is the queue's own rate-limit counter.
+local TIMED = {'recent:', 'limiter:', 'result:', 'notify:', 'want:'}
+local TIMED_WHAT = {['recent:'] = 'replay marker', ['limiter:'] = 'rate-limit counter',
+  limiter = 'rate-limit counter', ['result:'] = 'kept result',
+  ['notify:'] = 'result wake list', ['want:'] = 'waiter mark'}
+
+local function timed_head(rest)
+  if rest == 'limiter' then return rest end
+  for _, head in ipairs(TIMED) do
+    if string.sub(rest, 1, #head) == head then return head end
+  end
+  return nil
+end
 
 local function is_inf(score)
   return score and tonumber(score) == math.huge
@@ -248,7 +258,8 @@ local function repeat_of(name, key)
   elseif f[1] == '1' and not is_inf(score) then
     bad('repeat ' .. name .. ' is paused but due at ' .. score .. ': it would fire')
   elseif f[2] and tonumber(f[3] or '0') >= tonumber(f[2]) and not is_inf(score) then
-    bad('repeat ' .. name .. ' is spent (fired ' .. (f[3] or '0') .. ' of ' .. f[2] .. ') but due at ' .. score .. ': it would fire again')
+    bad('repeat ' .. name .. ' is spent (fired ' .. (f[3] or '0') .. ' of ' .. f[2]
+      .. ') but due at ' .. score .. ': it would fire again')
   end
   if f[2] and f[3] and tonumber(f[3]) > tonumber(f[2]) then
     bad('repeat ' .. name .. ' fired ' .. f[3] .. ' times, past its limit ' .. f[2])
@@ -256,9 +267,11 @@ local function repeat_of(name, key)
   if f[4] then
     local minted = tonumber(rcall('HGET', base .. 'meta', 'repeat_slots') or '0')
     if not tonumber(f[4]) or tonumber(f[4]) >= minted then
-      bad('repeat ' .. name .. ' holds slot ' .. f[4] .. ', not below the ' .. minted .. ' slots minted: a new repeat may take it')
+      bad('repeat ' .. name .. ' holds slot ' .. f[4] .. ', not below the ' .. minted
+        .. ' slots minted: a new repeat may take it')
     elseif rcall('LPOS', base .. 'repeatfree', f[4]) then
-      bad('repeat ' .. name .. ' holds slot ' .. f[4] .. ', which is also free: a new repeat may take it')
+      bad('repeat ' .. name .. ' holds slot ' .. f[4]
+        .. ', which is also free: a new repeat may take it')
     end
   end
 end
@@ -325,12 +338,9 @@ elseif section == 'ttls' then
   nxt = r[1]
   for _, key in ipairs(r[2]) do
     local rest = string.sub(key, #base + 1)
-    for _, head in ipairs(TIMED) do
-      if string.sub(rest, 1, #head) == head then
-        if rest ~= 'limiter' and head == 'limiter' and string.sub(rest, 8, 8) ~= ':' then break end
-        if rcall('PTTL', key) == -1 then bad('the ' .. TIMED_WHAT[head] .. ' ' .. rest .. ' has no TTL: it never expires') end
-        break
-      end
+    local head = timed_head(rest)
+    if head and rcall('PTTL', key) == -1 then
+      bad('the ' .. TIMED_WHAT[head] .. ' ' .. rest .. ' has no TTL: it never expires')
     end
   end
 elseif section == 'repeats' then
