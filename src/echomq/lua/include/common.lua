@@ -152,6 +152,7 @@ local function retire(base, pairs_)
   -- without bound (issue 37).
   if #pairs_ < 64 then
     local id, sum = pairs_[1], 0
+    if #id == 0 then error({err = 'ERR empty id'}) end  -- as native/common.c refuses it
     for i = 1, #id do sum = sum + string.byte(id, i) end
     if sum % 8 ~= 0 then return end
   end
