@@ -225,6 +225,9 @@ SLOW_TESTS = frozenset(
         "tests/worker/test_worker_procs.py::test_sigterm_lets_in_flight_jobs_finish_within_grace",
         "tests/worker/test_worker_procs.py::test_sigterm_past_grace_hands_jobs_back_at_once",
         "tests/worker/test_worker_procs.py::test_thousand_jobs_through_two_worker_processes",
+        "tests/protocol/test_memory_bounds.py::test_after_a_burst_only_owned_keys_stay_and_within_their_bounds",
+        "tests/protocol/test_memory_bounds.py::test_a_burst_s_retired_record_is_gone_after_a_quiet_spell",
+        "tests/protocol/test_check_memory.py::test_a_grown_retired_generation_without_a_ttl",
     }
 )
 

@@ -150,6 +150,7 @@ class Keys:
         "glimit",
         "gweight",
         "lanes",
+        "marker_ttls",
         "max_payload",
         "meta",
         "name",
@@ -173,6 +174,11 @@ class Keys:
         self.meta, self.ring, self.wake = b + "meta", b + "ring", b + "wake"
         self.lanes, self.paused = b + "lanes", b + "paused"
         self.glimit, self.gactive, self.gweight = b + "glimit", b + "gactive", b + "gweight"
+        # replay_ms -> (client second, nonce prefixes): the replay-marker keys whose TTL a
+        # call through these Keys has set (_produce). Kept here, not per queue name in the
+        # process: a Queue talks to one server and database, and a process that talks to
+        # several under one queue name must flag its first call to each one's key (issue 37).
+        self.marker_ttls: dict[int, tuple[int, set[str]]] = {}
 
     def job(self, job_id: str) -> str:
         """The row key; the id is gated here, before any I/O."""

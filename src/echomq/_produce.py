@@ -58,12 +58,13 @@ def _nonce() -> str:
     return f"{_nonces.getrandbits(48):012x}"
 
 
-# The replay-marker keys (include/admit.lua) this process has seen take a TTL: per queue and
-# replay_ms, the client-clock second they belong to and the nonce prefixes (one key each)
-# whose TTL a call of ours has set. Until one has, every call to that key asks the script to
-# set it (flag 'x'), so a key is never left without one by us; after, the key's later
-# markers come within that second and cost one HSET. A new second starts the set afresh.
-_marker_ttls: dict[str, tuple[int, set[str]]] = {}
+# The replay-marker keys (include/admit.lua) that take a TTL: per Keys (one queue on one
+# server and database: Keys.marker_ttls) and replay_ms, the client-clock second they belong
+# to and the nonce prefixes (one key each) whose TTL a call of ours has set. Until one has,
+# every call to that key asks the script to set it (flag 'x'), so a key is never left
+# without one by us; after, the key's later markers come within that second and cost one
+# HSET. A new second starts the set afresh. Not per queue name: a process that enqueues into
+# one queue name on two servers or databases wrote the second one's markers with no TTL.
 # The answers of a call whose first copy wrote its marker (with the TTL, when flagged 'x').
 _MARKED = frozenset(("enqueued", "scheduled", "replayed", "replayed:scheduled"))
 
@@ -94,15 +95,15 @@ def _second() -> int:
     return int(time.time())
 
 
-def _needs_ttl(scope: str, second: int, nn: str) -> bool:
-    got = _marker_ttls.get(scope)
+def _needs_ttl(k: Keys, replay_ms: int, second: int, nn: str) -> bool:
+    got = k.marker_ttls.get(replay_ms)
     return got is None or got[0] != second or nn not in got[1]
 
 
-def _ttl_set(scope: str, second: int, nn: str) -> None:
-    got = _marker_ttls.get(scope)
+def _ttl_set(k: Keys, replay_ms: int, second: int, nn: str) -> None:
+    got = k.marker_ttls.get(replay_ms)
     if got is None or got[0] < second:
-        _marker_ttls[scope] = (second, {nn})
+        k.marker_ttls[replay_ms] = (second, {nn})
     elif got[0] == second:
         got[1].add(nn)
 
@@ -148,7 +149,7 @@ def enqueue(
 
     for _ in range(_REMINT_TRIES):
         # flags: 'f' the id was minted here (never handed out: the script skips the retired
-        # record), 'r' a resend, 'x' set the replay marker key's TTL (see _marker_ttls).
+        # record), 'r' a resend, 'x' set the replay marker key's TTL (see _needs_ttl).
         flags = "f" if minted else ""
         second = 0
         if nonce:
@@ -156,7 +157,7 @@ def enqueue(
             # resend): the script reads no clock for it and a resend reads one field.
             second = _second()
             nonce = _bucket(scope, second) + nonce[2:]
-            if _needs_ttl(scope, second, nonce[:2]):
+            if _needs_ttl(k, replay_ms, second, nonce[:2]):
                 flags += "x"
             tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
         else:
@@ -186,7 +187,7 @@ def enqueue(
                 call = _call("enqueue", keys, resend, _s)
                 resent = True
         if "x" in flags and status in _MARKED:
-            _ttl_set(scope, second, nonce[:2])  # that call wrote the marker and its TTL
+            _ttl_set(k, replay_ms, second, nonce[:2])  # that call wrote the marker and its TTL
         if status == "replayed":
             return Enqueued(jid, "enqueued")
         if status == "replayed:scheduled":

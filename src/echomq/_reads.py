@@ -94,7 +94,9 @@ def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
     streams: list[tuple[str, str, int]] = [("core", "", 0), ("ring", "", 0)]
     places = ("pending", "active", "schedule", "dead", "completed")
     streams += [("members", place, 0) for place in places]
-    streams += [("lanes", "0", 0), ("rows", "0", 0), ("results", "0", 0), ("dedups", "0", 0)]
+    scans = ("lanes", "rows", "results", "dedups", "ttls", "repeats")
+    streams += [(section, "0", 0) for section in scans]
+    streams.append(("repeatidx", "", 0))
     found: dict[str, None] = {}
     lanes: dict[str, None] = {}
     while streams:
@@ -109,7 +111,7 @@ def check(k: Keys, window: int = 1000) -> Plan[list[str]]:
                 if g not in lanes:
                     lanes[g] = None
                     follow.append(("members", "lane:" + g, 0))
-            if section in ("lanes", "rows", "results", "dedups"):
+            if section in scans:
                 if nxt != "0":
                     follow.append((section, nxt, 0))
             elif nxt != "-1":

@@ -158,7 +158,6 @@ def test_the_ttl_flag_goes_until_a_call_to_that_key_admitted(
     keys = iter(["ab", "ab", "ab", "cd", "ab"])
     monkeypatch.setattr(_produce, "_second", lambda: clock[0])
     monkeypatch.setattr(_produce, "_bucket", lambda scope, second: next(keys))
-    monkeypatch.setattr(_produce, "_marker_ttls", {})
     k = _p.Keys("ttlflag")
 
     def send(answer: str) -> str:

@@ -8,10 +8,12 @@
   between slices can hide a violation from this pass; it cannot invent one.
   KEYS[1] meta      HASH  emq:{q}:meta   (pins the queue's slot for the base and the SCANs)
   ARGV[1] base            emq:{q}:   (a glob-safe prefix)
-  ARGV[2] section         core | members | lanes | ring | rows | results | dedups
+  ARGV[2] section         core | members | lanes | ring | rows | results | dedups | ttls |
+                          repeats | repeatidx
   ARGV[3] where           members: pending | active | schedule | dead | completed | lane:<g>; lanes,
-                          rows, results, dedups: the SCAN cursor ('0' to start); core, ring: ''
-  ARGV[4] offset          members, ring: the window's start (0 to start)
+                          rows, results, dedups, ttls, repeats: the SCAN cursor ('0' to start);
+                          core, ring, repeatidx: ''
+  ARGV[4] offset          members, ring, repeatidx: the window's start (0 to start)
   ARGV[5] count           > 0, the window / SCAN COUNT
   Returns {{violation, ...}, next, {lane, ...}}: next is the offset or cursor to continue
     from, -1 / '0' when the section is done; the lanes section lists the lanes it found
@@ -212,6 +214,66 @@ local function core()
   for g, n in pairs(by_group) do
     if not seen[g] then bad('gactive misses lane ' .. g .. ' with ' .. n .. ' active') end
   end
+  -- The retired record: a generation grows past RETIRED_GEN only while its rotation is held
+  -- back, and then carries a TTL (common.lua retire); twice that with none stays forever.
+  for _, gen in ipairs({'retired', 'retired:old'}) do
+    local n = rcall('HLEN', base .. gen)
+    if n > 2 * RETIRED_GEN and rcall('PTTL', base .. gen) == -1 then
+      bad('the retired record\'s ' .. gen .. ' holds ' .. n .. ' ids and no TTL: it never shrinks')
+    end
+  end
+end
+
+-- The keys that must carry a TTL (the ttls section), by the head of their suffix, and what
+-- each is called in a violation; `limiter` alone is the queue's own rate-limit counter.
+local TIMED = {'recent:', 'limiter:', 'result:', 'notify:', 'want:'}
+local TIMED_WHAT = {['recent:'] = 'replay marker', ['limiter:'] = 'rate-limit counter',
+  limiter = 'rate-limit counter', ['result:'] = 'kept result',
+  ['notify:'] = 'result wake list', ['want:'] = 'waiter mark'}
+
+local function timed_head(rest)
+  if rest == 'limiter' then return rest end
+  for _, head in ipairs(TIMED) do
+    if string.sub(rest, 1, #head) == head then return head end
+  end
+  return nil
+end
+
+local function is_inf(score)
+  return score and tonumber(score) == math.huge
+end
+
+-- One repeat's spec: listed in the index; a paused or spent one scored +inf (never due); no
+-- more fires than its limit; its slot below the counter of slots minted and not free for
+-- another repeat to take (a shared slot is a shared occurrence id: one of them never fires).
+local function repeat_of(name, key)
+  if rcall('TYPE', key)['ok'] ~= 'hash' then
+    bad('repeat ' .. name .. ' has a spec that is not a hash')
+    return
+  end
+  local f = rcall('HMGET', key, 'paused', 'limit', 'fired', 'slot')
+  local score = rcall('ZSCORE', base .. 'repeat', name)
+  if not score then
+    bad('repeat ' .. name .. ' has a spec but no entry in the repeat index: it never fires')
+  elseif f[1] == '1' and not is_inf(score) then
+    bad('repeat ' .. name .. ' is paused but due at ' .. score .. ': it would fire')
+  elseif f[2] and tonumber(f[3] or '0') >= tonumber(f[2]) and not is_inf(score) then
+    bad('repeat ' .. name .. ' is spent (fired ' .. (f[3] or '0') .. ' of ' .. f[2]
+      .. ') but due at ' .. score .. ': it would fire again')
+  end
+  if f[2] and f[3] and tonumber(f[3]) > tonumber(f[2]) then
+    bad('repeat ' .. name .. ' fired ' .. f[3] .. ' times, past its limit ' .. f[2])
+  end
+  if f[4] then
+    local minted = tonumber(rcall('HGET', base .. 'meta', 'repeat_slots') or '0')
+    if not tonumber(f[4]) or tonumber(f[4]) >= minted then
+      bad('repeat ' .. name .. ' holds slot ' .. f[4] .. ', not below the ' .. minted
+        .. ' slots minted: a new repeat may take it')
+    elseif rcall('LPOS', base .. 'repeatfree', f[4]) then
+      bad('repeat ' .. name .. ' holds slot ' .. f[4]
+        .. ', which is also free: a new repeat may take it')
+    end
+  end
 end
 
 local nxt, found = -1, {}
@@ -268,6 +330,33 @@ elseif section == 'dedups' then
       bad('dedup key ' .. string.sub(key, #base + 4) .. ' is held by ' .. holder .. ', which is gone')
     end
   end
+elseif section == 'ttls' then
+  -- Keys that live by their TTL alone, no script deleting them (PROTOCOL §1.3): a replay
+  -- marker, a rate-limit counter (its window never reopens without one), a kept result, its
+  -- wake list, a waiter's registration. One without a TTL stays forever (issue 37).
+  local r = rcall('SCAN', where, 'MATCH', ARGV[1] .. '*', 'COUNT', count)  -- all, as obliterate
+  nxt = r[1]
+  for _, key in ipairs(r[2]) do
+    local rest = string.sub(key, #base + 1)
+    local head = timed_head(rest)
+    if head and rcall('PTTL', key) == -1 then
+      bad('the ' .. TIMED_WHAT[head] .. ' ' .. rest .. ' has no TTL: it never expires')
+    end
+  end
+elseif section == 'repeats' then
+  -- Each repeat's spec against its entry in the index (`repeat`, scored by the next fire)
+  -- and the slot counter its occurrence ids are built from (§5.4).
+  local r = rcall('SCAN', where, 'MATCH', base .. 'repeat:*', 'COUNT', count)
+  nxt = r[1]
+  for _, key in ipairs(r[2]) do repeat_of(string.sub(key, #base + 8), key) end
+elseif section == 'repeatidx' then
+  local names = rcall('ZRANGE', base .. 'repeat', offset, offset + count - 1)
+  for _, name in ipairs(names) do
+    if rcall('EXISTS', base .. 'repeat:' .. name) == 0 then
+      bad('the repeat index lists ' .. name .. ', which has no spec')
+    end
+  end
+  if #names == count then nxt = offset + count end
 elseif section == 'rows' then
   local r = rcall('SCAN', where, 'MATCH', base .. 'job:*', 'COUNT', count)
   nxt = r[1]

@@ -119,8 +119,9 @@ end
 -- one HASH (id -> attempts): p..retired takes every retirement; once it holds RETIRED_GEN ids
 -- it becomes p..retired:old, dropping the generation before -- but only once that one was
 -- closed ID_REPLAY_MS ago or more (meta `retired_closed`, the server ms of the last
--- rotation); until then the current generation grows on. So the last RETIRED_GEN retirements
--- (up to twice that), and every retirement of the last ID_REPLAY_MS, are remembered, for one
+-- rotation); until then the current generation grows on, with a TTL (below). So the last
+-- RETIRED_GEN retirements (up to twice that) when they come slower than RETIRED_GEN per
+-- ID_REPLAY_MS, and every retirement of the last ID_REPLAY_MS, are remembered, for one
 -- HSET per settle call and an HLEN on about one small call in eight (docs/RELIABILITY.md).
 -- An id older than both restarts at 0.
 --
@@ -143,14 +144,34 @@ local function retire(base, pairs_)
       rcall('HSET', rk, unpack(pairs_, i, math.min(i + 999, #pairs_)))
     end
   end
-  -- The size is looked at on a big batch, or when the first id's last byte is a multiple of
-  -- 8 (about one small call in eight: ids end in a sequence): a generation may pass
-  -- RETIRED_GEN by what a few small calls retire, no more.
-  if #pairs_ < 64 and string.byte(pairs_[1], -1) % 8 ~= 0 then return end
+  -- The size is looked at on a big batch, or when the sum of the first id's bytes is a
+  -- multiple of 8 (about one small call in eight): a generation may pass RETIRED_GEN by what
+  -- a few small calls retire, no more. The sum, not the last byte alone: ids a caller names
+  -- may all end alike (every `encode('JOB', n)` of an n = 10 mod 62 ends in 'A'), and
+  -- single deletions of such ids never looked, so the generation never rotated and grew
+  -- without bound (issue 37).
+  if #pairs_ < 64 then
+    local id, sum = pairs_[1], 0
+    if #id == 0 then error({err = 'ERR empty id'}) end  -- as native/common.c refuses it
+    for i = 1, #id do sum = sum + string.byte(id, i) end
+    if sum % 8 ~= 0 then return end
+  end
   if rcall('HLEN', rk) >= RETIRED_GEN then
     local now = now_ms()
     local closed = tonumber(rcall('HGET', base .. 'meta', 'retired_closed') or '')
-    if closed and closed <= now and now - closed < ID_REPLAY_MS then return end
+    if closed and closed <= now and now - closed < ID_REPLAY_MS then
+      -- Held back: this generation grows past RETIRED_GEN (a burst) and would stay that
+      -- large through any quiet spell after it, no deletion coming to rotate it. It is
+      -- needed only for ID_REPLAY_MS after its last retirement (the replay rule; the token
+      -- rule's window is RETIRED_GEN retirements, which a burst passes), so it takes a TTL,
+      -- pushed on by every look during the hold and kept by the RENAME that makes it
+      -- retired:old: the server drops it after the burst (issue 37). Looks come on every
+      -- batch of 64 and about one small call in eight, and the hold ends ID_REPLAY_MS after
+      -- the last rotation, so a retirement in it outlives its ID_REPLAY_MS unless no look
+      -- followed it for ID_REPLAY_MS while the hold lasted.
+      rcall('PEXPIRE', rk, 2 * ID_REPLAY_MS)
+      return
+    end
     -- UNLINK: the dropped generation is freed off the main thread (it may hold 25k fields).
     rcall('UNLINK', base .. 'retired:old')
     rcall('RENAME', rk, base .. 'retired:old')
