@@ -51,7 +51,17 @@ FIND_KINDS = ("id", "task", "error")
 PREVIEW = 80  # characters of an arguments preview
 _ID_PREFIX = re.compile(r"^[0-9A-Za-z]{1,14}$")
 _JSON = JSON()
-_MSGPACK = MsgPack()
+# The msgpack serializer is built when a payload first needs it, not at import: msgpack is an
+# optional extra, and the CLI imports this module on a base install (issue 36).
+_MSGPACK: list[Serializer] = []
+
+
+def _msgpack() -> Serializer:
+    """The shared ``MsgPack()``; :class:`~echomq.errors.MissingExtra` without the extra
+    (``preview`` then shows the payload's bytes)."""
+    if not _MSGPACK:
+        _MSGPACK.append(MsgPack())
+    return _MSGPACK[0]
 
 
 @dataclass
@@ -99,7 +109,7 @@ def _serializer_for(app_serializer: Serializer | None, data: bytes) -> Serialize
     if data[:1] in (b"[", b"{"):
         return _JSON
     if data and (0x80 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD, 0xDE, 0xDF)):
-        return _MSGPACK
+        return _msgpack()
     return _JSON
 
 
