@@ -13,6 +13,7 @@ CLI makes; a bulk action is many of them, not one transaction.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,17 +52,14 @@ FIND_KINDS = ("id", "task", "error")
 PREVIEW = 80  # characters of an arguments preview
 _ID_PREFIX = re.compile(r"^[0-9A-Za-z]{1,14}$")
 _JSON = JSON()
-# The msgpack serializer is built when a payload first needs it, not at import: msgpack is an
-# optional extra, and the CLI imports this module on a base install (issue 36).
-_MSGPACK: list[Serializer] = []
 
 
+@functools.cache
 def _msgpack() -> Serializer:
-    """The shared ``MsgPack()``; :class:`~echomq.errors.MissingExtra` without the extra
-    (``preview`` then shows the payload's bytes)."""
-    if not _MSGPACK:
-        _MSGPACK.append(MsgPack())
-    return _MSGPACK[0]
+    """The shared ``MsgPack()``, built when a payload first needs it, not at import: msgpack
+    is an optional extra and the CLI imports this module on a base install (issue 36).
+    Without the extra, :class:`~echomq.errors.MissingExtra` (``preview`` shows the bytes)."""
+    return MsgPack()
 
 
 @dataclass
