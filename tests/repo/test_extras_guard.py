@@ -172,6 +172,13 @@ def test_a_missing_extra_is_one_line_when_its_feature_is_used() -> None:
         ):
             r = runner.invoke(main, cmd, prog_name="echomq")
             out[cmd[0]] = [r.exit_code, r.output, repr(r.exception)]
+        # A worker of an app whose serializer is msgpack: refused as it loads the app.
+        import os, tempfile
+        os.chdir(tempfile.mkdtemp())
+        with open("emq_msgpack_app.py", "w") as f:
+            f.write("import echomq\\napp = echomq.App(serializer='msgpack')\\n")
+        r = runner.invoke(main, ["worker", "emq_msgpack_app:app"], prog_name="echomq")
+        out["worker-app"] = [r.exit_code, r.output, repr(r.exception)]
         print(json.dumps(out))
         """
     )
@@ -182,12 +189,17 @@ def test_a_missing_extra_is_one_line_when_its_feature_is_used() -> None:
         assert (extra, module, is_import_error) == ("msgpack", "msgpack", True)
         assert message.endswith("pip install 'echomq[msgpack]'"), message
     assert got["preview"] == [None, repr(b"\x93\xa1t\x90\x80")]
-    for cmd in ("dashboard", "metrics", "worker"):
+    for cmd, extra in (
+        ("dashboard", "web"),
+        ("metrics", "web"),
+        ("worker", "web"),
+        ("worker-app", "msgpack"),
+    ):
         code, output, _exc = got[cmd]
         assert code == 2, (cmd, output)
         lines = output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), (cmd, output)
-        assert "pip install 'echomq[web]'" in lines[0], (cmd, output)
+        assert f"pip install 'echomq[{extra}]'" in lines[0], (cmd, output)
         assert "Traceback" not in output
 
 
