@@ -31,7 +31,9 @@ from conftest import wait_for
 from echomq import _extras
 from echomq.server import EmbeddedServer, free_port
 
-pytestmark = pytest.mark.slow  # a wheel build, four venvs and a pip install into each
+# A wheel build and four pip installs: the first test to need a venv waits for its install
+# (about two minutes on a busy two-core machine), over the suite's 300 s per test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
