@@ -247,6 +247,10 @@ class MissingExtra(EchoMQError, ImportError):
             name=module,
         )
 
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str, str, str]]:
+        # Pickled by its fields (a handler's error crosses from a process-pool child).
+        return (MissingExtra, (self.extra, self.feature, self.module))
+
 
 _BY_WORD: dict[str, type[_WireError]] = {
     cls.word: cls for cls in (KindError, StaleToken, StateError, Locked, RateLimited)

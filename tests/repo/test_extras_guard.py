@@ -221,3 +221,20 @@ def test_the_extras_are_pyprojects() -> None:
         if extra != "dev"
     }
     assert declared == _extras.EXTRAS
+
+
+def test_missing_extra_pickles() -> None:
+    """A handler's MissingExtra crosses from a process-pool child to its worker pickled."""
+    import pickle
+
+    from echomq import MissingExtra
+
+    sent = MissingExtra("web", "the dashboard", "starlette")
+    got = pickle.loads(pickle.dumps(sent))
+    assert isinstance(got, MissingExtra) and isinstance(got, ImportError)
+    assert (got.extra, got.feature, got.module, str(got)) == (
+        sent.extra,
+        sent.feature,
+        sent.module,
+        str(sent),
+    )
