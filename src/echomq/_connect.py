@@ -66,9 +66,11 @@ __all__ = [
     "map_error",
     "parse_url",
     "pid_alive",
+    "pid_namespace",
     "read_record",
     "recorded_url",
     "resolve_url",
+    "run_id",
     "script_args",
     "server_of",
     "state_dir",
@@ -186,8 +188,45 @@ def read_record(directory: Path | None = None) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else {}
 
 
+def pid_namespace() -> str | None:
+    """This process's PID namespace (``pid:[4026531836]``), recorded beside a server's pid:
+    a pid means something only in its own namespace. None where Linux does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def run_id(socket_path: str | None, url: str, timeout: float = 1.0) -> str | None:
+    """The ``run_id`` the server at ``socket_path`` (when that file exists) or ``url``
+    answers ``INFO server`` with: random per server start, so it names one server run.
+    None when it does not answer within ``timeout``."""
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if socket_path and os.path.exists(socket_path):
+        client = redis.Redis(unix_socket_path=socket_path, **options)
+    else:
+        client = redis.Redis.from_url(url, **options)
+    try:
+        found = client.info("server").get("run_id")
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        client.close()
+    return str(found) if found else None
+
+
 def _live(info: dict[str, Any]) -> bool:
     pid, port = int(info["pid"]), int(info["port"])
+    theirs, recorded_run = info.get("pidns"), info.get("run_id")
+    if theirs and recorded_run and theirs != pid_namespace():
+        # Recorded from another PID namespace (one container writes, another reads the
+        # shared .echomq/): the pid names nothing here. The server is asked instead, and
+        # only the run recorded counts, not a server started on the port since (issue 36).
+        return run_id(info.get("socket"), str(info["url"])) == str(recorded_run)
     return pid_alive(pid) and _is_server_process(pid, port)
 
 
@@ -195,7 +234,10 @@ def recorded_url(directory: Path | None = None) -> str | None:
     """The URL of a live ``echomq server`` recorded in ``<state dir>/server.json``.
 
     No network I/O: the record is read and its pid checked alive (and, on Linux, still
-    running the recorded port), so resolving a URL never waits on a server.
+    running the recorded port), so resolving a URL never waits on a server; except for a
+    record written in another PID namespace (a container's), whose pid cannot be checked
+    here: that server is asked its ``run_id`` (``INFO``, a 1 s timeout) and must answer the
+    recorded one.
     """
     info = read_record(directory)
     if info and _live(info):
@@ -260,9 +302,10 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
     5. ``redis://127.0.0.1:6379/0``, when nothing at all is configured.
 
     A record whose server is gone raises :class:`~echomq.errors.ServerNotRunning` instead
-    of step 5. No network I/O (step 4 reads a file and checks a pid). Each choice is logged
-    once per process on the ``echomq`` logger, with any password masked: at INFO, and at
-    WARNING for step 5 (a server nobody chose).
+    of step 5. No network I/O (step 4 reads a file and checks a pid; only a server recorded
+    from another PID namespace, whose pid is not visible here, is asked its ``run_id``).
+    Each choice is logged once per process on the ``echomq`` logger, with any password
+    masked: at INFO, and at WARNING for step 5 (a server nobody chose).
     """
     found = configured(explicit, app_url) or Resolved(
         DEFAULT_URL,

@@ -13,6 +13,7 @@ CLI makes; a bulk action is many of them, not one transaction.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,7 +62,14 @@ FIND_KINDS = ("id", "task", "error")
 PREVIEW = 80  # characters of an arguments preview
 _ID_PREFIX = re.compile(r"^[0-9A-Za-z]{1,14}$")
 _JSON = JSON()
-_MSGPACK = MsgPack()
+
+
+@functools.cache
+def _msgpack() -> Serializer:
+    """The shared ``MsgPack()``, built when a payload first needs it, not at import: msgpack
+    is an optional extra and the CLI imports this module on a base install (issue 36).
+    Without the extra, :class:`~echomq.errors.MissingExtra` (``preview`` shows the bytes)."""
+    return MsgPack()
 
 
 @dataclass
@@ -109,7 +117,7 @@ def _serializer_for(app_serializer: Serializer | None, data: bytes) -> Serialize
     if data[:1] in (b"[", b"{"):
         return _JSON
     if data and (0x80 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD, 0xDE, 0xDF)):
-        return _MSGPACK
+        return _msgpack()
     return _JSON
 
 

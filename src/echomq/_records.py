@@ -20,7 +20,8 @@ from echomq.server import EmbeddedServer, state_dir
 
 def _record_server(srv: EmbeddedServer, by: str) -> Path:
     """Write ``server.json`` (atomically: a reader never sees half of it): the server's pid
-    and URL for clients, ``owner`` (this process) and ``by`` for the next server here."""
+    and URL for clients, ``owner`` (this process) and ``by`` for the next server here, and
+    the PID namespace and the server's ``run_id`` for a reader that cannot see the pid."""
     record = state_dir() / "server.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     info = {
@@ -30,6 +31,10 @@ def _record_server(srv: EmbeddedServer, by: str) -> Path:
         "socket": str(srv.socket_path),
         "owner": os.getpid(),
         "by": by,
+        # For a reader in another PID namespace (a container), to which the pid means
+        # nothing: it asks the server for its run_id instead (_connect._live).
+        "pidns": _connect.pid_namespace(),
+        "run_id": _connect.run_id(str(srv.socket_path), srv.url),
     }
     partial = record.with_name(f".server.json.{os.getpid()}")
     partial.write_text(json.dumps(info))

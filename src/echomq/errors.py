@@ -27,8 +27,10 @@
     ├── ServerNotRunning    nothing else configured, and the ``echomq server`` recorded in
     │                       the state dir (``.echomq/server.json``) is not running: raised
     │                       where the URL is resolved, never a silent fallback to 6379
-    └── ExecutorUnavailable executor="native" on a server without the trafikey module (or
-                            another version of it); raised at the first connect
+    ├── ExecutorUnavailable executor="native" on a server without the trafikey module (or
+    │                       another version of it); raised at the first connect
+    └── MissingExtra        (also ``ImportError``) a feature of an optional extra (msgpack,
+                            otel, web) used without it installed; names what to install
 
 Other connection errors of the driver (``redis.TimeoutError``, a ``redis.ConnectionError`` of
 a call that is never resent ...) propagate unchanged.
@@ -49,6 +51,7 @@ __all__ = [
     "JobGone",
     "KindError",
     "Locked",
+    "MissingExtra",
     "PayloadTooLarge",
     "ProtocolError",
     "RateLimited",
@@ -255,6 +258,27 @@ class ExecutorUnavailable(EchoMQError):
     module at the version this client speaks (or refuses ``MODULE LIST``), or a primary
     answered an ``EMQ.*`` command as unknown (a replica without the module was promoted).
     The message names the server or primaries."""
+
+
+class MissingExtra(EchoMQError, ImportError):
+    """A feature of an optional extra was used and the extra is not installed: the message is
+    one line naming the extra to install (``pip install 'echomq[web]'``). ``.extra`` is its
+    name (``msgpack``, ``otel``, ``web``), ``.module`` the module that is missing. Also an
+    ``ImportError``, which is what ``import echomq.web`` raised before it said why."""
+
+    def __init__(self, extra: str, feature: str, module: str) -> None:
+        self.extra = extra
+        self.feature = feature
+        self.module = module
+        super().__init__(
+            f"{feature} needs the {extra} extra (no module named {module!r}): "
+            f"pip install 'echomq[{extra}]'",
+            name=module,
+        )
+
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str, str, str]]:
+        # Pickled by its fields (a handler's error crosses from a process-pool child).
+        return (MissingExtra, (self.extra, self.feature, self.module))
 
 
 _BY_WORD: dict[str, type[_WireError]] = {

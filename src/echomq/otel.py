@@ -22,9 +22,16 @@ from collections.abc import Iterable
 from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from echomq import _extras
+
+# Importing this module is turning tracing on: without the otel extra it says which extra to
+# install (MissingExtra, an ImportError), and nothing else in echomq imports it.
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError as exc:
+    raise _extras.missing("otel", "tracing (echomq.otel)", exc) from exc
 
 from echomq import _envelope
 from echomq.hooks import Hooks

@@ -30,9 +30,22 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import REGISTRY, Collector
+from echomq import _extras
+
+# The web extra's own feature: imported only by what serves metrics (echomq metrics, the
+# dashboard's /metrics, a worker's --metrics-port); without the extra, one line saying so.
+try:
+    from prometheus_client import (
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        generate_latest,
+    )
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import REGISTRY, Collector
+except ImportError as exc:
+    raise _extras.missing("web", "Prometheus metrics (echomq.prometheus)", exc) from exc
 
 from echomq import _inspect, ids
 from echomq._executor import SyncExecutor, sync_client

@@ -1,6 +1,7 @@
 """Serializers turn a task call into payload bytes and back, above the wire (D7).
 
-The default is JSON (orjson); msgpack is available when installed. There is no pickle
+The default is JSON (orjson); msgpack is available with the ``msgpack`` extra
+(``MsgPack()`` without it raises :class:`~echomq.errors.MissingExtra`). There is no pickle
 serializer, and there will not be one: a payload is data, never code.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import orjson
+
+from echomq import _extras
 
 __all__ = ["JSON", "MsgPack", "Serializer", "resolve_serializer"]
 
@@ -40,9 +43,9 @@ class MsgPack:
     name = "msgpack"
 
     def __init__(self) -> None:
-        import msgpack
-
-        self._m = msgpack
+        # Imported here, not with this module: a base install (no msgpack) imports this
+        # module, and only a MsgPack() built says it needs the extra (MissingExtra).
+        (self._m,) = _extras.require("msgpack", "the msgpack serializer")
 
     def dumps(self, obj: Any) -> bytes:
         return bytes(self._m.packb(obj, use_bin_type=True))

@@ -16,7 +16,7 @@ import redis
 
 import echomq
 from conftest import wait_for
-from echomq import _native
+from echomq import _connect, _native
 from echomq.server import EmbeddedServer
 from procs import TESTS_DIR, Spawner, pid_gone, pids_in, wait_log
 
@@ -53,9 +53,12 @@ def test_server_records_itself_and_stops_clean(spawn: Spawner, home: Path, tmp_p
     record = home / "server.json"
     wait_for(record.exists, timeout=15)
     info = json.loads(wait_for(record.read_text))
-    assert set(info) == {"pid", "port", "url", "socket", "owner", "by"}
+    assert set(info) == {"pid", "port", "url", "socket", "owner", "by", "pidns", "run_id"}
     assert (info["owner"], info["by"]) == (srv.pid, "server")
     assert info["url"] == f"redis://127.0.0.1:{info['port']}/0"
+    with redis.Redis.from_url(info["url"]) as client:  # for a reader in another PID namespace
+        assert info["run_id"] == client.info("server")["run_id"]
+    assert info["pidns"] == _connect.pid_namespace()
     wait_log(srv, f"export ECHOMQ_URL={info['url']}")
     assert ping(info["url"])
     assert Path(info["socket"]).parent == (home / "server").resolve()

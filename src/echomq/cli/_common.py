@@ -20,6 +20,7 @@ import redis.exceptions
 from echomq import (
     __version__,
     _connect,
+    _extras,
     _inspect,
 )
 from echomq._records import _record_server, _unrecord
@@ -27,6 +28,7 @@ from echomq.app import App
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
+    MissingExtra,
     ServerNotRunning,
     ServerUnreachable,
 )
@@ -234,6 +236,8 @@ def _load_app(spec: str) -> App:
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
+    except MissingExtra as exc:  # e.g. App(serializer="msgpack") without the msgpack extra
+        _fail(str(exc))
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
@@ -262,12 +266,10 @@ def _import_failed(module_name: str, exc: BaseException) -> None:
     _fail(f"importing {module_name!r} raised {type(exc).__name__}: {exc} (traceback above)")
 
 
-def _needs_web(what: str) -> None:
+def _needs_web(what: str, *modules: str) -> None:
+    """One ``error:`` line naming the web extra when ``what`` cannot import ``modules`` (by
+    default all of the extra's), before the command starts anything."""
     try:
-        import prometheus_client  # noqa: F401
-        import starlette  # noqa: F401
-    except ImportError:
-        _fail(
-            f"{what} needs the web extra: pip install 'echomq[web]' "
-            "(from a clone of the repository: pip install '.[web]')"
-        )
+        _extras.require("web", what, *modules)
+    except MissingExtra as exc:
+        _fail(str(exc))

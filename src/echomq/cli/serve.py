@@ -237,7 +237,7 @@ def metrics_command(
     ctx: click.Context, host: str, port: int, queues: tuple[str, ...], lanes: int | None
 ) -> None:
     """Serve Prometheus metrics on /metrics (PROMETHEUS_MULTIPROC_DIR: every worker's too)."""
-    _needs_web("echomq metrics")
+    _needs_web("echomq metrics", "prometheus_client")
     from echomq import prometheus
 
     url = _url(ctx)

@@ -165,7 +165,7 @@ def worker(
         if value is not None and value < 1:
             _fail(f"{name} must be >= 1, got {value}")
     if metrics_port is not None:
-        _needs_web("echomq worker --metrics-port")
+        _needs_web("echomq worker --metrics-port", "prometheus_client")
     # Set: a spawned, supervised child (read once: a process it starts is not one).
     control = os.environ.pop(_supervisor.CONTROL_FD_ENV, None)
     if control is not None and not control.isdigit():

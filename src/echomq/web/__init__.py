@@ -59,11 +59,20 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from echomq import _extras
+
+# The web extra's own feature (its submodules import starlette and jinja2 too, after this):
+# without the extra, importing it is one line naming what to install (MissingExtra).
+try:
+    import jinja2  # noqa: F401 - echomq.web._views renders with it
+    import prometheus_client  # noqa: F401 - /metrics
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+except ImportError as exc:
+    raise _extras.missing("web", "the dashboard (echomq.web)", exc) from exc
 
 from echomq import _console, _inspect, _registry
 from echomq import _kernel as _k
