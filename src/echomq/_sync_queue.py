@@ -149,6 +149,7 @@ class Queue:
                 dedup_mode=dedup_mode,
                 priority=priority,
                 ttl_ms=ttl_ms,
+                minter=self._x.minter,
             )
         )
 
@@ -175,6 +176,7 @@ class Queue:
                 replay_ms=replay_ms(self._x.retry_for),
                 priority=priority,
                 ttl_ms=ttl_ms,
+                minter=self._x.minter,
             )
         )
 
@@ -513,7 +515,7 @@ class Queue:
 
     def add_flow(self, parent: _c.FlowJob) -> _c.FlowAdded:
         """Add a flow tree in one call: ``parent`` runs after all its children settled."""
-        return self._x.run(_c.add_flow(self._k, parent))
+        return self._x.run(_c.add_flow(self._k, parent, self._x.minter))
 
     def children_values(self, parent_id: str) -> dict[str, bytes]:
         """The results of ``parent_id``'s completed children, by child id."""
