@@ -117,15 +117,13 @@ class _Executor:
         self.durable = durable
         self.durable_timeout_ms = durable_timeout_ms
         self.durable_aof = durable_aof
+        self._fence = Fence()
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         if self._cluster:
             _redispy.route_module_commands(client)
         # The minter of this connection target (D2): its node is leased from the server the
-        # ids are minted for, shared by every queue of this process on the same target. A
-        # new connection may reach a restarted or promoted server that never saw the lease:
-        # the minter renews before its next id.
+        # ids are minted for, shared by every queue of this process on the same target.
         self.minter = ids.minter_for(_target(client))
-        self._fence = Fence(self.minter.recheck)
 
     @property
     def executor(self) -> str | None:

@@ -109,17 +109,12 @@ class Fence:
     """One executor's fence: whether the next call must fence through the client, and
     whether the eviction policy was looked at."""
 
-    def __init__(self, on_connect: Callable[[], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.pending = True
         self.checked = False
-        # Told of every new connection (a restarted or failed-over server among them): the
-        # minter then renews its node lease before its next id (ids.Minter.recheck).
-        self.on_connect = on_connect
 
     # -- the policy, once
     def _on_connection(self) -> Steps:
-        if self.on_connect is not None:
-            self.on_connect()
         try:
             yield from _version()
         except ResponseError as exc:

@@ -244,13 +244,6 @@ class Minter:
                 return None
             return ns + _base62(_id(ms, self.node, self.clock.seq))
 
-    def recheck(self) -> None:
-        """Mint nothing more before the lease is renewed: the client connected anew, maybe to
-        a restarted or promoted server that lost the lease (its next holder could take the
-        node). The renewal answers the same node, or another one with its floor."""
-        with self.lock:
-            self.valid_until = 0.0
-
     def lease_request(self, anywhere: bool = False) -> tuple[str, int, int, int, float, int]:
         """(token, start, lease_ms, hw) for ``node_lease``, then the monotonic time before
         the call and the fork generation: ``granted`` takes both back. The search starts at
