@@ -255,3 +255,51 @@ def test_lease_calls_are_rare_on_the_common_path(q: echomq.Queue, r: redis.Redis
     assert sum(v for k, v in sent.items() if k in ("cmdstat_evalsha", "cmdstat_emq.enqueue")) == 200
     assert "cmdstat_hmget" not in sent and "cmdstat_time" not in sent, sent
     assert _produce.ID_REPLAY_MS == 70_000
+
+
+def test_a_full_node_space_is_a_typed_error_and_writes_no_job(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    """Every node held by a live lease: the enqueue says so (after trying 8 starts) and
+    writes nothing of the queue's."""
+    far = server_ms(r) + 3_600_000
+    held = {f"n:{n}": f"{n:016x}:{far}:0" for n in range(ids.NODES)}
+    before = r.hgetall(keyspace.NODES_KEY)
+    r.hset(keyspace.NODES_KEY, mapping=held)
+    try:
+        q._x.minter = ids.Minter()
+        with pytest.raises(echomq.StateError, match="no free mint node"):
+            q.enqueue(b"x")
+        assert r.zcard(q._k.pending) == 0
+    finally:
+        r.delete(keyspace.NODES_KEY)
+        if before:
+            r.hset(keyspace.NODES_KEY, mapping=before)
+
+
+def test_bad_input_takes_no_lease(q: echomq.Queue, r: redis.Redis) -> None:
+    m = q._x.minter = ids.Minter()
+    with pytest.raises(echomq.InvalidArgument):
+        q.enqueue_many([b"fine", 5])  # type: ignore[list-item]
+    with pytest.raises(echomq.InvalidId):
+        q.add_flow(_c.FlowJob(b"p", children=[_c.FlowJob(b"c", group="bad lane")]))
+    assert not r.hexists(keyspace.NODES_KEY, f"t:{m.token}")
+
+
+def test_each_connection_target_leases_its_own_node(url: str, qname: str) -> None:
+    """A process on two databases (or servers) mints under a node leased on each: the
+    same node number on both is fine, each server's holders are its own."""
+    base = url.rsplit("/", 1)[0]
+    q0 = echomq.Queue(qname, url=base + "/0")
+    q1 = echomq.Queue(qname, url=base + "/1")
+    try:
+        assert q0._x.minter is not q1._x.minter
+        assert echomq.Queue(qname + "x", url=base + "/0")._x.minter is q0._x.minter
+        q0.enqueue(b"a")
+        q1.enqueue(b"b")
+        for q in (q0, q1):
+            token = q._x.minter.token
+            assert q.client.hget(keyspace.NODES_KEY, f"t:{token}") is not None
+    finally:
+        q0.close()
+        q1.close()
