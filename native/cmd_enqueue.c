@@ -38,11 +38,21 @@ void emq_cmd_enqueue(emq *e) {
     }
     int fresh = emq_has_char(flags, 'f');
     /* The id is the marker (admit.lua): a resend of a minted id due now, without a nonce,
-     * within EMQ_ID_REPLAY_MS landed before if its row exists or was retired since. */
+     * within EMQ_ID_REPLAY_MS landed before if its row holds this call's payload, or if the
+     * id was retired since. A row with another payload is another call's (a collision):
+     * the admission below answers "duplicate" and the client mints anew. */
     if (resend && fresh && !nonce.n && emq_eqs(mode, "now") && replay_ms > 0 &&
         replay_ms <= EMQ_ID_REPLAY_MS) {
-        int landed = emq_exists(e, emq_key2(e, EMQ_KP_JOB, id)) == 1;
-        if (!landed) (void)emq_retired_last(e, id, &landed);
+        emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
+        int landed = 0;
+        if (emq_exists(e, jk) == 1) {
+            /* Not a hash (planted): not this call's row either, as the Lua's TYPE check. */
+            const char *fields[1] = {"payload"};
+            emq_sv held[1];
+            landed = emq_hmget(e, jk, 1, fields, held) && held[0].p && emq_eq(held[0], payload);
+        } else {
+            (void)emq_retired_last(e, id, &landed);
+        }
         if (landed) {
             emq_reply_sv(e, EMQ_LIT("replayed"));
             return;

@@ -162,6 +162,7 @@ class AsyncQueue:
                 dedup_mode=dedup_mode,
                 priority=priority,
                 ttl_ms=ttl_ms,
+                minter=self._x.minter,
             )
         )
 
@@ -188,6 +189,7 @@ class AsyncQueue:
                 replay_ms=replay_ms(self._x.retry_for),
                 priority=priority,
                 ttl_ms=ttl_ms,
+                minter=self._x.minter,
             )
         )
 
@@ -534,7 +536,7 @@ class AsyncQueue:
 
     async def add_flow(self, parent: _c.FlowJob) -> _c.FlowAdded:
         """Add a flow tree in one call: ``parent`` runs after all its children settled."""
-        return await self._x.run(_c.add_flow(self._k, parent))
+        return await self._x.run(_c.add_flow(self._k, parent, self._x.minter))
 
     async def children_values(self, parent_id: str) -> dict[str, bytes]:
         """The results of ``parent_id``'s completed children, by child id."""

@@ -28,6 +28,7 @@ from echomq._kernel import (
     _priority,
     _s,
 )
+from echomq._produce import _REMINT_TRIES, mint
 from echomq._repeats import (
     Repeat,
     _fire,
@@ -41,7 +42,7 @@ from echomq._repeats import (
     schedule,
     unrepeat,
 )
-from echomq.errors import InvalidArgument
+from echomq.errors import EchoMQError, InvalidArgument, StateError
 
 __all__ = [
     "FlowAdded",
@@ -150,7 +151,9 @@ def _flow_nodes(k: Keys, root: object) -> list[_Node]:
         queue = parent_queue if node.queue is None else keyspace.check_queue(node.queue)
         if not isinstance(node.fail_parent, bool):
             raise InvalidArgument("fail_parent must be a bool")
-        jid = ids.mint() if node.id is None else keyspace.check_id(node.id)
+        # A node without an id gets a placeholder until the tree is checked: ids are minted
+        # after (minting may take a node lease, a write), so bad input writes nothing.
+        jid = f"?{len(out)}" if node.id is None else keyspace.check_id(node.id)
         if jid in seen:
             raise InvalidArgument(f"flow cycle: {jid} appears twice in the tree")
         seen.add(jid)
@@ -179,15 +182,20 @@ def _iterable_children(children: object) -> Sequence[object]:
     return children
 
 
-def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
+def add_flow(k: Keys, root: FlowJob, minter: ids.Minter | None = None) -> Plan[FlowAdded]:
     """Add a flow tree. All on one queue: one script call, all or nothing. Across queues:
     parents first, one call per (depth, queue); a call refused part-way leaves the parents
-    already written held (``awaiting_children``), never claimable."""
+    already written held (``awaiting_children``), never claimable. An id minted here that
+    another job already holds (a collision, never the caller's doing) is minted again and
+    the call resent; an id the caller named that exists is its ``StateError``."""
     nodes = _flow_nodes(k, root)
     if len(nodes) > 100_000:
         raise InvalidArgument("a flow holds at most 100000 jobs")
-    root_id = nodes[0].id
-    child_ids = [n.id for n in nodes if n.parent == root_id]
+    # The minted ids, for the placeholders _flow_nodes left (see mint, ids.Minter).
+    named: dict[str, str] = {}
+    for n in nodes:
+        if n.id.startswith("?"):
+            named[n.id] = yield from mint(minter)
     groups: dict[tuple[int, str], list[_Node]] = {}
     # One script for a tree that stays on this queue; else one per depth and queue. Decided
     # once: inside the loop it made a 10,000-child fan-out quadratic (10^8 comparisons).
@@ -198,22 +206,46 @@ def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
     # The flow's mark, one per add_flow and the same in each of its calls: every node carries
     # it (row field `flow`), and a child counts only toward a parent row with its mark, so a
     # parent id re-used for a new flow never takes an old child's settle (PROTOCOL §2.4).
-    mark = ids.mint()[3:]
+    mark = (yield from mint(minter))[3:]
     for (_, queue), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
-        args: list[Arg] = [keyspace.base(queue), len(members), mark]
-        for n in members:
-            args += (
-                n.id,
-                n.payload,
-                n.group,
-                n.parent,
-                n.policy,
-                n.kids,
-                n.parent_queue,
-                n.priority,
-            )
-        yield _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
+        for _ in range(_REMINT_TRIES):
+            args: list[Arg] = [keyspace.base(queue), len(members), mark]
+            for n in members:
+                args += (
+                    named.get(n.id, n.id),
+                    n.payload,
+                    n.group,
+                    named.get(n.parent, n.parent),
+                    n.policy,
+                    n.kids,
+                    n.parent_queue,
+                    n.priority,
+                )
+            call = _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
+            (reply,) = yield [call]  # a list: a refusal comes back as a value, not raised
+            if not isinstance(reply, BaseException):
+                break
+            taken = _taken(reply)
+            ours = [p for p, jid in named.items() if jid == taken]
+            if not ours:
+                raise reply  # an id the caller named exists: the caller's StateError
+            # A minted id another job holds: nothing of this call was written (flow_add
+            # checks every node first); mint it anew (its children's parent id with it).
+            named[ours[0]] = yield from mint(minter)
+        else:  # pragma: no cover - 8 collisions in a row
+            raise EchoMQError("could not mint fresh flow job ids")
+    root_id = named.get(nodes[0].id, nodes[0].id)
+    child_ids = [named.get(n.id, n.id) for n in nodes if n.parent == nodes[0].id]
     return FlowAdded(root_id, child_ids)
+
+
+def _taken(reply: BaseException) -> str | None:
+    """The id a flow_add refusal names (``EMQSTATE exists <id>``), else None."""
+    if isinstance(reply, StateError):
+        words = str(getattr(reply, "reason", "") or reply).split()
+        if len(words) >= 2 and words[-2] == "exists":
+            return words[-1]
+    return None
 
 
 def _hash(reply: Any) -> dict[str, bytes]:

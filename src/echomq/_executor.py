@@ -23,7 +23,7 @@ import redis.asyncio
 from hiredis import pack_command
 from redis.exceptions import NoScriptError, ResponseError
 
-from echomq import _durable, _native, _redispy
+from echomq import _durable, _native, _redispy, ids
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
@@ -78,6 +78,17 @@ def _decoded_durability(call: Call[Any], exc: DurabilityError) -> DurabilityErro
     return DurabilityError(exc.acked, exc.wanted, reply=call.decode(exc.reply), job_id=exc.job_id)
 
 
+def _target(client: Any) -> tuple[object, ...] | None:
+    """What a minter is shared by: a standalone client's server and database (host, port,
+    db, unix path). None (a minter per executor) for anything else, a cluster included: two
+    targets are never taken for one, which would mint one node's ids on two servers."""
+    pool = getattr(client, "connection_pool", None)
+    kw = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kw, dict):
+        return None
+    return ("redis", kw.get("host"), kw.get("port"), kw.get("db", 0), kw.get("path"))
+
+
 class _Executor:
     """What both executors hold: the client, the replay budget, durable mode, the fence."""
 
@@ -110,6 +121,9 @@ class _Executor:
         self._cluster = hasattr(client, "get_nodes") and not hasattr(client, "connection_pool")
         if self._cluster:
             _redispy.route_module_commands(client)
+        # The minter of this connection target (D2): its node is leased from the server the
+        # ids are minted for, shared by every queue of this process on the same target.
+        self.minter = ids.minter_for(_target(client))
 
     @property
     def executor(self) -> str | None:

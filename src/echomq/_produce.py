@@ -10,6 +10,7 @@ import os
 import random
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from echomq import ids, keyspace
 from echomq._kernel import (
@@ -33,6 +34,7 @@ from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     KindError,
+    StateError,
 )
 
 # The id is the marker (include/admit.lua): an id minted in this call, due now, whose
@@ -44,6 +46,7 @@ ID_REPLAY_MS = 70_000
 _ENQUEUE_CHUNK_ITEMS = 1000
 _ENQUEUE_CHUNK_BYTES = 1 << 20
 _REMINT_TRIES = 8
+_LEASE_TRIES = 8  # node_lease calls that found no free node before mint gives up
 
 # Replay nonces come from a private generator seeded from os.urandom (and reseeded in a
 # forked child): an application's random.seed() cannot make two processes' nonces collide,
@@ -108,6 +111,41 @@ def _ttl_set(k: Keys, replay_ms: int, second: int, nn: str) -> None:
         got[1].add(nn)
 
 
+# --------------------------------------------------------------------------- minting (D2)
+
+
+def _pair(r: Any) -> tuple[int, int]:
+    """``node_lease``'s ``{node, floor}``."""
+    return int(r[0]), int(r[1])
+
+
+def mint(minter: ids.Minter | None) -> Plan[str]:
+    """A new JOB id: from the minter's leased node, taking or renewing its lease first when
+    it must (one ``node_lease`` call, about once per 20 s); without a minter (a plan driven
+    by hand), ``ids.mint()``'s process-local node."""
+    if minter is None:
+        return ids.mint()
+    full = 0
+    while True:
+        jid = minter.try_mint()
+        if jid is not None:
+            return jid
+        token, start, lease_ms, hw, sent, _ = minter.lease_request(anywhere=full > 0)
+        lease = _call("node_lease", (keyspace.NODES_KEY,), (token, start, lease_ms, hw), _pair)
+        try:
+            # A list: a refusal comes back as a value, so a full stretch of nodes can be
+            # retried from elsewhere (the script probes 64 nodes from `start`).
+            (reply,) = yield [lease]
+        except Replay:
+            continue  # a lease call is safe to send again: the same token, the same node
+        if isinstance(reply, StateError) and full < _LEASE_TRIES:
+            full += 1
+            continue
+        if isinstance(reply, BaseException):
+            raise reply
+        minter.granted(token, hw, sent, *reply)
+
+
 # --------------------------------------------------------------------------- producer verbs
 
 
@@ -125,13 +163,14 @@ def enqueue(
     dedup_mode: str = "simple",
     priority: int = 0,
     ttl_ms: int | None = None,
+    minter: ids.Minter | None = None,
 ) -> Plan[Enqueued]:
     """``priority``: 0..2^21, lower runs first (ARGV[14], sent when not 0 or with a ttl).
     ``replay_ms``: how long the server remembers this call for its resends (a resend
     after a lost reply then finds its first copy even once that job has completed: it is
     never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control.
     ``ttl_ms``: the job expires that long after this call (server clock) unless claimed
-    (ARGV[15])."""
+    (ARGV[15]). ``minter``: where a minted id comes from (see ``mint``)."""
     data = _payload(payload, k.max_payload)
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
@@ -141,7 +180,7 @@ def enqueue(
     if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
         extra = dedup_args(dedup, dedup_ttl_ms, dedup_mode)
     minted = id is None
-    jid = ids.mint() if id is None else keyspace.check_id(id)
+    jid = (yield from mint(minter)) if id is None else keyspace.check_id(id)
     # A nonce (and a marker) only where the id cannot stand for the call (see ID_REPLAY_MS).
     by_id = minted and mode == "now" and 0 < replay_ms <= ID_REPLAY_MS
     nonce = _nonce() if replay_ms and not by_id else ""
@@ -195,14 +234,15 @@ def enqueue(
         if status.startswith("deduplicated:"):
             return Enqueued(status[len("deduplicated:") :], "deduplicated")
         if minted and status == "duplicate":
-            if resent and not nonce:
-                # No nonce (replay_ms=0, or the id is the marker): the row a resend of a
-                # minted id finds is its own first copy's.
+            if resent and not replay_ms:
+                # No nonce, no marker (replay_ms=0, resends off): the row a resend of a
+                # minted id finds is taken for its own first copy's (the 0.4 rule).
                 return Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
-            # Else a minted id that already exists is a collision with another process's
-            # minter, not our own first copy (that one would have answered "replayed" from
-            # its marker): mint again rather than report someone else's job.
-            jid = ids.mint()
+            # Else a minted id that already exists is a collision with another minter's,
+            # not our own first copy: that one would have answered "replayed" from its
+            # marker or, the id being the marker, from its row holding this payload (or
+            # from the retired record). Mint again rather than report someone else's job.
+            jid = yield from mint(minter)
             nonce = _nonce() if replay_ms and not by_id else ""
             continue
         return Enqueued(jid, status)
@@ -241,6 +281,7 @@ def enqueue_many(
     replay_ms: int = 0,
     priority: int = 0,
     ttl_ms: int | None = None,
+    minter: ids.Minter | None = None,
 ) -> Plan[list[Enqueued | EchoMQError]]:
     g = _group(group)
     mode, value = _when(delay_ms, at_ms)
@@ -255,7 +296,12 @@ def enqueue_many(
                 raise InvalidArgument(f"an (id, payload) item has 2 parts, got {len(item)}")
             jobs.append((keyspace.check_id(item[0]), _payload(item[1], k.max_payload), False))
         else:
-            jobs.append((ids.mint(), _payload(item, k.max_payload), True))
+            jobs.append(("", _payload(item, k.max_payload), True))
+    # Every item is checked before the first id is minted (minting may take a lease: a
+    # write), so bad input writes nothing.
+    for i, (_, data, minted) in enumerate(jobs):
+        if minted:
+            jobs[i] = ((yield from mint(minter)), data, True)
     results: list[Enqueued | EchoMQError | None] = [None] * len(jobs)
     # An id named twice in one call is sent once: its later mentions are duplicates of the
     # first by definition, answered here without a round trip (and never confused with a
@@ -319,7 +365,7 @@ def enqueue_many(
                     results[i] = Enqueued(jid, "enqueued" if mode == "now" else "scheduled")
                 elif verdict == "duplicate" and minted:
                     # A minted id collided with another process's: mint again (see enqueue).
-                    jobs[i] = (ids.mint(), data, True)
+                    jobs[i] = ((yield from mint(minter)), data, True)
                     retry.append(i)
                 else:
                     results[i] = Enqueued(jid, verdict)

@@ -150,6 +150,7 @@ class Queue:
                 dedup_mode=dedup_mode,
                 priority=priority,
                 ttl_ms=ttl_ms,
+                minter=self._x.minter,
             )
         )
 
@@ -176,6 +177,7 @@ class Queue:
                 replay_ms=replay_ms(self._x.retry_for),
                 priority=priority,
                 ttl_ms=ttl_ms,
+                minter=self._x.minter,
             )
         )
 
@@ -516,7 +518,7 @@ class Queue:
 
     def add_flow(self, parent: _c.FlowJob) -> _c.FlowAdded:
         """Add a flow tree in one call: ``parent`` runs after all its children settled."""
-        return self._x.run(_c.add_flow(self._k, parent))
+        return self._x.run(_c.add_flow(self._k, parent, self._x.minter))
 
     def children_values(self, parent_id: str) -> dict[str, bytes]:
         """The results of ``parent_id``'s completed children, by child id."""

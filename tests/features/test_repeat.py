@@ -234,7 +234,7 @@ def test_slots_are_unique_reused_after_unrepeat_and_bounded(
     q.repeat("w", b"p", every_ms=1000)  # the freed slot, not a fourth one
     assert r.hget(base + "repeat:w", "slot") == slots["y"]
     # Every slot held: a new name is a typed refusal and writes nothing; updates still work.
-    r.hset(base + "meta", "repeat_slots", 1 << 22)
+    r.hset(base + "meta", "repeat_slots", 1 << 21)
     before = snapshot(r, q.name)
     with pytest.raises(echomq.StateError):
         q.repeat("v", b"p", every_ms=1000)

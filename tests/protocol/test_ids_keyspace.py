@@ -135,7 +135,7 @@ def test_mint_never_decreases_when_the_clock_steps_back(monkeypatch: pytest.Monk
     clock = _FakeClock(int(time.time() * 1000) - 10_000)  # ten seconds in the past
     monkeypatch.setattr(ids, "time", types.SimpleNamespace(time=clock.time, sleep=clock.sleep))
     minted = [first]
-    # Far more than one millisecond's 4096 sequence numbers at a frozen, earlier time.
+    # Far more than one millisecond's 256 sequence numbers at a frozen, earlier time.
     minted += [ids.mint() for _ in range(10_000)]
     clock.ms -= 5_000  # and another step back
     minted += [ids.mint() for _ in range(100)]
@@ -147,20 +147,20 @@ def test_mint_never_decreases_when_the_clock_steps_back(monkeypatch: pytest.Monk
 def test_mint_sequence_overflow_waits_for_next_ms(monkeypatch: pytest.MonkeyPatch) -> None:
     # The minter is process-wide: put its state back afterwards, so the ids the rest of the
     # session mints do not carry this test's future timestamps.
-    monkeypatch.setattr(ids._minter, "last_ms", ids._minter.last_ms)
-    monkeypatch.setattr(ids._minter, "seq", ids._minter.seq)
+    monkeypatch.setattr(ids._local.clock, "last_ms", ids._local.clock.last_ms)
+    monkeypatch.setattr(ids._local.clock, "seq", ids._local.clock.seq)
     # A clock ahead of anything minted before, frozen until slept.
     start = int(time.time() * 1000) + 3_600_000
     clock = _FakeClock(start)
     monkeypatch.setattr(ids, "time", types.SimpleNamespace(time=clock.time, sleep=clock.sleep))
-    minted = [ids.mint() for _ in range(4096 * 2 + 10)]
+    minted = [ids.mint() for _ in range(256 * 2 + 10)]
     assert all(a < b for a, b in itertools.pairwise(minted))
-    # 4096 ids per millisecond, then the minter waited for the next one (never reused a slot).
+    # 256 ids per millisecond, then the minter waited for the next one (never reused a slot).
     assert clock.sleeps == 2
     stamps = [ids.decode_time_ms(m) for m in minted]
-    assert stamps[:4096] == [start] * 4096
-    assert stamps[4096:8192] == [start + 1] * 4096
-    assert stamps[8192:] == [start + 2] * 10
+    assert stamps[:256] == [start] * 256
+    assert stamps[256:512] == [start + 1] * 256
+    assert stamps[512:] == [start + 2] * 10
 
 
 def test_mint_is_thread_safe() -> None:
@@ -301,7 +301,7 @@ def test_session_keys_live_in_the_reserve() -> None:
     key = keyspace.session_key(digest)
     assert key == "{emq}:session:" + digest and keyspace.hashtag(key) == "emq"
     assert keyspace.queue_of(key) is None
-    assert sorted(keyspace.RESERVE_TYPES) == ["session", "version"]
+    assert sorted(keyspace.RESERVE_TYPES) == ["nodes", "session", "version"]
     for bad in ("", "A" * 64, digest[:-1], digest + "0", "../" + digest[3:], None):
         with pytest.raises(InvalidId):
             keyspace.session_key(bad)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from conftest import server_ms
-from echomq import _compose, _control, _native, _registry, ids, keyspace
+from echomq import _compose, _control, _native, _produce, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq._scripts import (
     SCRIPTS,
@@ -108,6 +108,8 @@ EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "push_back": lambda: _control.push_back(K, ids.mint(), 1, 0),
     "worker_beat": lambda: _registry.beat(K, ids.mint("WRK"), "{}", 1000),
     "workers": lambda: _registry.list_workers(K),
+    # A queue's first minted id: the minter leases its node first (issue 37).
+    "mint": lambda: _produce.mint(ids.Minter()),
 }
 
 

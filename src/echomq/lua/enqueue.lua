@@ -98,10 +98,17 @@ local KIND = 'EMQKIND job id must be JOB-namespaced'
 if string.sub(id, 1, 3) ~= 'JOB' then return redis.error_reply(KIND) end
 local fresh = string.find(flags, 'f', 1, true) ~= nil
 -- The id is the marker (admit.lua): a resend of a minted id, due now, sent without a nonce
--- within ID_REPLAY_MS landed before if its row exists or was deleted (retired) since.
+-- within ID_REPLAY_MS landed before if its row holds this call's payload, or if the id was
+-- deleted (retired) since. A row with another payload is another call's (two minters' ids
+-- collided): the admission below answers 'duplicate' and the client mints anew.
 if resend and fresh and nonce == '' and ARGV[5] == 'now' and replay_ms > 0
   and replay_ms <= ID_REPLAY_MS then
-  if rcall('EXISTS', base .. 'job:' .. id) == 1 or select(2, retired_last(base, id)) then
+  local jk = base .. 'job:' .. id
+  if rcall('EXISTS', jk) == 1 then
+    if rcall('TYPE', jk).ok == 'hash' and rcall('HGET', jk, 'payload') == ARGV[3] then
+      return 'replayed'
+    end
+  elseif select(2, retired_last(base, id)) then
     return 'replayed'
   end
 end

@@ -21,9 +21,9 @@
     keeps the next fire, so re-registering on every worker start never shifts the phase.
     A paused repeat (field `paused`, repeat_pause) stays paused whatever the update: its
     spec takes the new schedule and its entry stays at +inf until repeat_resume.
-    A new name gets its slot (the low 22 bits of its occurrence ids, unique among the
+    A new name gets its slot (the low 22 bits of its occurrence ids, below 2^21, unique among the
     queue's repeats); an update keeps it, and a row written before slots gets one.
-    | error EMQSTATE when all 2^22 slots are held (nothing written)
+    | error EMQSTATE when all 2^21 slots are held (nothing written)
   Flags: writes replay
 ]]
 --@include common
@@ -36,8 +36,8 @@ local same = existed and (old[1] or '') == every and (old[2] or '') == cron and 
   and (old[4] or '') == limit and (old[5] or '') == until_ms
 local has_slot = rcall('HEXISTS', KEYS[2], 'slot') == 1
 if not has_slot and rcall('LLEN', KEYS[4]) == 0
-    and tonumber(rcall('HGET', KEYS[3], 'repeat_slots') or '0') >= 4194304 then
-  return redis.error_reply('EMQSTATE the queue holds 4194304 repeats: unrepeat one first')
+    and tonumber(rcall('HGET', KEYS[3], 'repeat_slots') or '0') >= 2097152 then
+  return redis.error_reply('EMQSTATE the queue holds 2097152 repeats: unrepeat one first')
 end
 -- The HSET is the first write (deny-oom): at maxmemory the call is refused whole.
 rcall('HSET', KEYS[2], 'payload', ARGV[2], 'every_ms', every, 'cron', cron, 'tz', tz,

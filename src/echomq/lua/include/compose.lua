@@ -9,13 +9,16 @@
 local EPOCH_MS = 1672531200000
 local B62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
--- A repeat's slot: a number in [0, 2^22) minted once per registration (a freed slot first,
+-- A repeat's slot: a number in [0, 2^21) minted once per registration (a freed slot first,
 -- else the meta counter `repeat_slots`) and kept in its row (`slot`), so no two repeats
 -- registered on the queue at once hold the same slot: occurrence ids never collide, whatever
 -- the names. A row written before slots existed (no `slot`) gets one here, on its next
 -- repeat_set or fire, before any occurrence of it uses the new id. Returns the slot, or nil
--- when all 2^22 are held (checked before any write).
+-- when all 2^21 are held (checked before any write). Below 2^21: bit 21 of an occurrence id
+-- stays clear, and every minted id has it set (D2), so no producer can take an occurrence's
+-- id. The id still packs the slot in 22 bits: a slot minted before 0.6 keeps its ids.
 local REPEAT_SLOTS = 4194304
+local SLOT_LIMIT = 2097152
 local function repeat_slot(base, name)
   local sk = base .. 'repeat:' .. name
   local s = rcall('HGET', sk, 'slot')
@@ -23,7 +26,7 @@ local function repeat_slot(base, name)
   s = rcall('LPOP', base .. 'repeatfree')
   if not s then
     local used = tonumber(rcall('HGET', base .. 'meta', 'repeat_slots') or '0')
-    if used >= REPEAT_SLOTS then return nil end
+    if used >= SLOT_LIMIT then return nil end
     s = rcall('HINCRBY', base .. 'meta', 'repeat_slots', 1) - 1
   end
   rcall('HSET', sk, 'slot', s)
