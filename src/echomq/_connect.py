@@ -20,6 +20,7 @@ import math
 import os
 import random
 import re
+import socket
 import threading
 import time
 import weakref
@@ -47,6 +48,7 @@ from echomq.errors import InvalidArgument, ServerNotRunning, ServerUnreachable, 
 
 __all__ = [
     "DEFAULT_RETRY_FOR",
+    "never_reached",
     "DEFAULT_URL",
     "TRANSIENT",
     "AsyncClient",
@@ -179,7 +181,7 @@ def configured(explicit: str | None = None, app_url: str | None = None) -> Resol
     return Resolved(str(info["url"]), "recorded", f"the live echomq server recorded in {where}")
 
 
-_logged: set[tuple[str, str]] = set()
+_logged: set[str] = set()  # the URLs resolve_url has named in this process
 _logged_lock = threading.Lock()
 
 
@@ -222,14 +224,22 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
         "nothing configured, no URL, ECHOMQ_URL or echomq server recorded in "
         f"{state_dir()}/: the default local server",
     )
-    key = (found.url, found.source)
+    # Once per URL, whatever the reason: the CLI resolves the worker's server, then hands it
+    # to the App (App(url=...) now), which must not name the same server a second time.
     with _logged_lock:
-        first = key not in _logged
-        _logged.add(key)
+        first = found.url not in _logged
+        _logged.add(found.url)
     if first:
         level = logging.WARNING if found.source == "default" else logging.INFO
         log.log(level, "echomq server %s (%s)", _redacted(found.url), found.reason)
     return found
+
+
+def named(url: str) -> None:
+    """Take ``url`` as named already (the CLI said it started an embedded server there):
+    :func:`resolve_url` does not name it again."""
+    with _logged_lock:
+        _logged.add(url)
 
 
 def default_url() -> str:
@@ -318,6 +328,10 @@ def parse_url(url: str) -> tuple[str, bool, int]:
 _SCHEMES = ("redis", "rediss", "unix")
 
 
+# A known scheme whose "://" lost its colon ("redis//host", "unix//tmp/s"): that scheme.
+_MANGLED = re.compile(r"^((?:rediss?|unix)(?:\+cluster)?)/{2,}(.*)$", re.IGNORECASE)
+
+
 def check_url(url: object) -> str:
     """``url`` if it names a scheme echomq speaks (``redis://``, ``rediss://``, ``unix://``,
     or one of the first two with ``+cluster``); ``InvalidArgument`` otherwise, before any I/O
@@ -334,9 +348,15 @@ def check_url(url: object) -> str:
         return url
     shown = _redacted(url) if "://" in url else url
     if "://" not in url:
-        raise InvalidArgument(
-            f"url {shown!r} has no scheme: write redis://{shown} (or rediss://, unix://)"
-        )
+        # A scheme typed without its colon (redis//host) is that scheme: the fix mends its
+        # separator rather than putting another scheme in front (redis://redis//host).
+        mangled = _MANGLED.match(url)
+        fixed = f"redis://{shown}"
+        if mangled:  # a unix socket's path is absolute: unix:///tmp/s
+            sep = ":///" if mangled[1].lower() == "unix" else "://"
+            fixed = mangled[1] + sep + mangled[2]
+        also = "" if mangled else " (or rediss://, unix://)"
+        raise InvalidArgument(f"url {shown!r} has no scheme: write {fixed}{also}")
     raise InvalidArgument(
         f"url {shown!r} has the scheme {scheme!r}: echomq speaks redis://, rediss:// "
         "(either with +cluster) and unix://"
@@ -413,6 +433,21 @@ TRANSIENT = (
     redis.exceptions.RedisClusterException,  # "cannot be connected": every known node is down
 )
 DEFAULT_RETRY_FOR = 10.0
+
+
+def never_reached(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server was not reached at all: the connection refused or
+    the host name not resolved (the error redis-py raises carries the socket's as its
+    context). A first connect failing so is a wrong address or a server that is not up:
+    waiting for it to come back is what a worker does, not an operator command."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short, cycle-proof walk of the chain
+        if seen is None:
+            return False
+        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def map_error(exc: ResponseError) -> Exception:

@@ -199,6 +199,11 @@ def _row(
     row.parent = _s(parent) if parent is not None else None
     if job_id in held:
         row.worker, row.since_ms = held[job_id]
+        if minted is not None and row.since_ms < minted:
+            # A run cannot start before its job was enqueued: a registry "since" before the
+            # id's time is a clock apart (the producer's vs the server's) or an entry written
+            # from a stale clock; the list must not show "running" longer than "age".
+            row.since_ms = minted
     return row
 
 
