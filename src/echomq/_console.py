@@ -38,6 +38,7 @@ __all__ = [
     "find",
     "flows",
     "human",
+    "job_row",
     "one_line",
     "preview",
     "rows",
@@ -46,7 +47,9 @@ __all__ = [
 
 # The row fields a list shows. `priority` is read whether or not the server writes it: a
 # queue without priorities answers nil and the column shows a dash.
-ROW_FIELDS = ("payload", "attempts", "last_error", "priority", "group", "state", "parent")
+ROW_FIELDS = (
+    "payload", "attempts", "last_error", "priority", "group", "state", "parent", "cancel",
+)  # fmt: skip
 FIND_KINDS = ("id", "task", "error")
 PREVIEW = 80  # characters of an arguments preview
 _ID_PREFIX = re.compile(r"^[0-9A-Za-z]{1,14}$")
@@ -72,6 +75,7 @@ class JobRow:
     score_ms: int | None = None  # lease end, run-at, finish or death (by state), server ms
     worker: str | None = None  # host:pid of the worker holding it (active, from the registry)
     since_ms: int | None = None  # when that worker's beat first saw it running
+    cancel: bool = False  # a cancel was asked of the running job: its worker stops it (D22)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,6 +178,21 @@ def rows(
     return out
 
 
+def job_row(
+    x: SyncExecutor, k: Keys, job_id: str, place: str, *, serializer: Serializer | None = None
+) -> JobRow:
+    """One job's list row, as its place's list shows it: its set's score (lease end, run
+    time, death, finish) and, when it is active, the worker holding it (a job page's
+    summary)."""
+    state = "schedule" if place == "scheduled" else place
+    key = _set_key(k, state, None) if state in ("active", "schedule", "dead", "completed") else None
+    score = None
+    if key is not None:
+        raw = _inspect._raise(x.pipeline([_cmd(("ZSCORE", key, job_id), lambda r: r)])[0])
+        score = int(float(_s(raw))) if raw is not None else None
+    return rows(x, k, [(job_id, score)], state, serializer=serializer)[0]
+
+
 def _row(
     job_id: str,
     state: str,
@@ -182,7 +201,7 @@ def _row(
     serializer: Serializer | None,
     held: dict[str, tuple[str, int]],
 ) -> JobRow:
-    payload, attempts, error, priority, group, row_state, parent = values
+    payload, attempts, error, priority, group, row_state, parent, cancel = values
     try:
         minted: int | None = ids.decode_time_ms(job_id)
     except ValueError:
@@ -197,6 +216,7 @@ def _row(
     row.error = one_line(_s(error)) if error is not None else ""
     row.group = _s(group) if group is not None else None
     row.parent = _s(parent) if parent is not None else None
+    row.cancel = cancel is not None
     if job_id in held:
         row.worker, row.since_ms = held[job_id]
         if minted is not None and row.since_ms < minted:
