@@ -181,7 +181,7 @@ def configured(explicit: str | None = None, app_url: str | None = None) -> Resol
     return Resolved(str(info["url"]), "recorded", f"the live echomq server recorded in {where}")
 
 
-_logged: set[str] = set()  # the URLs resolve_url has named in this process
+_logged: set[tuple[str, str]] = set()  # (url, source) resolve_url has named in this process
 _logged_lock = threading.Lock()
 
 
@@ -224,22 +224,23 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
         "nothing configured, no URL, ECHOMQ_URL or echomq server recorded in "
         f"{state_dir()}/: the default local server",
     )
-    # Once per URL, whatever the reason: the CLI resolves the worker's server, then hands it
-    # to the App (App(url=...) now), which must not name the same server a second time.
+    key = (found.url, found.source)
     with _logged_lock:
-        first = found.url not in _logged
-        _logged.add(found.url)
+        first = key not in _logged
+        _logged.add(key)
     if first:
         level = logging.WARNING if found.source == "default" else logging.INFO
         log.log(level, "echomq server %s (%s)", _redacted(found.url), found.reason)
     return found
 
 
-def named(url: str) -> None:
-    """Take ``url`` as named already (the CLI said it started an embedded server there):
-    :func:`resolve_url` does not name it again."""
+def named(url: str, source: str) -> None:
+    """Take ``url`` as named already from ``source``: :func:`resolve_url` does not name it
+    so again. The CLI's worker named its server (where it came from, or the embedded one it
+    started) and then hands it to the App, whose App(url=...) would name it a second time,
+    with a reason that is not the real one."""
     with _logged_lock:
-        _logged.add(url)
+        _logged.add((url, source))
 
 
 def default_url() -> str:

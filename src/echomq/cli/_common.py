@@ -125,7 +125,9 @@ def _server_for(
         found = None
     if found is not None:
         # logs the choice
-        yield _checked_url(_resolved(ctx, app_url).url)
+        chosen = _checked_url(_resolved(ctx, app_url).url)
+        _hand_to_app(purpose, chosen)
+        yield chosen
         return
     directory = state_dir() / purpose
     try:
@@ -152,16 +154,23 @@ def _server_for(
         f"echomq: {why}; started an embedded one at {server.url} (data in {directory})",
         err=True,
     )
-    _connect.named(server.url)  # the line above named it: the App does not again
     # Recorded like `echomq server`'s, so producers (App()) and other commands run from this
     # directory find it while it lives; the record goes with it.
     record = _record_server(server, "worker") if purpose == "worker" else None
+    _hand_to_app(purpose, server.url)
     try:
         yield server.url
     finally:
         server.stop()
         if record is not None:
             _unrecord(record, server)
+
+
+def _hand_to_app(purpose: str, url: str) -> None:
+    """The worker command hands its server to the App (``app.url = url``): named already (its
+    source's line, or the embedded server's), it is not named again as App(url=...)."""
+    if purpose == "worker":
+        _connect.named(url, "app")
 
 
 def _port_free(port: int) -> bool:
