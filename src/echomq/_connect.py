@@ -21,6 +21,7 @@ import math
 import os
 import random
 import re
+import socket
 import threading
 import time
 import weakref
@@ -48,6 +49,7 @@ from echomq.errors import InvalidArgument, ServerNotRunning, ServerUnreachable, 
 
 __all__ = [
     "DEFAULT_RETRY_FOR",
+    "never_reached",
     "DEFAULT_URL",
     "TRANSIENT",
     "AsyncClient",
@@ -269,7 +271,7 @@ def configured(explicit: str | None = None, app_url: str | None = None) -> Resol
     return Resolved(str(info["url"]), "recorded", f"the live echomq server recorded in {where}")
 
 
-_logged: set[tuple[str, str]] = set()
+_logged: set[tuple[str, str]] = set()  # (url, source) resolve_url has named in this process
 _logged_lock = threading.Lock()
 
 
@@ -321,6 +323,15 @@ def resolve_url(explicit: str | None = None, app_url: str | None = None) -> Reso
         level = logging.WARNING if found.source == "default" else logging.INFO
         log.log(level, "echomq server %s (%s)", _redacted(found.url), found.reason)
     return found
+
+
+def named(url: str, source: str) -> None:
+    """Take ``url`` as named already from ``source``: :func:`resolve_url` does not name it
+    so again. The CLI's worker named its server (where it came from, or the embedded one it
+    started) and then hands it to the App, whose App(url=...) would name it a second time,
+    with a reason that is not the real one."""
+    with _logged_lock:
+        _logged.add((url, source))
 
 
 def default_url() -> str:
@@ -409,6 +420,10 @@ def parse_url(url: str) -> tuple[str, bool, int]:
 _SCHEMES = ("redis", "rediss", "unix")
 
 
+# A known scheme whose "://" lost its colon ("redis//host", "unix//tmp/s"): that scheme.
+_MANGLED = re.compile(r"^((?:rediss?|unix)(?:\+cluster)?)/{2,}(.*)$", re.IGNORECASE)
+
+
 def check_url(url: object) -> str:
     """``url`` if it names a scheme echomq speaks (``redis://``, ``rediss://``, ``unix://``,
     or one of the first two with ``+cluster``); ``InvalidArgument`` otherwise, before any I/O
@@ -425,9 +440,15 @@ def check_url(url: object) -> str:
         return url
     shown = _redacted(url) if "://" in url else url
     if "://" not in url:
-        raise InvalidArgument(
-            f"url {shown!r} has no scheme: write redis://{shown} (or rediss://, unix://)"
-        )
+        # A scheme typed without its colon (redis//host) is that scheme: the fix mends its
+        # separator rather than putting another scheme in front (redis://redis//host).
+        mangled = _MANGLED.match(url)
+        fixed = f"redis://{shown}"
+        if mangled:  # a unix socket's path is absolute: unix:///tmp/s
+            sep = ":///" if mangled[1].lower() == "unix" else "://"
+            fixed = mangled[1] + sep + mangled[2]
+        also = "" if mangled else " (or rediss://, unix://)"
+        raise InvalidArgument(f"url {shown!r} has no scheme: write {fixed}{also}")
     raise InvalidArgument(
         f"url {shown!r} has the scheme {scheme!r}: echomq speaks redis://, rediss:// "
         "(either with +cluster) and unix://"
@@ -504,6 +525,21 @@ TRANSIENT = (
     redis.exceptions.RedisClusterException,  # "cannot be connected": every known node is down
 )
 DEFAULT_RETRY_FOR = 10.0
+
+
+def never_reached(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server was not reached at all: the connection refused or
+    the host name not resolved (the error redis-py raises carries the socket's as its
+    context). A first connect failing so is a wrong address or a server that is not up:
+    waiting for it to come back is what a worker does, not an operator command."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short, cycle-proof walk of the chain
+        if seen is None:
+            return False
+        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def map_error(exc: ResponseError) -> Exception:

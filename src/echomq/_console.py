@@ -39,6 +39,7 @@ __all__ = [
     "find",
     "flows",
     "human",
+    "job_row",
     "one_line",
     "preview",
     "rows",
@@ -57,6 +58,7 @@ ROW_FIELDS = (
     "state",
     "parent",
     "floor",
+    "cancel",
 )
 FIND_KINDS = ("id", "task", "error")
 PREVIEW = 80  # characters of an arguments preview
@@ -90,6 +92,7 @@ class JobRow:
     score_ms: int | None = None  # lease end, run-at, finish or death (by state), server ms
     worker: str | None = None  # host:pid of the worker holding it (active, from the registry)
     since_ms: int | None = None  # when that worker's beat first saw it running
+    cancel: bool = False  # a cancel was asked of the running job: its worker stops it (D22)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,6 +203,21 @@ def _counted(attempts: Any, floor: Any) -> int:
     return int(_s(attempts)) - (int(_s(floor)) if floor is not None else 0)
 
 
+def job_row(
+    x: SyncExecutor, k: Keys, job_id: str, place: str, *, serializer: Serializer | None = None
+) -> JobRow:
+    """One job's list row, as its place's list shows it: its set's score (lease end, run
+    time, death, finish) and, when it is active, the worker holding it (a job page's
+    summary)."""
+    state = "schedule" if place == "scheduled" else place
+    key = _set_key(k, state, None) if state in ("active", "schedule", "dead", "completed") else None
+    score = None
+    if key is not None:
+        raw = _inspect._raise(x.pipeline([_cmd(("ZSCORE", key, job_id), lambda r: r)])[0])
+        score = int(float(_s(raw))) if raw is not None else None
+    return rows(x, k, [(job_id, score)], state, serializer=serializer)[0]
+
+
 def _row(
     job_id: str,
     state: str,
@@ -208,7 +226,7 @@ def _row(
     serializer: Serializer | None,
     held: dict[str, tuple[str, int]],
 ) -> JobRow:
-    payload, attempts, error, priority, group, row_state, parent, floor = values
+    payload, attempts, error, priority, group, row_state, parent, floor, cancel = values
     try:
         minted: int | None = ids.decode_time_ms(job_id)
     except ValueError:
@@ -223,8 +241,14 @@ def _row(
     row.error = one_line(_s(error)) if error is not None else ""
     row.group = _s(group) if group is not None else None
     row.parent = _s(parent) if parent is not None else None
+    row.cancel = cancel is not None
     if job_id in held:
         row.worker, row.since_ms = held[job_id]
+        if minted is not None and row.since_ms < minted:
+            # A run cannot start before its job was enqueued: a registry "since" before the
+            # id's time is a clock apart (the producer's vs the server's) or an entry written
+            # from a stale clock; the list must not show "running" longer than "age".
+            row.since_ms = minted
     return row
 
 

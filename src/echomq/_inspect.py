@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from echomq import _kernel as _k
 from echomq import _observe, _reads, ids, keyspace
 from echomq import _protocol as _p
-from echomq._connect import TRANSIENT, Budget
+from echomq._connect import TRANSIENT, Budget, never_reached
 from echomq._executor import SyncExecutor
 from echomq._kernel import Call, Keys, _cmd, _s
 from echomq.errors import InvalidArgument
@@ -92,17 +92,25 @@ class QueueView:
         }
 
 
-def riding_out(x: SyncExecutor, read: Callable[[], T], within_s: float) -> T:
+def riding_out(
+    x: SyncExecutor, read: Callable[[], T], within_s: float, *, fail_fast: bool = False
+) -> T:
     """``read()``, asked again after a transient error for up to ``within_s`` seconds, the
     cluster's slot map re-read before each try: an operator view rides out a failover
     instead of failing on the dead primary's address. Only for reads (they are safe to
     repeat); past the budget the last error is raised (a lost connection as
-    ``ServerUnreachable``)."""
+    ``ServerUnreachable``). ``fail_fast``: a first try that never reached the server (the
+    connection refused, the host name unknown) raises at once (a CLI command's first
+    connect: a wrong address is said in a second, not after the whole budget)."""
     budget = Budget(within_s)
+    first = True
     while True:
         try:
             return read()
         except TRANSIENT as exc:
+            if fail_fast and first and never_reached(exc):
+                raise
+            first = False
             x.follow()
             delay = budget.next_delay()
             if delay is None:

@@ -8,6 +8,7 @@ formatter writes ``ts``, ``level``, ``logger``, ``msg``, every such field presen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +19,14 @@ from typing import Any
 
 from echomq.errors import InvalidArgument
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter", "formatter", "warn_repeated", "repeats_reset"]
+__all__ = [
+    "TEXT_FORMAT",
+    "JsonFormatter",
+    "formatter",
+    "repeats_reset",
+    "stop_line",
+    "warn_repeated",
+]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
 
@@ -91,6 +99,20 @@ def repeats_reset(prefix: str = "") -> None:
     with _repeats_lock:
         for key in [k for k in _repeats if k.startswith(prefix)]:
             del _repeats[key]
+
+
+def stop_line(pid: int, stats: Any, seconds: float) -> str:
+    """The worker's last line, for a person: what it got done and in how long, e.g.
+    ``worker 4242 stopped: 1,234 jobs done, 2 failed, 3 handed back in 1.2 s``; then every
+    counter (``name=value``), the same ones the JSON line carries as fields."""
+    failed = stats.retried + stats.dead
+    line = (
+        f"worker {pid} stopped: {stats.completed:,} job{'' if stats.completed == 1 else 's'} "
+        f"done, {failed:,} failed, "
+        f"{stats.handed_back:,} handed back in {seconds:.1f} s"
+    )
+    counters = ", ".join(f"{f.name}={getattr(stats, f.name)}" for f in dataclasses.fields(stats))
+    return f"{line} (counters: {counters})"
 
 
 def log_startup(

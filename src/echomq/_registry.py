@@ -207,10 +207,17 @@ class Registry:
         }
         self._seen: dict[tuple[str, int], int] = {}  # (id, token) -> server ms first seen
         self._server_ms = 0  # the last beat's server clock
+        self._server_at = 0.0  # time.monotonic() when that beat's answer came
 
     def entry(self, loops: Iterable[QueueLoop], executor: str | None) -> str:
         """The JSON entry: the static fields and the jobs held now (the oldest first)."""
-        now = self._server_ms or int(time.time() * 1000)
+        # The server's clock now: the last beat's, moved on by the time since on this host's
+        # monotonic clock. The last beat's alone is up to a beat old: a job claimed since
+        # then would be "running" from before it was enqueued (running > age).
+        if self._server_ms:
+            now = self._server_ms + int((time.monotonic() - self._server_at) * 1000)
+        else:
+            now = int(time.time() * 1000)
         seen: dict[tuple[str, int], int] = {}
         jobs: list[tuple[int, str, str]] = []
         for ql in loops:
@@ -237,7 +244,7 @@ class Registry:
                 continue  # applied; too few replicas acknowledged it: a visibility record only
             if isinstance(result, BaseException):
                 raise result
-            self._server_ms = int(result)
+            self._server_ms, self._server_at = int(result), time.monotonic()
 
     async def gone(self, x: AsyncExecutor, loops: list[QueueLoop]) -> None:
         """At a graceful stop: remove every entry now (a failure leaves them to lapse)."""

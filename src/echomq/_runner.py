@@ -19,12 +19,15 @@ Whatever a handler raises is a failure of that run, settled by the task's policy
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from echomq import _envelope
@@ -160,8 +163,6 @@ class Runner:
             self._log_refused(queue, job, prepared)
             done(r, prepared)
             return
-        if jlog.isEnabledFor(logging.INFO):
-            r.begun = time.monotonic()
         task, args, kwargs, r.max_attempts = prepared
         r.ctx = JobContext(
             queue,
@@ -173,6 +174,11 @@ class Runner:
             floor=job.floor,
             payload=job.payload,
         )
+        if jlog.isEnabledFor(logging.INFO):
+            r.begun = time.monotonic()
+            # The start line: a run that hangs is seen in the log (its end line never comes).
+            where, fields = _job_line(r, task)
+            jlog.info("%s started", where, extra=fields)
         if task.inline and self._inline_ok:
             # A trivial sync handler runs right here in the pump's turn: no thread handoff
             # and no event-loop task per job.
@@ -330,17 +336,7 @@ class Runner:
             return
         if kind == "pushed" and not jlog.isEnabledFor(logging.DEBUG):
             return
-        job = r.job
-        queue = r.ctx.queue if r.ctx is not None else ""
-        fields: dict[str, Any] = {
-            "queue": queue,
-            "job_id": job.id,
-            "task": task.name,
-            "attempt": job.attempt,
-            "max_attempts": r.max_attempts or task.max_attempts,
-        }
-        where = f"job {job.id} (task {task.name}, queue {queue}, attempt {job.attempt}/"
-        where += f"{fields['max_attempts']})"
+        where, fields = _job_line(r, task)
         if kind == "completed":
             ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
             fields["duration_ms"] = ms
@@ -415,6 +411,7 @@ class Runner:
         ):
             text = f"TimeoutError: the run took longer than {task.timeout}s"  # the task's timeout
         else:  # any other error, the handler's own TimeoutError (a socket, a client) included
+            _trim_traceback(exc)  # before the log line reads it too
             text = error_text(exc)
         return self.retry(job, task, self.backoff(task, job.attempt), text, budget)
 
@@ -461,6 +458,22 @@ class Runner:
         return Settle(job.id, job.token, "completed", result=data, keep_ms=task.keep_result_ms)
 
 
+def _job_line(r: Running, task: Task[Any, Any]) -> tuple[str, dict[str, Any]]:
+    """The head of a job's log lines (``job <id> (task <t>, queue <q>, attempt n/max)``)
+    and their structured fields."""
+    job = r.job
+    queue = r.ctx.queue if r.ctx is not None else ""
+    most = r.max_attempts or task.max_attempts
+    fields: dict[str, Any] = {
+        "queue": queue,
+        "job_id": job.id,
+        "task": task.name,
+        "attempt": job.attempt,
+        "max_attempts": most,
+    }
+    return f"job {job.id} (task {task.name}, queue {queue}, attempt {job.attempt}/{most})", fields
+
+
 async def _guard(aw: Awaitable[T]) -> T:
     try:
         return await aw
@@ -499,6 +512,27 @@ def error_text(exc: BaseException) -> str:
     except BaseException as failure:
         tb = f"(traceback unavailable: {type(failure).__name__})"
     return f"{head}\n{tb}"
+
+
+# The frames a handler's traceback starts with that are the worker's, not the user's: this
+# runner, the thread pool that ran a sync handler, asyncio awaiting it.
+_OWN_FRAMES = (
+    __file__,
+    str(Path(asyncio.__file__).parent) + os.sep,
+    str(Path(concurrent.futures.__file__).parent) + os.sep,
+)
+
+
+def _trim_traceback(exc: BaseException) -> None:
+    """Start ``exc``'s traceback at the user's handler: drop the leading frames of echomq's
+    own runner and of the thread pool and event loop that ran the handler, so the log line
+    and ``last_error`` open with the user's code. A traceback with no user frame at all (a
+    failure inside echomq itself) is kept whole."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_FRAMES):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.__traceback__ = tb
 
 
 def _safe_str(value: object) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -47,7 +48,7 @@ from echomq._connect import (
 )
 from echomq._executor import AsyncExecutor
 from echomq._kernel import MAX_INT, Job, Keys
-from echomq._logfmt import log_startup, repeats_reset, warn_repeated
+from echomq._logfmt import log_startup, repeats_reset, stop_line, warn_repeated
 from echomq._native import resolve_executor
 from echomq._pool import ProcessPool, default_size
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
@@ -197,6 +198,7 @@ class Worker:
 
     async def arun(self) -> WorkerStats:
         """Run on the current event loop until :meth:`stop`; returns the stats."""
+        began = time.monotonic()
         self._stop_event = asyncio.Event()
         self._drained = asyncio.Event()
         if self._stopping:
@@ -251,7 +253,10 @@ class Worker:
                 self.pool.close()
             threads.shutdown(wait=False, cancel_futures=True)
             await self._x.close()
-        log.info("worker %d stopped: %s", os.getpid(), self.stats)
+        log.info(
+            "%s", stop_line(os.getpid(), self.stats, time.monotonic() - began),
+            extra=dataclasses.asdict(self.stats),
+        )  # fmt: skip
         return self.stats
 
     async def _supervised(self, loop_fn: Callable[..., Any], *args: Any) -> None:

@@ -471,7 +471,7 @@ def test_worker_with_a_bad_app_spec(cli) -> None:
     result = cli("worker", "no_such_module_here:app")
     assert result.exit_code == 2 and "cannot import 'no_such_module_here'" in result.stderr
     result = cli("worker", "apps.basic:nothing")
-    assert result.exit_code == 2 and "is not an echomq.App" in result.stderr
+    assert result.exit_code == 2 and "has no attribute 'nothing'" in result.stderr
     result = cli("worker", ":app")
     assert result.exit_code == 2 and "MODULE:APP" in result.stderr
 

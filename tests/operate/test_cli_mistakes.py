@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
 import pydoc
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,10 +23,11 @@ import pytest
 import redis
 
 import echomq
+from conftest import wait_for
 from echomq import ids
 from echomq.errors import InvalidArgument, ServerUnreachable
 from echomq.server import EmbeddedServer, free_port
-from procs import TESTS_DIR
+from procs import TESTS_DIR, Spawner, wait_log
 
 
 def run(*args: str, env: dict[str, str], cwd: Path = TESTS_DIR) -> subprocess.CompletedProcess[str]:
@@ -391,3 +394,135 @@ def test_a_missing_extra_names_both_ways_to_install_it(
     assert done.exit_code == 2, done.output
     assert "pip install 'echomq[web]'" in done.output
     assert "from a clone of the repository: pip install '.[web]'" in done.output
+
+
+# --------------------------------------------------------------------------- issue 36 #5, #7
+
+
+def test_a_scheme_without_its_colon_is_mended_not_prefixed(env: dict[str, str]) -> None:
+    done = run("--url", "redis//cache.internal:6380/2", "stats", env=env)
+    assert one_error(done, 2) == (
+        "error: url 'redis//cache.internal:6380/2' has no scheme: write "
+        "redis://cache.internal:6380/2"
+    )
+    done = run("--url", "unix//tmp/redis.sock", "stats", env=env)
+    assert one_error(done, 2).endswith("write unix:///tmp/redis.sock")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "no-such-host.invalid:6379"])
+@pytest.mark.parametrize("command", [["stats"], ["stats", "q1"], ["pause", "q1"], ["workers"]])
+def test_a_server_never_reached_fails_at_once(
+    env: dict[str, str], host: str, command: list[str]
+) -> None:
+    """A refused first connect or a name that does not resolve is one line at once: not
+    retried for retry_for (10 s) as a failover would be."""
+    url = f"redis://{host.format(port=free_port())}/0"
+    line = one_error(run("--url", url, *command, env=env), 2)
+    assert line.startswith(f"error: cannot reach the server at {url}: "), line
+    assert "gave up after" not in line and "retry_for=10" not in line, line
+    assert "Connection refused" in line or "not known" in line or "resolution" in line, line
+
+
+def test_worker_app_spec_mistakes_say_what_the_module_has(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "tasks_x.py").write_text(
+        "import echomq\nmain_app = echomq.App()\nother = echomq.App()\nnot_an_app = 3\n"
+    )
+    done = run("worker", "tasks_x:missing", env=env, cwd=tmp_path)
+    assert one_error(done, 2) == (
+        "error: tasks_x has no attribute 'missing'; its echomq.App objects: main_app, other"
+    )
+    done = run("worker", "tasks_x:not_an_app", env=env, cwd=tmp_path)
+    assert one_error(done, 2) == (
+        "error: tasks_x:not_an_app is not an echomq.App (it is a int); "
+        "its echomq.App objects: main_app, other"
+    )
+    done = run("worker", "tasks_x.py:main_app", env=env, cwd=tmp_path)
+    assert one_error(done, 2).endswith("; did you mean tasks_x:main_app?")
+    (tmp_path / "pkg_x").mkdir()
+    (tmp_path / "pkg_x" / "__init__.py").write_text("")
+    done = run("worker", "pkg_x/jobs.py", env=env, cwd=tmp_path)
+    assert one_error(done, 2).endswith("; did you mean pkg_x.jobs:app?")
+
+
+def test_browse_state_takes_the_peers_words(
+    env: dict[str, str], q: echomq.Queue, qname: str
+) -> None:
+    doomed = q.enqueue(b"d").id
+    job = q.claim(lease_ms=60_000)
+    assert job is not None and job.id == doomed
+    assert q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
+    waiting = q.enqueue(b"w").id
+    later = q.enqueue(b"s", delay_ms=600_000).id
+    for word, wanted in [("waiting", waiting), ("delayed", later), ("failed", job.id)]:
+        done = run("browse", qname, "--state", word, "--ids", env=env)
+        assert (done.returncode, done.stdout.split()) == (0, [wanted]), (word, done.stderr)
+    helped = " ".join(run("browse", "--help", env=env).stdout.split())  # unwrapped
+    assert "waiting = pending" in helped and "failed = dead" in helped
+    assert "delayed = scheduled" in helped
+    done = run("reprocess", qname, "--all", "--state", "failed", env=env)
+    assert (done.returncode, done.stdout) == (0, "reprocessed 1 job(s)\n")
+
+
+def test_events_enable_on_a_queue_with_no_job_yet(env: dict[str, str], qname: str) -> None:
+    on = run("events", qname, "--enable", env=env)
+    assert (on.returncode, on.stdout) == (0, f"events on for {qname}\n"), on.stderr
+    assert on.stderr == f"note: {qname} has no job yet; its events are kept from its first\n"
+    with echomq.Queue(qname, url=env["ECHOMQ_URL"]) as q:
+        jid = q.enqueue(b"first").id
+    shown = run("events", qname, env=env)
+    assert shown.stderr == "" and f" enqueued {jid}" in shown.stdout
+    # Reading or turning off the events of a queue that does not exist stays a mistake.
+    assert run("events", qname + "-typo", env=env).returncode == 1
+    assert run("events", qname + "-typo", "--disable", env=env).returncode == 1
+
+
+def test_worker_names_its_server_once_and_stops_with_a_human_line(
+    spawn: Spawner, url: str, q: echomq.Queue, qname: str
+) -> None:
+    proc = spawn.worker(qname, "--beat-ms", "100")
+    wait_log(proc, "serving")
+    e = q.enqueue(json.dumps({"task": "count", "args": [1], "kwargs": {}}).encode())
+    wait_for(lambda: q.counts()["completed"] == 1, timeout=30)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.text()
+    text = proc.text()
+    # Where the server came from, once (ECHOMQ_URL), then the worker's own serving line.
+    assert text.count(f"echomq server {url} (ECHOMQ_URL)") == 1, text
+    assert "App(url=...)" not in text, text
+    assert re.search(rf"job {e.id} \(task count, queue {qname}, attempt 1/5\) started", text)
+    stop = re.search(r"worker \d+ stopped: (.*)$", text, re.MULTILINE)
+    assert stop, text
+    assert re.fullmatch(
+        r"1 job done, 0 failed, 0 handed back in \d+\.\d s \(counters: claimed=1, "
+        r"completed=1, .*\)",
+        stop[1],
+    ), stop[1]
+    assert "WorkerStats(" not in text
+
+
+def test_browse_never_shows_running_longer_than_age(
+    env: dict[str, str], q: echomq.Queue, qname: str, r: redis.Redis
+) -> None:
+    """A registry entry says when its worker's beat first saw the job; written from the
+    last beat's (older) server clock, it came before the job's id time: "running" was
+    longer than "age". The list never shows a run longer than its job's life."""
+    e = q.enqueue(b"x")
+    job = q.claim(lease_ms=600_000)
+    assert job is not None and job.id == e.id
+    minted = ids.decode_time_ms(e.id)
+    entry = {
+        "host": "h", "pid": 1, "supervisor": None, "queues": [qname], "concurrency": 1,
+        "executor": "lua", "version": "x", "started_ms": minted - 60_000, "ttl_ms": 600_000,
+        "pool": 0, "held": 1, "jobs": [[e.id, "t", minted - 30_000]],
+    }  # fmt: skip
+    r.hset(f"emq:{{{qname}}}:workers", "WRK0000000000x", json.dumps(entry))
+    r.zadd(f"emq:{{{qname}}}:workers:ttl", {"WRK0000000000x": int(time.time() * 1000) + 600_000})
+    done = run("browse", qname, "--state", "active", env=env)
+    assert done.returncode == 0, done.stderr
+    head, row = done.stdout.splitlines()
+    cells = dict(zip(head.split(), row.split(), strict=False))
+    age, running = cells["age"], cells["running"]
+    assert age.endswith("s") and running.endswith("s"), done.stdout
+    assert float(running[:-1]) <= float(age[:-1]), done.stdout

@@ -98,7 +98,7 @@ def test_lists_carry_task_args_attempts_error_and_times(url: str, q: echomq.Queu
         dead_page = c.get(f"/queues/{q.name}", params={"state": "dead"}).text
         row = _row(dead_page, dead)
         assert "charge" in row and "KeyError: &#34;card&#34;" in row
-        assert re.search(r'<td class="n">1</td>', row)  # one attempt
+        assert re.search(r'<td class="n lo">1</td>', row)  # one attempt
         sched = c.get(f"/queues/{q.name}", params={"state": "schedule"}).text
         row = _row(sched, later)
         assert "remind" in row and ">in 6" in row  # runs in ~60 minutes, human
@@ -476,7 +476,7 @@ def test_priority_column_and_change_priority(
     rows = {r["id"]: r for r in c.get(f"/api/queues/{q.name}").json()["rows"]}
     assert rows[urgent]["priority"] == "1" and rows[plain]["priority"] is None
     row = _row(c.get(f"/queues/{q.name}").text, urgent)
-    assert re.search(r'<td class="n">1</td>\s*<td class="bad err"', row)  # the priority cell
+    assert re.search(r'<td class="n lo">1</td>\s*<td class="bad err', row)  # the priority cell
     page = c.get(f"/queues/{q.name}/jobs/{plain}").text
     assert 'name="priority"' in page and "set priority" in page
     path = f"/queues/{q.name}/jobs/{plain}/change_priority"

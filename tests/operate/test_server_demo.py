@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,7 +19,7 @@ import echomq
 from conftest import wait_for
 from echomq import _connect, _native
 from echomq.server import EmbeddedServer
-from procs import TESTS_DIR, Spawner, pid_gone, pids_in, wait_log
+from procs import TESTS_DIR, Proc, Spawner, pid_gone, pids_in, wait_log
 
 
 @pytest.fixture
@@ -46,13 +47,20 @@ def ping(url: str) -> bool:
 # --------------------------------------------------------------------------- echomq server
 
 
-def test_server_records_itself_and_stops_clean(spawn: Spawner, home: Path, tmp_path: Path) -> None:
-    cwd = tmp_path / "cwd"
+def recorded_server(spawn: Spawner, home: Path, cwd: Path) -> tuple[Proc, dict[str, Any]]:
+    """``echomq server`` started in ``cwd`` (made here), once it recorded itself in
+    ``home``: the process and its record."""
     cwd.mkdir()
     srv = spawn.start("server", env=no_url_env(spawn, home), cwd=cwd)
     record = home / "server.json"
     wait_for(record.exists, timeout=15)
-    info = json.loads(wait_for(record.read_text))
+    return srv, json.loads(wait_for(record.read_text))
+
+
+def test_server_records_itself_and_stops_clean(spawn: Spawner, home: Path, tmp_path: Path) -> None:
+    cwd = tmp_path / "cwd"
+    srv, info = recorded_server(spawn, home, cwd)
+    record = home / "server.json"
     assert set(info) == {"pid", "port", "url", "socket", "owner", "by", "pidns", "run_id"}
     assert (info["owner"], info["by"]) == (srv.pid, "server")
     assert info["url"] == f"redis://127.0.0.1:{info['port']}/0"
@@ -294,3 +302,27 @@ def test_stop_outlasts_a_refused_sigterm(tmp_path: Path) -> None:
             assert took < 15, took
     finally:
         primary.stop()
+
+
+@pytest.mark.slow  # a (short) demo run
+def test_demo_beside_a_recorded_server_runs_on_its_own(
+    spawn: Spawner, home: Path, tmp_path: Path
+) -> None:
+    """Issue 36 #7: a recorded `echomq server` is the user's, holding their queues: the demo
+    (20k jobs, a worker killed) runs on a private server of its own unless a server is
+    named outright (--url, ECHOMQ_URL)."""
+    cwd = tmp_path / "cwd"
+    srv, info = recorded_server(spawn, home, cwd)
+    wait_log(srv, f"export ECHOMQ_URL={info['url']}")
+    env = no_url_env(spawn, home, COLUMNS="160")
+    demo = spawn.start("demo", "--jobs", "200", "--workers", "1", "--no-kill", env=env, cwd=cwd)
+    rc = demo.wait(150)
+    out = demo.text()
+    assert rc == 0, out
+    assert "echomq: the demo runs on its own server; started an embedded one at" in out, out
+    assert info["url"] not in out, out
+    user = redis.Redis.from_url(info["url"])
+    try:
+        assert user.dbsize() == 0  # nothing of the demo's in the user's server
+    finally:
+        user.close()

@@ -45,7 +45,7 @@ def start_worker(spawn: Spawner, queue: str) -> Proc:
 
 
 def stats_of(proc: Proc) -> dict[str, int]:
-    m = re.search(r"stopped: WorkerStats\((.*?)\)", proc.text())
+    m = re.search(r"stopped: .* \(counters: (.*?)\)$", proc.text(), re.MULTILINE)
     assert m, f"no stats in the output of {proc}:\n{proc.text()[-3000:]}"
     return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split(", "))}
 

@@ -81,6 +81,13 @@ def test_text_lines_name_queue_job_task_attempt(spawn: Spawner, tmp_path: Path) 
             ids = enqueue_all(q)
             wait_log(proc, "cancelled: dead-lettered")
             wait_for(lambda: q.counts()["dead"] == 3, timeout=10)  # die, nope, wait
+            # last_error's traceback starts at the handler too (the sync one: a pool thread).
+            kept = q.get_job(ids["fail"])
+            assert kept is not None
+            error = kept["last_error"]
+            error = error.decode() if isinstance(error, bytes) else error
+            tb = error.split("Traceback (most recent call last):\n", 1)[1].splitlines()
+            assert "apps/logs.py" in tb[0] and "_runner.py" not in error, error
         text = proc.text()
         lines = text_lines(proc)
         where = {
@@ -113,7 +120,15 @@ def test_text_lines_name_queue_job_task_attempt(spawn: Spawner, tmp_path: Path) 
         for line in expected:
             assert line in lines, f"{line} not in:\n{text}"
         job_lines = [x for x in lines if x[1] == jobs]
-        # One line each, the completion too (issue 27 #5: at INFO, with its time).
+        # Issue 36 #7: each run's start is an INFO line too (a hung run shows in the log),
+        # with the id, task and attempt; a job refused before any run (nope) has none.
+        runs = [x for x in job_lines if x[2].endswith(" started")]
+        assert sorted(runs) == sorted(
+            ("INFO", jobs, f"{where[t]} started")
+            for t in ("fail", "die", "slow", "again", "ok", "wait")
+        ), runs
+        job_lines = [x for x in job_lines if x not in runs]
+        # One end line each, the completion too (issue 27 #5: at INFO, with its time).
         done = [x for x in job_lines if x not in expected]
         assert len(done) == 1, job_lines
         assert done[0][0] == "INFO"
@@ -125,7 +140,9 @@ def test_text_lines_name_queue_job_task_attempt(spawn: Spawner, tmp_path: Path) 
         ]:
             after = block_after(text, first)
             assert after[0] == "Traceback (most recent call last):"
-            assert any("apps/logs.py" in x for x in after), after
+            # Issue 36 #7: it starts at the handler, no frame of echomq's runner first.
+            assert "apps/logs.py" in after[1], after
+            assert not any("echomq/_runner.py" in x for x in after), after
             assert after[-1] == last
         # No traceback for a signal, a timeout, a cancel.
         assert text.count("Traceback (most recent call last)") == 2
@@ -270,8 +287,12 @@ def test_completion_line_at_info_not_at_warning(
     if level == "WARNING":  # --log-level WARNING: as quiet as before
         assert lines == []
     else:
-        assert len(lines) == 1 and re.search(r"\) completed in [\d.]+ ms$", lines[0])
-        assert capture.records[0].levelno == logging.INFO
+        # The run's start line, then its end line (issue 36 #7), both at INFO.
+        assert len(lines) == 2 and lines[0].endswith(
+            " (task fine, queue " + qname + ", attempt 1/3) started"
+        )
+        assert re.search(r"\) completed in [\d.]+ ms$", lines[1])
+        assert [r.levelno for r in capture.records] == [logging.INFO, logging.INFO]
 
 
 def test_start_lists_repeats_and_warns_of_a_queue_without_tasks(url: str, qname: str) -> None:

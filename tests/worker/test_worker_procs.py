@@ -39,7 +39,7 @@ def done(r: redis.Redis, queue: str) -> dict[str, int]:
 
 def stats_of(proc: Proc) -> dict[str, int]:
     """The WorkerStats the worker logged when it stopped."""
-    m = re.search(r"stopped: WorkerStats\((.*?)\)", proc.text())
+    m = re.search(r"stopped: .* \(counters: (.*?)\)$", proc.text(), re.MULTILINE)
     assert m, f"no stats in the output of {proc}:\n{proc.text()}"
     return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split(", "))}
 

@@ -111,7 +111,14 @@ def _server_for(
     ``optional_module``: a built trafikey to load if it can; a server that refuses it (a
     stale or foreign build) is started again without it, with a warning, on the Lua path."""
     try:
-        found = _connect.configured(ctx.obj.get("url"), app_url)
+        if purpose == "demo":
+            # The demo writes ~20k jobs and kills a worker: it runs on its own private server
+            # unless one is named outright (--url, ECHOMQ_URL), never on a recorded
+            # `echomq server` (the user's, holding their queues) it merely found here.
+            named = ctx.obj.get("url") or os.environ.get("ECHOMQ_URL")
+            found = _connect.configured(named) if named else None
+        else:
+            found = _connect.configured(ctx.obj.get("url"), app_url)
     except ServerNotRunning as exc:
         # A worker's own server died with that worker: this one starts its own (the same
         # data dir). A recorded `echomq server` that is down is the user's to start.
@@ -120,7 +127,9 @@ def _server_for(
         found = None
     if found is not None:
         # logs the choice
-        yield _checked_url(_resolved(ctx, app_url).url)
+        chosen = _checked_url(_resolved(ctx, app_url).url)
+        _hand_to_app(purpose, chosen)
+        yield chosen
         return
     directory = state_dir() / purpose
     try:
@@ -142,20 +151,28 @@ def _server_for(
     except NoServerBinary as exc:
         _fail(str(exc))
         raise  # unreachable; keeps type checkers quiet
+    why = "the demo runs on its own server" if purpose == "demo" else "no server configured"
     click.echo(
-        f"echomq: no server configured; started an embedded one at {server.url} "
-        f"(data in {directory})",
+        f"echomq: {why}; started an embedded one at {server.url} (data in {directory})",
         err=True,
     )
     # Recorded like `echomq server`'s, so producers (App()) and other commands run from this
     # directory find it while it lives; the record goes with it.
     record = _record_server(server, "worker") if purpose == "worker" else None
+    _hand_to_app(purpose, server.url)
     try:
         yield server.url
     finally:
         server.stop()
         if record is not None:
             _unrecord(record, server)
+
+
+def _hand_to_app(purpose: str, url: str) -> None:
+    """The worker command hands its server to the App (``app.url = url``): named already (its
+    source's line, or the embedded server's), it is not named again as App(url=...)."""
+    if purpose == "worker":
+        _connect.named(url, "app")
 
 
 def _port_free(port: int) -> bool:
@@ -198,6 +215,28 @@ def _existing(
         hint = f" (--create {verb} it anyway)" if verb else ""
         _fail(f"queue {name!r} does not exist on {_shown(_url(ctx))}{hint}", code=1)
     return q
+
+
+# The words other queues use for echomq's states, taken as aliases by every --state.
+STATE_ALIASES = {"waiting": "pending", "delayed": "scheduled", "failed": "dead"}
+
+
+def state_choice(states: tuple[str, ...]) -> click.Choice[str]:
+    """A ``--state`` choice of ``states`` that also takes the aliases of those among them
+    (waiting, delayed, failed); the command gets the canonical name (:func:`canonical`)."""
+    aliases = [a for a, to in STATE_ALIASES.items() if to in states]
+    return click.Choice([*states, *aliases])
+
+
+def canonical(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """A ``--state`` callback: an alias as the state it names."""
+    return STATE_ALIASES.get(value, value)
+
+
+def aliases_help(states: tuple[str, ...]) -> str:
+    """The help text's note of the aliases a ``--state`` of ``states`` takes."""
+    pairs = [f"{a} = {to}" for a, to in STATE_ALIASES.items() if to in states]
+    return f" Aliases: {', '.join(pairs)}." if pairs else ""
 
 
 _CREATE = click.option(
@@ -243,15 +282,31 @@ def _load_app(spec: str) -> App:
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             _fail(
                 f"cannot import {module_name!r}: no module named {missing!r} (from {os.getcwd()})"
+                + _as_module(module_name, attr)
             )
         _import_failed(module_name, exc)  # the module itself imports something missing
     except Exception as exc:  # the user's module raised while it was imported
         _import_failed(module_name, exc)
-    obj = getattr(module, attr or "app", None)
+    name = attr or "app"
+    apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+    has = f"; its echomq.App objects: {', '.join(apps)}" if apps else "; it has no echomq.App"
+    if not hasattr(module, name):
+        _fail(f"{module_name} has no attribute {name!r}{has}")
+    obj = getattr(module, name)
     if not isinstance(obj, App):
-        _fail(f"{spec!r} is not an echomq.App (found {type(obj).__name__})")
+        _fail(f"{module_name}:{name} is not an echomq.App (it is a {type(obj).__name__}){has}")
     assert isinstance(obj, App)
     return obj
+
+
+def _as_module(module_name: str, attr: str) -> str:
+    """A hint for a file path given where a module name goes (``tasks.py:app``,
+    ``pkg/tasks.py``): the module it names, ``did you mean tasks:app?``."""
+    path = module_name.replace("\\", "/")
+    if not path.endswith(".py") and "/" not in path:
+        return ""
+    dotted = path.removesuffix(".py").strip("/").replace("/", ".")
+    return f"; did you mean {dotted}:{attr or 'app'}?" if dotted else ""
 
 
 def _import_failed(module_name: str, exc: BaseException) -> None:

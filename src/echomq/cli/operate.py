@@ -14,7 +14,17 @@ from echomq import (
 )
 from echomq import _kernel as _k
 from echomq import _protocol as _p
-from echomq.cli._common import _CREATE, _existing, _fail, _queue, _run, main
+from echomq.cli._common import (
+    _CREATE,
+    _existing,
+    _fail,
+    _queue,
+    _run,
+    aliases_help,
+    canonical,
+    main,
+    state_choice,
+)
 from echomq.errors import (
     EchoMQError,
     JobGone,
@@ -217,10 +227,11 @@ def _yes(flag: bool) -> str:
 @click.option("--all", "everything", is_flag=True, help="Reprocess every job of --state.")
 @click.option(
     "--state",
-    type=click.Choice(["dead", "completed"]),
+    type=state_choice(("dead", "completed")),
+    callback=canonical,
     default="dead",
     show_default=True,
-    help="With --all: the dead jobs, or the kept completed ones.",
+    help="With --all: the dead jobs, or the kept completed ones." + aliases_help(("dead",)),
 )
 @click.option("--delay-ms", type=int, default=None, help="Run them after this delay.")
 @click.pass_context

@@ -23,12 +23,25 @@ from echomq import (
 )
 from echomq import _kernel as _k
 from echomq import _protocol as _p
-from echomq.cli._common import _errors, _existing, _fail, _queue, _run, _shown, _url, main
+from echomq.cli._common import (
+    _errors,
+    _existing,
+    _fail,
+    _queue,
+    _run,
+    _shown,
+    _url,
+    aliases_help,
+    canonical,
+    main,
+    state_choice,
+)
 from echomq.errors import (
     EchoMQError,
 )
 
 _STATS = ("pending", "active", "schedule", "dead", "completed", "failed")
+_BROWSE_STATES = ("pending", "active", "scheduled", "schedule", "dead", "completed")
 
 
 def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
@@ -47,6 +60,7 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
             x,
             lambda: _inspect.snapshot(x, names or _inspect.discover(client), minutes=0),
             _connect.DEFAULT_RETRY_FOR,
+            fail_fast=True,
         )
         fleet = x.pipeline([_registry.list_workers(_p.Keys(v.name)) for v in views])
         if x.executor is None:
@@ -193,7 +207,9 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
     default="pending",
     show_default=True,
     # "scheduled" is the state's name; "schedule" (its set's key) stays as an alias.
-    type=click.Choice(["pending", "active", "scheduled", "schedule", "dead", "completed"]),
+    type=state_choice(_BROWSE_STATES),
+    callback=canonical,
+    help="The state to list." + aliases_help(_BROWSE_STATES),
 )
 @click.option("-n", "count", default=20, show_default=True)
 @click.option("--group", help="Browse one lane (pending only).")
@@ -358,10 +374,21 @@ def events(
     """Print QUEUE's lifecycle events; --enable turns them on (they are off by default)."""
     if enable and disable:
         _fail("--enable or --disable, not both")
-    q = _existing(ctx, queue)
-    if enable or disable:
-        _run(ctx, (lambda: q.enable_events(maxlen)) if enable else q.disable_events)
-        click.echo(f"events {'on' if enable else 'off'} for {queue}")
+    q = _queue(ctx, queue)
+    if enable:
+        # Turning events on before the first job is the point (a queue with no job yet has
+        # no keys): not refused, but said, since a typo would make a queue nobody uses.
+        fresh = not _run(ctx, lambda: _inspect.queue_exists(q.client, q.name))
+        _run(ctx, lambda: q.enable_events(maxlen))
+        click.echo(f"events on for {queue}")
+        if fresh:
+            note = f"note: {queue} has no job yet; its events are kept from its first"
+            click.echo(note, err=True)
+        return
+    _existing(ctx, queue, q=q)
+    if disable:
+        _run(ctx, q.disable_events)
+        click.echo(f"events off for {queue}")
         return
     meta = _p.Keys(queue).meta
     bound = _run(ctx, lambda: q._x.run(_k._cmd(("HGET", meta, "events"), lambda r: r)))

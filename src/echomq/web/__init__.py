@@ -43,8 +43,10 @@ is a random id whose record lives on the server (``{emq}:session:<sha256 of the 
 before its body is read, and a body over 64 KiB is refused with 413, from its
 ``Content-Length`` or, without one, once the capped read passes the bound.
 Destructive actions (remove, drain, cancel, delete_dead, cancel_all, unrepeat and a selection's
-remove or cancel) ask for confirmation first. ``read_only=True`` hides every
-action and refuses them. Every name and payload is escaped by the templates (autoescape).
+remove or cancel) ask for confirmation first. After an action the page it lands on shows what
+was done once (a flash message, from a short-lived ``SameSite=Strict`` cookie).
+``read_only=True`` hides every action and refuses them. Every name and payload is escaped by
+the templates (autoescape).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import json
 import os
 import secrets
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -75,6 +78,7 @@ except ImportError as exc:
     raise _extras.missing("web", "the dashboard (echomq.web)", exc) from exc
 
 from echomq import _console, _inspect, _registry
+from echomq import _control as _ctl
 from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq._connect import TRANSIENT
@@ -86,8 +90,28 @@ from echomq.errors import (
     JobGone,
     StateError,
 )
-from echomq.web._session import _CSRF, _SESSION, MAX_FORM, _form, _https, _State, _TooLarge
-from echomq.web._views import _PAGE, HERE, LIST_STATES, PAGE_SIZES, _decode_payload, _env
+from echomq.web._session import (
+    _CSRF,
+    _FLASH,
+    _SESSION,
+    MAX_FORM,
+    _form,
+    _https,
+    _State,
+    _TooLarge,
+)
+from echomq.web._views import (
+    _PAGE,
+    HERE,
+    LIST_STATES,
+    PAGE_SIZES,
+    SUMMARY_FIELDS,
+    TIME_FIELDS,
+    _decode_payload,
+    _decode_result,
+    _env,
+    fold_events,
+)
 from echomq.web.actions import (
     ACTIONS,
     DESTRUCTIVE,
@@ -97,10 +121,15 @@ from echomq.web.actions import (
     SELECTION,
     JobAction,
     _NoSuchRepeat,
+    describe,
     perform,
 )
 
 __all__ = ["ACTIONS", "JOB_ACTIONS", "JobAction", "create_app"]
+
+
+# A flash message's length at most (a cookie is a few KiB at most).
+_FLASH_MAX = 500
 
 
 # How long the overview rides out a failover (the cluster's slot map re-read, the reads
@@ -146,6 +175,8 @@ def create_app(
     def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         csrf = request.cookies.get(_CSRF) or secrets.token_urlsafe(24)
         ctx.setdefault("now_ms", int(time.time() * 1000))
+        flash = request.cookies.get(_FLASH)
+        ctx["flash"] = urllib.parse.unquote(flash)[:_FLASH_MAX] if flash else None
         ctx.update(
             base=request.scope.get("root_path", ""),
             actions=st.actions,
@@ -160,6 +191,8 @@ def create_app(
             response.set_cookie(
                 _CSRF, csrf, httponly=True, samesite="strict", secure=_https(request)
             )
+        if flash:
+            response.delete_cookie(_FLASH)  # shown once
         return response
 
     def _signed_in(request: Request) -> bool:
@@ -371,13 +404,36 @@ def create_app(
         payload = _decode_payload(st.app, view.row.get("payload") if view.row else None)
         return view, payload
 
+    def kept_outcome(k: _p.Keys, job_id: str) -> Any:
+        """The job's kept outcome (D17), or None. Not the stand-in ``result`` answers for a
+        dead row without one (``finished_ms`` 0): the row shows that death already."""
+        kept = st.x.run(_ctl.result(k, job_id))
+        return kept if kept is not None and kept.finished_ms else None
+
     def job_page(request: Request) -> Response:
         view, payload = job_data(request)
         shown = payload if isinstance(payload, str) else json.dumps(payload, indent=2, default=repr)
+        k = _p.Keys(view.queue)
+        # The summary: the job as its place's list shows it (task, arguments, the worker
+        # holding it and its lease end, its run time, death or finish), and its kept result.
+        summary = (
+            _console.job_row(st.x, k, view.id, view.place, serializer=_serializer())
+            if view.row is not None
+            else None
+        )
+        kept = kept_outcome(k, view.id)
         return render(
             request,
             "job.html",
             job=view,
+            summary=summary,
+            kept=kept,
+            kept_value=_decode_result(st.app, kept.value) if kept and kept.value else None,
+            details=sorted(
+                (f, v) for f, v in (view.row or {}).items() if f not in SUMMARY_FIELDS | {"payload"}
+            ),
+            time_fields=TIME_FIELDS,
+            events=fold_events(view.events),
             payload=shown,
             payload_call=isinstance(payload, dict),
             job_table=JOB_TABLE,
@@ -385,7 +441,16 @@ def create_app(
 
     def api_job(request: Request) -> Response:
         view, payload = job_data(request)
-        return JSONResponse(json.loads(json.dumps(view.as_dict(payload), default=repr)))
+        data = view.as_dict(payload)
+        # What the page shows beyond the row: the kept outcome, decoded as the page shows it.
+        kept = kept_outcome(_p.Keys(view.queue), view.id)
+        data["result"] = kept and {
+            "value": _decode_result(st.app, kept.value) if kept.value else None,
+            "error": kept.error,
+            "finished_ms": kept.finished_ms,
+            "attempts": kept.attempts,
+        }
+        return JSONResponse(json.loads(json.dumps(data, default=repr)))
 
     def metrics(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -504,6 +569,7 @@ def create_app(
         st.forget()
         if api:
             return JSONResponse({"ok": True, "action": action, "result": result})
+        said = describe(action, job_id, fields, selected, result)
         base = request.scope.get("root_path", "")
         target = f"{base}/queues/{queue}" + (f"/jobs/{job_id}" if job_id else "")
         if action in {"remove", "selected"} or action.endswith("_dead"):
@@ -512,7 +578,17 @@ def create_app(
             target = f"{base}/queues/{queue}" + (back if back.startswith("?") else "")
         elif action in ("unrepeat", "pause_repeat", "resume_repeat"):
             target = f"{base}/queues/{queue}/repeats"
-        return RedirectResponse(target, status_code=303)
+        moved = RedirectResponse(target, status_code=303)
+        # The page it lands on says what was done (a cookie: nothing in the URL to forge).
+        moved.set_cookie(
+            _FLASH,
+            urllib.parse.quote(said[:_FLASH_MAX]),
+            max_age=60,
+            httponly=True,
+            samesite="strict",
+            secure=_https(request),
+        )
+        return moved
 
     # ------------------------------------------------------------------ errors
 

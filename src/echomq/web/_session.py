@@ -26,6 +26,8 @@ _SESSION = "echomq_session"
 
 
 _CSRF = "echomq_csrf"
+# The message of the last action (percent-encoded), shown once by the next page it lands on.
+_FLASH = "echomq_flash"
 
 
 # A form of ours is a few short fields; anything larger is refused before it is buffered.

@@ -4,8 +4,10 @@ payload, and the page sizes and list states."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +145,71 @@ def _decode_payload(app: Any, payload: bytes | str | None) -> Any:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return repr(data)
+
+
+def _decode_result(app: Any, value: bytes) -> str:
+    """A kept result for display: decoded by the app's serializer when given, else as JSON
+    when it parses, else its text (or a repr of binary data); pretty-printed when it is a
+    structure. Never evaluated, always escaped later."""
+    if app is not None:
+        try:
+            return _pretty(app.serializer.loads(value))
+        except Exception:  # not the app's encoding: the fallbacks below
+            pass
+    try:
+        return _pretty(json.loads(value))
+    except ValueError:
+        pass
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(value)
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, default=repr, ensure_ascii=False)
+
+
+# A row's fields that are times (server ms): shown as times, the raw value on hover.
+TIME_FIELDS = frozenset({"finished_ms", "claimed_ms", "expires"})
+
+# The row fields the job page's summary shows in words; the rest of the row (the protocol's
+# bookkeeping: lease_epoch, floor, flow, kids...) is under "details".
+SUMMARY_FIELDS = frozenset(
+    {"attempts", "group", "priority", "progress", "last_error", "parent", "expires", "finished_ms"}
+)
+
+
+@dataclass
+class EventRow:
+    """One row of a job page's events: an event, or a run of consecutive progress updates
+    folded into one (their count and the last value)."""
+
+    stream_id: str
+    event: str
+    fields: dict[str, str]
+    at_ms: int | None
+    count: int = 1
+
+
+def fold_events(events: Sequence[Any]) -> list[EventRow]:
+    """The job's events with each run of consecutive ``progress`` updates as one row (a
+    handler reporting progress often would bury the rest)."""
+    out: list[EventRow] = []
+    for e in events:
+        at = _stream_ms(e.stream_id)
+        last = out[-1] if out else None
+        if e.event == "progress" and last is not None and last.event == "progress":
+            last.count += 1
+            last.stream_id, last.fields, last.at_ms = e.stream_id, dict(e.fields), at
+            continue
+        out.append(EventRow(e.stream_id, e.event, dict(e.fields), at))
+    return out
+
+
+def _stream_ms(stream_id: str) -> int | None:
+    """The server ms a stream entry was added at (its id's first part)."""
+    head = stream_id.partition("-")[0]
+    return int(head) if head.isdigit() else None

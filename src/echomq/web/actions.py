@@ -182,7 +182,8 @@ JOB_TABLE: dict[str, JobAction] = {
 JOB_ACTIONS = tuple(JOB_TABLE)
 
 
-# The verbs a list's selection can apply (the names of `_console.bulk`).
+# The verbs a list's selection can apply (the names of `_console.bulk`), the harmless ones
+# first; the list's select starts on none of them (a destructive pick is an explicit one).
 SELECTION = {"reprocess": "reprocess", "retry": "run_now", "cancel": "cancel", "remove": "remove"}
 
 
@@ -192,6 +193,81 @@ ACTIONS = QUEUE_ACTIONS
 DESTRUCTIVE = {"drain", "delete_dead", "cancel_all", "unrepeat"} | {
     a.name for a in JOB_TABLE.values() if a.destructive
 }
+
+
+def _jobs(n: int) -> str:
+    return f"{n:,} job" + ("" if n == 1 else "s")
+
+
+# What a selection's verb did, as the flash message says it ({} is "N jobs").
+_DID = {
+    "reprocess": "reprocessed {}",
+    "retry": "moved {} to waiting (run now)",
+    "cancel": "cancelled {}",
+    "remove": "removed {}",
+}
+
+
+def describe(
+    action: str, job_id: str | None, f: dict[str, str], selected: list[str], result: Any
+) -> str:
+    """The flash message a page shows after ``action`` ran (its JSON twin returns
+    ``result`` itself): what was done, and what was skipped, in words."""
+    if job_id is not None:
+        job = f"job {job_id}"
+        said = {
+            "reprocess": f"{job} sent back to waiting",
+            "retry": f"{job} is waiting now",
+            "reschedule": f"{job} rescheduled in {f.get('delay_s', '').strip()} s",
+            "change_priority": f"{job}: priority set to {f.get('priority', '').strip()}",
+            "update_payload": f"{job}: payload saved",
+            "remove": f"removed {job}",
+            "cancel": (
+                f"{job}: cancel requested; its worker stops it and dead-letters it"
+                if result == "signalled"
+                else f"{job} cancelled (it was not running: removed)"
+            ),
+        }
+        return said.get(action, f"{action.replace('_', ' ')}: done")
+    lane = f.get("lane", "")
+    name = f.get("name", "")
+    if action == "selected":
+        verb = f.get("verb", "")
+        moved = int(result or 0)
+        skipped = len(selected) - moved
+        text = _DID.get(verb, verb + " {}").format(_jobs(moved))
+        return text + (
+            f", skipped {skipped:,} (gone or moved since the list was read)" if skipped else ""
+        )
+    if action == "retry_dead":
+        return f"sent {_jobs(int(result or 0))} from dead back to waiting"
+    if action == "delete_dead":
+        return f"deleted {_jobs(int(result or 0))} from dead"
+    if action == "cancel_all":
+        got = result if isinstance(result, dict) else {}
+        return (
+            f"removed {_jobs(int(got.get('removed', 0)))} waiting or scheduled; "
+            f"asked {_jobs(int(got.get('signalled', 0)))} running to stop"
+        )
+    if action == "drain":
+        return f"drained: deleted {_jobs(int(result or 0))} waiting"
+    if action in ("pause", "resume"):
+        what = f"lane {lane}" if lane else "the queue"
+        return f"{action}d {what}"
+    if action in ("pause_lane", "resume_lane"):
+        return f"{action.partition('_')[0]}d lane {lane}"
+    if action == "limit_lane":
+        value = f.get("value", "").strip()
+        return f"lane {lane}: " + (
+            f"at most {value} at once" if value not in ("", "none") else "no limit"
+        )
+    if action == "weight_lane":
+        return f"lane {lane}: weight {f.get('value', '').strip()}"
+    if action == "unrepeat":
+        return f"removed repeat {name}" if result else f"no repeat named {name}: nothing removed"
+    if action in ("pause_repeat", "resume_repeat"):
+        return f"{action.partition('_')[0]}d repeat {name}"
+    return f"{action.replace('_', ' ')}: done"
 
 
 class _NoSuchRepeat(EchoMQError):
@@ -225,6 +301,8 @@ def perform(
         return q.cancel_all()
     if action == "selected":
         verb = f.get("verb", "")
+        if not verb:
+            raise InvalidArgument("choose what to do with the selected jobs")
         if verb not in SELECTION:
             raise InvalidArgument(f"a selection's verb is one of {', '.join(SELECTION)}")
         if not selected or len(selected) > 1000:
