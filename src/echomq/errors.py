@@ -272,7 +272,8 @@ class MissingExtra(EchoMQError, ImportError):
         self.module = module
         super().__init__(
             f"{feature} needs the {extra} extra (no module named {module!r}): "
-            f"pip install 'echomq[{extra}]'",
+            f"pip install 'echomq[{extra}]' (from a clone of the repository: "
+            f"pip install '.[{extra}]')",
             name=module,
         )
 
