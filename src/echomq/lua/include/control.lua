@@ -112,6 +112,18 @@ local function take_dedup(base, id, did, ttl_ms)
 end
 --@end
 
+-- Issue 37: whether a job moved since a caller (the dashboard's page) saw it. `seen` is
+-- nil or '' (no check), a state, or 'state:attempts'; row is {state, group, attempts, ...}.
+-- A state alone cannot tell a dead job from the same job reprocessed and dead again: the
+-- attempts can.
+local function moved_since(row, seen)
+  if not seen or seen == '' then return false end
+  local state, attempts = string.match(seen, '^([%a_]+):?(%d*)$')
+  if not state then return true end
+  if row[1] ~= state then return true end
+  return attempts ~= '' and tostring(row[3] or '0') ~= attempts
+end
+
 -- D22: whether the holder of an active job was asked to stop (row field `cancel`).
 local function cancel_flagged(jk)
   return rcall('HEXISTS', jk, 'cancel') == 1
