@@ -19,6 +19,7 @@ from echomq._kernel import (
     Call,
     Keys,
     Plan,
+    Replay,
     _call,
     _cmd,
     _group,
@@ -212,8 +213,34 @@ def add_flow(k: Keys, root: FlowJob) -> Plan[FlowAdded]:
                 n.parent_queue,
                 n.priority,
             )
-        yield _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
+        call = _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
+        # A node that carries the mark (a parent, or a child): how a resend tells whether
+        # the call it lost landed. A lone root carries none: its resend answers "exists".
+        probe = next((n for n in members if n.parent or n.kids), None)
+        probe_key = keyspace.queue_key(queue, "job:" + probe.id) if probe else None
+        yield from _flow_call(call, probe_key, mark)
     return FlowAdded(root_id, child_ids)
+
+
+def _flow_call(call: Call[Any], probe: str | None, mark: str) -> Plan[None]:
+    """One flow_add call, ridden through a lost reply (issue 37): the call is all or
+    nothing, so after a lost reply its probe node's row says whether it landed (the row
+    carries this add_flow's mark) or not (the call is sent again). The outage is bounded
+    by ``retry_for`` (the executor gives up past it)."""
+    while True:
+        try:
+            yield call
+            return
+        except Replay:
+            pass
+        while probe is not None:
+            try:
+                seen = yield _cmd(("HGET", probe, "flow"), lambda r: _s(r) if r else "")
+            except Replay:
+                continue
+            if seen == mark:
+                return  # the lost reply's call landed: the flow is in, once
+            break
 
 
 def _hash(reply: Any) -> dict[str, bytes]:
