@@ -51,12 +51,17 @@ def die_again(q: echomq.Queue, jid: str) -> None:
     assert q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
 
 
-def page_fields(c: TestClient, q: echomq.Queue, jid: str, action: str) -> dict[str, str]:
-    """The hidden fields of the job page's form for ``action`` (as a signed-in browser
-    would post them, minus the CSRF token)."""
+def sign_in(c: TestClient) -> None:
+    """A browser's sign-in: the pages then draw their action forms."""
     c.get("/login")
     csrf = c.cookies.get("echomq_csrf")
     c.post("/login", data={"token": TOKEN, "csrf": csrf})
+
+
+def page_fields(c: TestClient, q: echomq.Queue, jid: str, action: str) -> dict[str, str]:
+    """The hidden fields of the job page's form for ``action`` (as a signed-in browser
+    would post them, minus the CSRF token)."""
+    sign_in(c)
     html = c.get(f"/queues/{q.name}/jobs/{jid}").text
     form = re.search(rf'<form[^>]*/jobs/{jid}/{action}">(.*?)</form>', html, re.S)
     assert form is not None, f"no {action} form on the page"
@@ -167,9 +172,7 @@ def test_cancel_from_an_active_page_skips_a_job_back_in_the_schedule(
 
 def test_a_dead_selection_skips_the_jobs_that_moved(c: TestClient, q: echomq.Queue) -> None:
     stays, moves = dead(q, b"a"), dead(q, b"b")
-    c.get("/login")
-    csrf = c.cookies.get("echomq_csrf")
-    c.post("/login", data={"token": TOKEN, "csrf": csrf})
+    sign_in(c)
     html = c.get(f"/queues/{q.name}?state=dead").text
     seen = re.search(r'<input type="hidden" name="seen_state" value="([^"]*)">', html)
     assert seen is not None and seen.group(1) == "dead"
