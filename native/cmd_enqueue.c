@@ -74,7 +74,21 @@ void emq_cmd_enqueue(emq *e) {
     long long run_at = 0;
     int has_run_at = emq_run_time(e, mode, value, now, &run_at);
     if (did.n) {
-        emq_sv holder = emq_dedup_holder(e, did, emq_arg(e, 11), payload, has_run_at, run_at, now);
+        emq_sv lane = EMQ_NONE;
+        emq_sv holder = emq_dedup_holder(e, did, emq_arg(e, 11), payload, has_run_at, run_at,
+                                         now, g, pri, expires, &lane);
+        if (lane.p) {
+            emq_sv text = emq_cat(e, 5, EMQ_LIT("EMQSTATE debounce holder "), holder,
+                                  EMQ_LIT(" waits in "),
+                                  lane.n ? emq_cat(e, 2, EMQ_LIT("lane "), lane)
+                                         : EMQ_LIT("no lane"),
+                                  EMQ_LIT(": a fold cannot move it to another lane"));
+            char *msg = RedisModule_PoolAlloc(e->ctx, text.n + 1);
+            memcpy(msg, text.p, text.n);
+            msg[text.n] = '\0';
+            RedisModule_ReplyWithError(e->ctx, msg);
+            return;
+        }
         if (holder.p) {
             emq_sv extra[4] = {EMQ_LIT("dedup"), did, EMQ_LIT("refused"), id};
             emq_emit(e, "deduplicated", holder, 4, extra);

@@ -135,6 +135,28 @@ void emq_cmd_settle(emq *e) {
         if (out.n == 0) wait = emq_rate_wait_in(e, now, &out);
     }
 
+    /* settle.lua (issue 37): under a queue-wide limit, wake a parked claimer for each slot
+     * the settles freed that is still open while work waits, so the room is taken now and
+     * not at the next beat. */
+    if (!paused) {
+        if (out.qlimited) { /* claim_gate read meta limit */
+            long long freed = 0;
+            for (int j = 0; j < c; j++)
+                if (!completed[j].text && completed[j].n == 1) freed++;
+            for (int k = 0; k < nretry; k++) {
+                const char *t = retried[k].text;
+                if (t && (!strcmp(t, "scheduled") || !strcmp(t, "dead") || !strcmp(t, "removed")))
+                    freed++;
+            }
+            if (freed > 0) {
+                long long room = out.qlimit - emq_card(e, emq_key(e, EMQ_K_ACTIVE),
+                                                       REDISMODULE_KEYTYPE_ZSET);
+                if (room > 0 && emq_int(e, emq_call(e, "SCARD", 1, emq_key(e, EMQ_K_INRING))) > 0)
+                    emq_wake(e, freed < room ? freed : room);
+            }
+        }
+    }
+
     /* ---- {completed, retried, jobs, wait} ---- */
     RedisModule_ReplyWithArray(e->ctx, 4);
     RedisModule_ReplyWithArray(e->ctx, c);

@@ -26,9 +26,14 @@ void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did) {
 }
 
 /* control.lua dedup_holder(): the holder's id, or absent when the key is free. A debounce
- * holder that still waits takes this enqueue's payload and run time. */
+ * holder that still waits takes this enqueue's payload, run time, priority (pri, canonical
+ * decimal) and expiry (expires absent: none). A waiting holder in another lane than g is not
+ * folded: *lane_out is set to its lane ('' none) and the holder is returned unchanged, the
+ * caller refuses the call (EMQSTATE), nothing written. */
 emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
-                        long long run_at, long long now) {
+                        long long run_at, long long now, emq_sv g, emq_sv pri, emq_sv expires,
+                        emq_sv *lane_out) {
+    *lane_out = EMQ_NONE;
     emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
     emq_sv holder = emq_str(e, emq_call(e, "GET", 1, dk));
     if (!holder.p) return EMQ_NONE;
@@ -37,13 +42,33 @@ emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
         return EMQ_NONE;
     if (!emq_eqs(mode, "debounce")) return holder;
-    static const char *fields[3] = {"state", "group", "lease_epoch"};
-    emq_sv row[3];
-    if (!emq_hmget(e, jk, 3, fields, row)) return holder;
+    static const char *fields[5] = {"state", "group", "lease_epoch", "priority", "expires"};
+    emq_sv row[5];
+    if (!emq_hmget(e, jk, 5, fields, row)) return holder;
     if (!emq_eqs(row[0], "pending") && !emq_eqs(row[0], "scheduled")) return holder;
+    emq_sv had = row[1].p ? row[1] : EMQ_LIT("");
+    if (!emq_eq(had, g.p ? g : EMQ_LIT(""))) {
+        *lane_out = had;
+        return holder;
+    }
     emq_hset(e, 3, jk, EMQ_LIT("payload"), payload);
     /* A reaped holder's open lease ends: its old holder cannot settle the folded payload. */
     if (row[2].p) emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
+    long long old_pri = 0, new_pri = 0;
+    if (row[3].p && !emq_parse_ll(row[3], &old_pri)) old_pri = -1;
+    (void)emq_parse_ll(pri, &new_pri);
+    if (old_pri != new_pri) {
+        /* The row field first: a scheduled holder's promotion reads it (common.lua park). */
+        if (new_pri == 0)
+            emq_call(e, "HDEL", 2, jk, EMQ_LIT("priority"));
+        else
+            emq_hset(e, 3, jk, EMQ_LIT("priority"), pri);
+        emq_call(e, "ZADD", 4, emq_waiting_key(e, row[1]), EMQ_LIT("XX"), pri, holder);
+    }
+    if (expires.p)
+        emq_hset(e, 3, jk, EMQ_LIT("expires"), expires);
+    else if (row[4].p)
+        emq_call(e, "HDEL", 2, jk, EMQ_LIT("expires"));
     int due = !has_run_at || run_at <= now;
     if (emq_eqs(row[0], "scheduled")) {
         emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, has_run_at ? run_at : now),

@@ -203,7 +203,8 @@ const char *emq_find_one(emq *e, emq_sv key, emq_sv field);
 
 /* ---- control.lua (control.c) ---- */
 emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
-                        long long run_at, long long now);
+                        long long run_at, long long now, emq_sv g, emq_sv pri, emq_sv expires,
+                        emq_sv *lane_out);
 void emq_take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms);
 int emq_cancel_flagged(emq *e, emq_sv jk);
 void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did);

@@ -27,7 +27,7 @@ from echomq._connect import (
     resolve_url,
 )
 from echomq._executor import AsyncExecutor
-from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled
+from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled, _seen
 from echomq._native import resolve_executor
 from echomq._queueopts import durable_replicas, replay_ms
 from echomq._waiters import ResultWaiters  # async-only
@@ -321,10 +321,20 @@ class AsyncQueue:
         dead-letters; both None: unbounded (the default)."""
         return await self._x.run(_p.keep_dead(self._k, count, age_ms))
 
-    async def remove(self, id: str, *, children: bool = True) -> None:
+    async def remove(
+        self,
+        id: str,
+        *,
+        children: bool = True,
+        if_state: str | None = None,
+        if_attempts: int | None = None,
+    ) -> None:
         """Delete a job wherever it is; a flow parent's waiting descendants go with it
-        (``children=False``: the job alone)."""
-        return await self._x.run(_p.remove(self._k, id, children))
+        (``children=False``: the job alone). ``if_state`` (and ``if_attempts``): only while
+        the job is still where the caller saw it; ``StateError`` ("moved") otherwise,
+        nothing written."""
+        seen = _seen(if_state, if_attempts)
+        return await self._x.run(_p.remove(self._k, id, children, seen))
 
     async def change_priority(self, id: str, priority: int) -> None:
         """Set a waiting or scheduled job's priority (0..2**21, lower runs first). StateError
@@ -574,11 +584,20 @@ class AsyncQueue:
         """The id of the job holding the dedup id, or None when it is free."""
         return await self._x.run(_ctl.dedup_holder(self._k, dedup))
 
-    async def cancel(self, id: str, *, remove: bool = False) -> str:
+    async def cancel(
+        self,
+        id: str,
+        *,
+        remove: bool = False,
+        if_state: str | None = None,
+        if_attempts: int | None = None,
+    ) -> str:
         """``"removed"`` (it was waiting or scheduled), ``"signalled"`` (active: its holder's
         next heartbeat stops it and dead-letters it as "cancelled", or removes it with
-        ``remove=True``) or ``"absent"``."""
-        return await self._x.run(_ctl.cancel(self._k, id, remove))
+        ``remove=True``) or ``"absent"``. ``if_state`` (and ``if_attempts``): only while the
+        job is still where the caller saw it; ``StateError`` ("moved") otherwise."""
+        seen = _seen(if_state, if_attempts)
+        return await self._x.run(_ctl.cancel(self._k, id, remove, seen))
 
     async def cancel_all(self) -> dict[str, int]:
         """Cancel every waiting and scheduled job (removed) and signal every active one, as

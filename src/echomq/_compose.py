@@ -19,6 +19,7 @@ from echomq._kernel import (
     Call,
     Keys,
     Plan,
+    Replay,
     _call,
     _cmd,
     _group,
@@ -208,6 +209,9 @@ def add_flow(k: Keys, root: FlowJob, minter: ids.Minter | None = None) -> Plan[F
     # parent id re-used for a new flow never takes an old child's settle (PROTOCOL §2.4).
     mark = (yield from mint(minter))[3:]
     for (_, queue), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        # A node that carries the mark (a parent, or a child): how a resend tells whether
+        # the call it lost landed. A lone root carries none (see below).
+        probe = next((n for n in members if n.parent or n.kids), None)
         for _ in range(_REMINT_TRIES):
             args: list[Arg] = [keyspace.base(queue), len(members), mark]
             for n in members:
@@ -222,13 +226,22 @@ def add_flow(k: Keys, root: FlowJob, minter: ids.Minter | None = None) -> Plan[F
                     n.priority,
                 )
             call = _call("flow_add", (keyspace.queue_key(queue, "meta"),), tuple(args), _s)
-            (reply,) = yield [call]  # a list: a refusal comes back as a value, not raised
-            if not isinstance(reply, BaseException):
+            probe_key = (
+                keyspace.queue_key(queue, "job:" + named.get(probe.id, probe.id))
+                if probe is not None
+                else None
+            )
+            reply, lost = yield from _flow_call(call, probe_key, mark)
+            if reply is None:
                 break
             taken = _taken(reply)
             ours = [p for p, jid in named.items() if jid == taken]
             if not ours:
                 raise reply  # an id the caller named exists: the caller's StateError
+            if lost and probe_key is None:
+                # A lone root whose first copy's reply was lost: its minted id is unique
+                # (D2, a leased node), so "exists" is that first copy, landed.
+                break
             # A minted id another job holds: nothing of this call was written (flow_add
             # checks every node first); mint it anew (its children's parent id with it).
             named[ours[0]] = yield from mint(minter)
@@ -246,6 +259,34 @@ def _taken(reply: BaseException) -> str | None:
         if len(words) >= 2 and words[-2] == "exists":
             return words[-1]
     return None
+
+
+def _flow_call(
+    call: Call[Any], probe: str | None, mark: str
+) -> Plan[tuple[BaseException | None, bool]]:
+    """One flow_add call, ridden through a lost reply (issue 37): the call is all or
+    nothing, so after a lost reply its probe node's row says whether it landed (the row
+    carries this add_flow's mark) or not (the call is sent again). Answers the refusal (or
+    None) and whether a reply was lost on the way. The outage is bounded by ``retry_for``
+    (the executor gives up past it)."""
+    lost = False
+    while True:
+        try:
+            (reply,) = yield [call]  # a list: a refusal comes back as a value, not raised
+        except Replay:
+            reply = None
+        else:
+            if not isinstance(reply, Replay):
+                return (reply if isinstance(reply, BaseException) else None), lost
+        lost = True
+        while probe is not None:
+            try:
+                seen = yield _cmd(("HGET", probe, "flow"), lambda r: _s(r) if r else "")
+            except Replay:
+                continue
+            if seen == mark:
+                return None, lost  # the lost reply's call landed: the flow is in, once
+            break
 
 
 def _hash(reply: Any) -> dict[str, bytes]:

@@ -618,30 +618,41 @@ def _each(fn: Callable[[str], Any], job_ids: Iterable[str]) -> tuple[int, list[s
     return done, refused
 
 
-def _whole_set(q: Queue, state: str, fn: Callable[[str], Any]) -> int:
+def _whole_set(q: Queue, state: str, fn: Callable[[str], Any]) -> tuple[int, int]:
     """``fn`` on every job of ``state``, 1000 at a time, each job once: a job that comes
     back into the set while the loop runs (reprocessed and dead again) is not taken twice,
-    so the loop ends."""
+    so the loop ends. The counts moved and skipped (moved meanwhile, or gone)."""
     seen: set[str] = set()
-    moved = 0
+    moved = skipped = 0
     while batch := [j for j in q.browse(state, 1000) if j not in seen]:
         seen.update(batch)
-        moved += _each(fn, batch)[0]
-    return moved
+        done, refused = _each(fn, batch)
+        moved += done
+        skipped += len(refused)
+    return moved, skipped
 
 
-def bulk(q: Queue, verb: str, job_ids: Sequence[str] | None = None) -> int:
+def bulk(
+    q: Queue, verb: str, job_ids: Sequence[str] | None = None, *, seen: str | None = None
+) -> dict[str, int]:
     """A bulk action: ``verb`` (``reprocess``, ``remove``, ``cancel``, ``run_now``) on the
     listed ids, or, with ``job_ids=None``, ``reprocess`` or ``remove`` on every dead job.
-    Returns how many jobs it moved."""
+    ``seen``: the state the page showed them in (the whole set's is ``dead``): a remove or
+    cancel skips, in its script, a job that has moved since (issue 37). Returns
+    ``{"done": moved, "skipped": left alone (moved meanwhile, or gone)}``."""
+    if job_ids is None:
+        seen = "dead"
 
     def cancel(job_id: str) -> None:
-        if q.cancel(job_id) == "absent":
+        if q.cancel(job_id, if_state=seen) == "absent":
             raise JobGone(job_id)
+
+    def remove(job_id: str) -> None:
+        q.remove(job_id, if_state=seen)
 
     fns: dict[str, Callable[[str], Any]] = {
         "reprocess": q.reprocess,
-        "remove": q.remove,
+        "remove": remove,
         "cancel": cancel,
         "run_now": q.run_now,
     }
@@ -650,5 +661,8 @@ def bulk(q: Queue, verb: str, job_ids: Sequence[str] | None = None) -> int:
     if job_ids is None:
         if verb not in ("reprocess", "remove"):
             raise InvalidArgument(f"{verb} applies to a selection, not to a whole set")
-        return _whole_set(q, "dead", fns[verb])
-    return _each(fns[verb], job_ids)[0]
+        done, skipped = _whole_set(q, "dead", fns[verb])
+    else:
+        done, refused = _each(fns[verb], job_ids)
+        skipped = len(refused)
+    return {"done": done, "skipped": skipped}

@@ -59,6 +59,7 @@ from echomq._kernel import (
     _int,
     _iterable,
     _lease,
+    _resent,
     _s,
     _str_list,
     _token,
@@ -290,9 +291,10 @@ def _nothing(_: Any) -> None:
 # --------------------------------------------------------------------------- cancel (D22)
 
 
-def cancel(k: Keys, id: str, remove: bool = False) -> Call[str]:
+def cancel(k: Keys, id: str, remove: bool = False, seen: str = "") -> Plan[str]:
     """cancel.lua; ``remove``: an active job's holder removes it instead of dead-lettering
-    it (a waiting or scheduled job is removed either way)."""
+    it (a waiting or scheduled job is removed either way). ``seen`` (issue 37, ``_seen``):
+    the state the caller saw; a job that moved since is refused (``StateError`` "moved")."""
     if not isinstance(remove, bool):
         raise InvalidArgument(f"remove must be a bool, got {remove!r}")
 
@@ -301,8 +303,12 @@ def cancel(k: Keys, id: str, remove: bool = False) -> Call[str]:
         assert text in ("removed", "signalled", "absent"), text
         return text  # type: ignore[return-value]
 
-    args = (k.base, id, "1") if remove else (k.base, id)
-    return _call("cancel", (k.job(id),), args, decode)
+    args: tuple[str, ...] = (k.base, id, "1") if remove else (k.base, id)
+    if seen:
+        args = (k.base, id, "1" if remove else "0", seen)
+    # Resent after a lost reply (issue 37): a second copy finds the job cancelled (removed:
+    # "absent"; signalled: flagged again, one more nudge). The job is cancelled either way.
+    return (yield from _resent(_call("cancel", (k.job(id),), args, decode)))
 
 
 def cancel_all(k: Keys, budget: int = 1000) -> Plan[dict[str, int]]:
@@ -315,11 +321,15 @@ def cancel_all(k: Keys, budget: int = 1000) -> Plan[dict[str, int]]:
     removed = signalled = 0
     cursor = ""
     while True:
-        deleted, cursor, flagged = yield _call(
-            "drain",
-            (k.pending, k.lanes),
-            (k.base, "1", budget, cursor, "cancel"),
-            lambda r: (int(r[0]), _s(r[1]), int(r[2])),
+        # Resent after a lost reply (issue 37), as drain's slices are: the counts may come
+        # out short after an outage, never the effect.
+        deleted, cursor, flagged = yield from _resent(
+            _call(
+                "drain",
+                (k.pending, k.lanes),
+                (k.base, "1", budget, cursor, "cancel"),
+                lambda r: (int(r[0]), _s(r[1]), int(r[2])),
+            )
         )
         removed += deleted
         signalled += flagged

@@ -358,6 +358,8 @@ class SyncExecutor(_Executor):
                         self.follow()  # (call() follows by itself)
                     delay = _plan_delay(budget, exc, self.client)
                     time.sleep(delay)
+                    if _resend(step, budget):
+                        continue
                     try:
                         step = work.throw(Replay(exc))
                     except Replay:
@@ -528,6 +530,8 @@ class AsyncExecutor(_Executor):
                     if isinstance(step, list):
                         await self.follow()  # (call() follows by itself)
                     await asyncio.sleep(_plan_delay(budget, exc, self.client))
+                    if _resend(step, budget):
+                        continue
                     try:
                         step = work.throw(Replay(exc))
                     except Replay:
@@ -547,6 +551,17 @@ class AsyncExecutor(_Executor):
         self._node_clients.clear()
         if self.owned:
             await cast(Any, self.client).aclose()
+
+
+def _resend(step: Call[Any] | list[Call[Any]], budget: Budget) -> bool:
+    """Whether a plan's lost pipeline is resent as it is, not thrown into the plan: every
+    call in it is replay-safe (a read pipeline, say), and the plan's deadline, if any, is
+    not reached (at it the plan decides, as ``wait()`` does). Issue 37: a read plan such as
+    ``check()`` raised at the first lost connection because no plan caught the ``Replay``.
+    A single call rides out its own outage in ``call``."""
+    if not isinstance(step, list) or not all(c.replay for c in step):
+        return False
+    return budget.deadline is None or time.monotonic() < budget.deadline
 
 
 def _plan_delay(budget: Budget, exc: BaseException, client: Any) -> float:

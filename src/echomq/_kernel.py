@@ -277,6 +277,25 @@ def _iterable(name: str, value: object) -> Iterable[Any]:
     return value
 
 
+_SEEN_STATES = ("pending", "active", "scheduled", "dead", "completed", "awaiting_children")
+
+
+def _seen(if_state: str | None, if_attempts: int | None) -> str:
+    """Issue 37: the state (and attempts) a caller saw, as remove and cancel check it in the
+    script ('' : no check). A job that moved since is skipped there, nothing written."""
+    if if_state is None:
+        if if_attempts is not None:
+            raise InvalidArgument("if_attempts needs if_state")
+        return ""
+    if if_state not in _SEEN_STATES:
+        raise InvalidArgument(f"if_state is one of {', '.join(_SEEN_STATES)}, got {if_state!r}")
+    if if_attempts is None:
+        return if_state
+    if isinstance(if_attempts, bool) or not isinstance(if_attempts, int) or if_attempts < 0:
+        raise InvalidArgument(f"if_attempts must be an int >= 0, got {if_attempts!r}")
+    return f"{if_state}:{if_attempts}"
+
+
 # --------------------------------------------------------------------------- decoders
 
 
@@ -323,6 +342,19 @@ def _call(
     # Whether a lost reply may be answered by resending is the script's own declared trait
     # (``Flags: replay`` in its header, see _scripts.py).
     return Call(script, keys, args, decode, script.replay)
+
+
+def _resent(call: Call[T]) -> Plan[T]:
+    """One step of a plan that is sent again after a lost reply (issue 37): for a call whose
+    second copy does what the first did or nothing (a drain slice, a repeat fire, a
+    cancel), though it may then count less than the first copy did. The executor bounds
+    the outage by ``retry_for`` (it raises past it) and sleeps between the copies."""
+    while True:
+        try:
+            result: T = yield call
+        except Replay:
+            continue
+        return result
 
 
 def _cmd(args: tuple[Arg, ...], decode: Callable[[Any], T]) -> Call[T]:

@@ -39,6 +39,7 @@ from echomq._kernel import (
     _none,
     _payload,
     _priority,
+    _resent,
     _s,
     _str_list,
     _text,
@@ -329,12 +330,15 @@ def _opt(n: int | None) -> str:
     return "" if n is None else str(n)
 
 
-def remove(k: Keys, id: str, children: bool = True) -> Call[None]:
+def remove(k: Keys, id: str, children: bool = True, seen: str = "") -> Call[None]:
     """``children`` (issue 24): a flow parent's waiting descendants go with it; False
-    removes the job alone."""
+    removes the job alone. ``seen`` (issue 37, ``_seen``): the state the caller saw; a job
+    that moved since is refused (``StateError`` "moved"), nothing written."""
     if not isinstance(children, bool):
         raise InvalidArgument(f"children must be a bool, got {children!r}")
-    args = (k.base, id, "1") if children else (k.base, id)
+    args: tuple[str, ...] = (k.base, id, "1") if children else (k.base, id)
+    if seen:
+        args = (k.base, id, "1" if children else "0", seen)
     return _call("remove", (k.job(id),), args, _gone_if_zero(id))
 
 
@@ -461,11 +465,15 @@ def drain(k: Keys, include_schedule: bool = False, budget: int = 1000) -> Plan[i
     total = 0
     cursor = ""
     while True:
-        deleted, cursor = yield _call(
-            "drain",
-            (k.pending, k.lanes),
-            (k.base, flag, budget, cursor),
-            lambda r: (int(r[0]), _s(r[1])),
+        # Resent after a lost reply (issue 37): a second copy of a slice drains what is
+        # still waiting, so the total may come out short after an outage, never the effect.
+        deleted, cursor = yield from _resent(
+            _call(
+                "drain",
+                (k.pending, k.lanes),
+                (k.base, flag, budget, cursor),
+                lambda r: (int(r[0]), _s(r[1])),
+            )
         )
         total += int(deleted)
         if not cursor:

@@ -56,6 +56,7 @@ from echomq._kernel import (
     _int,
     _int_reply,
     _payload,
+    _resent,
     _s,
     _text,
 )
@@ -414,7 +415,11 @@ def _fire(k: Keys, limit: int, peek: int) -> Plan[tuple[int, list[bytes]]]:
     fired: int
     todo: list[tuple[str, int, str, str]]
     outbox: list[bytes]
-    fired, todo, now, outbox = yield _call("repeat_fire", keys, (k.base, lim, peek, 0), decode)
+    # Resent after a lost reply (issue 37): every caller fires each occurrence once (D19),
+    # so a second copy is one more caller; only the count may come out short.
+    fired, todo, now, outbox = yield from _resent(
+        _call("repeat_fire", keys, (k.base, lim, peek, 0), decode)
+    )
     if not todo:
         return fired, outbox
     triples: list[Arg] = []
@@ -429,8 +434,8 @@ def _fire(k: Keys, limit: int, peek: int) -> Plan[tuple[int, list[bytes]]]:
     if not triples:
         return fired, outbox
     more: int
-    more, _, _, _ = yield _call(
-        "repeat_fire", keys, (k.base, lim, 0, len(triples) // 3, *triples), decode
+    more, _, _, _ = yield from _resent(
+        _call("repeat_fire", keys, (k.base, lim, 0, len(triples) // 3, *triples), decode)
     )
     return fired + more, outbox
 

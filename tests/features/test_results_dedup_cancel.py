@@ -283,7 +283,10 @@ def test_debounce_replaces_the_waiting_payload_and_delay(q: echomq.Queue, r: red
     assert run_at is not None and run_at - int(r.time()[0]) * 1000 > 3000
     # A waiting (pending) holder is pushed back by a delayed debounce: lanes stay exact.
     second = q.enqueue(b"w1", dedup="e", dedup_mode="debounce", dedup_ttl_ms=60_000, group="g")
-    q.enqueue(b"w2", dedup="e", dedup_mode="debounce", dedup_ttl_ms=60_000, delay_ms=5000)
+    # (The fold names the holder's lane: a fold cannot move a holder between lanes, issue 37.)
+    q.enqueue(
+        b"w2", dedup="e", dedup_mode="debounce", dedup_ttl_ms=60_000, delay_ms=5000, group="g"
+    )
     assert q.job_state(second.id) == "scheduled"
     assert q.lane_depth("g") == 0 and q.check() == []
     # Once the holder runs, a debounce enqueue is refused and changes nothing.

@@ -408,6 +408,11 @@ class ModelMachine(RuleBasedStateMachine):
         t0 = self.now()
         if did is not None and len(did) > 128 and not strict("did255"):
             return
+        if h is not None and mode == "debounce" and h.state in ("pending", "scheduled"):
+            if h.group != group:  # issue 37: a fold cannot move its holder to another lane
+                with pytest.raises(StateError, match="a fold cannot move it"):
+                    self.q(qi).enqueue(payload, id=jid, group=group, delay_ms=delay, **kw)
+                return
         e = self.q(qi).enqueue(payload, id=jid, group=group, delay_ms=delay, **kw)
         t1 = self.now()
         new = self.events_since(qi, before)
@@ -416,6 +421,12 @@ class ModelMachine(RuleBasedStateMachine):
             assert "deduplicated" in new or not strict("events"), f"deduplicated: events {new}"
             if h is not None and mode == "debounce" and h.state in ("pending", "scheduled"):
                 self.debounced(qi, holder, h, payload, delay, t0, t1, old)
+                if h.payload == payload:  # folded (issue 37): the newest call's ttl too
+                    if ttl is not None:
+                        h.expired = False
+                        self.expiry(qi, holder, h, ttl, t0, t1)
+                    else:
+                        h.expires, h.expired = None, False
             return
         if jid is not None and jid in m.jobs:
             assert e == Enqueued(jid, "duplicate")

@@ -8,8 +8,11 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] id
   ARGV[3] remove          optional: '1' has the holder remove an active job, not dead-letter it
+  ARGV[4] seen            optional (issue 37): the state the caller saw ('active', or
+                          'active:<attempts>'); a job that has moved since (retried to the
+                          schedule, say) is skipped, nothing written. Needs ARGV[3] ('0': no)
   Returns 'removed' | 'signalled' | 'absent' (no row, or nothing runs or waits: dead) |
-    error EMQLOCK
+    error EMQLOCK | error EMQSTATE moved (seen given, the job is elsewhere now)
   Flags: writes once
 ]]
 --@include common
@@ -20,6 +23,9 @@ local jk = KEYS[1]
 local row = hmget(jk, 'state', 'group', 'attempts')
 if not row or not row[1] then return 'absent' end
 local state, g = row[1], row[2]
+if moved_since(row, ARGV[4]) then
+  return redis.error_reply('EMQSTATE moved: now ' .. state .. ', attempts ' .. tostring(row[3]))
+end
 if state == 'active' and rcall('ZSCORE', base .. 'active', id) then
   -- The holder's settle reads the flag's value (include/settle.lua retry_one).
   rcall('HSET', jk, 'cancel', ARGV[3] == '1' and 'remove' or '1')

@@ -122,7 +122,13 @@ if nonce ~= '' and replay_ms > 0 then
 end
 local run_at = run_time(ARGV[5], ARGV[6], now)
 if did ~= '' then
-  local holder = dedup_holder(base, did, ARGV[11], ARGV[3], run_at, now)
+  local holder, other, lane = dedup_holder(base, did, ARGV[11], ARGV[3], run_at, now, g, pri,
+    expires)
+  if other then
+    if lane == '' then lane = 'no lane' else lane = 'lane ' .. lane end
+    return redis.error_reply('EMQSTATE debounce holder ' .. other .. ' waits in ' .. lane
+      .. ': a fold cannot move it to another lane')
+  end
   if holder then
     -- D15: the refused enqueue is an event too; `id` is the holder that took it.
     emit(base, 'deduplicated', holder, 'dedup', did, 'refused', id)

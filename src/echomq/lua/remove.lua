@@ -9,9 +9,13 @@
                           children, found through the row field `kids`, down the tree); the
                           active ones run on (their settle records nothing: the parent is
                           gone) and the dead ones stay. Absent or '0': the parent alone.
+  ARGV[4] seen            optional (issue 37): the state the caller saw ('dead', or
+                          'dead:<attempts>' with the row's attempts then); a job that has
+                          moved since is skipped, nothing written. Needs ARGV[3]
   The id's last token is recorded (common.lua retire): a re-admission continues from it.
   Returns 1 | 0 when gone (a ghost id is still taken out of the flat/active/schedule/dead
-    sets, and completed) | error EMQLOCK
+    sets, and completed) | error EMQLOCK | error EMQSTATE moved (seen given, the job is
+    elsewhere or on another attempt now)
   Flags: writes once
 ]]
 --@include common
@@ -29,6 +33,10 @@ if rcall('EXISTS', jk) == 0 then
   rcall('ZREM', base .. 'dead', id)
   rcall('ZREM', base .. 'completed', id)
   return 0
+end
+if moved_since(row, ARGV[4]) then
+  return redis.error_reply('EMQSTATE moved: now ' .. tostring(row[1]) .. ', attempts '
+    .. tostring(row[3]))
 end
 if rcall('EXISTS', jk .. ':lock') == 1 then return redis.error_reply('EMQLOCK job is locked') end
 

@@ -15,6 +15,8 @@
   Returns {{complete verdict...}, {retry verdict...}, {{id, payload, attempts, group|nil}...},
     wait}: wait is 0, or, when the claim part got nothing because a rate limit holds jobs
     back, the ms until its window reopens (D21, include/lease.lua rate_wait)
+    Under a queue-wide limit, settles that free room pushes a wake token per freed slot
+    still open while a waiting set is serviceable (issue 37).
     complete verdict: 1 | 0 (gone) | 'EMQSTALE ...'; retry verdict: 'scheduled' | 'dead' |
     0 (gone) | 'EMQSTALE ...'
   Flags: writes once
@@ -80,5 +82,21 @@ local wait = 0
 if n > 0 and not paused then
   claim_n(base, now + lease_ms, n, jobs, now)
   if #jobs == 0 then wait = rate_wait(base, now) end
+end
+-- Issue 37: under a queue-wide limit, a worker whose claim came back short parks on the wake
+-- list, and the room this call's settles free is not its own claim's to take (the claim
+-- part above took what it asked for). Wake a parked claimer for each freed slot still
+-- open while work waits (the ring holds exactly the serviceable sets), so the room is taken
+-- at once instead of at the next beat. No limit: no wake, a settle costs what it did.
+if qlimit and not paused then
+  local freed = 0
+  for _, v in ipairs(completed) do if v == 1 then freed = freed + 1 end end
+  for _, v in ipairs(retried) do
+    if v == 'scheduled' or v == 'dead' or v == 'removed' then freed = freed + 1 end
+  end
+  if freed > 0 then
+    local room = qlimit - rcall('ZCARD', base .. 'active')
+    if room > 0 and rcall('SCARD', base .. 'inring') > 0 then wake(base, math.min(freed, room)) end
+  end
 end
 return {completed, retried, jobs, wait}

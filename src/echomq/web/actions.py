@@ -16,6 +16,7 @@ from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     JobGone,
+    StateError,
 )
 from echomq.web._session import MAX_FORM
 
@@ -62,11 +63,35 @@ def _priority(f: dict[str, str]) -> int:
     return int(raw)  # its range is the verb's to check (InvalidArgument past it)
 
 
-def _cancel(q: Any, job_id: str, _f: dict[str, str], _app: Any) -> str:
-    outcome: str = q.cancel(job_id)
+def _seen(f: dict[str, str]) -> tuple[str | None, int | None]:
+    """The state (and attempts) the page showed the job in, from its form's hidden fields
+    ``seen_state`` / ``seen_attempts``: a remove or cancel skips, in its script, a job that
+    has moved since the page was drawn (issue 37). Absent (a script's own POST): no check."""
+    state = f.get("seen_state", "").strip() or None
+    raw = f.get("seen_attempts", "").strip()
+    if raw and not raw.isdigit():
+        raise InvalidArgument(f"seen_attempts is an int, got {raw[:40]!r}")
+    return state, (int(raw) if raw and state else None)
+
+
+def _cancel(q: Any, job_id: str, f: dict[str, str], _app: Any) -> dict[str, Any]:
+    state, attempts = _seen(f)
+    try:
+        outcome: str = q.cancel(job_id, if_state=state, if_attempts=attempts)
+    except StateError:  # moved since the page was drawn: left alone
+        return {"done": 0, "skipped": 1}
     if outcome == "absent":
         raise JobGone(job_id)
-    return outcome
+    return {"done": 1, "skipped": 0, "outcome": outcome}
+
+
+def _remove(q: Any, job_id: str, f: dict[str, str], _app: Any) -> dict[str, int]:
+    state, attempts = _seen(f)
+    try:
+        q.remove(job_id, if_state=state, if_attempts=attempts)
+    except StateError:  # moved since the page was drawn: left alone
+        return {"done": 0, "skipped": 1}
+    return {"done": 1, "skipped": 0}
 
 
 _SECONDS = re.compile(r"\d{1,10}(\.\d{1,3})?")
@@ -173,7 +198,7 @@ JOB_TABLE: dict[str, JobAction] = {
             "remove",
             ("pending", "scheduled", "dead", "active", "awaiting_children", "completed"),
             True,
-            lambda q, i, f, a: q.remove(i),
+            _remove,
         ),
     )
 }
@@ -193,6 +218,15 @@ ACTIONS = QUEUE_ACTIONS
 DESTRUCTIVE = {"drain", "delete_dead", "cancel_all", "unrepeat"} | {
     a.name for a in JOB_TABLE.values() if a.destructive
 }
+
+
+def _counts(result: Any, asked: int | None) -> tuple[int, int]:
+    """(done, skipped) of a bulk action's result: ``{"done", "skipped"}`` (issue 37), or a
+    bare count of what was done, the rest of ``asked`` skipped."""
+    if isinstance(result, dict):
+        return int(result.get("done", 0)), int(result.get("skipped", 0))
+    done = int(result or 0)
+    return done, (asked - done if asked is not None else 0)
 
 
 def _jobs(n: int) -> str:
@@ -215,6 +249,11 @@ def describe(
     ``result`` itself): what was done, and what was skipped, in words."""
     if job_id is not None:
         job = f"job {job_id}"
+        if isinstance(result, dict) and result.get("skipped"):
+            # A remove or cancel whose job moved since the page was drawn (issue 37).
+            return f"{job} was left alone: it moved since the page was drawn"
+        if isinstance(result, dict):
+            result = result.get("outcome")
         said = {
             "reprocess": f"{job} sent back to waiting",
             "retry": f"{job} is waiting now",
@@ -233,8 +272,7 @@ def describe(
     name = f.get("name", "")
     if action == "selected":
         verb = f.get("verb", "")
-        moved = int(result or 0)
-        skipped = len(selected) - moved
+        moved, skipped = _counts(result, len(selected))
         text = _DID.get(verb, verb + " {}").format(_jobs(moved))
         return text + (
             f", skipped {skipped:,} (gone or moved since the list was read)" if skipped else ""
@@ -242,7 +280,10 @@ def describe(
     if action == "retry_dead":
         return f"sent {_jobs(int(result or 0))} from dead back to waiting"
     if action == "delete_dead":
-        return f"deleted {_jobs(int(result or 0))} from dead"
+        done, skipped = _counts(result, None)
+        return f"deleted {_jobs(done)} from dead" + (
+            f", skipped {skipped:,} (moved since the list was read)" if skipped else ""
+        )
     if action == "cancel_all":
         got = result if isinstance(result, dict) else {}
         return (
@@ -309,7 +350,7 @@ def perform(
             raise InvalidArgument("select 1 to 1000 jobs")
         for one in selected:
             q._k.job(one)  # every id checked before the first one moves
-        return _console.bulk(q, SELECTION[verb], selected)
+        return _console.bulk(q, SELECTION[verb], selected, seen=_seen(f)[0])
     if action == "unrepeat":
         return q.unrepeat(f.get("name", ""))
     if action in ("pause_repeat", "resume_repeat"):

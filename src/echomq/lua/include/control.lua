@@ -53,10 +53,16 @@ local function release_dedup(base, id, jk)
 end
 
 -- D20: the holder of dedup id `did`, or false when the key is free. A debounce key whose
--- holder still waits (pending or scheduled) has the holder take this enqueue's payload and
--- run time (run_at nil: now) in place: the refused enqueue is folded into the held job.
+-- holder still waits (pending or scheduled) has the holder take this enqueue's payload, run
+-- time (run_at nil: now), priority (pri, 0 = the default) and expiry (expires nil: none) in
+-- place: the refused enqueue is folded into the held job, and the folded job is the newest
+-- call's in every setting, so it is neither dead-lettered `expired` on the holder's older
+-- deadline nor served at the holder's priority (issue 37). A lane cannot be folded (the
+-- holder would have to move between waiting sets mid-debounce): a call for another lane
+-- than the waiting holder's returns nil, the holder, its lane ('' none): the caller refuses
+-- it (EMQSTATE), nothing written.
 --@lazy dedup_holds
-local function dedup_holder(base, did, mode, payload, run_at, now)
+local function dedup_holder(base, did, mode, payload, run_at, now, g, pri, expires)
   local holder = rcall('GET', base .. 'de:' .. did)
   if not holder then return false end
   local jk = base .. 'job:' .. holder
@@ -66,13 +72,24 @@ local function dedup_holder(base, did, mode, payload, run_at, now)
     return false
   end
   if mode ~= 'debounce' then return holder end
-  local row = hmget(jk, 'state', 'group', 'lease_epoch')
+  local row = hmget(jk, 'state', 'group', 'lease_epoch', 'priority', 'expires')
   if not row or (row[1] ~= 'pending' and row[1] ~= 'scheduled') then return holder end
+  if (row[2] or '') ~= (g or '') then return nil, holder, row[2] or '' end
   rcall('HSET', jk, 'payload', payload)
   -- A pending holder with an open lease generation was reaped while its lapsed holder may
   -- still run the old payload (D5 lets that holder settle it): that lease ends here, so the
   -- holder cannot complete the job and lose the payload folded into it.
   if row[3] then rcall('HDEL', jk, 'lease_epoch', 'cancel') end
+  if tonumber(row[4] or '0') ~= pri then
+    -- The row field first: a scheduled holder's promotion reads it (common.lua park).
+    if pri == 0 then rcall('HDEL', jk, 'priority') else rcall('HSET', jk, 'priority', pri) end
+    rcall('ZADD', waiting_key(base, row[2]), 'XX', pri, holder)
+  end
+  if expires then
+    rcall('HSET', jk, 'expires', expires)
+  elseif row[5] then
+    rcall('HDEL', jk, 'expires')
+  end
   local due = run_at == nil or run_at <= now
   if row[1] == 'scheduled' then
     -- promote moves it to its waiting set (now when due), keeping the lane bookkeeping.
@@ -94,6 +111,18 @@ local function take_dedup(base, id, did, ttl_ms)
   rcall('HSET', base .. 'job:' .. id, 'dedup', did)
 end
 --@end
+
+-- Issue 37: whether a job moved since a caller (the dashboard's page) saw it. `seen` is
+-- nil or '' (no check), a state, or 'state:attempts'; row is {state, group, attempts, ...}.
+-- A state alone cannot tell a dead job from the same job reprocessed and dead again: the
+-- attempts can.
+local function moved_since(row, seen)
+  if not seen or seen == '' then return false end
+  local state, attempts = string.match(seen, '^([%a_]+):?(%d*)$')
+  if not state then return true end
+  if row[1] ~= state then return true end
+  return attempts ~= '' and tostring(row[3] or '0') ~= attempts
+end
 
 -- D22: whether the holder of an active job was asked to stop (row field `cancel`).
 local function cancel_flagged(jk)
