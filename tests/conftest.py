@@ -483,6 +483,12 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+def blocked_clients(r: redis.Redis, command: str = "blpop") -> int:
+    """Connections of r's server blocked in ``command`` now (CLIENT LIST): a test waits on
+    this for "the waiter is blocked" rather than sleeping and hoping it got there."""
+    return sum(1 for c in r.client_list() if c.get("cmd") == command and "b" in c.get("flags", ""))
+
+
 @contextlib.contextmanager
 def running(worker: echomq.Worker) -> Iterator[echomq.Worker]:
     """``worker`` running in a thread of its own (its own event loop) for the block; stopped
