@@ -489,6 +489,12 @@ def blocked_clients(r: redis.Redis, command: str = "blpop") -> int:
     return sum(1 for c in r.client_list() if c.get("cmd") == command and "b" in c.get("flags", ""))
 
 
+def command_calls(r: redis.Redis, command: str) -> int:
+    """Calls of ``command`` r's server has run (INFO commandstats): "it never blocked" is
+    asserted as no new BLPOP, not as a short elapsed time (issue 36)."""
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
 @contextlib.contextmanager
 def running(worker: echomq.Worker) -> Iterator[echomq.Worker]:
     """``worker`` running in a thread of its own (its own event loop) for the block; stopped

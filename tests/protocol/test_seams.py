@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import echomq
-from conftest import wait_for
+from conftest import command_calls, wait_for
 from echomq import FlowJob, ids
 from echomq.errors import JobFailed, StaleToken
 
@@ -36,12 +36,6 @@ def claim_id(q: echomq.Queue, jid: str, lease_ms: int = 30_000) -> echomq.Job:
     finally:
         for other in held:
             q.delay(other.id, other.token, 0)
-
-
-def _blpops(q: echomq.Queue) -> int:
-    """BLPOP calls the queue's server has run (INFO commandstats)."""
-    stats = q.client.info("commandstats")
-    return int(stats.get("cmdstat_blpop", {}).get("calls", 0))
 
 
 def die(q: echomq.Queue, job: echomq.Job, error: str = "boom", **kw: Any) -> None:
@@ -253,12 +247,12 @@ def test_wait_on_a_dead_job_fails_at_once(q: echomq.Queue) -> None:
     job = q.claim()
     assert job is not None
     die(q, job, "no luck")  # no keep_result_ms: only the row says dead
-    blocked = _blpops(q)
+    blocked = command_calls(q.client, "blpop")
     with pytest.raises(JobFailed, match="no luck"):
         q.wait(jid, timeout_s=60)
     # At once: it read the dead row and never blocked (a clock could not say so on a busy
     # machine; the server's count of BLPOP calls does).
-    assert _blpops(q) == blocked
+    assert command_calls(q.client, "blpop") == blocked
 
 
 def test_wait_on_a_job_that_dies_while_waited_on_fails_at_once(q: echomq.Queue) -> None:
