@@ -471,7 +471,7 @@ class SyncOverAsync:
         self._loop.close()
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 60.0, interval: float = 0.02) -> Any:
     """Poll ``pred`` until it returns a truthy value; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -509,7 +509,7 @@ def running(worker: echomq.Worker) -> Iterator[echomq.Worker]:
         yield worker
     finally:
         loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
+        thread.join(60)
         loop.close()
 
 

@@ -126,10 +126,10 @@ def test_cancel_async_handler_mid_await(
 
     h = slow.enqueue()
     run_worker(app, queues=[qname])
-    assert started.wait(10)
+    assert started.wait(60)
     q = app.queue(qname)
     assert q.cancel(h.id) == "signalled"
-    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=60)
     row = q.get_job(h.id)
     assert row is not None and row["last_error"] == "cancelled"
     assert row["attempts"] == "1"  # dead-lettered under the token it ran with
@@ -162,10 +162,10 @@ def test_cancel_sync_handler_that_polls(
 
     h = polling.enqueue()
     run_worker(app, queues=[qname])
-    assert started.wait(10)
+    assert started.wait(60)
     q = app.queue(qname)
     assert q.cancel(h.id) == "signalled"
-    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=60)
     assert q.get_job(h.id)["last_error"] == "cancelled"  # type: ignore[index]
     n = len(steps)
     time.sleep(0.3)
@@ -232,7 +232,7 @@ def test_task_rate_limit_applies_to_its_queue(
     limited.enqueue_many([((i,), {}) for i in range(12)])
     run_worker(app, queues=[qname])
     q = app.queue(qname)
-    wait_for(lambda: q.counts()["completed"] == 5, timeout=10)
+    wait_for(lambda: q.counts()["completed"] == 5, timeout=60)
     assert r.hmget(_p(qname) + "meta", "rate_max", "rate_window_ms") == [b"5", b"60000"]
     time.sleep(0.5)
     assert q.counts()["completed"] == 5 and q.counts()["pending"] == 7
@@ -262,7 +262,7 @@ def test_limited_lane_beside_unlimited_lanes(
             work.options(group=lane).enqueue(lane)
     t0 = time.monotonic()
     run_worker(app, queues=[qname])
-    wait_for(lambda: all(done.get(x) == 40 for x in "abc"), timeout=20)
+    wait_for(lambda: all(done.get(x) == 40 for x in "abc"), timeout=60)
     # The unlimited lanes finished their 120 jobs while the slow lane ran about 1 a second.
     assert done.get("slow", 0) <= 2 + (time.monotonic() - t0)
     assert q.check() == []

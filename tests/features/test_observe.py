@@ -5,13 +5,13 @@ stream written the way the transition scripts write it, and the per-minute metri
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
 import redis
 
 import echomq
+from conftest import blocked_clients, wait_for
 from echomq import _observe
 from echomq._observe import Event, decode_metrics
 from echomq._scripts import include_text
@@ -121,14 +121,20 @@ def test_events_read_in_order_and_resume(anyq: Any, r: redis.Redis) -> None:
 
 def test_events_block_until_one_arrives(q: echomq.Queue, r: redis.Redis) -> None:
     jid = echomq.ids.mint()
-    timer = threading.Timer(0.3, lambda: _xadd(r, q.name, "completed", jid))
-    timer.start()
+
+    def add_once_blocked() -> None:
+        # After the reader blocks: an entry added before "$" is read would never be seen
+        # (a 0.3 s timer raced a slow start of the read on a busy machine, issue 36).
+        wait_for(lambda: blocked_clients(r, "xread") == 1)
+        _xadd(r, q.name, "completed", jid)
+
+    adder = threading.Thread(target=add_once_blocked)
+    adder.start()
     try:
-        t0 = time.monotonic()
-        got = q.events(after="$", block_ms=10_000)
-        assert time.monotonic() - t0 < 8
+        # Woken by the entry: a block that ran out would return nothing.
+        got = q.events(after="$", block_ms=25_000)  # the most it takes
     finally:
-        timer.join()
+        adder.join(60)
     assert [(e.event, e.id) for e in got] == [("completed", jid)]
     # A block that times out is an empty list, not an error.
     assert q.events(after=got[0].stream_id, block_ms=50) == []
