@@ -76,7 +76,7 @@ def stop(proc: Proc) -> None:
 
 
 def run(
-    project: Path, spawn: Spawner, *args: str, timeout: float = 30
+    project: Path, spawn: Spawner, *args: str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args,

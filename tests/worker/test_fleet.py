@@ -57,7 +57,7 @@ def supervisor(
     return spawn.start("worker", "apps.fleet:app", *options, env=env)
 
 
-def fleet(q: echomq.Queue, n: int, timeout: float = 20.0) -> list[WorkerInfo]:
+def fleet(q: echomq.Queue, n: int, timeout: float = 120.0) -> list[WorkerInfo]:
     """Wait until ``n`` workers are registered on ``q``; their entries."""
     found: list[WorkerInfo] = []
 
@@ -266,7 +266,7 @@ def test_spawned_children_register_and_stop(spawn: Spawner, q: echomq.Queue, qna
     sup = supervisor(
         spawn, qname, "-p", "2", "-c", "3", "--beat-ms", "100", ECHOMQ_START_METHOD="spawn"
     )
-    workers = fleet(q, 2, timeout=30)
+    workers = fleet(q, 2)
     assert "2 worker processes (spawn)" in sup.text()
     assert {w.concurrency for w in workers} == {3}
     assert all(ppid_of(w.pid) == sup.pid for w in workers)

@@ -37,7 +37,7 @@ class InProcWorker:
         except BaseException as exc:
             self.error = exc
 
-    def stop(self, timeout: float = 15.0) -> WorkerStats:
+    def stop(self, timeout: float = 60.0) -> WorkerStats:
         if self.thread.is_alive():
             self.loop.call_soon_threadsafe(self.worker.stop)
             self.thread.join(timeout)
@@ -85,7 +85,7 @@ def row(app: App, queue: str, job_id: str) -> dict[str, Any]:
     return found
 
 
-def dead_with(app: App, queue: str, job_id: str, timeout: float = 10.0) -> str:
+def dead_with(app: App, queue: str, job_id: str, timeout: float = 60.0) -> str:
     """Wait until the job is dead; return its last_error."""
     q = app.queue(queue)
     wait_for(lambda: q.job_state(job_id) == "dead", timeout)
