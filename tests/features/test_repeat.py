@@ -465,8 +465,11 @@ def test_four_processes_fire_each_occurrence_exactly_once(
     assert all(p.exitcode == 0 for p in procs)
     jobs = q.browse("pending", n=10_000)
     assert len(jobs) == len(set(jobs))
+    # At most one per grid point up to now (one more may be in flight at `end`). Not "at
+    # least that many less one": four firers all late by a period on a busy machine fire
+    # once for the periods they missed (PROTOCOL D19), and that was issue 36's kind of flake.
     expected = (end - first) // 200 + 1
-    assert abs(len(jobs) - expected) <= 1, (len(jobs), expected)
+    assert 1 <= len(jobs) <= expected + 1, (len(jobs), expected)
     # Each occurrence is one grid point of the repeat, none twice.
     times = sorted(echomq.ids.decode_time_ms(j) for j in jobs)
     assert all((t - first) % 200 == 0 for t in times)
