@@ -146,22 +146,31 @@ def test_concurrency_caps_jobs_in_flight(make_app, run_worker, qname) -> None:
     lock = threading.Lock()
     now = [0]
     peak = [0]
+    # Every run holds until 3 ran at once (then the gate stays open): that 3 overlap does
+    # not hang on how fast a busy machine claims, as 0.15 s runs did (issue 36).
+    full = threading.Event()
 
-    @app.task(queue=qname, name="sync_slow")
-    def sync_slow() -> None:
+    def start() -> None:
         with lock:
             now[0] += 1
             peak[0] = max(peak[0], now[0])
-        time.sleep(0.15)
+            if now[0] == 3:
+                full.set()
+
+    @app.task(queue=qname, name="sync_slow")
+    def sync_slow() -> None:
+        start()
+        full.wait(60)
         with lock:
             now[0] -= 1
 
     @app.task(queue=qname, name="async_slow")
     async def async_slow() -> None:
-        with lock:
-            now[0] += 1
-            peak[0] = max(peak[0], now[0])
-        await asyncio.sleep(0.15)
+        start()
+        for _ in range(6000):
+            if full.is_set():
+                break
+            await asyncio.sleep(0.01)
         with lock:
             now[0] -= 1
 
