@@ -136,7 +136,7 @@ SLOW_TESTS = frozenset(
         "tests/features/test_results_dedup_cancel.py::test_rate_limit_ttl_zero_means_a_claim_is_served",
         "tests/features/test_results_dedup_cancel.py::test_rate_limit_under_four_claimers_never_exceeds_its_window",
         "tests/features/test_results_dedup_cancel.py::test_spent_lane_leaves_the_ring_and_comes_back",
-        "tests/features/test_controls_under_a_worker.py::test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease",
+        "tests/features/test_controls_under_a_worker.py::test_cancel_reaches_a_running_job_before_its_next_heartbeat",
         "tests/features/test_controls_under_a_worker.py::test_task_rate_limit_applies_to_its_queue",
         "tests/reliability/test_crash.py::test_server_sigkill_mid_run",
         "tests/reliability/test_crash.py::test_worker_started_before_the_server_waits_for_it",
@@ -487,7 +487,7 @@ class SyncOverAsync:
         self._loop.close()
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 60.0, interval: float = 0.02) -> Any:
     """Poll ``pred`` until it returns a truthy value; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -497,6 +497,18 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def blocked_clients(r: redis.Redis, command: str = "blpop") -> int:
+    """Connections of r's server blocked in ``command`` now (CLIENT LIST): a test waits on
+    this for "the waiter is blocked" rather than sleeping and hoping it got there."""
+    return sum(1 for c in r.client_list() if c.get("cmd") == command and "b" in c.get("flags", ""))
+
+
+def command_calls(r: redis.Redis, command: str) -> int:
+    """Calls of ``command`` r's server has run (INFO commandstats): "it never blocked" is
+    asserted as no new BLPOP, not as a short elapsed time (issue 36)."""
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 @contextlib.contextmanager
@@ -513,7 +525,7 @@ def running(worker: echomq.Worker) -> Iterator[echomq.Worker]:
         yield worker
     finally:
         loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
+        thread.join(60)
         loop.close()
 
 

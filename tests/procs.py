@@ -55,7 +55,7 @@ class Proc:
                 os.kill(self.pid, signal.SIGCONT)
                 os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(10)
+            self.popen.wait(60)
         self._out.close()
 
     def __repr__(self) -> str:
@@ -118,7 +118,7 @@ def spawn(tmp_path: Path, url: str) -> Iterator[Spawner]:
     spawner.stop_all()
 
 
-def wait_log(proc: Proc, needle: str, timeout: float = 15.0) -> str:
+def wait_log(proc: Proc, needle: str, timeout: float = 60.0) -> str:
     """Wait until ``needle`` shows in the process's output; fail with the output if it exits
     or the time runs out."""
     deadline = time.monotonic() + timeout

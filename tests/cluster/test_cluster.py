@@ -162,7 +162,7 @@ def test_worker_serves_queues_on_different_shards(
             assert q.check() == []
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        proc.wait(60)
     assert proc.returncode == 0
 
 

@@ -16,7 +16,7 @@ import redis
 from test_worker import InProcWorker, make_app, run_worker  # fixtures, re-exported below
 
 import echomq
-from conftest import wait_for
+from conftest import command_calls, wait_for
 from echomq import App, current_job
 
 __all__ = ["make_app", "run_worker"]
@@ -62,12 +62,14 @@ def test_wait_on_a_task_that_keeps_no_results_fails_at_once(
 
     p = plain.enqueue(1)
     how = "keep them with @app.task(..., keep_result_ms=60_000)"
-    started = time.monotonic()
+    r = app.queue(qname).client
+    blocked = command_calls(r, "blpop")
     with pytest.raises(echomq.InvalidArgument, match=re.escape(how)):
-        p.wait(timeout_s=10)
+        p.wait(timeout_s=60)
     with pytest.raises(echomq.InvalidArgument, match="keeps no results"):
-        asyncio.run(p.await_result(timeout_s=10))
-    assert time.monotonic() - started < 5
+        asyncio.run(p.await_result(timeout_s=60))
+    # At once: neither waited (no BLPOP), which no elapsed time can say on a busy machine.
+    assert command_calls(r, "blpop") == blocked
 
 
 def test_task_failure_raises_job_failed(
@@ -124,10 +126,10 @@ def test_cancel_async_handler_mid_await(
 
     h = slow.enqueue()
     run_worker(app, queues=[qname])
-    assert started.wait(10)
+    assert started.wait(60)
     q = app.queue(qname)
     assert q.cancel(h.id) == "signalled"
-    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=60)
     row = q.get_job(h.id)
     assert row is not None and row["last_error"] == "cancelled"
     assert row["attempts"] == "1"  # dead-lettered under the token it ran with
@@ -160,10 +162,10 @@ def test_cancel_sync_handler_that_polls(
 
     h = polling.enqueue()
     run_worker(app, queues=[qname])
-    assert started.wait(10)
+    assert started.wait(60)
     q = app.queue(qname)
     assert q.cancel(h.id) == "signalled"
-    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=60)
     assert q.get_job(h.id)["last_error"] == "cancelled"  # type: ignore[index]
     n = len(steps)
     time.sleep(0.3)
@@ -230,7 +232,7 @@ def test_task_rate_limit_applies_to_its_queue(
     limited.enqueue_many([((i,), {}) for i in range(12)])
     run_worker(app, queues=[qname])
     q = app.queue(qname)
-    wait_for(lambda: q.counts()["completed"] == 5, timeout=10)
+    wait_for(lambda: q.counts()["completed"] == 5, timeout=60)
     assert r.hmget(_p(qname) + "meta", "rate_max", "rate_window_ms") == [b"5", b"60000"]
     time.sleep(0.5)
     assert q.counts()["completed"] == 5 and q.counts()["pending"] == 7
@@ -260,14 +262,18 @@ def test_limited_lane_beside_unlimited_lanes(
             work.options(group=lane).enqueue(lane)
     t0 = time.monotonic()
     run_worker(app, queues=[qname])
-    wait_for(lambda: all(done.get(x) == 40 for x in "abc"), timeout=20)
+    wait_for(lambda: all(done.get(x) == 40 for x in "abc"), timeout=60)
     # The unlimited lanes finished their 120 jobs while the slow lane ran about 1 a second.
     assert done.get("slow", 0) <= 2 + (time.monotonic() - t0)
     assert q.check() == []
 
 
+# A lease whose heartbeat (every lease/3) comes long after any deadline of the test below.
+LONG_LEASE_MS = 600_000
+
+
 @pytest.mark.parametrize("kind", ["async", "sync"])
-def test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease(
+def test_cancel_reaches_a_running_job_before_its_next_heartbeat(
     make_app: Callable[..., App],
     run_worker: Callable[..., InProcWorker],
     qname: str,
@@ -275,28 +281,30 @@ def test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease(
 ) -> None:
     """Issue 27 #7: the holder learned of a cancel at its next heartbeat, lease/3 later (10 s
     on the default 30 s lease); now cancel nudges the queue's count, which a worker holding
-    jobs polls."""
+    jobs polls. The lease here is 10 minutes, so its next heartbeat is 200 s away, past the
+    test's deadlines: the cancel can only arrive by the poll. (It asserted "within 2 s" on
+    the default lease: a clock, issue 36.)"""
     app = make_app()
     started = threading.Event()
     stopped: list[float] = []
 
     if kind == "async":
 
-        @app.task(queue=qname, name="long")
+        @app.task(queue=qname, name="long", lease_ms=LONG_LEASE_MS)
         async def long_async() -> None:
             started.set()
             try:
-                await asyncio.sleep(60)
+                await asyncio.sleep(120)  # past the deadlines below: only a cancel ends it
             except asyncio.CancelledError:
                 stopped.append(time.monotonic())
                 raise
 
     else:
 
-        @app.task(queue=qname, name="long")
+        @app.task(queue=qname, name="long", lease_ms=LONG_LEASE_MS)
         def long_sync() -> None:
             started.set()
-            for _ in range(1200):
+            for _ in range(2400):  # 120 s: past the deadlines below
                 job = current_job()
                 assert job is not None
                 if job.cancelled:
@@ -304,16 +312,11 @@ def test_cancel_reaches_a_running_job_within_two_seconds_on_the_default_lease(
                     return
                 time.sleep(0.05)
 
-    assert app.tasks["long"].lease_ms == 30_000  # the default lease
     h = app.tasks["long"].enqueue()
     run_worker(app, queues=[qname])
-    assert started.wait(10)
+    assert started.wait(60)
     q = app.queue(qname)
-    time.sleep(0.6)  # past the worker's first read of the count: a change must be seen
-    asked = time.monotonic()
     assert q.cancel(h.id) == "signalled"
-    wait_for(lambda: q.job_state(h.id) == "dead", timeout=10)
-    took = time.monotonic() - asked
-    assert stopped and stopped[0] - asked < 2.0, (stopped, asked)
-    assert took < 2.0, took
+    wait_for(lambda: q.job_state(h.id) == "dead", timeout=60)
+    wait_for(lambda: stopped, timeout=60)  # the handler saw it and stopped
     assert q.get_job(h.id)["last_error"] == "cancelled"  # type: ignore[index]

@@ -234,14 +234,14 @@ def test_app_flow_runs_parent_after_children_with_their_values(url: str, qname: 
     t = threading.Thread(target=lambda: loop.run_until_complete(worker.arun()), daemon=True)
     t.start()
     try:
-        wait_for(lambda: "sum" in got, timeout=15)
+        wait_for(lambda: "sum" in got, timeout=60)
     finally:
         loop.call_soon_threadsafe(worker.stop)
-        t.join(15)
+        t.join(60)
         loop.run_until_complete(app.aclose())  # the handler's async client, on its loop
         loop.close()
     assert got == {"sum": [4, 9, 16], "sync": [4, 9, 16]}
-    wait_for(lambda: q.job_state(added.parent_id) == "absent", timeout=5)
+    wait_for(lambda: q.job_state(added.parent_id) == "absent", timeout=60)
     assert q.check() == []
     with pytest.raises(echomq.InvalidArgument):
         app.flow(total.s("x"), children=["not a signature"])  # type: ignore[list-item]
@@ -405,10 +405,10 @@ def test_workers_pump_a_cross_queue_tree(url: str, qname: str) -> None:
     t = threading.Thread(target=lambda: loop.run_until_complete(worker.arun()), daemon=True)
     t.start()
     try:
-        wait_for(lambda: bool(got), timeout=20)
+        wait_for(lambda: bool(got), timeout=60)
     finally:
         loop.call_soon_threadsafe(worker.stop)
-        t.join(15)
+        t.join(60)
         loop.run_until_complete(app.aclose())
         loop.close()
     assert got == [[5, 11]]

@@ -352,7 +352,7 @@ def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qna
     handle = InProcWorker(echomq.Worker(app, queues=[qname], beat_ms=100))
     try:
         q = app.queue(qname)
-        wait_for(lambda: q.counts()["completed"] == 4 and q.counts()["dead"] == 1, timeout=10)
+        wait_for(lambda: q.counts()["completed"] == 4 and q.counts()["dead"] == 1, timeout=60)
     finally:
         handle.stop()
     assert len(q.browse("completed")) == 2  # a task user keeps history without a raw Queue

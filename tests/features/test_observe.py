@@ -5,13 +5,13 @@ stream written the way the transition scripts write it, and the per-minute metri
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
 import redis
 
 import echomq
+from conftest import blocked_clients, wait_for
 from echomq import _observe
 from echomq._observe import Event, decode_metrics
 from echomq._scripts import include_text
@@ -28,17 +28,40 @@ def _xadd(r: redis.Redis, queue: str, event: str, job: str | None = None, **extr
 
 
 # The settling scripts' own writer (lua/include/observe.lua, inlined through common), called
-# alone: what a completion or a dead-letter adds to the per-minute series.
-BUMP = include_text("common") + "\nbump_metrics(ARGV[1], ARGV[2], tonumber(ARGV[3]))"
+# alone: what a completion or a dead-letter adds to the per-minute series. ARGV[4] is the
+# clock the settling scripts pass (server ms): the tests give it, so a write's minute is the
+# test's choice, never the wall clock's (issue 36: a minute that turned mid-test).
+BUMP = (
+    include_text("common")
+    + "\nbump_metrics(ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]))"
+)
 
 
-def _bump(r: redis.Redis, queue: str, kind: str, n: int) -> None:
+def _bump(r: redis.Redis, queue: str, kind: str, n: int, minute: int | None = None) -> None:
+    """Add n to ``kind``'s series as a settle in ``minute`` does (None: the server's clock)."""
     key = f"emq:{{{queue}}}:metrics:{kind}:data"
-    r.eval(BUMP, 1, key, f"emq:{{{queue}}}:", kind, n)
+    at = [] if minute is None else [minute * 60_000]
+    r.eval(BUMP, 1, key, f"emq:{{{queue}}}:", kind, n, *at)
 
 
 def _minute(r: redis.Redis) -> int:
     return int(r.time()[0]) // 60
+
+
+def _series(counts: dict[int, int], current: int, minutes: int) -> list[int]:
+    """What metrics(minutes=) reads in minute ``current`` when ``counts`` (minute -> count)
+    were filed: the current minute first, zero-filled."""
+    return [counts.get(current - age, 0) for age in range(minutes)]
+
+
+def read_series(q: Any, r: redis.Redis, kind: str, minutes: int, counts: dict[int, int]) -> None:
+    """``q.metrics(kind, minutes=)`` is what ``counts`` (minute -> count) read as in the minute
+    the call ran. It reads the server's clock, which may turn between any two steps on a busy
+    machine (issue 36): the minutes read before and after the call bracket the one it used."""
+    before = _minute(r)
+    got = q.metrics(kind, minutes=minutes)
+    after = _minute(r)
+    assert got in [_series(counts, m, minutes) for m in range(before, after + 1)], (counts, got)
 
 
 # --------------------------------------------------------------------------- on / off
@@ -98,14 +121,20 @@ def test_events_read_in_order_and_resume(anyq: Any, r: redis.Redis) -> None:
 
 def test_events_block_until_one_arrives(q: echomq.Queue, r: redis.Redis) -> None:
     jid = echomq.ids.mint()
-    timer = threading.Timer(0.3, lambda: _xadd(r, q.name, "completed", jid))
-    timer.start()
+
+    def add_once_blocked() -> None:
+        # After the reader blocks: an entry added before "$" is read would never be seen
+        # (a 0.3 s timer raced a slow start of the read on a busy machine, issue 36).
+        wait_for(lambda: blocked_clients(r, "xread") == 1)
+        _xadd(r, q.name, "completed", jid)
+
+    adder = threading.Thread(target=add_once_blocked)
+    adder.start()
     try:
-        t0 = time.monotonic()
-        got = q.events(after="$", block_ms=10_000)
-        assert time.monotonic() - t0 < 8
+        # Woken by the entry: a block that ran out would return nothing.
+        got = q.events(after="$", block_ms=25_000)  # the most it takes
     finally:
-        timer.join()
+        adder.join(60)
     assert [(e.event, e.id) for e in got] == [("completed", jid)]
     # A block that times out is an empty list, not an error.
     assert q.events(after=got[0].stream_id, block_ms=50) == []
@@ -151,15 +180,17 @@ def test_metrics_layout_written_by_the_script_snippet(anyq: Any, r: redis.Redis)
     now = _minute(r)
     # Two older minutes with a gap (idle minutes have no element), written as the scripts do.
     r.rpush(key, f"{now - 2}:7", f"{now - 5}:4")
-    _bump(r, anyq.name, "completed", 3)
-    _bump(r, anyq.name, "completed", 2)
-    if _minute(r) != now:  # crossed a minute boundary while bumping: shift the expectation
-        pytest.skip("the server minute turned during the test; rerun")
-    assert r.lindex(key, 0) == f"{now}:5".encode()
-    assert r.llen(key) == 3
-    assert anyq.metrics("completed", minutes=7) == [5, 0, 7, 0, 0, 4, 0]
-    assert anyq.metrics("completed", minutes=3) == [5, 0, 7]
-    assert anyq.metrics("completed", minutes=1) == [5]
+    _bump(r, anyq.name, "completed", 3, now)
+    _bump(r, anyq.name, "completed", 2, now)
+    assert r.lrange(key, 0, -1) == [
+        f"{now}:5".encode(),
+        f"{now - 2}:7".encode(),
+        f"{now - 5}:4".encode(),
+    ]
+    # Read in this minute: [5, 0, 7, 0, 0, 4, 0]; in a later one, the same shifted.
+    counts = {now: 5, now - 2: 7, now - 5: 4}
+    for minutes in (7, 3, 1):
+        read_series(anyq, r, "completed", minutes, counts)
     assert anyq.metrics("failed", minutes=3) == [0, 0, 0]
 
 
@@ -167,9 +198,11 @@ def test_metrics_bound(q: echomq.Queue, r: redis.Redis) -> None:
     key = f"emq:{{{q.name}}}:metrics:failed:data"
     now = _minute(r)
     r.rpush(key, *[f"{now - 1 - i}:1" for i in range(_observe.METRICS_POINTS)])
-    _bump(r, q.name, "failed", 1)
+    _bump(r, q.name, "failed", 1, now)
     assert r.llen(key) == _observe.METRICS_POINTS
-    assert q.metrics("failed", minutes=_observe.METRICS_POINTS) == [1] * _observe.METRICS_POINTS
+    assert r.lindex(key, -1) == f"{now - _observe.METRICS_POINTS + 1}:1".encode()  # oldest went
+    counts = {now - age: 1 for age in range(_observe.METRICS_POINTS)}
+    read_series(q, r, "failed", _observe.METRICS_POINTS, counts)
 
 
 def test_metrics_clock_step_back_counts_into_the_newest_minute(

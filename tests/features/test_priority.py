@@ -290,7 +290,7 @@ def test_limited_worker_does_not_spin(url: str, qname: str, r: redis.Redis) -> N
         assert ran == []
         q.complete(held.id, held.token)
         q.limit(None)  # wakes the worker
-        wait_for(lambda: len(ran) == 19, timeout=15)
+        wait_for(lambda: len(ran) == 19, timeout=60)
     finally:
         w.stop()
         q.close()

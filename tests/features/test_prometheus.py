@@ -104,10 +104,10 @@ def test_worker_series_equal_a_real_run(url: str, qname: str) -> None:
     thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))
     thread.start()
     try:
-        wait_for(lambda: q.counts()["completed"] == 5 and q.counts()["dead"] == 2, 20)
+        wait_for(lambda: q.counts()["completed"] == 5 and q.counts()["dead"] == 2, 60)
     finally:
         loop.call_soon_threadsafe(worker.stop)
-        thread.join(20)
+        thread.join(60)
         loop.close()
         app.close()
 
@@ -246,5 +246,5 @@ def test_echomq_metrics_command_serves_the_exposition(url: str, q: echomq.Queue)
         text = wait_for(scrape, 30, 0.2)
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(60)
     assert _get(_samples(text), "echomq_jobs", queue=q.name, state="pending") == 1

@@ -465,8 +465,11 @@ def test_four_processes_fire_each_occurrence_exactly_once(
     assert all(p.exitcode == 0 for p in procs)
     jobs = q.browse("pending", n=10_000)
     assert len(jobs) == len(set(jobs))
+    # At most one per grid point up to now (one more may be in flight at `end`). Not "at
+    # least that many less one": four firers all late by a period on a busy machine fire
+    # once for the periods they missed (PROTOCOL D19), and that was issue 36's kind of flake.
     expected = (end - first) // 200 + 1
-    assert abs(len(jobs) - expected) <= 1, (len(jobs), expected)
+    assert 1 <= len(jobs) <= expected + 1, (len(jobs), expected)
     # Each occurrence is one grid point of the repeat, none twice.
     times = sorted(echomq.ids.decode_time_ms(j) for j in jobs)
     assert all((t - first) % 200 == 0 for t in times)
@@ -494,7 +497,7 @@ def _run_worker(worker: echomq.Worker) -> tuple[threading.Thread, asyncio.Abstra
 
 def _stop(worker: echomq.Worker, t: threading.Thread, loop: asyncio.AbstractEventLoop) -> None:
     loop.call_soon_threadsafe(worker.stop)
-    t.join(15)
+    t.join(60)
     assert not t.is_alive()
     loop.close()
 
@@ -514,7 +517,7 @@ def test_periodic_task_registers_runs_and_drops_stale(url: str, qname: str, r: r
     w = echomq.Worker(app, queues=[qname], beat_ms=50)
     t, loop = _run_worker(w)
     try:
-        wait_for(lambda: len(seen) >= 3, timeout=15)
+        wait_for(lambda: len(seen) >= 3, timeout=60)
     finally:
         _stop(w, t, loop)
     assert set(seen) == {7}
@@ -543,7 +546,7 @@ def test_a_worker_beat_survives_a_never_matching_entry(
     w = echomq.Worker(app, queues=[qname], beat_ms=50)
     t, loop = _run_worker(w)
     try:
-        wait_for(lambda: len(seen) >= 3, timeout=15)
+        wait_for(lambda: len(seen) >= 3, timeout=60)
     finally:
         _stop(w, t, loop)
     assert not [rec for rec in caplog.records if rec.levelname in ("ERROR", "CRITICAL")]
@@ -601,7 +604,7 @@ def test_pause_keeps_the_spec_and_never_fires_resume_starts_from_now(
     # A resume of a running repeat leaves its phase alone.
     assert anyq.resume_repeat("tick") is True
     assert anyq.repeats()[0].next_ms == rep.next_ms
-    wait_for(lambda: anyq.fire_due() == 1, 5, 0.05)
+    wait_for(lambda: anyq.fire_due() == 1, 60, 0.05)
     assert anyq.repeats()[0].fired == 2
     assert anyq.check() == []
 
@@ -694,7 +697,7 @@ def test_a_periodic_task_stays_paused_across_a_worker_start(
     w = echomq.Worker(app, queues=[qname], beat_ms=50)
     t, loop = _run_worker(w)
     try:
-        wait_for(lambda: len(seen) >= 1, timeout=15)
+        wait_for(lambda: len(seen) >= 1, timeout=60)
         [rep] = q.repeats()
         assert q.pause_repeat(rep.name)
     finally:

@@ -402,7 +402,7 @@ def test_worker_sigkill_chaos_on_native(
                 frozen.append((victim, time.monotonic() + 2.0))
                 continue
             victim.signal(signal.SIGKILL)
-            victim.wait(10)
+            victim.wait(60)
             killed.add(victim.pid)
             kills += 1
             live[live.index(victim)] = start()
@@ -625,7 +625,7 @@ def test_run_through_a_cutting_proxy_on_native(
         for p in children:
             if p.poll() is None:
                 p.kill()
-            p.wait(10)
+            p.wait(60)
         spawn.stop_all()
         proxy.stop()
         q.close()
@@ -840,7 +840,7 @@ def test_native_on_the_cluster_with_a_failover(native_cluster: EmbeddedCluster, 
             def swept(queue: echomq.Queue = q) -> bool:  # q bound now: the loop moves on
                 return queue.sweep_stalled(max_stalled=5) != ([], [])
 
-            wait_for(swept, timeout=5)
+            wait_for(swept, timeout=60)
             assert q.executor == "native"
             assert q.check() == []
     after = _cluster_emq(cluster)

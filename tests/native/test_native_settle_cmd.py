@@ -454,6 +454,7 @@ def test_non_hash_meta_fails_like_the_script(pair: Pair) -> None:
     pair.check()
 
 
+@pytest.mark.timeout(1200)
 def test_randomized(pair: Pair, both: Both) -> None:
     """A seeded mix of worker settles (completes, retries, dead-letters, kept outcomes,
     stale and gone pairs) with enqueues, lanes, pauses, rate limits, reaps and promotes."""
@@ -466,11 +467,11 @@ def test_randomized(pair: Pair, both: Both) -> None:
     nxt = 0
     seen = {"jobs": 0, "wait": 0, "stale": 0, "dead": 0, "kept": 0}
     # Counted, not timed: the seed's early steps set a queue-wide rate limit that the walk
-    # clears only after ~100 steps, so a time bound (7 s once) left a loaded machine with a
-    # walk of waits. The deadline only guards against a hang.
-    deadline = time.monotonic() + 120
+    # clears only after ~100 steps, so a time bound (7 s once, then a 120 s "hang guard"
+    # that a load of 10-27 hit at step 333, issue 36) left a loaded machine with a short
+    # walk. The 400 steps always run; a hang is the test timeout's (the mark above).
     step = 0
-    while time.monotonic() < deadline and step < 400:
+    while step < 400:
         step += 1
         roll = rng.random()
         if roll < 0.25:
@@ -555,9 +556,8 @@ def test_fuzz(r: redis.Redis) -> None:
         b"99999999999999999999", b"9223372036854775807", b"x", b"", b"1.5", b"cancelled",
         jid(1).encode(), jid(2).encode(), jid(3).encode(), b.encode(),
     ]  # fmt: skip
-    deadline = time.monotonic() + 5
     n = 0
-    while time.monotonic() < deadline and n < 3000:
+    while n < 1500:  # counted, not timed (it ran "5 s or 3000", issue 36)
         n += 1
         argc = rng.randrange(0, 22)
         args: list[bytes] = []
@@ -577,7 +577,6 @@ def test_fuzz(r: redis.Redis) -> None:
                     "now", "0")  # fmt: skip
             command(r, "HSET", f"{b}job:{jid(n % 7)}", "attempts", rng.choice(["x", "1", "2"]))
     assert r.ping()
-    assert n > 100
 
 
 def test_replica_without_module(

@@ -118,7 +118,9 @@ def stop_nested() -> None:
 
 
 @pytest.mark.slow  # the protocol suite again, on Valkey
-@pytest.mark.timeout(900)
+# Generous: the nested run shares two cores with the suite (and, in CI, with anything else);
+# it took over 880 s at a load of 10-27 (issue 36).
+@pytest.mark.timeout(2700)
 def test_the_suite_passes_on_valkey(request: pytest.FixtureRequest) -> None:
     if Nested.error is not None:
         raise Nested.error
@@ -130,7 +132,7 @@ def test_the_suite_passes_on_valkey(request: pytest.FixtureRequest) -> None:
         start_nested(short)
     assert Nested.proc is not None and Nested.out is not None
     try:
-        Nested.proc.wait(timeout=880)
+        Nested.proc.wait(timeout=2680)
     except subprocess.TimeoutExpired:
         stop_nested()
         raise

@@ -121,13 +121,13 @@ def test_active_list_names_the_worker_holding_the_job(url: str, qname: str) -> N
 
     @app.task(queue=qname, name="hold")
     def hold() -> None:
-        release.wait(20)
+        release.wait(60)
 
     q = app.queue(qname)
     try:
         with running(echomq.Worker(app, [qname], 2, beat_ms=100)):
             jid = hold.enqueue().id
-            wait_for(lambda: any(w.jobs for w in q.workers()), 20)
+            wait_for(lambda: any(w.jobs for w in q.workers()), 60)
             with _client(url, [qname]) as c:
                 rows = c.get(f"/api/queues/{qname}", params={"state": "active"}).json()["rows"]
                 (row,) = rows

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ def recorded_server(spawn: Spawner, home: Path, cwd: Path) -> tuple[Proc, dict[s
     cwd.mkdir()
     srv = spawn.start("server", env=no_url_env(spawn, home), cwd=cwd)
     record = home / "server.json"
-    wait_for(record.exists, timeout=15)
+    wait_for(record.exists, timeout=60)
     return srv, json.loads(wait_for(record.read_text))
 
 
@@ -87,12 +86,12 @@ def test_server_records_itself_and_stops_clean(spawn: Spawner, home: Path, tmp_p
         assert q.counts()["pending"] == 1
 
     srv.signal(signal.SIGTERM)
-    assert srv.wait(15) == 0
+    assert srv.wait(60) == 0
     assert "echomq server: stopped" in srv.text()
     # The record stays (issue 27 #2, #4): the next `echomq server` here takes its port, and
     # a client started meanwhile is told the server is down instead of trying 6379.
     assert json.loads(record.read_text()) == info
-    wait_for(lambda: pid_gone(info["pid"]), timeout=5)
+    wait_for(lambda: pid_gone(info["pid"]), timeout=60)
     assert not ping(info["url"])
     assert pids_in(home) == []
     assert not (cwd / ".echomq").exists()  # ECHOMQ_HOME, not the cwd, holds the state
@@ -101,13 +100,13 @@ def test_server_records_itself_and_stops_clean(spawn: Spawner, home: Path, tmp_p
 def test_server_dies_with_its_owner(spawn: Spawner, home: Path) -> None:
     srv = spawn.start("server", "--dir", str(home / "data"), env=no_url_env(spawn, home))
     record = home / "server.json"
-    wait_for(record.exists, timeout=15)
+    wait_for(record.exists, timeout=60)
     info = json.loads(wait_for(record.read_text))
     assert (home / "data").is_dir()
     assert info["pid"] in pids_in(home)
     srv.signal(signal.SIGKILL)  # the owner crashes: the server must not outlive it
-    srv.wait(10)
-    wait_for(lambda: pid_gone(info["pid"]), timeout=10)
+    srv.wait(60)
+    wait_for(lambda: pid_gone(info["pid"]), timeout=60)
     assert pids_in(home) == []
 
 
@@ -126,7 +125,7 @@ def test_worker_without_url_runs_its_own_server(
         wait_for(lambda: q.counts()["completed"] == 1)
         assert q.job_state(e.id) == "absent"
     w.signal(signal.SIGTERM)
-    assert w.wait(15) == 0, w.text()
+    assert w.wait(60) == 0, w.text()
     assert pids_in(home) == []  # nothing left behind
     assert not ping(embedded)
 
@@ -294,12 +293,11 @@ def test_stop_outlasts_a_refused_sigterm(tmp_path: Path) -> None:
             with redis.Redis(port=replica.port) as rr:
                 wait_for(lambda: rr.info("replication")["master_link_status"] == "up")
                 assert rr.dbsize() == 400000
-            started = time.monotonic()
-            replica.stop(timeout=30)
-            took = time.monotonic() - started
+            replica.stop(timeout=60)
             assert replica.proc is not None
-            assert replica.proc.returncode == 0, replica.proc.returncode  # not SIGKILLed
-            assert took < 15, took
+            # Not SIGKILLed at the end of the timeout: the SIGTERM was taken (the outcome
+            # says what an elapsed-time bound did, on a machine of any speed; issue 36).
+            assert replica.proc.returncode == 0, replica.proc.returncode
     finally:
         primary.stop()
 

@@ -294,7 +294,7 @@ def test_a_valid_id_is_served_under_a_collating_locale(tmp_path: Path) -> None:
         r.close()
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
 
 
 # ---------------------------------------------------------------- 12: reprocess

@@ -90,7 +90,7 @@ def test_sigkill_chaos(spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Red
             freezes += 1
             continue
         victim.signal(signal.SIGKILL)
-        victim.wait(10)
+        victim.wait(60)
         killed.add(victim.pid)
         kills += 1
         live[live.index(victim)] = start_worker(spawn, qname)

@@ -34,21 +34,17 @@ def test_short_lived_threads_give_their_connections_back(
 ) -> None:
     before = _clients(r)
     errors: list[BaseException] = []
-    slowest = 0.0
-    # retry_for=0: a pool exhausted by leaked connections fails at once instead of riding
-    # out MaxConnectionsError for 10 s per call.
+    # retry_for=0: a pool exhausted by leaked connections fails at once (an error below)
+    # instead of riding out MaxConnectionsError for 10 s per call: the errors say it, where
+    # the slowest call's and the whole run's times did (issue 36).
     with echomq.Queue(qname, url=url, retry_for=0) as q:
 
         def one(i: int) -> None:
-            nonlocal slowest
-            start = time.monotonic()
             try:
                 q.enqueue(b"x")
             except BaseException as exc:  # collected: the assertion below names it
                 errors.append(exc)
-            slowest = max(slowest, time.monotonic() - start)
 
-        start = time.monotonic()
         for batch in range(30):  # 300 threads, 10 alive at a time
             threads = [threading.Thread(target=one, args=(batch * 10 + i,)) for i in range(10)]
             for t in threads:
@@ -57,11 +53,8 @@ def test_short_lived_threads_give_their_connections_back(
                 t.join()
             # The server never sees more connections than threads alive at once (+ slack).
             assert _clients(r) <= before + 10 + 5
-        elapsed = time.monotonic() - start
         assert errors == []
         assert q.pending_size() == 300
-    assert elapsed < 30, elapsed  # generous: a 2-core machine shared with other work
-    assert slowest < 5, slowest  # no call waited out a pool exhaustion
 
 
 def test_app_queues_share_a_pool_that_short_lived_threads_do_not_starve(

@@ -73,7 +73,7 @@ def test_flow_tree_under_sigkill(spawn: Spawner, url: str, qname: str, r: redis.
             assert proc.popen.poll() is None, f"{proc} exited:\n{proc.text()[-3000:]}"
         victim = rng.choice(live)
         victim.signal(signal.SIGKILL)
-        victim.wait(10)
+        victim.wait(60)
         kills += 1
         live[live.index(victim)] = start_worker(spawn, qname)
     for proc in live:

@@ -75,13 +75,13 @@ class Proxy:
 
     def start(self) -> Proxy:
         self._thread.start()
-        assert self._ready.wait(10), "the proxy did not start"
+        assert self._ready.wait(60), "the proxy did not start"
         return self
 
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        self._thread.join(60)
         assert not self._thread.is_alive(), "the proxy did not stop"
 
     def _main(self) -> None:
@@ -200,7 +200,7 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
     for p in procs:
         if p.poll() is None:
             p.kill()
-        p.wait(10)
+        p.wait(60)
 
 
 # --------------------------------------------------------------------------- the whole run

@@ -57,7 +57,7 @@ def bare_env(spawn: Spawner, project: Path) -> dict[str, str]:
 
 def record(project: Path) -> dict[str, object]:
     path = project / ".echomq" / "server.json"
-    wait_for(path.exists, timeout=15)
+    wait_for(path.exists, timeout=60)
     info: dict[str, object] = json.loads(wait_for(path.read_text))
     return info
 
@@ -72,11 +72,11 @@ def start_server(spawn: Spawner, project: Path, *args: str) -> tuple[Proc, dict[
 
 def stop(proc: Proc) -> None:
     proc.signal(signal.SIGTERM)
-    assert proc.wait(15) == 0, proc.text()
+    assert proc.wait(60) == 0, proc.text()
 
 
 def run(
-    project: Path, spawn: Spawner, *args: str, timeout: float = 30
+    project: Path, spawn: Spawner, *args: str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args,
@@ -181,7 +181,7 @@ def test_a_recorded_server_that_is_gone_fails_every_client(
         stop(srv)
     else:  # a crash of its owner (the server dies with it): the record stays behind
         srv.signal(signal.SIGKILL)
-        srv.wait(10)
+        srv.wait(60)
     wait_for(lambda: pid_gone(int(str(info["pid"]))), timeout=10)
     for args in (
         [sys.executable, "-m", "echomq", "stats"],
@@ -210,7 +210,7 @@ def test_a_worker_replaces_the_record_of_its_own_dead_server(spawn: Spawner, pro
     info = record(project)
     assert info["by"] == "worker"
     first.signal(signal.SIGKILL)
-    first.wait(10)
+    first.wait(60)
     wait_for(lambda: pid_gone(int(str(info["pid"]))), timeout=10)
     second = spawn.start("worker", "tasks:app", env=env, cwd=project)
     wait_log(second, "serving")

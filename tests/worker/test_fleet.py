@@ -21,7 +21,7 @@ import redis
 from test_worker import InProcWorker
 
 import echomq
-from conftest import wait_for
+from conftest import server_ms, wait_for
 from echomq import App, InvalidArgument, Worker
 from echomq._registry import WorkerInfo
 from procs import Proc, Spawner, pid_gone, wait_log
@@ -57,7 +57,7 @@ def supervisor(
     return spawn.start("worker", "apps.fleet:app", *options, env=env)
 
 
-def fleet(q: echomq.Queue, n: int, timeout: float = 20.0) -> list[WorkerInfo]:
+def fleet(q: echomq.Queue, n: int, timeout: float = 120.0) -> list[WorkerInfo]:
     """Wait until ``n`` workers are registered on ``q``; their entries."""
     found: list[WorkerInfo] = []
 
@@ -89,16 +89,15 @@ def test_sigkilled_child_is_restarted_and_its_jobs_come_back_once(
         held = q.workers()
         return len(held) == 2 and all(w.held == 2 for w in held)
 
-    wait_for(both_hold, timeout=10)
+    wait_for(both_hold, timeout=60)
     # The registry lists the jobs each child holds, by id and task.
     assert sorted(j.id for w in held for j in w.jobs) == sorted(ids)
     assert {j.task for w in held for j in w.jobs} == {"hold"}
     victim = held[0]
     last = next(w for w in q.workers() if w.id == victim.id)
     os.kill(victim.pid, signal.SIGKILL)
-    wait_for(lambda: pid_gone(victim.pid), timeout=5)
+    wait_for(lambda: pid_gone(victim.pid), timeout=60)
     # Restarted: a new child of the same supervisor; the dead one's entry lapses in its TTL.
-    t0 = time.monotonic()
     after: list[WorkerInfo] = []
 
     def replaced() -> bool:
@@ -106,23 +105,24 @@ def test_sigkilled_child_is_restarted_and_its_jobs_come_back_once(
         after = q.workers()
         return len(after) == 2 and victim.id not in {w.id for w in after}
 
-    wait_for(replaced, timeout=10)
-    # Gone within one TTL of its last beat (at most one more beat came after our read).
-    seconds, micros = r.time()
-    assert seconds * 1000 + micros // 1000 <= last.lapses_ms + 100 + 500
+    wait_for(replaced, timeout=60)
+    # Gone within one TTL of its last beat (at most one more beat came after our read): once
+    # the server's clock is past that, it is not listed. (It was "the replacement was seen
+    # within 600 ms of the lapse", which a slow child start on a busy machine failed.)
+    wait_for(lambda: server_ms(r) > last.lapses_ms + 100 + 500, timeout=60)
+    assert victim.id not in {w.id for w in q.workers()}
     assert {w.supervisor for w in after} == {victim.supervisor}
     assert all(ppid_of(w.pid) == sup.pid for w in after)
-    assert time.monotonic() - t0 < 10
     wait_log(sup, f"(pid {victim.pid}) exited")
     assert "killed by SIGKILL" in sup.text()
     # Its two jobs come back through the stall sweep (lease 1 s) and run again: every job
     # settled once, and each handler's run that returned counted once.
-    wait_for(lambda: q.counts()["completed"] == 4, timeout=20)
+    wait_for(lambda: q.counts()["completed"] == 4, timeout=60)
     assert done(r, qname) == dict.fromkeys(ids, 1)
     counts = q.counts()
     assert counts == {**counts, "pending": 0, "active": 0, "dead": 0}
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0, sup.text()[-3000:]
+    assert sup.wait(60) == 0, sup.text()[-3000:]
     assert all(pid_gone(w.pid) for w in after)
     assert q.workers() == []  # a graceful stop removes the entries at once
 
@@ -130,19 +130,18 @@ def test_sigkilled_child_is_restarted_and_its_jobs_come_back_once(
 def test_sigterm_mid_run_finishes_or_hands_back_and_leaves_no_child(
     spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Redis
 ) -> None:
-    sup = supervisor(spawn, qname, "-p", "2", "-c", "2", "--beat-ms", "100", "--grace", "2")
+    # A grace far past the short runs, however slow the machine; long runs past any wait.
+    sup = supervisor(spawn, qname, "-p", "2", "-c", "2", "--beat-ms", "100", "--grace", "15")
     workers = fleet(q, 2)
     pids = [w.pid for w in workers]
     short = [q.enqueue(call("hold", 0.5, 0.5)).id for _ in range(2)]
-    long = [q.enqueue(call("hold", 30.0, 30.0)).id for _ in range(2)]
+    long = [q.enqueue(call("hold", 300.0, 300.0)).id for _ in range(2)]
     try:
-        wait_for(lambda: sum(w.held for w in q.workers()) == 4, timeout=10)
+        wait_for(lambda: sum(w.held for w in q.workers()) == 4, timeout=60)
     except AssertionError:
         raise AssertionError(f"{q.workers()} {q.counts()}\n{sup.text()}") from None
-    t0 = time.monotonic()
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0, sup.text()[-3000:]
-    assert time.monotonic() - t0 < 8  # the grace (2 s), then the hand-back
+    assert sup.wait(60) == 0, sup.text()[-3000:]  # the grace, then the hand-back
     for pid in pids:
         assert pid_gone(pid), f"child {pid} left behind"
     # The short jobs finished within the grace; the hung ones went back to pending at once.
@@ -162,10 +161,10 @@ def test_sigterm_to_every_process_stops_gracefully_once(
     sup = supervisor(spawn, qname, "-p", "2", "-c", "1", "--beat-ms", "100", "--grace", "1")
     pids = [w.pid for w in fleet(q, 2)]
     long = [q.enqueue(call("hold", 30.0, 30.0)).id for _ in range(2)]
-    wait_for(lambda: sum(w.held for w in q.workers()) == 2, timeout=10)
+    wait_for(lambda: sum(w.held for w in q.workers()) == 2, timeout=60)
     for pid in (*pids, sup.pid):
         os.kill(pid, signal.SIGTERM)
-    assert sup.wait(20) == 0, sup.text()[-3000:]
+    assert sup.wait(60) == 0, sup.text()[-3000:]
     assert "second signal" not in sup.text()
     assert all(pid_gone(p) for p in pids)
     assert sorted(q.browse("pending")) == sorted(long)  # handed back, not left to lapse
@@ -174,17 +173,17 @@ def test_sigterm_to_every_process_stops_gracefully_once(
 def test_a_second_signal_stops_the_children_at_once(
     spawn: Spawner, q: echomq.Queue, qname: str
 ) -> None:
-    sup = supervisor(spawn, qname, "-p", "2", "-c", "1", "--beat-ms", "100", "--grace", "30")
+    # A grace and runs past the wait below: the supervisor exits within it only if the
+    # second signal stops the children (an outcome, where "< 10 s" was, issue 36).
+    sup = supervisor(spawn, qname, "-p", "2", "-c", "1", "--beat-ms", "100", "--grace", "300")
     pids = [w.pid for w in fleet(q, 2)]
     for _ in range(2):
-        q.enqueue(call("hold", 30.0, 30.0))
-    wait_for(lambda: sum(w.held for w in q.workers()) == 2, timeout=10)
-    t0 = time.monotonic()
+        q.enqueue(call("hold", 300.0, 300.0))
+    wait_for(lambda: sum(w.held for w in q.workers()) == 2, timeout=60)
     sup.signal(signal.SIGTERM)
     wait_log(sup, "stopping 2 workers")
     sup.signal(signal.SIGTERM)
-    sup.wait(15)
-    assert time.monotonic() - t0 < 10  # not the 30 s grace
+    sup.wait(60)
     assert "second signal (SIGTERM): stopping the workers now" in sup.text()
     assert all(pid_gone(p) for p in pids)
     assert q.counts()["active"] == 2  # nothing handed back: the leases lapse and are swept
@@ -211,7 +210,7 @@ def test_each_child_serves_its_own_metrics(spawn: Spawner, q: echomq.Queue, qnam
     )  # fmt: skip
     fleet(q, 2)
     ids = [q.enqueue(call("count", n)).id for n in range(20)]
-    wait_for(lambda: q.counts()["completed"] == len(ids), timeout=20)
+    wait_for(lambda: q.counts()["completed"] == len(ids), timeout=60)
 
     def scrape(p: int) -> str:
         return httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=5).text
@@ -231,7 +230,7 @@ def test_each_child_serves_its_own_metrics(spawn: Spawner, q: echomq.Queue, qnam
 
     assert finished(first) + finished(second) == 20  # no double counting
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0
+    assert sup.wait(60) == 0
 
 
 def test_children_stop_when_the_supervisor_is_sigkilled(
@@ -240,9 +239,9 @@ def test_children_stop_when_the_supervisor_is_sigkilled(
     sup = supervisor(spawn, qname, "-p", "2", "--beat-ms", "100", "--grace", "1")
     pids = [w.pid for w in fleet(q, 2)]
     sup.signal(signal.SIGKILL)
-    sup.wait(10)
+    sup.wait(60)
     # The control pipe's EOF: each child stops gracefully on its own and leaves the registry.
-    wait_for(lambda: all(pid_gone(p) for p in pids), timeout=15)
+    wait_for(lambda: all(pid_gone(p) for p in pids), timeout=60)
     assert q.workers() == []
 
 
@@ -267,14 +266,14 @@ def test_spawned_children_register_and_stop(spawn: Spawner, q: echomq.Queue, qna
     sup = supervisor(
         spawn, qname, "-p", "2", "-c", "3", "--beat-ms", "100", ECHOMQ_START_METHOD="spawn"
     )
-    workers = fleet(q, 2, timeout=30)
+    workers = fleet(q, 2)
     assert "2 worker processes (spawn)" in sup.text()
     assert {w.concurrency for w in workers} == {3}
     assert all(ppid_of(w.pid) == sup.pid for w in workers)
     ids = [q.enqueue(call("count", n)).id for n in range(20)]
-    wait_for(lambda: q.counts()["completed"] == len(ids), timeout=20)
+    wait_for(lambda: q.counts()["completed"] == len(ids), timeout=60)
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0, sup.text()[-3000:]
+    assert sup.wait(60) == 0, sup.text()[-3000:]
     assert all(pid_gone(w.pid) for w in workers)
 
 
@@ -289,7 +288,7 @@ def test_max_jobs_per_child_recycles_gracefully(
     assert sup.text().count("recycled itself") >= 3
     assert pid_gone(first.pid)
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0, sup.text()[-3000:]
+    assert sup.wait(60) == 0, sup.text()[-3000:]
 
 
 def test_max_memory_per_child_recycles(spawn: Spawner, q: echomq.Queue, qname: str) -> None:
@@ -298,9 +297,9 @@ def test_max_memory_per_child_recycles(spawn: Spawner, q: echomq.Queue, qname: s
     wait_log(sup, "recycled itself", timeout=20)
     text = wait_log(sup, "worker 0 started", timeout=20)
     assert "recycling (resident memory" in text
-    wait_for(lambda: sup.text().count("recycled itself") >= 2, timeout=20)
+    wait_for(lambda: sup.text().count("recycled itself") >= 2, timeout=60)
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0, sup.text()[-3000:]
+    assert sup.wait(60) == 0, sup.text()[-3000:]
     started = [int(p) for p in re.findall(r"worker 0 started \(pid (\d+)\)", sup.text())]
     assert len(set(started)) >= 3 and all(pid_gone(p) for p in started)
 
@@ -331,14 +330,14 @@ def test_processes_auto_is_one_per_cpu(spawn: Spawner, q: echomq.Queue, qname: s
     assert f"{cpus} worker processes" in sup.text()
     assert len({w.pid for w in workers}) == cpus
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0
+    assert sup.wait(60) == 0
 
 
 def test_bad_processes_are_refused(spawn: Spawner, qname: str) -> None:
     env = spawn.env(EMQ_TEST_QUEUE=qname)
     for bad in ("0", "-1", "two"):
         p = spawn.start("worker", "apps.fleet:app", "-p", bad, env=env)
-        assert p.wait(20) == 2
+        assert p.wait(60) == 2
         assert "-p/--processes must be a count >= 1 or 'auto'" in p.text()
 
 
@@ -388,7 +387,7 @@ def test_registry_entry_lists_held_jobs_and_goes_at_stop(
         entry = q.workers()
         return len(entry) == 1 and entry[0].held == 2
 
-    wait_for(holds_both, timeout=10)
+    wait_for(holds_both, timeout=60)
     (w,) = entry
     assert w.id == handle.worker.id and w.pid == os.getpid() and w.supervisor is None
     assert (w.queues, w.concurrency, w.version) == ([qname], 3, echomq.__version__)
@@ -407,8 +406,8 @@ def test_registry_entry_lists_held_jobs_and_goes_at_stop(
     names = [c["name"] for c in r.client_list()]
     assert f"echomq-worker:{w.id}" in names
     handle.loop.call_soon_threadsafe(gate.set)
-    wait_for(lambda: q.counts()["completed"] == 2, timeout=10)
-    wait_for(lambda: q.workers()[0].held == 0, timeout=5)
+    wait_for(lambda: q.counts()["completed"] == 2, timeout=60)
+    wait_for(lambda: q.workers()[0].held == 0, timeout=60)
     handle.stop()
     assert q.workers() == []
     assert r.exists(f"emq:{{{qname}}}:workers", f"emq:{{{qname}}}:workers:ttl") == 0
@@ -433,8 +432,8 @@ def test_a_worker_whose_user_may_not_name_connections_still_runs(
         handle = InProcWorker(Worker(app, beat_ms=100))
         try:
             one.enqueue()
-            wait_for(lambda: seen == ["ran"], timeout=10)
-            wait_for(lambda: len(q.workers()) == 1, timeout=5)
+            wait_for(lambda: seen == ["ran"], timeout=60)
+            wait_for(lambda: len(q.workers()) == 1, timeout=60)
             names = [c["name"] for c in r.client_list() if c.get("user") == user]
             assert names and not any(n.startswith("echomq-worker:") for n in names)
         finally:
@@ -480,26 +479,26 @@ def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
     dead, live = echomq.ids.mint("WRK"), echomq.ids.mint("WRK")
     entry = _registry.Registry([qname], 1, 100).entry([], "lua")
     workers = f"emq:{{{qname}}}:workers"
-    q._x.run(_registry.beat(k, live, entry, 5000))
-    q._x.run(_registry.beat(k, dead, entry, 300))
+    # TTLs of seconds, not 300 ms: each must outlast the reads that expect it alive on a busy
+    # machine; its lapse is waited for (issue 36).
+    q._x.run(_registry.beat(k, live, entry, 120_000))
+    q._x.run(_registry.beat(k, dead, entry, 3000))
     assert {w.id for w in q.workers()} == {dead, live}
-    time.sleep(0.35)
-    assert [w.id for w in q.workers()] == [live]  # lapsed: not listed, though not yet pruned
-    assert r.hexists(workers, dead)
-    q._x.run(_registry.beat(k, live, entry, 300))
+    wait_for(lambda: [w.id for w in q.workers()] == [live])  # lapsed: not listed,
+    assert r.hexists(workers, dead)  # though not yet pruned
+    q._x.run(_registry.beat(k, live, entry, 3000))
     assert [w.id for w in q.workers()] == [live]
     assert not r.hexists(workers, dead)  # pruned by the live beat
-    # The keys live as long as the last entry: here 300 ms.
-    assert 0 < r.pttl(workers) <= 300 and 0 < r.pttl(workers + ":ttl") <= 300
-    time.sleep(0.35)
+    # The keys live as long as the last entry: here 3 s.
+    assert 0 < r.pttl(workers) <= 3000 and 0 < r.pttl(workers + ":ttl") <= 3000
+    wait_for(lambda: r.exists(workers, workers + ":ttl") == 0)
     assert q.workers() == []
-    assert r.exists(workers, workers + ":ttl") == 0
 
 
 def test_echomq_workers_with_none(spawn: Spawner, q: echomq.Queue, qname: str) -> None:
     q.enqueue(b"x")
     listing = spawn.start("workers", qname)
-    assert listing.wait(20) == 0 and listing.text().strip() == f"no live workers on {qname}"
+    assert listing.wait(60) == 0 and listing.text().strip() == f"no live workers on {qname}"
 
 
 def test_obliterate_removes_the_registry(q: echomq.Queue, qname: str, r: redis.Redis) -> None:
@@ -520,16 +519,16 @@ def test_echomq_workers_and_stats_show_the_fleet(
     sup = supervisor(spawn, qname, "-p", "2", "-c", "2", "--beat-ms", "100")
     workers = fleet(q, 2)
     q.enqueue(call("hold", 30.0, 30.0))
-    wait_for(lambda: sum(w.held for w in q.workers()) == 1, timeout=10)
+    wait_for(lambda: sum(w.held for w in q.workers()) == 1, timeout=60)
     listing = spawn.start("workers", qname)
-    assert listing.wait(20) == 0, listing.text()
+    assert listing.wait(60) == 0, listing.text()
     text = listing.text()
     for w in workers:
         assert f"{w.id} " in text and f"pid={w.pid}" in text
         assert f"supervisor={w.supervisor}" in text
     assert re.search(r"JOB\w+ hold for [\d.]+s", text), text
     stats = spawn.start("stats", qname)
-    assert stats.wait(20) == 0, stats.text()
+    assert stats.wait(60) == 0, stats.text()
     # A table, or (the test's queue name is long) one block per queue: "workers 2" either way.
     lines = [ln for ln in stats.text().splitlines() if qname in ln and "│" in ln]
     if lines:
@@ -538,7 +537,7 @@ def test_echomq_workers_and_stats_show_the_fleet(
     else:
         assert re.search(r"\bworkers 2\b", stats.text()), stats.text()
     sup.signal(signal.SIGTERM)
-    assert sup.wait(20) == 0
+    assert sup.wait(60) == 0
 
 
 # --------------------------------------------------------------------------- process pool
@@ -613,11 +612,11 @@ def test_pool_timeout_kills_the_child_and_replaces_it(
     hung = cpu.enqueue(10).wait(30.0)["pid"]
     pid_file = tmp_path / "child.pid"
     job = hang.enqueue(str(pid_file))
-    wait_for(pid_file.exists, 10.0)
+    wait_for(pid_file.exists, 60)
     assert int(pid_file.read_text()) == hung  # the same, persistent child
-    wait_for(lambda: q.job_state(job.id) == "dead", timeout=10)
+    wait_for(lambda: q.job_state(job.id) == "dead", timeout=60)
     assert q.errors(job.id)[-1].endswith("TimeoutError: the run took longer than 1.0s")
-    wait_for(lambda: pid_gone(hung), timeout=5)  # killed
+    wait_for(lambda: pid_gone(hung), timeout=60)  # killed
     replacement = cpu.enqueue(10).wait(20.0)["pid"]
     assert replacement != hung and handle.worker.pool is not None
     assert handle.worker.pool.pids() == [replacement]
@@ -632,14 +631,14 @@ def test_cancel_reaches_the_pool_child(
     handle = inproc(app, concurrency=1, pool_size=1)
     pid_file = tmp_path / "child.pid"
     job = hang.enqueue(str(pid_file))
-    wait_for(pid_file.exists, 10.0)
+    wait_for(pid_file.exists, 60)
     child = int(pid_file.read_text())
     assert q.cancel(job.id) == "signalled"
-    wait_for(lambda: pid_gone(child), timeout=5)  # the cancel killed the child
-    wait_for(lambda: q.job_state(job.id) == "dead", timeout=5)
+    wait_for(lambda: pid_gone(child), timeout=60)  # the cancel killed the child
+    wait_for(lambda: q.job_state(job.id) == "dead", timeout=60)
     assert (q.get_job(job.id) or {}).get("last_error") == "cancelled"
     assert handle.worker.pool is not None
-    wait_for(lambda: handle.worker.pool.pids() not in ([], [child]), timeout=5)
+    wait_for(lambda: handle.worker.pool.pids() not in ([], [child]), timeout=60)
 
 
 def test_pool_options_are_checked(url: str) -> None:

@@ -37,7 +37,7 @@ class InProcWorker:
         except BaseException as exc:
             self.error = exc
 
-    def stop(self, timeout: float = 15.0) -> WorkerStats:
+    def stop(self, timeout: float = 60.0) -> WorkerStats:
         if self.thread.is_alive():
             self.loop.call_soon_threadsafe(self.worker.stop)
             self.thread.join(timeout)
@@ -85,7 +85,7 @@ def row(app: App, queue: str, job_id: str) -> dict[str, Any]:
     return found
 
 
-def dead_with(app: App, queue: str, job_id: str, timeout: float = 10.0) -> str:
+def dead_with(app: App, queue: str, job_id: str, timeout: float = 60.0) -> str:
     """Wait until the job is dead; return its last_error."""
     q = app.queue(queue)
     wait_for(lambda: q.job_state(job_id) == "dead", timeout)
@@ -146,22 +146,31 @@ def test_concurrency_caps_jobs_in_flight(make_app, run_worker, qname) -> None:
     lock = threading.Lock()
     now = [0]
     peak = [0]
+    # Every run holds until 3 ran at once (then the gate stays open): that 3 overlap does
+    # not hang on how fast a busy machine claims, as 0.15 s runs did (issue 36).
+    full = threading.Event()
 
-    @app.task(queue=qname, name="sync_slow")
-    def sync_slow() -> None:
+    def start() -> None:
         with lock:
             now[0] += 1
             peak[0] = max(peak[0], now[0])
-        time.sleep(0.15)
+            if now[0] == 3:
+                full.set()
+
+    @app.task(queue=qname, name="sync_slow")
+    def sync_slow() -> None:
+        start()
+        full.wait(60)
         with lock:
             now[0] -= 1
 
     @app.task(queue=qname, name="async_slow")
     async def async_slow() -> None:
-        with lock:
-            now[0] += 1
-            peak[0] = max(peak[0], now[0])
-        await asyncio.sleep(0.15)
+        start()
+        for _ in range(6000):
+            if full.is_set():
+                break
+            await asyncio.sleep(0.01)
         with lock:
             now[0] -= 1
 

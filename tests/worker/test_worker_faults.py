@@ -65,7 +65,7 @@ def test_reclaimed_job_keeps_its_heartbeat(make_app, run_worker, qname, r: redis
         time.sleep(0.02)
     release.set()
     q = app.queue(qname)
-    wait_for(lambda: q.job_state(e.id) in ("absent", "dead"), timeout=15)
+    wait_for(lambda: q.job_state(e.id) in ("absent", "dead"), timeout=60)
     assert q.job_state(e.id) == "absent"  # completed, not dead
     assert runs == [1, 2]  # the second run was never re-delivered
     assert q.counts()["completed"] == 1
@@ -137,7 +137,7 @@ def test_unhandleable_handler_exceptions_follow_the_policy(
     q = app.queue(qname)
     e = q.enqueue(b'{"task": "bad", "args": [], "kwargs": {}}')
     w = run_worker(app, concurrency=1)
-    wait_for(lambda: q.job_state(e.id) == "dead", timeout=10)
+    wait_for(lambda: q.job_state(e.id) == "dead", timeout=60)
     row = q.get_job(e.id)
     assert row is not None
     assert row["attempts"] == "2" and runs == [1, 2]  # max_attempts honoured, not "stalled"
@@ -276,7 +276,7 @@ def _rides_out(
     receipts = q.enqueue_many([call("ahold", 0.05) for _ in range(400)])
     ids = [x.id for x in receipts if isinstance(x, echomq.Enqueued)]
     assert len(ids) == 400
-    wait_for(lambda: q.counts()["completed"] >= 40, timeout=20)
+    wait_for(lambda: q.counts()["completed"] >= 40, timeout=60)
     window(r)
     assert q.counts()["completed"] < 400, "the backlog ended before the window"
     try:
@@ -286,12 +286,15 @@ def _rides_out(
     counts = q.counts()
     assert (counts["dead"], counts["pending"], counts["active"]) == (0, 0, 0), counts
     assert done(books, qname) == dict.fromkeys(ids, 1)  # each ran to its end, once
-    # Every slot came back: 8 long jobs all start at once.
+    # Every slot came back: 8 long jobs all run at once. One slot short, the 8th would start
+    # only when one of them had finished: none has when the 8th starts (an ordering; it was
+    # "all 8 started within 1.2 s", a clock on a busy machine, issue 36).
     books.delete(f"emqtest:{qname}:tokens")
-    held = [q.enqueue(call("ahold", 1.5)).id for _ in range(8)]
-    wait_for(lambda: len(tokens(books, qname)) == 8, timeout=1.2)
-    wait_for(lambda: all(q.job_state(i) == "absent" for i in held), timeout=15)
-    assert sigterm(w)[0] == 0, w.text()
+    held = [q.enqueue(call("ahold", 20)).id for _ in range(8)]
+    wait_for(lambda: len(tokens(books, qname)) == 8, timeout=60)
+    assert not set(done(books, qname)) & set(held)
+    wait_for(lambda: all(q.job_state(i) == "absent" for i in held), timeout=120)
+    assert sigterm(w) == 0, w.text()
     s = stats_of(w)
     assert s["dead"] == 0 and s["completed"] >= 408, s
     assert q.check() == []
@@ -316,7 +319,7 @@ def test_worker_rides_out_a_busy_window(
         time.sleep(0.5)
         with pytest.raises(redis.ResponseError, match="BUSY"):
             r.ping()  # the server answers BUSY to everyone else now
-        runner.join(10)
+        runner.join(60)
         other.close()
 
     w = _rides_out(spawn, private, qname, r, busy)
@@ -360,7 +363,7 @@ def test_durable_worker_runs_what_it_claimed_while_no_replica_acks(
     )
     r = redis.Redis.from_url(primary.url)
     try:
-        wait_for(lambda: r.info("replication")["connected_slaves"] == 1, timeout=15)
+        wait_for(lambda: r.info("replication")["connected_slaves"] == 1, timeout=60)
         w = _worker(
             spawn, primary.url, qname, "--max-stalled", "1",
             EMQ_TEST_DURABLE="1", EMQ_TEST_LEASE_MS="8000",
@@ -379,7 +382,7 @@ def test_durable_worker_runs_what_it_claimed_while_no_replica_acks(
         counts = q.counts()
         assert counts["dead"] == 0 and counts["completed"] == 12, counts
         assert set(done(r, qname)) == set(ids)
-        assert sigterm(w, timeout=30)[0] == 0, w.text()
+        assert sigterm(w, timeout=60) == 0, w.text()
         assert stats_of(w)["dead"] == 0
         q.close()
     finally:

@@ -52,7 +52,7 @@ def enqueue_all(q: echomq.Queue) -> dict[str, str]:
     ]:
         receipt = q.enqueue(call(task, *args))
         ids[task] = receipt.id
-    wait_for(lambda: q.job_state(ids["wait"]) == "active", timeout=10)
+    wait_for(lambda: q.job_state(ids["wait"]) == "active", timeout=60)
     assert q.cancel(ids["wait"]) == "signalled"
     return ids
 
@@ -80,7 +80,7 @@ def test_text_lines_name_queue_job_task_attempt(spawn: Spawner, tmp_path: Path) 
         with echomq.Queue(queue, url=url) as q:
             ids = enqueue_all(q)
             wait_log(proc, "cancelled: dead-lettered")
-            wait_for(lambda: q.counts()["dead"] == 3, timeout=10)  # die, nope, wait
+            wait_for(lambda: q.counts()["dead"] == 3, timeout=60)  # die, nope, wait
             # last_error's traceback starts at the handler too (the sync one: a pool thread).
             kept = q.get_job(ids["fail"])
             assert kept is not None
@@ -204,7 +204,7 @@ def test_json_lines_carry_the_fields(spawn: Spawner, url: str, qname: str) -> No
 
 def test_worker_refuses_an_unknown_log_format(spawn: Spawner, qname: str) -> None:
     proc = spawn.start("worker", "apps.logs:app", "--log-format", "yaml")
-    assert proc.wait(15) == 2
+    assert proc.wait(60) == 2
     assert "'yaml' is not one of 'text', 'json'" in proc.text()
 
 
@@ -226,7 +226,7 @@ def test_stale_settle_is_logged(url: str, qname: str, q: echomq.Queue) -> None:
     @app.task(queue=qname, name="held")
     def held() -> None:
         started.set()
-        release.wait(10)
+        release.wait(60)
 
     capture = Capture()
     logger = logging.getLogger("echomq.worker")
@@ -235,7 +235,7 @@ def test_stale_settle_is_logged(url: str, qname: str, q: echomq.Queue) -> None:
     handle = InProcWorker(Worker(app, concurrency=1, beat_ms=100))
     try:
         job_id = q.enqueue(call("held")).id
-        assert started.wait(10)
+        assert started.wait(60)
         q.delay(job_id, 1, 0)  # handed back under the running handler
         newer = wait_for(q.claim)
         assert (newer.id, newer.token) == (job_id, 2)
@@ -367,7 +367,7 @@ def test_an_outage_warns_once_per_kind_and_says_when_it_reconnected(
         )
         with echomq.Queue(qname, url=srv.url) as q:
             q.enqueue(call("t"))
-            wait_for(lambda: q.counts()["completed"] == 1, timeout=10)
+            wait_for(lambda: q.counts()["completed"] == 1, timeout=60)
     finally:
         handle.stop()
         logger.setLevel(old)

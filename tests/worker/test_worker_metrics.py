@@ -101,5 +101,5 @@ def test_worker_metrics_port_serves_the_workers_series(url: str, qname: str) -> 
         app.close()
     finally:
         proc.terminate()
-        proc.wait(20)
+        proc.wait(60)
         q.close()

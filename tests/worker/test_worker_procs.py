@@ -44,12 +44,11 @@ def stats_of(proc: Proc) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split(", "))}
 
 
-def sigterm(proc: Proc, timeout: float = 15.0) -> tuple[int, float]:
-    """SIGTERM the worker and wait for it; (exit code, seconds it took)."""
-    t0 = time.monotonic()
+def sigterm(proc: Proc, timeout: float = 60.0) -> int:
+    """SIGTERM the worker and wait for it: its exit code. (No "it took under N s": what it
+    did, finish or hand back, says whether it waited, on a machine of any speed; issue 36.)"""
     proc.signal(signal.SIGTERM)
-    rc = proc.wait(timeout)
-    return rc, time.monotonic() - t0
+    return proc.wait(timeout)
 
 
 def test_thousand_jobs_through_two_worker_processes(
@@ -71,7 +70,7 @@ def test_thousand_jobs_through_two_worker_processes(
     assert q.check() == []
     total = 0
     for w in workers:
-        rc, _ = sigterm(w)
+        rc = sigterm(w)
         assert rc == 0, w.text()
         s = stats_of(w)
         assert (s["lost"], s["retried"], s["dead"]) == (0, 0, 0)
@@ -88,11 +87,11 @@ def test_sigkilled_worker_jobs_run_elsewhere_once(
     wait_for(lambda: len(tokens(r, qname)) == 5)
     assert sorted(tokens(r, qname)) == sorted((i, 1) for i in ids)
     a.signal(signal.SIGKILL)
-    assert a.wait(10) == -signal.SIGKILL
+    assert a.wait(60) == -signal.SIGKILL
     assert q.counts()["active"] == 5  # held until the leases lapse
 
     b = spawn.worker(qname, "-c", "10", "--beat-ms", "200", lease_ms=1000)
-    wait_for(lambda: len(tokens(r, qname)) == 10, timeout=15)
+    wait_for(lambda: len(tokens(r, qname)) == 10, timeout=60)
     second = tokens(r, qname)[5:]
     assert sorted(second) == sorted((i, 2) for i in ids)
     # While the second worker holds them, the killed worker's tokens are refused.
@@ -101,14 +100,14 @@ def test_sigkilled_worker_jobs_run_elsewhere_once(
             q.complete(job_id, 1)
         with pytest.raises(StaleToken):
             q.retry(job_id, 1, delay_ms=0, max_attempts=5, error="late")
-    wait_for(lambda: q.counts()["completed"] == 5, timeout=15)
+    wait_for(lambda: q.counts()["completed"] == 5, timeout=60)
     assert done(r, qname) == dict.fromkeys(ids, 1)  # only the second runs returned
     for job_id in ids:
         assert q.job_state(job_id) == "absent"
         with pytest.raises((StaleToken, JobGone)):
             q.complete(job_id, 1)
     assert q.check() == []
-    rc, _ = sigterm(b)
+    rc = sigterm(b)
     assert rc == 0
     s = stats_of(b)
     assert (s["completed"], s["recovered"], s["lost"]) == (5, 5, 0)
@@ -122,12 +121,12 @@ def test_long_job_with_heartbeats_is_delivered_once(
     for w in workers:
         wait_log(w, "serving")
     e = q.enqueue(call("hold", 3.0, 3.0))
-    wait_for(lambda: q.counts()["completed"] == 1, timeout=15)
+    wait_for(lambda: q.counts()["completed"] == 1, timeout=60)
     assert tokens(r, qname) == [(e.id, 1)]
     assert done(r, qname) == {e.id: 1}
     assert q.check() == []
     for w in workers:
-        assert sigterm(w)[0] == 0
+        assert sigterm(w) == 0
         s = stats_of(w)
         assert (s["lost"], s["recovered"], s["swept_dead"]) == (0, 0, 0)
     assert sum(stats_of(w)["completed"] for w in workers) == 1
@@ -141,20 +140,22 @@ def test_frozen_worker_is_fenced_out(
     wait_for(lambda: tokens(r, qname) == [(e.id, 1)])
     a.signal(signal.SIGSTOP)  # frozen: no heartbeat, its lease lapses
     b = spawn.worker(qname, "--beat-ms", "100", lease_ms=300)
-    wait_for(lambda: tokens(r, qname) == [(e.id, 1), (e.id, 2)], timeout=15)
+    wait_for(lambda: tokens(r, qname) == [(e.id, 1), (e.id, 2)], timeout=60)
     assert q.job_state(e.id) == "active"
     with pytest.raises(StaleToken):
         q.complete(e.id, 1)  # the frozen worker's token no longer owns the job
-    wait_for(lambda: q.counts()["completed"] == 1, timeout=15)
+    wait_for(lambda: q.counts()["completed"] == 1, timeout=60)
 
     a.signal(signal.SIGCONT)
-    # Its heartbeat finds the lease gone (or its settle is refused): it never settles.
-    text = wait_log(a, f"job {e.id}")
-    assert "lease lost" in text or "settle refused" in text, text
-    assert sigterm(a)[0] == 0
+    # Its heartbeat finds the lease gone (or its settle is refused): it never settles. The
+    # fence's own line is waited for: the run's end ("completed in N ms", the outcome it
+    # will send) is logged before the refused settle's line, and a busy machine read the
+    # log between the two (issue 36).
+    wait_for(lambda: "lease lost" in a.text() or "settle refused" in a.text(), timeout=60)
+    assert sigterm(a) == 0
     sa = stats_of(a)
     assert (sa["completed"], sa["lost"], sa["retried"], sa["dead"]) == (0, 1, 0, 0)
-    assert sigterm(b)[0] == 0
+    assert sigterm(b) == 0
     sb = stats_of(b)
     assert (sb["completed"], sb["recovered"], sb["lost"]) == (1, 1, 0)
     assert q.counts()["completed"] == 1  # completed exactly once, by the other worker
@@ -167,13 +168,12 @@ def test_frozen_worker_is_fenced_out(
 def test_sigterm_lets_in_flight_jobs_finish_within_grace(
     spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Redis, task: str
 ) -> None:
-    w = spawn.worker(qname, "-c", "4", "--grace", "10")
+    w = spawn.worker(qname, "-c", "4", "--grace", "120")  # far past the 1 s runs, however slow
     args = (1.0, 1.0) if task == "hold" else (1.0,)
     ids = [q.enqueue(call(task, *args)).id for _ in range(2)]
     wait_for(lambda: len(tokens(r, qname)) == 2)
-    rc, took = sigterm(w)
+    rc = sigterm(w, 180)
     assert rc == 0, w.text()
-    assert took < 5, took
     assert done(r, qname) == dict.fromkeys(ids, 1)
     assert q.counts()["completed"] == 2
     s = stats_of(w)
@@ -186,14 +186,14 @@ def test_sigterm_past_grace_hands_jobs_back_at_once(
     spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Redis, task: str
 ) -> None:
     w = spawn.worker(qname, "-c", "4", "--grace", "0.3")  # leases of 30 s
-    args = (30, 30) if task == "hold" else (30,)
+    # Runs of 300 s: past the wait below, so an exit within it handed the jobs back.
+    args = (300, 300) if task == "hold" else (300,)
     ids = [q.enqueue(call(task, *args)).id for _ in range(2)]
     wait_for(lambda: len(tokens(r, qname)) == 2)
-    rc, took = sigterm(w)
+    rc = sigterm(w)
     states = [q.job_state(i) for i in ids]
     assert rc == 0, w.text()
-    assert took < 5, f"the worker took {took:.1f}s to exit after SIGTERM with --grace 0.3"
-    assert states == ["pending", "pending"]  # at once, long before the 30 s lease lapses
+    assert states == ["pending", "pending"]
     for job_id in ids:
         job = q.get_job(job_id)
         assert job is not None and job["attempts"] == "1"  # handed back without minting
@@ -208,14 +208,13 @@ def test_sigterm_past_grace_hands_jobs_back_at_once(
 def test_second_sigterm_exits_immediately(
     spawn: Spawner, q: echomq.Queue, qname: str, r: redis.Redis
 ) -> None:
-    w = spawn.worker(qname, "--grace", "60")
-    e = q.enqueue(call("ahold", 60))
+    w = spawn.worker(qname, "--grace", "300")  # past the wait below: no graceful exit in it
+    e = q.enqueue(call("ahold", 300))
     wait_for(lambda: len(tokens(r, qname)) == 1)
     w.signal(signal.SIGTERM)
     wait_log(w, "received SIGTERM")
-    rc, took = sigterm(w)
-    assert rc == 128 + signal.SIGTERM
-    assert took < 5
+    rc = sigterm(w)
+    assert rc == 128 + signal.SIGTERM  # the forced exit, not the graceful one (0)
     assert q.job_state(e.id) == "active"  # its lease lapses; a sweep recovers it
     q.drain()
 
@@ -243,4 +242,4 @@ def test_idle_worker_is_quiet(spawn: Spawner, qname: str, r: redis.Redis) -> Non
     assert diff.get("cmdstat_blpop", 0) <= 3, diff
     assert diff.get("cmdstat_evalsha", 0) + diff.get("cmdstat_eval", 0) <= 12, diff
     assert total < 45 + 2 * 8, f"idle worker sent {total} commands in 2 s: {diff}"
-    assert sigterm(w)[0] == 0
+    assert sigterm(w) == 0
