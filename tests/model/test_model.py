@@ -408,11 +408,12 @@ class ModelMachine(RuleBasedStateMachine):
         t0 = self.now()
         if did is not None and len(did) > 128 and not strict("did255"):
             return
-        if h is not None and mode == "debounce" and h.state in ("pending", "scheduled"):
-            if h.group != group:  # issue 37: a fold cannot move its holder to another lane
-                with pytest.raises(StateError, match="a fold cannot move it"):
-                    self.q(qi).enqueue(payload, id=jid, group=group, delay_ms=delay, **kw)
-                return
+        folds = h is not None and mode == "debounce" and h.state in ("pending", "scheduled")
+        if folds and h is not None and h.group != group:
+            # Issue 37: a fold cannot move its holder to another lane.
+            with pytest.raises(StateError, match="a fold cannot move it"):
+                self.q(qi).enqueue(payload, id=jid, group=group, delay_ms=delay, **kw)
+            return
         e = self.q(qi).enqueue(payload, id=jid, group=group, delay_ms=delay, **kw)
         t1 = self.now()
         new = self.events_since(qi, before)
