@@ -68,8 +68,10 @@ log = logging.getLogger("echomq")
 
 
 def _is_write(call: Call[Any]) -> bool:
-    # Scripts that only read (``Flags: reads`` in their header) are never waited on.
-    return call.script is not None and call.script.writes
+    # Scripts that only read (``Flags: reads`` in their header) are never waited on, nor the
+    # mint node's lease (node_lease): it is the client's own bookkeeping, not a job's write,
+    # and a lease lost in a failover is the window D2 documents, not a lost acknowledgement.
+    return call.script is not None and call.script.writes and call.script.name != "node_lease"
 
 
 def _decoded_durability(call: Call[Any], exc: DurabilityError) -> DurabilityError:

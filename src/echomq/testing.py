@@ -81,19 +81,21 @@ async def _settled(watchers: Sequence[AsyncQueue]) -> tuple[bool, dict[str, dict
     counts: dict[str, dict[str, int]] = {}
     empty = True
     for aq in watchers:
+        # The due scheduled jobs are counted first, the sets after: a job the worker promotes
+        # from the schedule to pending between the two reads is then seen in one of them
+        # (read the other way round it was in neither, and a busy queue looked empty).
+        sec, usec = await aq.client.execute_command("TIME")
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        key = keyspace.queue_key(aq.name, "schedule")
+        due = await aq.client.execute_command("ZCOUNT", key, "-inf", now_ms)
         c = counts[aq.name] = await aq.counts()
         outbox = keyspace.queue_key(aq.name, "flow:outbox")
         if c["pending"] or c["active"] or await aq.client.execute_command("LLEN", outbox):
             empty = False
-        elif c["schedule"]:
+        elif due:
             # A scheduled job counts once it is due: the worker's beat promotes it and runs
             # it. One not yet due (a long backoff) is left where it is.
-            sec, usec = await aq.client.execute_command("TIME")
-            now_ms = int(sec) * 1000 + int(usec) // 1000
-            key = keyspace.queue_key(aq.name, "schedule")
-            due = await aq.client.execute_command("ZCOUNT", key, "-inf", now_ms)
-            if due:
-                empty = False
+            empty = False
     return empty, counts
 
 

@@ -389,7 +389,10 @@ def test_a_missing_extra_names_both_ways_to_install_it(
 
     from echomq.cli import main
 
-    monkeypatch.setitem(sys.modules, "starlette", None)  # import starlette: ImportError
+    # The web extra's modules missing (import X: ImportError); `metrics` and
+    # `--metrics-port` need only prometheus_client, the dashboard starlette too.
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
     done = CliRunner().invoke(main, args)
     assert done.exit_code == 2, done.output
     assert "pip install 'echomq[web]'" in done.output

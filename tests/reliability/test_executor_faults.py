@@ -51,8 +51,11 @@ def test_short_lived_threads_give_their_connections_back(
                 t.start()
             for t in threads:
                 t.join()
-            # The server never sees more connections than threads alive at once (+ slack).
-            assert _clients(r) <= before + 10 + 5
+            # The server never sees more connections than threads alive at once, twice over
+            # for the first batch (+ slack): each first enqueue also leases the mint node
+            # (D2) on a connection of its own while its plan holds one. A leak would grow
+            # with every batch of the 30.
+            assert _clients(r) <= before + 2 * 10 + 5
         assert errors == []
         assert q.pending_size() == 300
 

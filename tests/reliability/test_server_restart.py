@@ -186,9 +186,9 @@ def test_a_recorded_server_that_is_gone_fails_every_client(
     for args in (
         [sys.executable, "-m", "echomq", "stats"],
         [sys.executable, "-m", "echomq", "worker", "tasks:app"],
-        [sys.executable, "-m", "echomq", "demo", "--quick"],
         [sys.executable, "-c", PRODUCE],
     ):
+        # (`echomq demo` is no client of a recorded server: it runs on its own, issue 36.)
         done = run(project, spawn, *args)
         assert done.returncode != 0, (args, done)
         if args[1] == "-m":

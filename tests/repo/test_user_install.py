@@ -179,7 +179,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
 
 def readme_quickstart() -> tuple[str, list[list[str]]]:
     """The README's ``tasks.py`` and its three commands (server, worker, producer)."""
-    tasks = re.search(r"A task module, `tasks.py`:\n\n```python\n(.*?)```", README, re.S)
+    tasks = re.search(
+        r"A task module, `tasks.py`:\n\n(?:<!--.*?-->\n)?```python\n(.*?)```", README, re.S
+    )
     assert tasks, "the README's quick start lost its tasks.py block"
     block = re.search(r"In three terminals.*?```bash\n(.*?)```", README, re.S)
     assert block, "the README's quick start lost its three commands"
