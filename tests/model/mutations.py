@@ -419,6 +419,7 @@ def run_seam(
     waive: str = "",
     file_only: bool = False,
     targets: list[str] | None = None,
+    logs: Path | None = None,
 ) -> Outcome:
     out = Outcome(seam, commits)
     targets = targets or [*MODEL, *EXTRA.get(seam, [])]
@@ -449,6 +450,8 @@ def run_seam(
                 out.note = f"revert of {sha[:10]} did not apply: {apply.stderr.strip()[:200]}"
                 return out
         code, text = pytest(scratch, python, None, shrink, waive, targets)
+        if logs is not None:
+            (logs / f"{seam}.log").write_text(text)
         # " - message" cut off: the ids alone, so the base's failures subtract exactly.
         out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
         out.code, out.file_only = code, file_only
@@ -507,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a model file (or directory) to run instead of all of tests/model/ (repeatable); "
         "each seam's EXTRA files run as well",
     )
+    ap.add_argument("--logs", type=Path, help="a directory to keep each seam's pytest output in")
     ap.add_argument(
         "--jobs",
         type=int,
@@ -535,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown seam {seam!r}: one of {', '.join(SEAMS)}")
             return 2
     model = args.model or MODEL
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
     # The base runs every file any chosen seam runs, so each seam's failures are net of it.
     extra = sorted({f for seam in only for f in EXTRA.get(seam, [])})
     shrink = not args.no_shrink
@@ -548,7 +554,17 @@ def main(argv: list[str] | None = None) -> int:
             files = [*model, *EXTRA.get(seam, [])]
         print(f"seam {seam}: {how} ({' '.join(files)}) ...", flush=True)
         out = run_seam(
-            repo, base, seam, commits, args.python, shrink, set(), args.waive, args.file_only, files
+            repo,
+            base,
+            seam,
+            commits,
+            args.python,
+            shrink,
+            set(),
+            args.waive,
+            args.file_only,
+            files,
+            args.logs,
         )
         print(f"seam {seam}: done in {out.seconds:.0f} s", flush=True)
         return out
