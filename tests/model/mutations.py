@@ -1,5 +1,6 @@
-"""Mutation check of the model test (issue 22, point 4): re-introduce each seam bug on a
-scratch copy and show that tests/model/test_model.py fails within its CI budget.
+"""Mutation check of the model test (issue 22, point 4; issue 37): re-introduce each seam bug
+on a scratch copy and show that the model tests (all of tests/model/) and the fix's own
+tests fail within their CI budget.
 
 One command, from the repository root::
 
@@ -7,6 +8,9 @@ One command, from the repository root::
     .venv/bin/python tests/model/mutations.py --only 1,reap-dedup --no-shrink
     .venv/bin/python tests/model/mutations.py --revert 5=df649c5   # revert a fix instead
     .venv/bin/python tests/model/mutations.py --waive ring   # look past an open finding (F12)
+    .venv/bin/python tests/model/mutations.py --no-shrink --file-only --jobs 4 --logs /tmp/m
+    .venv/bin/python tests/model/mutations.py --only fold-ttl --model tests/model/test_model.py
+    .venv/bin/python tests/model/mutations.py --report-logs /tmp/m   # the table again, no run
 
 How a bug is re-introduced. By default each seam has a built-in patch (``PATCHES``): a few
 exact-text edits of the *fixed* code, in Lua and in the native C twin alike (so both
@@ -24,16 +28,24 @@ repository is written. Per seam,
 with PYTHONPATH=<scratch>/src (so ``echomq`` and the native module built from
 ``<scratch>/native`` are the mutant):
 
-1. the whole model file at its CI budget (the three machine legs and the fixed scenarios);
+1. the whole model directory at its CI budget (test_model.py's three machine legs and fixed
+   scenarios, and the fleet, seams and hand-back model files of issue 37; ``--model`` runs
+   other model files instead), plus the seam's ``EXTRA`` files: the fix's own tests, which
+   must catch it too (some seams, a Python-side fix, are caught there and not by a model);
 2. the random machine alone (``-k machine``: every leg, no fixed scenario), so the report
    shows whether hypothesis finds the bug by itself within the CI budget, and the sequence
    it printed (shrunk; ``--no-shrink`` reports the first failing sequence unshrunk, faster).
    ``--file-only`` skips this run and reads the machine legs' verdict and sequence from the
    first (on a loaded machine, half the time).
 
-The report is a table (seam, mutation, model file, machine alone, time) and, per seam, the
-failed tests and the machine's sequence. Exit status 1 when a mutant survives (the model
-file passed with the bug back in), 2 on a usage, patch or git error.
+The report is a table (seam, mutation, tests run, machine alone, time) and, per seam, the
+failed tests by file and the machine's sequence. A failure the base has too does not count
+as a catch, nor does ``test_every_mutation_anchor_is_in_the_tree`` (every patch fails it by
+design). Exit status 1 when a mutant survives (everything it ran passed with the bug back
+in, but that test), 2 on a usage, patch or git error. ``--jobs N`` runs N seams at once
+(each in its own scratch copy; the base alongside, the verdicts judged against it after);
+``--logs DIR`` keeps each run's pytest output as DIR/<seam>.log, and ``--report-logs DIR``
+prints the table again from such logs without running anything.
 
 Seams:
 
@@ -41,7 +53,10 @@ Seams:
 - ``4``: the cancel flag outlives its run (a release keeps it);
 - ``5``: a re-admitted or reprocessed id reads its previous incarnation's result;
 - ``remove-flows``: a child's settle writes orphan flow keys of a removed parent (F1);
-- ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9).
+- ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9);
+- issue 37 (FINDINGS "Mutation check for issue 37"): ``resend-row``, ``occurrence-bit``,
+  ``fold-ttl``, ``fold-lane``, ``limit-wake``, ``moved``, ``marker-ttl``, ``retired-ttl``,
+  ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit).
 
 Each seam costs a CI-budget run of the model file (~40-60 s on a quiet machine), a machine
 run and a build of the native module.
@@ -291,6 +306,9 @@ EXTRA: dict[str, list[str]] = {
     "handback-floor": ["tests/worker/test_handback.py"],
 }
 
+# test_model.py's check that every PATCHES anchor is in the tree: a patch fails it by design.
+ANCHOR_TEST = "test_every_mutation_anchor_is_in_the_tree"
+
 # What every seam runs: the whole model directory (test_model.py and the model files of
 # issue 37: fleet, seams, hand-back), each at its CI budget; ``--model FILE`` narrows it.
 MODEL = ["tests/model"]
@@ -313,10 +331,11 @@ class Outcome:
     file_only: bool = False
 
     def judge(self, baseline: set[str]) -> None:
-        """The verdicts, net of what already fails on the base (``baseline``)."""
-        self.file_failed = bool(set(self.failed_tests) - baseline) or (
-            self.code != 0 and not self.failed_tests
-        )
+        """The verdicts, net of what already fails on the base (``baseline``) and of the
+        anchor test, which every patch fails by design (the patched text is no longer the
+        fixed code's): a seam only that test sees is a survivor."""
+        caught = {t for t in self.failed_tests if ANCHOR_TEST not in t} - baseline
+        self.file_failed = bool(caught) or (self.code != 0 and not self.failed_tests)
         if self.file_only:
             # The machine legs ran inside the file run: their verdict and sequence are read
             # from it (half the time; no verdict free of the fixed scenarios).
@@ -464,16 +483,37 @@ def run_seam(
     return out
 
 
+def from_log(logs: Path, seam: str, file_only: bool) -> Outcome:
+    """A seam's outcome read back from its kept pytest output (``--logs``)."""
+    out = Outcome(seam, [], file_only=file_only)
+    f = logs / f"{seam}.log"
+    if not f.exists():
+        out.note = f"no log {f}"
+        return out
+    text = f.read_text()
+    out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
+    tail = text.strip().splitlines()[-1:] or [""]
+    out.code = 0 if re.search(r"\bpassed\b", tail[0]) and not out.failed_tests else 1
+    out.judge(set())
+    out.message, out.sequence = first_failure(text)
+    return out
+
+
 def report(outcomes: list[Outcome]) -> str:
-    lines = ["| seam | mutation | tests run | machine alone | time |", "|---|---|---|---|---|"]
+    lines = [
+        "| seam | mutation | tests run | caught by (files, failed tests) | machine | time |",
+        "|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         if o.file_failed is None:
-            lines.append(f"| {o.seam} | - | {o.note} | - | - |")
+            lines.append(f"| {o.seam} | - | {o.note} | - | - | - |")
             continue
         file_v = "FAILED (caught)" if o.file_failed else "passed (SURVIVED)"
         mach = "FAILED" if o.machine_failed else "passed"
         shas = ",".join(c[:10] for c in o.commits) or "patch"
-        lines.append(f"| {o.seam} | {shas} | {file_v} | {mach} | {o.seconds:.0f} s |")
+        caught = by_file([t for t in o.failed_tests if ANCHOR_TEST not in t])
+        files = ", ".join(f"{Path(p).name} ({len(ts)})" for p, ts in caught.items()) or "-"
+        lines.append(f"| {o.seam} | {shas} | {file_v} | {files} | {mach} | {o.seconds:.0f} s |")
     for o in outcomes:
         if o.failed_tests or o.sequence:
             lines.append(f"\n### seam {o.seam}: {SEAMS[o.seam]}")
@@ -481,7 +521,7 @@ def report(outcomes: list[Outcome]) -> str:
                 lines.append(f"- {path}: {len(tests)} failed")
                 lines += [f"    - {t.split('::', 1)[-1]}" for t in tests]
             if o.message:
-                lines.append(f"- the machine's first failure: {o.message}")
+                lines.append(f"- the first failure: {o.message}")
             if o.sequence:
                 lines.append("- the machine's failing sequence:")
                 lines += [f"      {s}" for s in o.sequence]
@@ -511,6 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         "each seam's EXTRA files run as well",
     )
     ap.add_argument("--logs", type=Path, help="a directory to keep each seam's pytest output in")
+    ap.add_argument(
+        "--report-logs",
+        type=Path,
+        help="no run: the report from a --logs directory of an earlier run (times not kept)",
+    )
     ap.add_argument(
         "--jobs",
         type=int,
@@ -569,8 +614,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seam {seam}: done in {out.seconds:.0f} s", flush=True)
         return out
 
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        base_out, *outcomes = pool.map(one, ["base", *only])
+    if args.report_logs is not None:
+        base_out, *outcomes = [
+            from_log(args.report_logs, s, args.file_only) for s in ["base", *only]
+        ]
+    else:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            base_out, *outcomes = pool.map(one, ["base", *only])
     baseline = set(base_out.failed_tests)
     if baseline:
         print(f"note: on the base these already fail (not counted as catches): {sorted(baseline)}")
