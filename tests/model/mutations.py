@@ -478,7 +478,7 @@ def run_seam(
         if logs is not None:
             (logs / f"{seam}.log").write_text(text)
         # " - message" cut off: the ids alone, so the base's failures subtract exactly.
-        out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
+        out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", text, re.M)
         out.code, out.file_only = code, file_only
         out.judge(baseline)
         if not file_only:
@@ -497,7 +497,7 @@ def from_log(logs: Path, seam: str, file_only: bool) -> Outcome:
         out.note = f"no log {f}"
         return out
     text = f.read_text()
-    out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
+    out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", text, re.M)
     tail = text.strip().splitlines()[-1:] or [""]
     out.code = 0 if re.search(r"\bpassed\b", tail[0]) and not out.failed_tests else 1
     out.judge(set())
