@@ -526,7 +526,8 @@ def report(outcomes: list[Outcome]) -> str:
         shas = ",".join(c[:10] for c in o.commits) or "patch"
         caught = by_file([t for t in o.failed_tests if ANCHOR_TEST not in t])
         files = ", ".join(f"{Path(p).name} ({len(ts)})" for p, ts in caught.items()) or "-"
-        lines.append(f"| {o.seam} | {shas} | {file_v} | {files} | {mach} | {o.seconds:.0f} s |")
+        took = f"{o.seconds:.0f} s" if o.seconds else "-"  # not kept in a --logs file
+        lines.append(f"| {o.seam} | {shas} | {file_v} | {files} | {mach} | {took} |")
     for o in outcomes:
         if o.failed_tests or o.sequence:
             lines.append(f"\n### seam {o.seam}: {SEAMS[o.seam]}")
