@@ -1,5 +1,6 @@
-"""Mutation check of the model test (issue 22, point 4): re-introduce each seam bug on a
-scratch copy and show that tests/model/test_model.py fails within its CI budget.
+"""Mutation check of the model test (issue 22, point 4; issue 37): re-introduce each seam bug
+on a scratch copy and show that the model tests (all of tests/model/) and the fix's own
+tests fail within their CI budget.
 
 One command, from the repository root::
 
@@ -7,6 +8,9 @@ One command, from the repository root::
     .venv/bin/python tests/model/mutations.py --only 1,reap-dedup --no-shrink
     .venv/bin/python tests/model/mutations.py --revert 5=df649c5   # revert a fix instead
     .venv/bin/python tests/model/mutations.py --waive ring   # look past an open finding (F12)
+    .venv/bin/python tests/model/mutations.py --no-shrink --file-only --jobs 4 --logs /tmp/m
+    .venv/bin/python tests/model/mutations.py --only fold-ttl --model tests/model/test_model.py
+    .venv/bin/python tests/model/mutations.py --report-logs /tmp/m   # the table again, no run
 
 How a bug is re-introduced. By default each seam has a built-in patch (``PATCHES``): a few
 exact-text edits of the *fixed* code, in Lua and in the native C twin alike (so both
@@ -24,16 +28,24 @@ repository is written. Per seam,
 with PYTHONPATH=<scratch>/src (so ``echomq`` and the native module built from
 ``<scratch>/native`` are the mutant):
 
-1. the whole model file at its CI budget (the three machine legs and the fixed scenarios);
+1. the whole model directory at its CI budget (test_model.py's three machine legs and fixed
+   scenarios, and the fleet, seams and hand-back model files of issue 37; ``--model`` runs
+   other model files instead), plus the seam's ``EXTRA`` files: the fix's own tests, which
+   must catch it too (some seams, a Python-side fix, are caught there and not by a model);
 2. the random machine alone (``-k machine``: every leg, no fixed scenario), so the report
    shows whether hypothesis finds the bug by itself within the CI budget, and the sequence
    it printed (shrunk; ``--no-shrink`` reports the first failing sequence unshrunk, faster).
    ``--file-only`` skips this run and reads the machine legs' verdict and sequence from the
    first (on a loaded machine, half the time).
 
-The report is a table (seam, mutation, model file, machine alone, time) and, per seam, the
-failed tests and the machine's sequence. Exit status 1 when a mutant survives (the model
-file passed with the bug back in), 2 on a usage, patch or git error.
+The report is a table (seam, mutation, tests run, machine alone, time) and, per seam, the
+failed tests by file and the machine's sequence. A failure the base has too does not count
+as a catch, nor does ``test_every_mutation_anchor_is_in_the_tree`` (every patch fails it by
+design). Exit status 1 when a mutant survives (everything it ran passed with the bug back
+in, but that test), 2 on a usage, patch or git error. ``--jobs N`` runs N seams at once
+(each in its own scratch copy; the base alongside, the verdicts judged against it after);
+``--logs DIR`` keeps each run's pytest output as DIR/<seam>.log, and ``--report-logs DIR``
+prints the table again from such logs without running anything.
 
 Seams:
 
@@ -41,7 +53,10 @@ Seams:
 - ``4``: the cancel flag outlives its run (a release keeps it);
 - ``5``: a re-admitted or reprocessed id reads its previous incarnation's result;
 - ``remove-flows``: a child's settle writes orphan flow keys of a removed parent (F1);
-- ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9).
+- ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9);
+- issue 37 (FINDINGS "Mutation check for issue 37"): ``resend-row``, ``occurrence-bit``,
+  ``fold-ttl``, ``fold-lane``, ``limit-wake``, ``moved``, ``marker-ttl``, ``retired-ttl``,
+  ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit).
 
 Each seam costs a CI-budget run of the model file (~40-60 s on a quiet machine), a machine
 run and a build of the native module.
@@ -56,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +82,17 @@ SEAMS: dict[str, str] = {
     "5": "a re-admitted/reprocessed id reads its previous result",
     "remove-flows": "a child's settle writes orphan keys of a removed parent",
     "reap-dedup": "a debounce hands its payload to a reaped, still-leased holder",
+    # Issue 37's fixes (FINDINGS "Mutation check for issue 37").
+    "resend-row": "a nonce-less resend answers replayed for another call's row",
+    "occurrence-bit": "minted ids leave bit 21 clear (a repeat's occurrence space)",
+    "fold-ttl": "a debounce fold keeps the holder's ttl",
+    "fold-lane": "a debounce fold drops the new call's lane without a word",
+    "limit-wake": "a settle under a queue-wide limit wakes no parked claimer",
+    "moved": "the dashboard's remove/cancel act on a job that moved since the page",
+    "marker-ttl": "replay-marker TTL bookkeeping per queue name, not per Keys",
+    "retired-ttl": "a held-back retired generation takes no TTL",
+    "retired-bytesum": "the retired record's size check by the id's last byte",
+    "handback-floor": "the shutdown hand-back is a delay 0 (spends an attempt)",
 }
 
 # seam -> [(file, the fixed code's exact text, the mutant's)]: each undoes the line of the
@@ -146,7 +173,145 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "",
         ),
     ],
+    # ---- issue 37 (fixes after f1c54ba) ----
+    "resend-row": [  # 6474132: replayed only when the row holds this call's payload
+        (
+            "src/echomq/lua/enqueue.lua",
+            "    if rcall('TYPE', jk).ok == 'hash'"
+            " and rcall('HGET', jk, 'payload') == ARGV[3] then\n",
+            "    if true then\n",
+        ),
+        (
+            "native/cmd_enqueue.c",
+            "            landed = emq_hmget(e, jk, 1, fields, held) && held[0].p"
+            " && emq_eq(held[0], payload);\n",
+            "            (void)fields;\n            (void)held;\n            landed = 1;\n",
+        ),
+    ],
+    "occurrence-bit": [  # 6474132: Python only (the client mints)
+        (
+            "src/echomq/ids.py",
+            "    return (ms << 22) | MINTED_BIT | (node << _SEQ_BITS) | seq\n",
+            "    return (ms << 22) | (node << _SEQ_BITS) | seq\n",
+        ),
+    ],
+    "fold-ttl": [  # d069e9e: the fold writes the new call's expires (or drops the holder's)
+        (
+            "src/echomq/lua/include/control.lua",
+            "  if expires then\n"
+            "    rcall('HSET', jk, 'expires', expires)\n"
+            "  elseif row[5] then\n"
+            "    rcall('HDEL', jk, 'expires')\n"
+            "  end\n",
+            "",
+        ),
+        (
+            "native/control.c",
+            "    if (expires.p)\n"
+            '        emq_hset(e, 3, jk, EMQ_LIT("expires"), expires);\n'
+            "    else if (row[4].p)\n"
+            '        emq_call(e, "HDEL", 2, jk, EMQ_LIT("expires"));\n',
+            "    (void)expires;\n",
+        ),
+    ],
+    "fold-lane": [  # d069e9e: a call for another lane than the waiting holder's is refused
+        (
+            "src/echomq/lua/include/control.lua",
+            "  if (row[2] or '') ~= (g or '') then return nil, holder, row[2] or '' end\n",
+            "",
+        ),
+        (
+            "native/control.c",
+            '    if (!emq_eq(had, g.p ? g : EMQ_LIT(""))) {\n'
+            "        *lane_out = had;\n"
+            "        return holder;\n"
+            "    }\n",
+            "    (void)had;\n    (void)g;\n",
+        ),
+    ],
+    "limit-wake": [  # d069e9e: a wake token per freed slot still open while work waits
+        (
+            "src/echomq/lua/settle.lua",
+            "    if room > 0 and rcall('SCARD', base .. 'inring') > 0 then"
+            " wake(base, math.min(freed, room)) end\n",
+            "",
+        ),
+        (
+            "native/cmd_settle.c",
+            "                    emq_wake(e, freed < room ? freed : room);\n",
+            "                    (void)room;\n",
+        ),
+    ],
+    "moved": [  # 882a9c8: Lua only (remove and cancel have no native twin)
+        (
+            "src/echomq/lua/include/control.lua",
+            "  if not seen or seen == '' then return false end\n",
+            "  do return false end\n",
+        ),
+    ],
+    "marker-ttl": [  # f8a8794: Python only; the old bookkeeping, one per queue name
+        (
+            "src/echomq/_kernel.py",
+            "        self.marker_ttls: dict[int, tuple[int, set[str]]] = {}\n",
+            "        self.marker_ttls = _MARKER_TTLS.setdefault(self.base, {})\n",
+        ),
+        (
+            "src/echomq/_kernel.py",
+            "\nclass Keys:\n",
+            "\n_MARKER_TTLS: dict = {}\n\n\nclass Keys:\n",
+        ),
+    ],
+    "retired-ttl": [  # 2e6bfda: the held-back generation's PEXPIRE
+        ("src/echomq/lua/include/common.lua", "      rcall('PEXPIRE', rk, 2 * ID_REPLAY_MS)\n", ""),
+        (
+            "native/common.c",
+            '            emq_call(e, "PEXPIRE", 2, rk, emq_fmt_ll(e, 2 * EMQ_ID_REPLAY_MS));\n',
+            "",
+        ),
+    ],
+    "retired-bytesum": [  # 2724257: the first id's byte sum, not its last byte
+        (
+            "src/echomq/lua/include/common.lua",
+            "    for i = 1, #id do sum = sum + string.byte(id, i) end\n",
+            "    sum = string.byte(id, -1)\n",
+        ),
+        (
+            "native/common.c",
+            "        for (size_t i = 0; i < pairs[0].n; i++)"
+            " sum += (unsigned char)pairs[0].p[i];\n",
+            "        sum = (unsigned char)pairs[0].p[pairs[0].n - 1];\n",
+        ),
+    ],
+    "handback-floor": [  # 73a8645: Python only (the worker's verb)
+        (
+            "src/echomq/_queueloop.py",
+            "        calls = [_ctl.push_back(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
+            "        calls = [_p.delay(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
+        ),
+    ],
 }
+
+# seam -> the test files beyond tests/model/ that must catch it too (the fix's own tests):
+# run with the model directory, and their failures reported per file.
+EXTRA: dict[str, list[str]] = {
+    "resend-row": ["tests/protocol/test_fleet_ids.py"],
+    "occurrence-bit": ["tests/protocol/test_fleet_ids.py"],
+    "fold-ttl": ["tests/protocol/test_seams_37.py"],
+    "fold-lane": ["tests/protocol/test_seams_37.py"],
+    "limit-wake": ["tests/protocol/test_seams_37.py"],
+    "moved": ["tests/operate/test_dashboard_moved.py"],
+    "marker-ttl": ["tests/protocol/test_memory_bounds.py"],
+    "retired-ttl": ["tests/protocol/test_memory_bounds.py"],
+    "retired-bytesum": ["tests/protocol/test_memory_bounds.py"],
+    "handback-floor": ["tests/worker/test_handback.py"],
+}
+
+# test_model.py's check that every PATCHES anchor is in the tree: a patch fails it by design.
+ANCHOR_TEST = "test_every_mutation_anchor_is_in_the_tree"
+
+# What every seam runs: the whole model directory (test_model.py and the model files of
+# issue 37: fleet, seams, hand-back), each at its CI budget; ``--model FILE`` narrows it.
+MODEL = ["tests/model"]
 
 SEQUENCE = re.compile(r"^(?:E\s+)?(state = ModelMachine\(\)|state\.\w+\(.*\))\s*$")
 
@@ -162,6 +327,20 @@ class Outcome:
     message: str = ""
     sequence: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    code: int = 0
+    file_only: bool = False
+
+    def judge(self, baseline: set[str]) -> None:
+        """The verdicts, net of what already fails on the base (``baseline``) and of the
+        anchor test, which every patch fails by design (the patched text is no longer the
+        fixed code's): a seam only that test sees is a survivor."""
+        caught = {t for t in self.failed_tests if ANCHOR_TEST not in t} - baseline
+        self.file_failed = bool(caught) or (self.code != 0 and not self.failed_tests)
+        if self.file_only:
+            # The machine legs ran inside the file run: their verdict and sequence are read
+            # from it (half the time; no verdict free of the fixed scenarios).
+            legs = [t for t in self.failed_tests if is_machine(t)]
+            self.machine_failed = bool(set(legs) - baseline)
 
 
 def git(repo: Path, *args: str) -> str:
@@ -187,7 +366,12 @@ def export(repo: Path, commit: str, into: Path) -> None:
 
 
 def pytest(
-    scratch: Path, python: str, k: str | None, shrink: bool, waive: str = ""
+    scratch: Path,
+    python: str,
+    k: str | None,
+    shrink: bool,
+    waive: str = "",
+    targets: list[str] | None = None,
 ) -> tuple[int, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(scratch / "src") + os.pathsep + str(scratch / "tests")
@@ -201,7 +385,7 @@ def pytest(
         python,
         "-m",
         "pytest",
-        "tests/model/test_model.py",
+        *(targets or MODEL),
         "-q",
         "-p",
         "no:randomly",
@@ -216,12 +400,33 @@ def pytest(
     return done.returncode, done.stdout + done.stderr
 
 
+def is_machine(test: str) -> bool:
+    """A random machine's leg: test_model.py's test_machine*, test_fleet_machine,
+    test_handback_machine, test_model_seams (a machine without the word in its name)."""
+    name = test.rsplit("::", maxsplit=1)[-1]
+    return "machine" in name or name.startswith("test_model_seams")
+
+
+def by_file(failed: list[str]) -> dict[str, list[str]]:
+    """The failed test ids grouped by their file (``path::test`` -> path)."""
+    out: dict[str, list[str]] = {}
+    for t in failed:
+        out.setdefault(t.split("::", 1)[0], []).append(t)
+    return out
+
+
 def first_failure(text: str) -> tuple[str, list[str]]:
     """The first machine failure's assertion line and the sequence hypothesis printed (the
     longest block of ``state...`` lines: pytest may show a sequence more than once)."""
     message = ""
     blocks: list[list[str]] = []
+    section = ""
     for line in text.splitlines():
+        head = re.match(r"^_{3,} (\S.*?) _{3,}$", line)
+        if head:
+            section = head.group(1)
+        if ANCHOR_TEST in section:
+            continue  # every patch fails it by design: not the failure to report
         if not message and re.match(r"^E\s+\w*(Error|Exception|Failed)\b", line):
             message = line[1:].strip()[:300]
         m = SEQUENCE.match(line)
@@ -245,8 +450,11 @@ def run_seam(
     baseline: set[str],
     waive: str = "",
     file_only: bool = False,
+    targets: list[str] | None = None,
+    logs: Path | None = None,
 ) -> Outcome:
     out = Outcome(seam, commits)
+    targets = targets or [*MODEL, *EXTRA.get(seam, [])]
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"emq-mut-{seam}-") as tmp:
         scratch = Path(tmp) / "tree"
@@ -273,40 +481,61 @@ def run_seam(
             if apply.returncode:
                 out.note = f"revert of {sha[:10]} did not apply: {apply.stderr.strip()[:200]}"
                 return out
-        code, text = pytest(scratch, python, None, shrink, waive)
-        out.failed_tests = re.findall(r"^FAILED (\S+)", text, re.M)
-        out.file_failed = bool(set(out.failed_tests) - baseline) or (
-            code != 0 and not out.failed_tests
-        )
-        if file_only:
-            # The machine legs ran inside the file run: their verdict and sequence are read
-            # from it (half the time; no verdict free of the fixed scenarios).
-            legs = [t for t in out.failed_tests if "test_machine" in t]
-            out.machine_failed = bool(set(legs) - baseline)
-        else:
-            code, text = pytest(scratch, python, "machine", shrink, waive)
+        code, text = pytest(scratch, python, None, shrink, waive, targets)
+        if logs is not None:
+            (logs / f"{seam}.log").write_text(text)
+        # " - message" cut off: the ids alone, so the base's failures subtract exactly.
+        out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", text, re.M)
+        out.code, out.file_only = code, file_only
+        out.judge(baseline)
+        if not file_only:
+            code, text = pytest(scratch, python, "machine", shrink, waive, list(MODEL))
             out.machine_failed = code != 0
         out.message, out.sequence = first_failure(text)
     out.seconds = time.monotonic() - start
     return out
 
 
+def from_log(logs: Path, seam: str, file_only: bool) -> Outcome:
+    """A seam's outcome read back from its kept pytest output (``--logs``)."""
+    out = Outcome(seam, [], file_only=file_only)
+    f = logs / f"{seam}.log"
+    if not f.exists():
+        out.note = f"no log {f}"
+        return out
+    text = f.read_text()
+    out.failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", text, re.M)
+    tail = text.strip().splitlines()[-1:] or [""]
+    out.code = 0 if re.search(r"\bpassed\b", tail[0]) and not out.failed_tests else 1
+    out.judge(set())
+    out.message, out.sequence = first_failure(text)
+    return out
+
+
 def report(outcomes: list[Outcome]) -> str:
-    lines = ["| seam | mutation | model file | machine alone | time |", "|---|---|---|---|---|"]
+    lines = [
+        "| seam | mutation | tests run | caught by (files, failed tests) | machine | time |",
+        "|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         if o.file_failed is None:
-            lines.append(f"| {o.seam} | - | {o.note} | - | - |")
+            lines.append(f"| {o.seam} | - | {o.note} | - | - | - |")
             continue
         file_v = "FAILED (caught)" if o.file_failed else "passed (SURVIVED)"
         mach = "FAILED" if o.machine_failed else "passed"
         shas = ",".join(c[:10] for c in o.commits) or "patch"
-        lines.append(f"| {o.seam} | {shas} | {file_v} | {mach} | {o.seconds:.0f} s |")
+        caught = by_file([t for t in o.failed_tests if ANCHOR_TEST not in t])
+        files = ", ".join(f"{Path(p).name} ({len(ts)})" for p, ts in caught.items()) or "-"
+        took = f"{o.seconds:.0f} s" if o.seconds else "-"  # not kept in a --logs file
+        lines.append(f"| {o.seam} | {shas} | {file_v} | {files} | {mach} | {took} |")
     for o in outcomes:
         if o.failed_tests or o.sequence:
             lines.append(f"\n### seam {o.seam}: {SEAMS[o.seam]}")
-            lines += [f"- failed: {t}" for t in o.failed_tests]
+            for path, tests in by_file(o.failed_tests).items():
+                lines.append(f"- {path}: {len(tests)} failed")
+                lines += [f"    - {t.split('::', 1)[-1]}" for t in tests]
             if o.message:
-                lines.append(f"- the machine's first failure: {o.message}")
+                lines.append(f"- the first failure: {o.message}")
             if o.sequence:
                 lines.append("- the machine's failing sequence:")
                 lines += [f"      {s}" for s in o.sequence]
@@ -329,6 +558,25 @@ def main(argv: list[str] | None = None) -> int:
         "read from it instead of a second, machine-only run",
     )
     ap.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a model file (or directory) to run instead of all of tests/model/ (repeatable); "
+        "each seam's EXTRA files run as well",
+    )
+    ap.add_argument("--logs", type=Path, help="a directory to keep each seam's pytest output in")
+    ap.add_argument(
+        "--report-logs",
+        type=Path,
+        help="no run: the report from a --logs directory of an earlier run (times not kept)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="seams run at once (each in its own scratch copy, servers on free ports)",
+    )
+    ap.add_argument(
         "--waive",
         default="",
         help="ECHOMQ_MODEL_WAIVE for every run: look past an open finding of the base "
@@ -345,27 +593,54 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         given[name] = [git(repo, "rev-parse", s).strip() for s in shas.split(",")]
     only = [s for s in args.only.split(",") if s] or [s for s in SEAMS if s != "base"]
-    print("base: the model file without any mutation ...", flush=True)
-    shrink = not args.no_shrink
-    base_out = run_seam(
-        repo, base, "base", [], args.python, shrink, set(), args.waive, args.file_only
-    )
-    baseline = set(base_out.failed_tests)
-    if baseline:
-        print(f"note: on the base these already fail (not counted as catches): {sorted(baseline)}")
-    outcomes = []
     for seam in only:
         if seam not in SEAMS:
             print(f"unknown seam {seam!r}: one of {', '.join(SEAMS)}")
             return 2
+    model = args.model or MODEL
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    # The base runs every file any chosen seam runs, so each seam's failures are net of it.
+    extra = sorted({f for seam in only for f in EXTRA.get(seam, [])})
+    shrink = not args.no_shrink
+
+    def one(seam: str) -> Outcome:
         commits = given.get(seam, [])
         how = f"reverting {[c[:10] for c in commits]}" if commits else "built-in patch"
-        print(f"seam {seam}: {how} ...", flush=True)
-        outcomes.append(
-            run_seam(
-                repo, base, seam, commits, args.python, shrink, baseline, args.waive, args.file_only
-            )
+        if seam == "base":
+            how, files = "no mutation", [*model, *extra]
+        else:
+            files = [*model, *EXTRA.get(seam, [])]
+        print(f"seam {seam}: {how} ({' '.join(files)}) ...", flush=True)
+        out = run_seam(
+            repo,
+            base,
+            seam,
+            commits,
+            args.python,
+            shrink,
+            set(),
+            args.waive,
+            args.file_only,
+            files,
+            args.logs,
         )
+        print(f"seam {seam}: done in {out.seconds:.0f} s", flush=True)
+        return out
+
+    if args.report_logs is not None:
+        base_out, *outcomes = [
+            from_log(args.report_logs, s, args.file_only) for s in ["base", *only]
+        ]
+    else:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            base_out, *outcomes = pool.map(one, ["base", *only])
+    baseline = set(base_out.failed_tests)
+    if baseline:
+        print(f"note: on the base these already fail (not counted as catches): {sorted(baseline)}")
+    for o in outcomes:
+        if o.file_failed is not None:
+            o.judge(baseline)
     print(report(outcomes))
     if base_out.machine_failed:
         print(

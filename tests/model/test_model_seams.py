@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -300,5 +300,11 @@ def test_model_seams(url: str, qname: str, r: redis.Redis) -> None:
             deadline=None,
             suppress_health_check=list(HealthCheck),
             database=None,
+            # ECHOMQ_MODEL_NOSHRINK=1 (mutations.py --no-shrink): the first failure unshrunk,
+            # as the other model files; shrinking and explaining a failure of this machine
+            # under a loaded machine's tracing outran the 300 s test timeout.
+            phases=[Phase.explicit, Phase.generate]
+            if os.environ.get("ECHOMQ_MODEL_NOSHRINK")
+            else list(Phase),
         ),
     )
