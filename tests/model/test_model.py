@@ -2313,11 +2313,6 @@ def test_every_mutation_anchor_is_in_the_tree() -> None:
             assert (root / path).read_text().count(old) == 1, (seam, path, old)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDINGS F27 (open): check() calls a repeat whose limit was lowered below its "
-    "fire count a violation",
-)
 def test_a_repeat_limit_lowered_below_its_fires_is_no_violation(q: echomq.Queue) -> None:
     """Found by the machine (FINDINGS F27, `test_machine[lua]` during the issue-37 mutation
     check): `repeat(limit=)` keeps the fire count across an update (issue 26), so a limit

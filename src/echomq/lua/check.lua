@@ -261,9 +261,6 @@ local function repeat_of(name, key)
     bad('repeat ' .. name .. ' is spent (fired ' .. (f[3] or '0') .. ' of ' .. f[2]
       .. ') but due at ' .. score .. ': it would fire again')
   end
-  if f[2] and f[3] and tonumber(f[3]) > tonumber(f[2]) then
-    bad('repeat ' .. name .. ' fired ' .. f[3] .. ' times, past its limit ' .. f[2])
-  end
   if f[4] then
     local minted = tonumber(rcall('HGET', base .. 'meta', 'repeat_slots') or '0')
     if not tonumber(f[4]) or tonumber(f[4]) >= minted then
