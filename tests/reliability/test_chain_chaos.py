@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.executors]
 
 
 def start_worker(spawn: Spawner, queue: str) -> Proc:
-    env = spawn.env(EMQ_TEST_QUEUE=queue, EMQ_TEST_LEASE_MS=str(LEASE_MS), EMQ_TEST_RUN_MS="150")
+    env = spawn.env(EMQ_TEST_QUEUE=queue, EMQ_TEST_LEASE_MS=str(LEASE_MS), EMQ_TEST_RUN_MS="400")
     args = ["-q", queue, "-q", queue + "-b", "-c", "4"]
     args += ["--beat-ms", "100", "--max-stalled", "1000000", "--grace", "20"]
     return spawn.start("worker", "apps.chainchaos:app", *args, env=env)
