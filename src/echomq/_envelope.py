@@ -9,7 +9,10 @@ never pickle)::
     [task, args, kwargs, tc, opts]   # opts: per-job options the worker honours (tc may be {})
 
 ``opts`` (issue 24) is a map, present only when a job has one: ``max_attempts`` (this job's
-attempt budget, overriding its task's). A budget travels with the payload, not in the row:
+attempt budget, overriding its task's); for a workflow step (issue 42, ``echomq._workflows``)
+``keep_ms`` (its value and error are kept that long) and ``prev`` (``1``: its one flow
+child's value is its first argument; a list of ids: a chord callback's members, their values
+in that order as its first argument), read by the worker's runner. A budget travels with the payload, not in the row:
 the worker makes the retry-or-dead decision with it, and the protocol's retry compares the
 ceiling it is sent, counted from the row's ``floor`` as for any budget (so a reprocess or a
 re-admission restarts it).
