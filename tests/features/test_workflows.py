@@ -210,6 +210,12 @@ def test_bad_input_is_refused_and_nothing_is_written(app: App, qname: str, r: re
         app.group([double.s(1), None])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="group can only come first"):
         add.s(1) | app.group([double.s(1)])
+    with pytest.raises(InvalidArgument, match="group \\| x"):
+        app.group([double.s(1)]) | app.group([double.s(2)])
+    with pytest.raises(InvalidArgument, match="group can only come first"):
+        (add.s(1) | double.s()) | app.group([double.s(1)])
+    with pytest.raises(BadArguments, match="group member 1"):
+        app.group([double.s(1), double.s()])  # a member receives no previous value
     with pytest.raises(InvalidArgument, match="chord can only be a chain's first step"):
         add.s(1) | app.chord(app.group([double.s(1)]), total.s())
     with pytest.raises(BadArguments, match="callback"):
