@@ -22,7 +22,8 @@ from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
 from echomq._observe import Event
 from echomq._registry import HeldJob, WorkerInfo
-from echomq._workflows import Chain, ChainReceipt, Chord, ChordReceipt, Group, GroupReceipt
+from echomq._workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
+from echomq._workflows import Chain, Chord, Group
 from echomq.app import App, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job

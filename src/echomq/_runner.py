@@ -238,6 +238,15 @@ class Runner:
                 first: Any = [values.get(str(i)) for i in r.prev]
             else:  # a chain step: its one child's value
                 first = next(iter(values.values()), None)
+        except asyncio.CancelledError:
+            # Cancelled during the read (D22: dead "cancelled"), or lost, handed back, the
+            # worker torn down (nothing to settle): done exactly once, as _execute does.
+            if r.cancelled and not r.lost:
+                getattr(asyncio.current_task(), "uncancel", lambda: 0)()
+                done(r, self.dead(r.job, "cancelled", r.keep_ms))
+                return
+            done(r, None)
+            raise
         except Exception as exc:
             settle = self.outcome(r.job, task, exc, r.max_attempts)
             self._log_end(r, task, settle, exc)
