@@ -12,7 +12,8 @@ never pickle)::
 attempt budget, overriding its task's); for a workflow step (issue 42, ``echomq._workflows``)
 ``keep_ms`` (its value and error are kept that long) and ``prev`` (``1``: its one flow
 child's value is its first argument; a list of ids: a chord callback's members, their values
-in that order as its first argument), read by the worker's runner.
+in that order as its first argument) and ``arg`` (that value as this keyword argument
+instead), read by the worker's runner.
 
 A budget travels with the payload, not in the row: the worker makes the retry-or-dead
 decision with it, and the protocol's retry compares the ceiling it is sent, counted from the

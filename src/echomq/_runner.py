@@ -77,6 +77,7 @@ class Running:
     # whatever its task keeps, and ``prev`` says which children's values it receives first.
     keep_ms: int = 0
     prev: Any = None
+    prev_arg: str | None = None  # the keyword the value goes in (Signature.chain_arg), or first
     key: tuple[str, int] = field(init=False)  # (id, token): how the worker tracks the run
 
     def __post_init__(self) -> None:
@@ -173,6 +174,8 @@ class Runner:
         task, args, kwargs, r.max_attempts, opts = prepared
         if opts:
             r.keep_ms, r.prev = _workflow_opts(opts)
+            arg = opts.get("arg")
+            r.prev_arg = arg if isinstance(arg, str) and arg.isidentifier() else None
         r.ctx = JobContext(
             queue,
             job.id,
@@ -253,7 +256,10 @@ class Runner:
             done(r, self._kept(r, settle))
             return
         try:
-            args, kwargs = task.from_wire([first, *args], kwargs)
+            if r.prev_arg is None:
+                args, kwargs = task.from_wire([first, *args], kwargs)
+            else:
+                args, kwargs = task.from_wire(args, {**kwargs, r.prev_arg: first})
         except Exception as exc:
             settle = self.dead(r.job, f"{type(exc).__name__}: {_safe_str(exc)}", r.keep_ms)
             self._log_end(r, task, settle, exc)

@@ -68,6 +68,7 @@ class Signature:
     fail_parent: bool = True
     priority: int | None = None  # None: the task's
     immutable: bool = False  # task.si(...): in a chain, the previous value is not passed
+    chain_arg: str | None = None  # in a chain: the previous value as this keyword argument
 
     def options(
         self,
@@ -76,12 +77,25 @@ class Signature:
         group: str | None = None,
         fail_parent: bool = True,
         priority: int | None = None,
+        chain_arg: str | None = None,
     ) -> Signature:
-        """This signature with job options."""
+        """This signature with job options; ``chain_arg``: in a chain (or as a chord's
+        callback), receive the previous value as this keyword argument, not as the first
+        positional one."""
         if priority is not None:
             _priority(priority)
+        if chain_arg is not None and not (isinstance(chain_arg, str) and chain_arg.isidentifier()):
+            raise InvalidArgument(f"chain_arg must be an argument name, got {chain_arg!r}")
         return Signature(
-            self.task, self.args, self.kwargs, id, group, fail_parent, priority, self.immutable
+            self.task,
+            self.args,
+            self.kwargs,
+            id,
+            group,
+            fail_parent,
+            priority,
+            self.immutable,
+            chain_arg,
         )
 
     def __or__(self, other: object) -> Chain:
@@ -120,9 +134,10 @@ def _sig(x: object, what: str) -> Signature:
 def _binds(sig: Signature, with_prev: bool, where: str) -> None:
     """:class:`BadArguments` unless the step's call binds (with the previous value first when
     it receives one)."""
-    args = (None, *sig.args) if with_prev else sig.args
+    args = (None, *sig.args) if with_prev and sig.chain_arg is None else sig.args
+    kwargs = {**sig.kwargs, sig.chain_arg: None} if with_prev and sig.chain_arg else sig.kwargs
     try:
-        sig.task.check_call(args, sig.kwargs)
+        sig.task.check_call(args, kwargs)
     except BadArguments as exc:
         hint = (
             " (it receives the previous step's value as its first argument; use task.si(...) "
@@ -137,6 +152,8 @@ def _opts(sig: Signature, keep_ms: int, prev: int | list[str] | None) -> dict[st
     opts: dict[str, Any] = {"keep_ms": max(keep_ms, sig.task.keep_result_ms)}
     if prev is not None:
         opts["prev"] = prev
+        if sig.chain_arg is not None:
+            opts["arg"] = sig.chain_arg  # the keyword the worker passes the value as
     return opts
 
 

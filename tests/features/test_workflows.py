@@ -58,6 +58,11 @@ def app(url: str, qname: str, redis_url: str) -> Iterator[App]:
         record("boom", x)
         raise ValueError(f"no luck with {x}")
 
+    @a.task(queue=qname, name="label")
+    def label(prefix: str, value: int) -> str:
+        record("label", value)
+        return f"{prefix}={value}"
+
     @a.task(queue=qname, name="const", inline=True)
     def const(word: str) -> str:
         record("const", word)
@@ -101,6 +106,18 @@ def test_app_chain_with_an_immutable_inline_step(app: App, qname: str, r: redis.
     with running(_worker(app, qname)):
         assert receipt.wait(timeout_s=60) == "fixed"  # an inline task keeps the step's value
     assert _runs(r, qname) == ["add:5", "const:fixed"]  # the step ran after, ignoring 5
+
+
+def test_chain_arg_passes_the_value_as_a_keyword(app: App, qname: str, r: redis.Redis) -> None:
+    add, label = app.tasks["add"], app.tasks["label"]
+    receipt = (add.s(2, 4) | label.s("total").options(chain_arg="value")).enqueue()
+    with running(_worker(app, qname)):
+        assert receipt.wait(timeout_s=60) == "total=6"
+    assert _runs(r, qname) == ["add:2", "label:6"]
+    with pytest.raises(InvalidArgument, match="chain_arg"):
+        label.s("x").options(chain_arg="not a name")
+    with pytest.raises(BadArguments, match="chain step 1"):
+        app.chain(add.s(1), label.s("x").options(chain_arg="nope"))
 
 
 def test_a_dead_step_stops_the_chain(app: App, qname: str, r: redis.Redis) -> None:
