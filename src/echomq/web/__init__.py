@@ -20,6 +20,7 @@ Stable routes (bookmark and script them; every page has a JSON twin under ``/api
                                            fire, limits, paused
 ``GET /queues/<queue>/flows``              flow parents with their children's tree and states
 ``GET /queues/<queue>/charts``             completed and failed per minute, depth, oldest waiting
+``GET /api/queues/<queue>/backlog``        the autoscaling signal (JSON, ``echomq backlog``)
 ``GET /metrics``                           the Prometheus exposition
 ``GET /healthz``                           200 ``ok`` when the server answers, else 503
 ``POST /queues/<queue>/<action>``          pause, resume, drain, pause_lane, resume_lane,
@@ -77,7 +78,7 @@ try:
 except ImportError as exc:
     raise _extras.missing("web", "the dashboard (echomq.web)", exc) from exc
 
-from echomq import _console, _inspect, _registry
+from echomq import _backlog, _console, _inspect, _registry
 from echomq import _control as _ctl
 from echomq import _kernel as _k
 from echomq import _protocol as _p
@@ -305,6 +306,11 @@ def create_app(
                 "find": data["found"].as_dict() if data["found"] else None,
             }
         )
+
+    def api_backlog(request: Request) -> Response:
+        # The autoscaling signal (echomq._backlog) for KEDA's metrics-api scaler.
+        found = _backlog.backlogs(st.x, [_queue_name(request)])[0]
+        return JSONResponse(found.as_dict())
 
     def workers_data(request: Request) -> dict[str, Any]:
         name = _queue_name(request)
@@ -628,6 +634,7 @@ def create_app(
         Route("/logout", logout, methods=["POST"]),
         Route("/queues/{queue}", guard(queue_page, False)),
         Route("/api/queues/{queue}", guard(api_queue, True)),
+        Route("/api/queues/{queue}/backlog", guard(api_backlog, True)),
         Route("/queues/{queue}/workers", guard(workers_page, False)),
         Route("/api/queues/{queue}/workers", guard(api_workers, True)),
         Route("/queues/{queue}/repeats", guard(repeats_page, False)),
