@@ -67,8 +67,9 @@ def of_views(x: SyncExecutor, views: Sequence[_inspect.QueueView]) -> list[Backl
                 raise r
         due = int(due_reply)
         waited = [v.oldest_waiting_age_s] if v.oldest_waiting_age_s is not None else []
-        if first_reply:
-            waited.append(max(0.0, (v.now_ms - float(first_reply[1])) / 1000))
+        first = _inspect._member_score(first_reply)  # the earliest due: waited longest
+        if first is not None:
+            waited.append(max(0.0, (v.now_ms - first[1]) / 1000))
         waiting = v.counts.get("pending", 0)
         out.append(
             Backlog(
