@@ -103,6 +103,8 @@ def test_the_gauges_and_the_dashboard_agree_with_the_cli(
         body = resp.json()
         assert (body["backlog"], body["waiting"], body["due"]) == (6, 4, 2)
         assert c.get("/api/queues/no-such-queue/backlog").status_code == 404
+        text = c.get("/metrics").text
+        assert f'echomq_backlog{{queue="{q.name}"}} 6.0' in text, text
 
 
 def test_an_empty_queue_and_several_queues(url: str, q: echomq.Queue, r: redis.Redis) -> None:

@@ -465,7 +465,10 @@ def create_app(
 
         views = _inspect.snapshot(st.x, st.names(), lanes=True, minutes=2)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Static(list(prometheus.families(views))))
+        found = _backlog.of_views(st.x, views)  # the autoscaling gauges too
+        registry.register(
+            _Static([*prometheus.families(views), *prometheus.backlog_families(found)])
+        )
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------------ sign-in
