@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -153,3 +154,26 @@ def test_the_supervisor_serves_the_probes_of_its_children(
     assert body["reason"] == "draining: stopping (signal received)", body
     sup.signal(signal.SIGTERM)  # the second: the children exit now
     sup.wait(60)
+
+
+def test_bad_probe_options_are_one_line_and_start_nothing(
+    spawn: Spawner, q: echomq.Queue, qname: str
+) -> None:
+    for options, said in [
+        (["--health-port", "0"], "error: --health-port must be a port in [1, 65535], got 0"),
+        (["--health-port", "70000"], "error: --health-port must be a port in [1, 65535]"),
+        (["--live-bound", "1.5"], "error: --live-bound must be >= 2 seconds, got 1.5"),
+        (["--live-bound", "nan"], "error: --live-bound must be >= 2 seconds, got nan"),
+    ]:
+        w = spawn.start("worker", "apps.probes:app", *options, env=spawn.env(EMQ_TEST_QUEUE=qname))
+        assert w.wait(60) == 2, w.text()
+        assert w.text().startswith(said) and w.text().count("\n") == 1, w.text()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        w = health_worker(spawn, qname, port)
+        assert w.wait(60) == 2, w.text()
+        assert f"error: --health-port {port}: cannot listen on 127.0.0.1:{port}" in w.text()
+        assert "Traceback" not in w.text()
+    assert not q.client.keys(f"emq:{{{qname}}}:*")  # no worker ran: nothing was written
