@@ -31,7 +31,8 @@ from django_project import tasks  # noqa: E402
 
 import echomq  # noqa: E402
 from conftest import wait_for  # noqa: E402
-from echomq.contrib.django import _api, echomq_priority  # noqa: E402
+from echomq.contrib.django import _api  # noqa: E402
+from echomq.contrib.django.backend import echomq_priority  # noqa: E402
 from procs import Proc, Spawner, wait_log  # noqa: E402
 
 pytestmark = pytest.mark.executors
@@ -53,7 +54,7 @@ def project(url: str, spawn: Spawner) -> Iterator[Spawner]:
     """The project's TASKS on the test's server, and nothing left on its queues."""
     tasks_setting = {
         "default": {
-            "BACKEND": "echomq.contrib.django.EchoMQBackend",
+            "BACKEND": "echomq.contrib.django.backend.EchoMQBackend",
             "QUEUES": QUEUES,
             "OPTIONS": {"URL": url, "RESULT_TTL_MS": 600_000},
         }
@@ -140,8 +141,9 @@ def test_kwargs_other_queue_async_task_and_context(project: Spawner) -> None:
 
     r3 = asyncio.run(produce())
     assert r1.task.queue_name == "reports"
-    assert backend().app.queue("reports").job_state(r1.id) != "absent"
     assert finished(r1.id).return_value == {"title": "q3", "total": 6}
+    assert backend().app.queue("reports").result(r1.id) is not None  # it ran on "reports"
+    assert backend().app.queue("default").result(r1.id) is None
     assert finished(r1.id).kwargs == {"title": "q3"}
     assert finished(r2.id).return_value == {"id": r2.id, "attempt": 1}
     assert finished(r3.id).return_value == "HI"
@@ -199,10 +201,18 @@ def test_bad_input_is_djangos_typed_error_and_writes_nothing(project: Spawner) -
 def test_a_queue_echomq_cannot_name_is_refused_at_startup(url: str) -> None:
     bad = {
         "default": {
-            "BACKEND": "echomq.contrib.django.EchoMQBackend",
+            "BACKEND": "echomq.contrib.django.backend.EchoMQBackend",
             "QUEUES": ["has space"],
             "OPTIONS": {"URL": url},
         }
     }
     with override_settings(TASKS=bad), pytest.raises(_api.InvalidTaskError, match="QUEUES"):
         backend()
+
+
+def test_the_import_switch_picks_django_tasks_on_django_6() -> None:
+    # Django >= 6 has django.tasks, and the backend uses it even with the backport installed;
+    # before 6 the backport is the only source.
+    expected = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    assert expected == _api.SOURCE
+    assert _api.TaskResult.__module__ == f"{expected}.base"

@@ -13,7 +13,7 @@ MIDDLEWARE: list[str] = []
 
 TASKS = {
     "default": {
-        "BACKEND": "echomq.contrib.django.EchoMQBackend",
+        "BACKEND": "echomq.contrib.django.backend.EchoMQBackend",
         "QUEUES": ["default", "reports"],
         "OPTIONS": {"RESULT_TTL_MS": 600_000},
     }

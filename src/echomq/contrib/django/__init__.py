@@ -6,7 +6,7 @@ In settings::
 
     TASKS = {
         "default": {
-            "BACKEND": "echomq.contrib.django.EchoMQBackend",
+            "BACKEND": "echomq.contrib.django.backend.EchoMQBackend",
             "QUEUES": ["default"],
             "OPTIONS": {"URL": "redis://127.0.0.1:6379/0"},
         }
@@ -19,7 +19,8 @@ importing this package raises ``MissingExtra`` naming the extra.
 
 from __future__ import annotations
 
+# Importing the package checks the extra (MissingExtra without Django); the backend is
+# ``echomq.contrib.django.backend.EchoMQBackend``, the worker app ``...worker:app``.
 from echomq.contrib.django._api import SOURCE
-from echomq.contrib.django.backend import PRIORITY_OFFSET, EchoMQBackend, echomq_priority
 
-__all__ = ["PRIORITY_OFFSET", "SOURCE", "EchoMQBackend", "echomq_priority"]
+__all__ = ["SOURCE"]

@@ -1,6 +1,6 @@
 """``EchoMQBackend``: Django's task backend interface on echomq queues.
 
-``settings.TASKS = {"default": {"BACKEND": "echomq.contrib.django.EchoMQBackend",
+``settings.TASKS = {"default": {"BACKEND": "echomq.contrib.django.backend.EchoMQBackend",
 "QUEUES": ["default"], "OPTIONS": {"URL": "redis://..."}}}``; the guide is
 docs/guides/django.md. A Django task's ``enqueue`` is an echomq job on the queue named by
 its ``queue_name`` (one of ``QUEUES``), and ``get_result(id)`` reads the job's state, or its
