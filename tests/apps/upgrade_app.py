@@ -27,7 +27,9 @@ QUEUE = os.environ.get("EMQ_TEST_QUEUE", "unset")
 KIDS = QUEUE + "-kids"
 RUNS = f"emqtest:{QUEUE}:runs"
 TICKS = 6  # occurrences the repeat fires in all (its limit survives worker restarts)
-LEASE_MS = 3000  # a SIGKILLed worker's jobs come back within seconds
+# A SIGKILLed worker's jobs come back within seconds; every task of a queue has it (a
+# worker claims with the longest lease of the queue's tasks, before it knows the task).
+LEASE_MS = 3000
 PID = os.getpid()
 
 app = App(name="upgrade")
@@ -92,7 +94,7 @@ def tick() -> None:
     _record("tick")
 
 
-@app.task(queue=QUEUE, name="up.noop", inline=True)
+@app.task(queue=QUEUE, name="up.noop", inline=True, **_OPTS)
 def noop(n: int) -> None:
     """The rotation's filler (the test's churn enqueues and completes these itself; a worker
     that claims one first just runs it)."""

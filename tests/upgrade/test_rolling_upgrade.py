@@ -11,11 +11,12 @@ so N-1 runs the EMQ.* commands and N, whose client needs another module version,
    queues, ``enqueue_many``; the workers fire a repeat) through a loopback proxy that drops
    replies (the command ran, its reply is lost, the producer resends). Mid-run an N-1
    worker is SIGKILLed and replaced by an N one, then an N worker is.
-2. The retired record under resends: an N producer's enqueue lands and its reply is lost;
-   the proxy holds its resend while the job completes and an N-1 batch worker completes
-   52,000 more jobs of the same queue (``apps.upgrade_churn``: enough to rotate 0.4's
-   count-only record twice), then lets the resend through. It must be answered
-   ``replayed``, not admitted again.
+2. The retired record under resends: N-1 stages 28,000 no-op jobs in a paused lane and
+   fills the queue's retired record close to a generation (24,000 ids). An N producer's
+   enqueue lands and its reply is lost; the proxy holds its resend while the job completes
+   and an N-1 batch worker completes the 28,000 (``apps.upgrade_churn``: enough to rotate
+   0.4's count-only record twice), then lets the resend through, within the producer's
+   ``retry_for``. It must be answered ``replayed``, not admitted again.
 3. The last N-1 worker is SIGKILLed and replaced; the queues drain.
 
 Then: every acknowledged job ran; no lease generation (id, token) ran twice and no run had
@@ -59,7 +60,11 @@ from reliability import raw_violations
 
 FROM = os.environ.get("ECHOMQ_TEST_UPGRADE_FROM", "v0.5.0")
 TO = os.environ.get("ECHOMQ_TEST_UPGRADE_TO", TREE)
-CHURN = 52_000  # > two generations of 0.4's 25,000-id retired record
+# 0.4 rotates its retired record at 25,000 ids (two generations). The record's current
+# generation is filled to FILL_TO before a resend waits; CHURN more retirements, a batch of
+# 1,000 each, then turn it over twice (first at 25,000, then 25,000 later).
+FILL_TO = 24_000
+CHURN = 28_000
 KINDS = "ok,lane,delayed,dedup,kept,fail,flow,many"
 CALLS = 48  # per producer, six rounds of the kinds
 TICKS = 6  # apps.upgrade_app.TICKS
@@ -251,20 +256,33 @@ class Books:
         return [e.decode() for e in self.r.lrange(self.p + "errors", 0, -1)]
 
 
-def quiet(r: redis.Redis, books: Books, queues: tuple[str, ...]) -> bool:
-    """Every acknowledged job ran, the repeat fired its limit, and nothing is left to run."""
-    ran = {run[0] for run in books.runs()}
-    if not set(books.acked()) <= ran:
-        return False
-    if sum(1 for run in books.runs() if run[4] == "tick" and run[1] == 1) < TICKS:
-        return False
+def busy(r: redis.Redis, books: Books, queues: tuple[str, ...]) -> list[str]:
+    """What is still to run (empty once every acknowledged job ran, the repeat fired its
+    limit, and nothing waits or runs but the churn's paused lane)."""
+    runs = books.runs()
+    out = []
+    never = set(books.acked()) - {run[0] for run in runs}
+    if never:
+        out.append(f"{len(never)} acknowledged jobs have not run, e.g. {sorted(never)[:3]}")
+    ticks = sum(1 for run in runs if run[4] == "tick" and run[1] == 1)
+    if ticks < TICKS:
+        out.append(f"the repeat fired {ticks} of {TICKS}")
     for q in queues:
         p = f"emq:{{{q}}}:"
-        if r.zcard(p + "pending") or r.zcard(p + "active") or r.zcard(p + "schedule"):
-            return False
-        if r.scard(p + "lanes"):
-            return False
-    return True
+        for name in ("pending", "active", "schedule"):
+            if n := r.zcard(p + name):
+                out.append(f"{q} {name}: {n}")
+        if lanes := {m for m in r.smembers(p + "lanes") if m != b"filler"}:
+            out.append(f"{q} lanes {sorted(lanes)}")  # (the churn's lane waits paused)
+    return out
+
+
+def settle_down(r: redis.Redis, books: Books, queues: tuple[str, ...]) -> None:
+    """Wait until :func:`busy` is empty; fail saying what is left."""
+    deadline = time.monotonic() + STEP_S
+    while left := busy(r, books, queues):
+        assert time.monotonic() < deadline, f"not done in {STEP_S} s: {left}"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("leg", ["lua", "native"])
@@ -330,6 +348,7 @@ def run_the_contract(
             for i, rel in enumerate((old, old, new, new))
         ]
         wait_for(lambda: len(books.runs()) >= 40, STEP_S)
+        clock.lap("40 runs")
         f.kill(workers[0])  # an N-1 worker, jobs in hand
         workers.append(f.worker(new))
         wait_for(lambda: len(books.runs()) >= 120, STEP_S)
@@ -337,13 +356,18 @@ def run_the_contract(
         workers.append(f.worker(new))
         for p in producers:
             f.wait(p)
-        wait_for(lambda: quiet(r, books, (qname, kids)), STEP_S)
+        clock.lap("producers")
+        settle_down(r, books, (qname, kids))
     finally:
         lossy.stop()
     dropped = lossy.dropped
     clock.lap("rolling")
 
     # 2. A resend held while an N-1 worker rotates the retired record.
+    fill = max(0, FILL_TO - int(r.hlen(f"emq:{{{qname}}}:retired")))
+    f.run(old, "-m", "apps.upgrade_churn", "prepare", str(CHURN), str(fill))
+    clock.lap("staged")
+    churn = f.start(old, "-m", "apps.upgrade_churn", "run")  # it waits for the go
     holding = LossyProxy(port, hold_on=b'"up.ok"').start()
     try:
         held = f.start(
@@ -357,9 +381,11 @@ def run_the_contract(
             EMQ_TEST_BASE="900000",
         )
         assert holding.holding.wait(STEP_S), f"no enqueue went through:\n{f.log(held)}"
-        wait_for(lambda: quiet(r, books, (qname, kids)), STEP_S)  # the held call's job ran
+        settle_down(r, books, (qname, kids))  # the held call's job ran
         clock.lap("held")
-        churned = f.run(old, "-m", "apps.upgrade_churn", str(CHURN))
+        r.rpush(f"emqtest:{qname}:go", "go")
+        f.wait(churn)
+        churned = f.log(churn).strip().splitlines()[-1]
         clock.lap("churn")
         holding.release()
         f.wait(held)
@@ -369,15 +395,15 @@ def run_the_contract(
     # 3. The last N-1 worker goes; N drains what it left.
     f.kill(workers[1])
     workers.append(f.worker(new))
-    wait_for(lambda: quiet(r, books, (qname, kids)), STEP_S)
+    settle_down(r, books, (qname, kids))
 
     clock.lap("resend+drain")
     errors = verdict(books, f, old, new, qname, kids, r)
     clock.lap("verdict")
     print(
         f"\n{old.version} -> {new.version} [{leg}]: {len(books.acked())} jobs acknowledged, "
-        f"{len(books.runs())} runs, {dropped} replies dropped, churn {churned.strip()}, "
-        f"{len(books.errors())} calls not acknowledged; seconds: {clock}"
+        f"{len(books.runs())} runs, {dropped} replies dropped, churn {churned}, "
+        f"{len(books.errors())} calls not acknowledged {books.errors()[:2]}; seconds: {clock}"
     )
     assert not errors, "\n".join(errors)
 
