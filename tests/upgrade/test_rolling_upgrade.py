@@ -163,6 +163,7 @@ class Fleet:
         self.queue = queue
         self.spawner = Spawner(tmp_path, url)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.versions: list[str] = []  # each process's release
         self.executor: dict[str, str] = {}
 
     def env(self, release: Release, url: str | None = None) -> dict[str, str]:
@@ -182,6 +183,7 @@ class Fleet:
         )
         log.close()
         self.procs.append(proc)
+        self.versions.append(release.version)
         return len(self.procs) - 1
 
     def worker(self, release: Release) -> int:
@@ -195,9 +197,9 @@ class Fleet:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(60)
 
-    def log(self, index: int) -> str:
+    def log(self, index: int, tail: int = 3000) -> str:
         logs = sorted(self.tmp_path.glob(f"p{index}-*.log"))
-        return logs[0].read_text(errors="replace")[-3000:] if logs else ""
+        return logs[0].read_text(errors="replace")[-tail:] if logs else ""
 
     def wait(self, index: int) -> None:
         code = self.procs[index].wait(STEP_S)
@@ -246,11 +248,12 @@ class Books:
         return out
 
     def acked(self) -> dict[str, str]:
-        """Acknowledged id -> kind."""
-        return {
-            raw.decode().split(":")[0]: raw.decode().split(":")[1]
-            for raw in self.r.lrange(self.p + "acked", 0, -1)
-        }
+        """Acknowledged id -> "kind by producer" (a dedup key's holder: the last call's)."""
+        out = {}
+        for raw in self.r.lrange(self.p + "acked", 0, -1):
+            id_, kind, _, tag = raw.decode().split(":")
+            out[id_] = f"{kind} by {tag}"
+        return out
 
     def errors(self) -> list[str]:
         return [e.decode() for e in self.r.lrange(self.p + "errors", 0, -1)]
@@ -398,6 +401,10 @@ def run_the_contract(
     settle_down(r, books, (qname, kids))
 
     clock.lap("resend+drain")
+    if leg == "native":  # N-1 ran its own module's commands (its workers say so at start)
+        for w in workers:
+            if f.versions[w] == old.version:
+                assert "(executor native)" in f.log(w, 1 << 30), f.log(w)
     errors = verdict(books, f, old, new, qname, kids, r)
     clock.lap("verdict")
     print(
@@ -421,9 +428,12 @@ def verdict(
         errors.append(f"{len(never)} acknowledged jobs never ran, e.g. {never[:3]}")
     twice = [k for k, c in Counter((run[0], run[1]) for run in runs).items() if c > 1]
     if twice:
+        by = {p.pid: v for p, v in zip(f.procs, f.versions, strict=True)}
         errors.append(
             f"{len(twice)} lease generations ran twice (an acknowledged call admitted "
-            f"again), e.g. {[(i, t, acked.get(i)) for i, t in twice[:3]]}"
+            f"again), e.g. {[(i, t, acked.get(i)) for i, t in twice[:3]]}; their runs "
+            f"(token, floor, worker's release): "
+            f"{[(run[1], run[2], by.get(run[3])) for run in runs if run[0] == twice[0][0]]}"
         )
     carried = [(run[0], run[2], acked.get(run[0])) for run in runs if run[2] > 0]
     if carried:
@@ -435,8 +445,8 @@ def verdict(
     if held_errors:
         errors.append(f"the held resends were not acknowledged: {held_errors}")
     ask = {
-        "dead": [i for i, k in acked.items() if k == "fail"],
-        "kept": [i for i, k in acked.items() if k == "kept"],
+        "dead": [i for i, k in acked.items() if k.startswith("fail ")],
+        "kept": [i for i, k in acked.items() if k.startswith("kept ")],
     }
     for rel in (old, new):
         seen = json.loads(f.run(rel, "-m", "apps.upgrade_inspect", stdin=json.dumps(ask)))
