@@ -24,33 +24,34 @@ class ReleaseMissing(AssertionError):
     """The release's tag and its recorded commit are both absent from this clone."""
 
 
-def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False)
+def _git(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=False)
 
 
-def recorded_commits() -> dict[str, str]:
+def recorded_commits(root: Path = ROOT) -> dict[str, str]:
     """``RELEASES``: version -> commit (comment lines start with #)."""
     out: dict[str, str] = {}
-    for line in (ROOT / "RELEASES").read_text().splitlines():
+    for line in (root / "RELEASES").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             version, commit = line.split()
             out[version] = commit
     return out
 
 
-def commit_of(version: str) -> str:
-    """The commit of ``version``: its tag, else the commit RELEASES records, if the clone has
-    that object; else :class:`ReleaseMissing`."""
-    found = _git("rev-parse", "--verify", "--quiet", f"refs/tags/{version}^{{commit}}")
+def commit_of(version: str, root: Path = ROOT) -> str:
+    """The commit of ``version`` in the clone at ``root``: its tag, else the commit RELEASES
+    records, if the clone has that object; else :class:`ReleaseMissing`."""
+    found = _git("rev-parse", "--verify", "--quiet", f"refs/tags/{version}^{{commit}}", root=root)
     if found.returncode == 0:
         return found.stdout.decode().strip()
-    recorded = recorded_commits().get(version)
+    known = recorded_commits(root)
+    recorded = known.get(version)
     if recorded is None:
         raise ReleaseMissing(
-            f"{version}: no such tag in {ROOT} and no line for it in RELEASES "
-            f"(known: {', '.join(recorded_commits())})"
+            f"{version}: no such tag in {root} and no line for it in RELEASES "
+            f"(known: {', '.join(known)})"
         )
-    if _git("cat-file", "-e", f"{recorded}^{{commit}}").returncode != 0:
+    if _git("cat-file", "-e", f"{recorded}^{{commit}}", root=root).returncode != 0:
         raise ReleaseMissing(
             f"{version}: neither the tag nor its commit {recorded} (RELEASES) is in this "
             "clone; fetch them: git fetch --tags (or unshallow the clone)"
