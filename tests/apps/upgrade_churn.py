@@ -53,6 +53,7 @@ def main() -> None:
         done = enqueue(int(sys.argv[3]), complete=True)
     elif mode == "run":
         assert books().blpop([f"emqtest:{QUEUE}:go"], timeout=300), "no go from the test"
+        started = time.monotonic()
         q.resume_lane(LANE)
         done = complete_all()
     else:

@@ -384,6 +384,7 @@ def run_the_contract(
             EMQ_TEST_BASE="900000",
         )
         assert holding.holding.wait(STEP_S), f"no enqueue went through:\n{f.log(held)}"
+        window = time.monotonic()  # the producer's retry_for runs from here
         settle_down(r, books, (qname, kids))  # the held call's job ran
         clock.lap("held")
         r.rpush(f"emqtest:{qname}:go", "go")
@@ -391,6 +392,7 @@ def run_the_contract(
         churned = f.log(churn).strip().splitlines()[-1]
         clock.lap("churn")
         holding.release()
+        window = time.monotonic() - window
         f.wait(held)
     finally:
         holding.stop()
@@ -410,6 +412,7 @@ def run_the_contract(
     print(
         f"\n{old.version} -> {new.version} [{leg}]: {len(books.acked())} jobs acknowledged, "
         f"{len(books.runs())} runs, {dropped} replies dropped, churn {churned}, "
+        f"resend held {window:.1f} s, "
         f"{len(books.errors())} calls not acknowledged {books.errors()[:2]}; seconds: {clock}"
     )
     assert not errors, "\n".join(errors)
@@ -443,7 +446,11 @@ def verdict(
         errors.append(f"the repeat fired {len(ticks)} occurrences, its limit is {TICKS}")
     held_errors = [e for e in books.errors() if e.startswith("held:")]
     if held_errors:
-        errors.append(f"the held resends were not acknowledged: {held_errors}")
+        errors.append(
+            f"the held producer's calls were not acknowledged: {held_errors} (its resend "
+            "waits while the churn runs, within retry_for=10 s: 'resend held' below says how "
+            "long it waited)"
+        )
     ask = {
         "dead": [i for i, k in acked.items() if k.startswith("fail ")],
         "kept": [i for i, k in acked.items() if k.startswith("kept ")],
