@@ -164,6 +164,7 @@ class Fleet:
         self.spawner = Spawner(tmp_path, url)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.versions: list[str] = []  # each process's release
+        self.clients: list[redis.Redis] = []
         self.executor: dict[str, str] = {}
 
     def env(self, release: Release, url: str | None = None) -> dict[str, str]:
@@ -219,9 +220,16 @@ class Fleet:
         assert proc.returncode == 0, f"{release.version} {args} exited {proc.returncode}:\n{err}"
         return out
 
+    def client(self) -> redis.Redis:
+        """A raw client of the server (closed with the fleet)."""
+        self.clients.append(redis.Redis.from_url(self.url))
+        return self.clients[-1]
+
     def stop(self) -> None:
         for i in range(len(self.procs)):
             self.kill(i)
+        for c in self.clients:
+            c.close()
 
 
 @pytest.fixture
@@ -321,7 +329,7 @@ def run_the_contract(
     fleet.append(f)
     if leg == "native":
         f.executor[old.version] = "native"  # N-1's own module: refused unless it serves
-    r = redis.Redis.from_url(url)
+    r = f.client()
     clock = Clock()
     books = Books(r, qname)
     port = urlsplit(url).port
