@@ -287,7 +287,7 @@ class Task(Generic[P, R]):
         opts = _budget(max_attempts)
         otel = self.app._otel
         if otel is not None:
-            span, payloads = otel.start_send(self, self._wire_calls(calls), opts)
+            span, payloads = otel.start_send(self, self._wire_calls(calls), opts, batch=True)
             try:
                 found = self.app.queue(self.queue).enqueue_many(
                     payloads, group=group, priority=pri, ttl_ms=ttl_ms
