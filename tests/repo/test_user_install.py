@@ -457,6 +457,6 @@ def test_the_otel_extra(venv: Callable[[str], Venv], here: Path, server: Embedde
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["result"] == ["00ff", 7]
-    # One producer span and one consumer span, named after the task.
+    # One producer span and one consumer span, named after the queue (messaging semconv).
     (process, send) = got["out"]
-    assert process.endswith("echo process") and send == process.replace("process", "send")
+    assert process.startswith("process ") and send == process.replace("process", "send", 1)
