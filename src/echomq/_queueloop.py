@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -124,6 +125,7 @@ class QueueLoop:
     lane_held: int = 0  # ms until the first rate-held lane is readmitted
     woke: bool = False  # the last park ended on a wake token
     park_failures: int = 0
+    extended_at: float = 0.0  # time.monotonic() of the last extend that went through
 
     def turn_done(self, turn: asyncio.Future[None]) -> None:
         """A settle call ended: its turn slot is free, and settles may be waiting for it."""
@@ -207,6 +209,7 @@ class QueueLoop:
             if not isinstance(exc.reply, list):
                 raise
             failed, flagged = _ctl.split_flags(exc.reply)
+        self.extended_at = time.monotonic()  # the health probes' "past its lease"
         for job_id in flagged:
             run = held.get(job_id)
             if run is not None and self.inflight.get(run.key) is run:

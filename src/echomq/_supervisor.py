@@ -264,6 +264,11 @@ class Supervisor:
     def _on_signal(self, sig: int, frame: Any) -> None:
         self._signals.append(sig)
 
+    @property
+    def signalled(self) -> bool:
+        """A stop signal was received (the health probes' "draining")."""
+        return bool(self._signals)
+
     def run(self) -> int:
         """Start the children, keep them running until a signal (or until one keeps failing
         to start); returns the supervisor's exit status."""

@@ -47,7 +47,7 @@ try:
 except ImportError as exc:
     raise _extras.missing("web", "Prometheus metrics (echomq.prometheus)", exc) from exc
 
-from echomq import _inspect, ids
+from echomq import _backlog, _inspect, ids
 from echomq._executor import SyncExecutor, sync_client
 from echomq.hooks import Hooks
 
@@ -112,7 +112,11 @@ class QueueCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.views(), lanes=self._lanes)
+        with self._lock:
+            views = _inspect.snapshot(self._x, self._names(), minutes=2)
+            found = _backlog.of_views(self._x, views)
+        yield from families(views, lanes=self._lanes)
+        yield from backlog_families(found)
 
 
 DEFAULT_LANES = 50
@@ -201,6 +205,25 @@ def families(views: Iterable[_inspect.QueueView], *, lanes: int | None = None) -
             lane_active.add_metric([v.name, OTHER_LANE], sum(lane.active for lane in rest))
     yield from (jobs, paused, done, failed, oldest, lease, rate)
     yield from (lane_depth, lane_active, lane_limit, lane_weight, lane_paused)
+
+
+def backlog_families(found: Iterable[_backlog.Backlog]) -> Iterator[Metric]:
+    """The autoscaling signal (``echomq._backlog``), one series per queue: what KEDA's
+    prometheus scaler or an HPA on an external metric reads."""
+    backlog = GaugeMetricFamily(
+        "echomq_backlog",
+        "Work a new worker could take now: waiting plus due delayed jobs (0 while paused).",
+        labels=["queue"],
+    )
+    oldest = GaugeMetricFamily(
+        "echomq_backlog_oldest_wait_seconds",
+        "How long the oldest job of the backlog has waited (0 with no backlog).",
+        labels=["queue"],
+    )
+    for b in found:
+        backlog.add_metric([b.queue], b.backlog)
+        oldest.add_metric([b.queue], b.oldest_wait_s or 0.0)
+    yield from (backlog, oldest)
 
 
 class _WorkerMetrics:

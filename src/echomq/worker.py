@@ -47,7 +47,7 @@ from echomq._connect import (
     parse_url,
 )
 from echomq._executor import AsyncExecutor
-from echomq._kernel import MAX_INT, Job, Keys
+from echomq._kernel import MAX_ARG, Job, Keys
 from echomq._logfmt import log_startup, repeats_reset, stop_line, warn_repeated
 from echomq._native import resolve_executor
 from echomq._pool import ProcessPool, default_size
@@ -65,6 +65,7 @@ from echomq.errors import (
 from echomq.hooks import Hooks
 
 if TYPE_CHECKING:
+    from echomq._health import WorkerHealth
     from echomq.app import App
 
 __all__ = ["Hooks", "Worker", "WorkerStats"]
@@ -131,8 +132,8 @@ class Worker:
             raise InvalidArgument(f"beat_ms must be an int >= 10, got {beat_ms!r}")
         if isinstance(max_stalled, bool) or not isinstance(max_stalled, int):
             raise InvalidArgument(f"max_stalled must be an int >= 0, got {max_stalled!r}")
-        if not 0 <= max_stalled <= MAX_INT:
-            raise InvalidArgument(f"max_stalled must be in [0, {MAX_INT}], got {max_stalled}")
+        if not 0 <= max_stalled <= MAX_ARG:
+            raise InvalidArgument(f"max_stalled must be in [0, {MAX_ARG}], got {max_stalled}")
         if hooks is not None and not isinstance(hooks, Hooks):
             raise InvalidArgument(f"hooks must be an echomq.hooks.Hooks, got {hooks!r}")
         self.app = app
@@ -175,6 +176,9 @@ class Worker:
         )
         self.id = self.registry.id
         self._down_since: float | None = None  # the first failed call of an outage
+        self.fenced = False  # the version fence passed (a readiness condition)
+        # Health probes (echomq._health.WorkerHealth, --health-port): attached on the loop.
+        self.health: WorkerHealth | None = None
 
     # ------------------------------------------------------------------ entry points
 
@@ -203,6 +207,8 @@ class Worker:
         self._drained = asyncio.Event()
         if self._stopping:
             self._stop_event.set()
+        if self.health is not None:
+            self.health.attach(self)  # stamps from the start: a fence wait is no stall
         url = self.url or self.app.url
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
         executor = resolve_executor(None, url)  # the URL's executor=, else ECHOMQ_EXECUTOR
@@ -210,6 +216,7 @@ class Worker:
         self._x = AsyncExecutor(client, owned=True, durable=durable, executor=executor)
         # Refuse a foreign deployment before taking any job.
         await first_fence(self._x, lambda: self._stopping)
+        self.fenced = True
         await name_connections(client, client_name(self.id))  # CLIENT LIST shows them
         # Room for every slot's thread and every stranded one: a run never waits in the pool
         # behind a hung thread (its timeout and lease would run while it waits).

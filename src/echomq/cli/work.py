@@ -6,8 +6,10 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -107,6 +109,22 @@ def _log_level(value: str) -> int:
     'lane="~other" (default 50).',
 )
 @click.option(
+    "--health-port",
+    type=int,
+    default=None,
+    help="Serve the probes /livez and /readyz on this port (plain HTTP, no extra needed; "
+    "with -p N the supervisor serves them for every child; default: off).",
+)
+@click.option("--health-host", default="0.0.0.0", show_default=True, help="Their address.")
+@click.option(
+    "--live-bound",
+    "live_bound_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds the event loop may go without turning over before /livez answers 503.",
+)
+@click.option(
     "-p",
     "--processes",
     default="1",
@@ -141,6 +159,9 @@ def worker(
     metrics_host: str,
     metrics_queues: bool,
     metrics_lanes: int | None,
+    health_port: int | None,
+    health_host: str,
+    live_bound_s: float,
     processes: str,
     max_jobs_per_child: int | None,
     max_memory_per_child: int | None,
@@ -148,7 +169,7 @@ def worker(
     """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
     import logging
 
-    from echomq import _supervisor
+    from echomq import _health, _supervisor
     from echomq._logfmt import formatter
     from echomq.worker import Worker
 
@@ -166,6 +187,11 @@ def worker(
             _fail(f"{name} must be >= 1, got {value}")
     if metrics_port is not None:
         _needs_web("echomq worker --metrics-port", "prometheus_client")
+    if health_port is not None and not 0 < health_port < 65536:
+        _fail(f"--health-port must be a port in [1, 65535], got {health_port}")
+    # Two stamps at least: a bound shorter would call a loop that turns over stalled.
+    if not 2 * _health.STAMP_S <= live_bound_s < float("inf"):  # also refuses nan
+        _fail(f"--live-bound must be >= {2 * _health.STAMP_S:g} seconds, got {live_bound_s}")
     # Set: a spawned, supervised child (read once: a process it starts is not one).
     control = os.environ.pop(_supervisor.CONTROL_FD_ENV, None)
     if control is not None and not control.isdigit():
@@ -217,6 +243,16 @@ def worker(
             except EchoMQError as exc:
                 _fail(str(exc))
                 raise  # unreachable
+            # Set in a supervised child of a supervisor serving the probes (forked or
+            # spawned; read once: a process the child starts is not one).
+            health_dir = (
+                os.environ.pop(_health.HEALTH_DIR_ENV, None) if control_fd is not None else None
+            )
+            if control_fd is not None and health_dir is not None:
+                w.health = _health.WorkerHealth(live_bound_s, Path(health_dir) / f"{index}.json")
+            elif control_fd is None and health_port is not None:
+                w.health = _health.WorkerHealth(live_bound_s)
+                _serve_health(w.health, health_host, health_port)
             with _errors(url):
                 if control_fd is None:
                     w.run()
@@ -239,7 +275,8 @@ def worker(
                 "log_format": log_format, "metrics_port": metrics_port,
                 "metrics_host": metrics_host, "metrics_queues": metrics_queues,
                 "metrics_lanes": metrics_lanes, "max_jobs_per_child": max_jobs_per_child,
-                "max_memory_per_child": max_memory_per_child,
+                "max_memory_per_child": max_memory_per_child, "health_port": health_port,
+                "health_host": health_host, "live_bound_s": live_bound_s,
             }  # fmt: skip
             code = _supervise(ctx, url, app_spec, n, run_one, **options)
     # Out of _server_for: an embedded server is stopped before any early exit below.
@@ -284,8 +321,46 @@ def _supervise(
 
     if not ctx.obj.get("url"):
         os.environ["ECHOMQ_URL"] = url  # a spawned child finds the same server
-    sup = _supervisor.Supervisor(n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"])
-    return sup.run()
+    if o["health_port"] is None:
+        sup = _supervisor.Supervisor(
+            n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"]
+        )
+        return sup.run()
+    from echomq import _health
+
+    # The children stamp files here (forked ones inherit the variable, spawned ones get it
+    # in their environment); the supervisor serves the probes from them.
+    with tempfile.TemporaryDirectory(prefix="echomq-health-") as directory:
+        os.environ[_health.HEALTH_DIR_ENV] = directory
+        # Made before the server's thread starts: the start method (fork or spawn) is
+        # chosen from the threads of the supervisor as the app's import left them.
+        sup = _supervisor.Supervisor(
+            n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"]
+        )
+        probe = _health.FleetHealth(
+            Path(directory), n, o["live_bound_s"], stopping=lambda: sup.signalled
+        )
+        server = _serve_health(probe, o["health_host"], o["health_port"])
+        try:
+            return sup.run()
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def _serve_health(probe: Any, host: str, port: int) -> Any:
+    """The probes' HTTP server (``echomq._health``), or exit 2 naming the port."""
+    from echomq import _health
+
+    try:
+        server = _health.serve(probe, host, port)
+    except OSError as exc:
+        _fail(f"--health-port {port}: cannot listen on {host}:{port}: {exc}")
+        raise  # unreachable
+    logging.getLogger("echomq.worker").info(
+        "health probes on http://%s:%d/livez and /readyz", host, port
+    )
+    return server
 
 
 def _processes(value: str) -> int:

@@ -20,6 +20,7 @@ Stable routes (bookmark and script them; every page has a JSON twin under ``/api
                                            fire, limits, paused
 ``GET /queues/<queue>/flows``              flow parents with their children's tree and states
 ``GET /queues/<queue>/charts``             completed and failed per minute, depth, oldest waiting
+``GET /api/queues/<queue>/backlog``        the autoscaling signal (JSON, ``echomq backlog``)
 ``GET /metrics``                           the Prometheus exposition
 ``GET /healthz``                           200 ``ok`` when the server answers, else 503
 ``POST /queues/<queue>/<action>``          pause, resume, drain, pause_lane, resume_lane,
@@ -77,7 +78,7 @@ try:
 except ImportError as exc:
     raise _extras.missing("web", "the dashboard (echomq.web)", exc) from exc
 
-from echomq import _console, _inspect, _registry
+from echomq import _backlog, _console, _inspect, _registry
 from echomq import _control as _ctl
 from echomq import _kernel as _k
 from echomq import _protocol as _p
@@ -306,6 +307,11 @@ def create_app(
             }
         )
 
+    def api_backlog(request: Request) -> Response:
+        # The autoscaling signal (echomq._backlog) for KEDA's metrics-api scaler.
+        found = _backlog.backlogs(st.x, [_queue_name(request)])[0]
+        return JSONResponse(found.as_dict())
+
     def workers_data(request: Request) -> dict[str, Any]:
         name = _queue_name(request)
         found = st.x.run(_registry.list_workers(_p.Keys(name)))
@@ -459,7 +465,10 @@ def create_app(
 
         views = _inspect.snapshot(st.x, st.names(), lanes=True, minutes=2)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Static(list(prometheus.families(views))))
+        found = _backlog.of_views(st.x, views)  # the autoscaling gauges too
+        registry.register(
+            _Static([*prometheus.families(views), *prometheus.backlog_families(found)])
+        )
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------------ sign-in
@@ -628,6 +637,7 @@ def create_app(
         Route("/logout", logout, methods=["POST"]),
         Route("/queues/{queue}", guard(queue_page, False)),
         Route("/api/queues/{queue}", guard(api_queue, True)),
+        Route("/api/queues/{queue}/backlog", guard(api_backlog, True)),
         Route("/queues/{queue}/workers", guard(workers_page, False)),
         Route("/api/queues/{queue}/workers", guard(api_workers, True)),
         Route("/queues/{queue}/repeats", guard(repeats_page, False)),
