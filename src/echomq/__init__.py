@@ -22,14 +22,18 @@ from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
 from echomq._observe import Event
 from echomq._registry import HeldJob, WorkerInfo
+from echomq._workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
+from echomq._workflows import Chain, Chord, Group
 from echomq.app import App, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
 from echomq.errors import (
     BadArguments,
+    ChainFailed,
     DurabilityError,
     EchoMQError,
     ExecutorUnavailable,
+    GroupFailed,
     InvalidArgument,
     InvalidId,
     JobFailed,
@@ -60,6 +64,11 @@ __all__ = [
     "App",
     "AsyncQueue",
     "BadArguments",
+    "Chain",
+    "ChainFailed",
+    "ChainReceipt",
+    "Chord",
+    "ChordReceipt",
     "Completed",
     "Discard",
     "DurabilityError",
@@ -69,6 +78,9 @@ __all__ = [
     "ExecutorUnavailable",
     "FlowAdded",
     "FlowJob",
+    "Group",
+    "GroupFailed",
+    "GroupReceipt",
     "HeldJob",
     "Hooks",
     "InvalidArgument",

@@ -72,6 +72,7 @@ __all__ = [
     "DEDUP_MODES",
     "MAX_BLOCK_S",
     "Result",
+    "outcome",
     "cancel",
     "check_dedup",
     "clear_rate_limit",
@@ -367,3 +368,17 @@ def split_flags(reply: list[str]) -> tuple[list[str], list[str]]:
     failed = [i for i in reply if not i.startswith("!")]
     flagged = [i[1:] for i in reply if i.startswith("!")]
     return failed, flagged
+
+
+def outcome(k: Keys, id: str) -> Plan[tuple[Result | None, str]]:
+    """The job's kept outcome (a dead row's death included), and where the job is when
+    there is none. A job that finished between the two reads (absent, dead, or a kept
+    completed row, now) is read again: its outcome is kept by then."""
+    kept = yield from result(k, id)
+    if kept is not None:
+        return kept, "finished"
+    # job_state.lua, as _protocol.job_state sends it (_control does not import _protocol).
+    state: str = yield _call("job_state", (k.job(id),), (k.base, id), _s)
+    if state in ("absent", "completed", "dead"):
+        kept = yield from result(k, id)
+    return kept, state

@@ -9,10 +9,15 @@ never pickle)::
     [task, args, kwargs, tc, opts]   # opts: per-job options the worker honours (tc may be {})
 
 ``opts`` (issue 24) is a map, present only when a job has one: ``max_attempts`` (this job's
-attempt budget, overriding its task's). A budget travels with the payload, not in the row:
-the worker makes the retry-or-dead decision with it, and the protocol's retry compares the
-ceiling it is sent, counted from the row's ``floor`` as for any budget (so a reprocess or a
-re-admission restarts it).
+attempt budget, overriding its task's); for a workflow step (issue 42, ``echomq._workflows``)
+``keep_ms`` (its value and error are kept that long) and ``prev`` (``1``: its one flow
+child's value is its first argument; a list of ids: a chord callback's members, their values
+in that order as its first argument) and ``arg`` (that value as this keyword argument
+instead), read by the worker's runner.
+
+A budget travels with the payload, not in the row: the worker makes the retry-or-dead
+decision with it, and the protocol's retry compares the ceiling it is sent, counted from the
+row's ``floor`` as for any budget (so a reprocess or a re-admission restarts it).
 
 ``{"task":"noop","args":[99999],"kwargs":{}}`` (43 B) is now ``["noop",[99999]]`` (16 B).
 :func:`parse` still reads the older map form ``{"task", "args", "kwargs", "tc"}`` (any

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from echomq import _envelope
+from echomq import _compose, _envelope
 from echomq import _kernel as _k
 from echomq._isolate import Child, ChildTimeout
-from echomq._kernel import Job
+from echomq._kernel import Job, Keys
 from echomq._pool import PoolRun, ProcessPool
 from echomq.backoff import exponential
 from echomq.context import JobContext, _current
@@ -73,6 +73,11 @@ class Running:
     begun: float = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
     # Issue 24: this job's own attempt budget (its envelope's opts), 0 for its task's.
     max_attempts: int = 0
+    # Issue 42 (echomq._workflows): a workflow step keeps its value (and error) this long
+    # whatever its task keeps, and ``prev`` says which children's values it receives first.
+    keep_ms: int = 0
+    prev: Any = None
+    prev_arg: str | None = None  # the keyword the value goes in (Signature.chain_arg), or first
     key: tuple[str, int] = field(init=False)  # (id, token): how the worker tracks the run
 
     def __post_init__(self) -> None:
@@ -148,6 +153,9 @@ class Runner:
         self.beat_ms = beat_ms
         self.threads: ThreadPoolExecutor | None = None
         self.pool: ProcessPool | None = None  # set by the worker when a task uses it
+        # The worker's own executor (set when it starts): a workflow step reads its
+        # children's values through it (the app's asyncio clients are the caller's to close).
+        self.reads: Any = None
         self.stopping = False
         # Inline handlers run inside the pump's turn; async job hooks need a loop task.
         self._inline_ok = not hooks.job_hooks_async
@@ -163,7 +171,11 @@ class Runner:
             self._log_refused(queue, job, prepared)
             done(r, prepared)
             return
-        task, args, kwargs, r.max_attempts = prepared
+        task, args, kwargs, r.max_attempts, opts = prepared
+        if opts:
+            r.keep_ms, r.prev = _workflow_opts(opts)
+            arg = opts.get("arg")
+            r.prev_arg = arg if isinstance(arg, str) and arg.isidentifier() else None
         r.ctx = JobContext(
             queue,
             job.id,
@@ -179,15 +191,21 @@ class Runner:
             # The start line: a run that hangs is seen in the log (its end line never comes).
             where, fields = _job_line(r, task)
             jlog.info("%s started", where, extra=fields)
-        if task.inline and self._inline_ok:
+        if r.prev is not None:
+            # A workflow step: its first argument is read from its children's values first
+            # (one server read, on the loop), then the run goes on as any other.
+            r.fut = asyncio.ensure_future(self._chained(r, task, args, kwargs, done))
+        elif task.inline and self._inline_ok:
             # A trivial sync handler runs right here in the pump's turn: no thread handoff
             # and no event-loop task per job.
             done(r, self._run_inline(r, task, args, kwargs))
         else:
             r.fut = asyncio.ensure_future(self._execute(r, task, args, kwargs, done))
 
-    def prepare(self, job: Job) -> tuple[Task[Any, Any], list[Any], dict[str, Any], int] | Settle:
-        """The task, arguments and own attempt budget (0: the task's) of a job, or the
+    def prepare(
+        self, job: Job
+    ) -> tuple[Task[Any, Any], list[Any], dict[str, Any], int, dict[str, Any]] | Settle:
+        """The task, arguments, own attempt budget (0: the task's) and options of a job, or the
         dead-letter settle of a job no handler can run: an undecodable payload or an unknown
         task is never silently dropped."""
         try:
@@ -198,10 +216,62 @@ class Runner:
         if task is None:
             return self.dead(job, f"unknown task {_safe_repr(name)}: no handler is registered")
         try:  # a call that does not fit the handler never will: dead at once, not retried
-            args, kwargs = task.from_wire(args, kwargs)
+            if not opts or _workflow_opts(opts)[1] is None:  # a step's binds with its value
+                args, kwargs = task.from_wire(args, kwargs)
         except Exception as exc:
             return self.dead(job, f"{type(exc).__name__}: {_safe_str(exc)}", task.keep_result_ms)
-        return task, args, kwargs, _envelope.attempt_budget(opts) if opts else 0
+        return task, args, kwargs, _envelope.attempt_budget(opts) if opts else 0, opts
+
+    async def _chained(
+        self, r: Running, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], done: Done
+    ) -> None:
+        """A workflow step (echomq._workflows): prepend the value(s) its envelope's ``prev``
+        names, read from the job's ``processed`` hash, then run it. A call that still does
+        not bind is dead at once; a failed read is a failed run (retried)."""
+        assert r.ctx is not None
+        try:
+            read = _compose.children_values(Keys(r.ctx.queue), r.job.id)
+            if self.reads is not None:
+                raw = await self.reads.run(read)
+            else:  # a runner driven without a worker (tests): the app's asyncio client
+                raw = await self.app.aqueue(r.ctx.queue).children_values(r.job.id)
+            loads = self.app.serializer.loads
+            values = {k: loads(v) if v else None for k, v in raw.items()}
+            if isinstance(r.prev, list):  # a chord's callback: the members' values, in order
+                first: Any = [values.get(str(i)) for i in r.prev]
+            else:  # a chain step: its one child's value
+                first = next(iter(values.values()), None)
+        except asyncio.CancelledError:
+            # Cancelled during the read (D22: dead "cancelled"), or lost, handed back, the
+            # worker torn down (nothing to settle): done exactly once, as _execute does.
+            if r.cancelled and not r.lost:
+                getattr(asyncio.current_task(), "uncancel", lambda: 0)()
+                done(r, self.dead(r.job, "cancelled", r.keep_ms))
+                return
+            done(r, None)
+            raise
+        except Exception as exc:
+            settle = self.outcome(r.job, task, exc, r.max_attempts)
+            self._log_end(r, task, settle, exc)
+            done(r, self._kept(r, settle))
+            return
+        try:
+            if r.prev_arg is None:
+                args, kwargs = task.from_wire([first, *args], kwargs)
+            else:
+                args, kwargs = task.from_wire(args, {**kwargs, r.prev_arg: first})
+        except Exception as exc:
+            settle = self.dead(r.job, f"{type(exc).__name__}: {_safe_str(exc)}", r.keep_ms)
+            self._log_end(r, task, settle, exc)
+            done(r, settle)
+            return
+        await self._execute(r, task, args, kwargs, done)
+
+    def _kept(self, r: Running, settle: Settle | None) -> Settle | None:
+        """A workflow step's failure keeps its error as long as the step keeps its value."""
+        if settle is not None and r.keep_ms > settle.keep_ms and settle.kind != "pushed":
+            settle.keep_ms = r.keep_ms
+        return settle
 
     def _run_inline(
         self, r: Running, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
@@ -217,9 +287,11 @@ class Runner:
         finally:
             _current.reset(token)
         if error is None:
-            settle = self._completed(r.job, task, value, r.max_attempts)
+            settle = self._completed(r.job, task, value, r.max_attempts, r.keep_ms)
         else:
             settle = self.outcome(r.job, task, error, r.max_attempts)
+            if r.keep_ms:
+                self._kept(r, settle)
         if self._job_hooks:
             self.hooks.call_sync("after_job", r.ctx, settle.outcome, error)
         self._log_end(r, task, settle, error)
@@ -245,8 +317,8 @@ class Runner:
                 value = await task.fn(*args, **kwargs)
             else:
                 value = await self._invoke(task, r, args, kwargs)
-            if task.keep_result_ms:
-                settle = self._completed(r.job, task, value, r.max_attempts)
+            if task.keep_result_ms or r.keep_ms:
+                settle = self._completed(r.job, task, value, r.max_attempts, r.keep_ms)
             else:  # the common case, inline: nothing to serialize
                 settle = Settle(r.job.id, r.job.token, "completed")
         except asyncio.CancelledError as exc:
@@ -280,7 +352,7 @@ class Runner:
                     await self.hooks.call("after_job", r.ctx, kind, error)
             finally:
                 _current.reset(token)
-                done(r, settle)
+                done(r, self._kept(r, settle) if r.keep_ms else settle)
 
     async def _invoke(
         self, task: Task[Any, Any], r: Running, args: list[Any], kwargs: dict[str, Any]
@@ -448,14 +520,29 @@ class Runner:
         # A retry with max_attempts=1 dead-letters at once (attempts >= 1 after any claim).
         return Settle(job.id, job.token, "dead", 0, 1, clip(reason), keep_ms=keep_ms)
 
-    def _completed(self, job: Job, task: Task[Any, Any], value: Any, budget: int = 0) -> Settle:
-        if not task.keep_result_ms:
+    def _completed(
+        self, job: Job, task: Task[Any, Any], value: Any, budget: int = 0, keep_ms: int = 0
+    ) -> Settle:
+        keep = max(task.keep_result_ms, keep_ms)  # keep_ms: a workflow step's own (issue 42)
+        if not keep:
             return Settle(job.id, job.token, "completed")  # no result: nothing more to do
         try:
             data = self.app.serializer.dumps(value)
         except Exception as exc:  # an unserializable return value fails the run
             return self.outcome(job, task, exc, budget)
-        return Settle(job.id, job.token, "completed", result=data, keep_ms=task.keep_result_ms)
+        return Settle(job.id, job.token, "completed", result=data, keep_ms=keep)
+
+
+def _workflow_opts(opts: dict[str, Any]) -> tuple[int, Any]:
+    """A workflow step's ``keep_ms`` and ``prev`` (echomq._workflows) from its envelope's
+    opts; an unusable value is ignored, as any unknown option is."""
+    keep = opts.get("keep_ms")
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 < keep <= _k.MAX_MS:
+        keep = 0
+    prev = opts.get("prev")
+    if not (prev == 1 or (isinstance(prev, list) and all(isinstance(i, str) for i in prev))):
+        prev = None
+    return keep, prev
 
 
 def _job_line(r: Running, task: Task[Any, Any]) -> tuple[str, dict[str, Any]]:

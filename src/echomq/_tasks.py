@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from echomq import _compose, _envelope, keyspace
 from echomq._binding import _UNSUPPORTED, _Params
 from echomq._kernel import MAX_ARG, MAX_MS, Enqueued, Keys, _priority
+from echomq._workflows import Signature
 from echomq.backoff import Backoff
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
 
@@ -309,38 +310,27 @@ class Task(Generic[P, R]):
         return _each_call(calls, self.to_wire)
 
     def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
-        """A signature: this task with its call's arguments, for ``app.flow``
-        (:class:`BadArguments` here when they do not bind to the handler)."""
-        self.check_call(args, kwargs)
+        """A signature: this task with its call's arguments, for ``app.flow`` and
+        ``app.chain`` (:class:`BadArguments` here when they do not bind to the handler). A
+        call missing only its first positional argument is accepted: in a chain the previous
+        step's value fills it; anywhere else it is refused when it is sent."""
+        try:
+            self.check_call(args, kwargs)
+        except BadArguments:
+            try:  # a chain step's call: the previous value comes first (echomq._workflows)
+                self.check_call((None, *args), kwargs)
+            except BadArguments:
+                pass
+            else:
+                return Signature(self, tuple(args), dict(kwargs))
+            raise
         return Signature(self, tuple(args), dict(kwargs))
 
-
-@dataclass(frozen=True, slots=True)
-class Signature:
-    """One call of a task, not yet sent (``task.s(...)``): a node of ``app.flow``. ``id``
-    and ``group`` are the job's options; ``fail_parent=False`` makes its death an ignored
-    failure of its parent instead of the parent's death."""
-
-    task: Task[Any, Any]
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    id: str | None = None
-    group: str | None = None
-    fail_parent: bool = True
-    priority: int | None = None  # None: the task's
-
-    def options(
-        self,
-        *,
-        id: str | None = None,
-        group: str | None = None,
-        fail_parent: bool = True,
-        priority: int | None = None,
-    ) -> Signature:
-        """This signature with job options."""
-        if priority is not None:
-            _priority(priority)
-        return Signature(self.task, self.args, self.kwargs, id, group, fail_parent, priority)
+    def si(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
+        """An immutable signature: in a chain, this step ignores the previous step's value
+        and runs with exactly these arguments (Celery's ``.si()``)."""
+        self.check_call(args, kwargs)
+        return Signature(self, tuple(args), dict(kwargs), immutable=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ from echomq._connect import (
     sync_client,
 )
 from echomq._kernel import Keys, Plan
-from echomq._tasks import P, R, Signature, Task, TaskEnqueued, TaskFlow
+from echomq._tasks import P, R, Task, TaskEnqueued, TaskFlow
+from echomq._workflows import DEFAULT_KEEP_MS, Chain, Chord, Group, Signature
 from echomq.backoff import BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
 from echomq.errors import (
@@ -348,6 +349,24 @@ class App:
         added = self.queue(parent.task.queue).add_flow(node)
         return TaskFlow(added.parent_id, added.child_ids, parent.task)
 
+    def chain(self, *steps: Signature | Chord, keep_result_ms: int = DEFAULT_KEEP_MS) -> Chain:
+        """Steps that run one after another, each given the previous step's value as its
+        first argument (``task.si(...)``: a step that takes none); a step that dies stops the
+        chain. ``chain.enqueue()`` answers a :class:`ChainReceipt` whose ``wait`` gives the
+        last value. Every step keeps its value (and error) ``keep_result_ms`` (its task's
+        when longer). Same as ``a.s() | b.s() | c.s()``; see docs/guides/workflows.md."""
+        return Chain(self, steps, keep_result_ms)
+
+    def group(self, sigs: Iterable[Signature], *, keep_result_ms: int = DEFAULT_KEEP_MS) -> Group:
+        """Calls that run in parallel: ``group.enqueue()`` answers a :class:`GroupReceipt`
+        whose ``wait`` gives their values in order (``GroupFailed`` with every failure)."""
+        return Group(self, tuple(sigs) if isinstance(sigs, Iterable) else sigs, keep_result_ms)
+
+    def chord(self, group: Group, callback: Signature) -> Chord:
+        """``group``, then ``callback`` given the list of its values (in order) as its first
+        argument: a flow, the callback its parent. Same as ``group | callback``."""
+        return Chord(group, callback)
+
     def sync_periodic(self, keys: Keys) -> Plan[None]:
         """Register this app's periodic tasks of one queue and unregister the repeats this
         app (``name``) registered there before that it no longer declares."""
@@ -425,12 +444,12 @@ class App:
         none, the value expired, or no such job). ``queue``: the job's queue; default the
         one queue of the app's tasks (``InvalidArgument`` when they use several)."""
         q = self.queue(self._result_queue(queue))
-        return self._decoded(id, q._x.run(_outcome(q._k, id)))
+        return self._decoded(id, q._x.run(_ctl.outcome(q._k, id)))
 
     async def aresult(self, id: str, *, queue: str | None = None) -> Any:
         """:meth:`result` for asyncio code."""
         q = self.aqueue(self._result_queue(queue))
-        return self._decoded(id, await q._x.run(_outcome(q._k, id)))
+        return self._decoded(id, await q._x.run(_ctl.outcome(q._k, id)))
 
     def wait_result(self, id: str, *, timeout_s: float, queue: str | None = None) -> Any:
         """Block until the job's outcome is kept, as a receipt's ``wait`` does, and return
@@ -484,16 +503,3 @@ class App:
         if client is not None:
             await client.aclose()  # type: ignore[attr-defined]
         self.close()
-
-
-def _outcome(k: Keys, id: str) -> Plan[tuple[_ctl.Result | None, str]]:
-    """The job's kept outcome (a dead row's death included), and where the job is when
-    there is none. A job that finished between the two reads (absent, dead, or a kept
-    completed row, now) is read again: its outcome is kept by then."""
-    kept = yield from _ctl.result(k, id)
-    if kept is not None:
-        return kept, "finished"
-    state: str = yield _p.job_state(k, id)
-    if state in ("absent", "completed", "dead"):
-        kept = yield from _ctl.result(k, id)
-    return kept, state

@@ -12,6 +12,8 @@
     ├── StaleToken          EMQSTALE  the token no longer owns the job
     ├── JobGone             the row does not exist (completed, removed, never enqueued)
     ├── JobFailed           ``wait()`` (or ``App.result``) on a dead-lettered job; ``.error``
+    │   └── ChainFailed     a chain's step died: ``.step`` (its index), ``.job_id``, ``.error``
+    ├── GroupFailed         a group's (or chord's) members died: every failure in ``.exceptions``
     ├── ResultNotReady      ``App.result``: the job has not finished yet; ``.state``
     ├── ResultNotKept       ``App.result``: no outcome is kept for the job (its task keeps none,
     │                       it expired, or no such job)
@@ -42,9 +44,11 @@ import redis.exceptions
 
 __all__ = [
     "BadArguments",
+    "ChainFailed",
     "DurabilityError",
     "EchoMQError",
     "ExecutorUnavailable",
+    "GroupFailed",
     "InvalidArgument",
     "InvalidId",
     "JobFailed",
@@ -150,6 +154,32 @@ class JobFailed(EchoMQError):
         super().__init__(f"job {job_id} failed: {error}")
         self.job_id = job_id
         self.error = error
+
+
+class ChainFailed(JobFailed):
+    """A chain's ``wait()``: step ``.step`` (0-based, in the chain's order) died, so the steps
+    after it never ran. ``.job_id`` and ``.error`` are that step's (for a chord step, the
+    first member that died); ``.ids`` are every step's ids, in order."""
+
+    def __init__(self, step: int, job_id: str, error: str, ids: list[str]) -> None:
+        super().__init__(job_id, error)
+        self.args = (f"chain step {step} (job {job_id}) failed: {error}",)
+        self.step = step
+        self.ids = ids
+
+
+class GroupFailed(EchoMQError):
+    """A group's (or a chord's) ``wait()``: some members died. Every failure is attached, in
+    the group's order: ``.exceptions`` (one :class:`JobFailed` each, like an
+    ``ExceptionGroup``'s), ``.failed_ids``, and ``.values`` (every member's value, ``None``
+    where it died)."""
+
+    def __init__(self, failures: list[JobFailed], values: list[object]) -> None:
+        ids = ", ".join(f.job_id for f in failures)
+        super().__init__(f"{len(failures)} of {len(values)} group members failed: {ids}")
+        self.exceptions = tuple(failures)
+        self.failed_ids = [f.job_id for f in failures]
+        self.values = values
 
 
 class ResultNotReady(EchoMQError):

@@ -225,6 +225,7 @@ class Worker:
             thread_name_prefix="echomq-job",
         )
         self._runner.threads = threads
+        self._runner.reads = self._x  # a workflow step's read of its children's values
         if self.registry.pool:
             self.pool = self._runner.pool = ProcessPool(self.pool_size)
             await self.pool.start(threads)

@@ -574,6 +574,21 @@ class ModelMachine(RuleBasedStateMachine):
             # issue 24: the parent's `kids` lists its children on its own queue
             j.kids = [nodes[c][0] for c in kids.get(i, []) if queue_of[c] == queue_of[i]]
 
+    @rule(
+        qi=QI,
+        steps=st.integers(2, 5),
+        cross=st.lists(st.sampled_from((0, 0, 1)), min_size=5, max_size=5),
+        lane=GROUPS,
+    )
+    def add_chain(self, qi: int, steps: int, cross: list[int], lane: str | None) -> None:
+        """Issue 42: a chain (``app.chain``, echomq._workflows) is this nested flow: the last
+        step the root, each step the only child of the next, ``fail_parent`` on every step
+        (a dead step kills the rest), steps flipping between the two queues. Its values and
+        the ``keep_ms``/``prev`` options travel in the payloads, which the model does not
+        read: the server's side is add_flow's, driven here in a chain's shape."""
+        shape = [(1 if i < steps - 1 else 0, True, cross[i], lane) for i in range(steps)]
+        self.add_flow(qi=qi, shape=shape)
+
     # ------------------------------------------------------------------ consumers
 
     @rule(qi=QI, lease=LEASES)
@@ -1890,6 +1905,31 @@ def test_a_reprocessed_child_counts_once(sm: ModelMachine, cross: int) -> None:
     if cross:
         s.pump(qi=1)
     assert sm.m(0).jobs[root].state == "awaiting_children"
+
+
+@pytest.mark.parametrize("cross", [0, 1])
+def test_a_chain_stops_at_its_dead_step(sm: ModelMachine, cross: int) -> None:
+    """Issue 42: a chain of three steps (a nested flow, one child per level, the middle step
+    maybe on the other queue): the first completes and releases the second; the second dies
+    and kills the last (never claimable); then its reprocess and completion release nothing
+    (the last step is dead already)."""
+    s = Steps(sm)
+    s.add_chain(qi=0, steps=3, cross=[0, cross, cross, 0, 0], lane=None)
+    root = next(iter(sm.m(0).flows))
+    s.work(qi=0, outcomes=["done+keep"])  # the first step (on queue 0 with cross: 0 ^ 1 ^ 1)
+    middle = 1 if cross else 0
+    if cross:
+        s.pump(qi=0)
+    s.work(qi=middle, outcomes=["die"])
+    if cross:
+        s.pump(qi=1)
+    assert sm.m(0).jobs[root].state == "dead"
+    mid = next(jid for jid, j in sm.m(middle).jobs.items() if j.parent == root)
+    s.do_reprocess(qi=middle, jid=mid)
+    s.work(qi=middle, outcomes=["done"])
+    if cross:
+        s.pump(qi=1)
+    assert sm.m(0).jobs[root].state == "dead"
 
 
 def test_a_reprocessed_job_starts_without_its_result(sm: ModelMachine) -> None:

@@ -38,7 +38,7 @@ def run_example(name: str, url: str, tmp_path: Path, timeout: float = 60) -> str
 
 def test_every_example_is_tested() -> None:
     # A new example without a test here would go unchecked.
-    tested = {"flow.py", "periodic.py", "controls.py", "quickstart.py"}
+    tested = {"flow.py", "periodic.py", "controls.py", "quickstart.py", "chain.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -48,6 +48,16 @@ def test_flow_example(url: str, tmp_path: Path) -> None:
     assert re.fullmatch(r"parent \S+ waits for 3 children", lines[0]), out
     # The parent ran once, after its children, with all three results: 3 + 2 + 1 words.
     assert lines[1:] == ["corpus: 6 words in 3 documents"], out
+
+
+def test_chain_example(url: str, tmp_path: Path) -> None:
+    out = run_example("chain.py", url, tmp_path)
+    assert out.splitlines() == [
+        "chain: invoice for 450.00",  # 300, then * 1.5, then the invoice (across two queues)
+        "group: [100, 200, 300]",  # the values in the group's order
+        "chord: 900",  # the callback got [400, 500]
+        "failed at step 1: ValueError: no stock for 100",  # the step that died, by index
+    ], out
 
 
 def test_periodic_example(url: str, tmp_path: Path) -> None:
