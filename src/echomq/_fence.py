@@ -21,10 +21,10 @@ from typing import Any
 import redis
 from redis.exceptions import AskError, ResponseError
 
-from echomq import _redispy
+from echomq import _layout, _redispy
 from echomq._kernel import WIRE_VERSION
 from echomq.errors import VersionFenceError
-from echomq.keyspace import VERSION_KEY
+from echomq.keyspace import LAYOUT_KEY, VERSION_KEY
 
 __all__ = ["Fence", "adrive", "drive"]
 
@@ -72,14 +72,36 @@ def _text(value: Any) -> str | None:
 
 
 def _version() -> Steps:
-    """Read ``{emq}:version``; claim it when absent; refuse a foreign value."""
-    found = yield ("GET", VERSION_KEY)
+    """Read ``{emq}:version`` and ``{emq}:layout`` (one slot: one MGET); claim the version
+    when absent (the client that claims it records its layout: a fresh deployment); refuse
+    a foreign version or a layout this client does not serve (echomq._layout)."""
+    found, layout = yield ("MGET", VERSION_KEY, LAYOUT_KEY)
     if found is None:
-        yield ("SET", VERSION_KEY, WIRE_VERSION, "NX")
-        found = yield ("GET", VERSION_KEY)
+        if (yield ("SET", VERSION_KEY, WIRE_VERSION, "NX")) is not None:
+            # Nothing was written here before (no client ever fenced it), so the data is
+            # this release's own from the start.
+            yield ("SET", LAYOUT_KEY, str(_layout.LAYOUT), "NX")
+        found, layout = yield ("MGET", VERSION_KEY, LAYOUT_KEY)
     text = _text(found)
     if text != WIRE_VERSION:
         raise VersionFenceError(str(text), WIRE_VERSION)
+    if _layout.check(layout) < _layout.LAYOUT:
+        _behind(_layout.check(layout))
+
+
+_told_behind = False
+
+
+def _behind(layout: int) -> None:
+    """Say once per process that the deployment's layout is behind this release's."""
+    global _told_behind
+    if not _told_behind:
+        _told_behind = True
+        log.warning(
+            "the deployment's data layout is %d and this echomq writes %d: run `echomq "
+            "migrate` once every worker runs this release (docs/guides/upgrading.md)",
+            layout, _layout.LAYOUT,
+        )  # fmt: skip
 
 
 def _is_redirect(exc: ResponseError) -> bool:

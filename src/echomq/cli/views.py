@@ -24,6 +24,7 @@ from echomq import (
 from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq.cli._common import (
+    _checked_queues,
     _errors,
     _existing,
     _fail,
@@ -162,11 +163,7 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """The live worker processes of QUEUES (default: every queue found on the server): one
     line each, then the jobs it holds."""
     url = _url(ctx)
-    for name in queues:
-        try:
-            keyspace.check_queue(name)
-        except EchoMQError as exc:
-            _fail(str(exc))
+    _checked_queues(queues)
     with _errors(url):
         client = _executor.sync_client(url)
         try:
