@@ -33,13 +33,21 @@ def build(tag: str, into: Path) -> Path:
     return src
 
 
+def _env(src: Path) -> dict[str, str]:
+    # A test leg's ECHOMQ_EXECUTOR=native is not passed on: an older release needs its own
+    # module version (0.5 refuses trafikey 3 when told "native"; on "auto" it runs Lua).
+    env = {k: v for k, v in os.environ.items() if k != "ECHOMQ_EXECUTOR"}
+    env["PYTHONPATH"] = str(src)
+    return env
+
+
 def run(src: Path, code: str, *args: str, timeout: float = 120.0) -> str:
     """Run ``code`` (a Python program; ``sys.argv[1:]`` = ``args``) with the release at
     ``src`` as ``echomq``; its stdout. A failure fails the test with its output."""
     proc = subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=src.parent,
-        env=dict(os.environ, PYTHONPATH=str(src)),
+        env=_env(src),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -56,7 +64,7 @@ def start(src: Path, code: str, *args: str, log: Path) -> subprocess.Popen[bytes
         return subprocess.Popen(
             [sys.executable, "-c", code, *args],
             cwd=src.parent,
-            env=dict(os.environ, PYTHONPATH=str(src)),
+            env=_env(src),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
