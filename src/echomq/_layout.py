@@ -12,12 +12,18 @@ deployment written before 0.6 records none), except on a fresh deployment, whose
 records its own. On a layout outside its range a client refuses with one line saying what to
 upgrade (:class:`~echomq.errors.LayoutFenceError`).
 
-The layouts (docs/PROTOCOL.md §5.1 keeps this table too):
+The layouts (docs/PROTOCOL.md §5.1 and docs/guides/upgrading.md keep this table too); no
+release before 0.6 recorded its layout:
 
 1. 0.1.0 - 0.3.x: a dead-letter is scored 0 in ``emq:{q}:dead``.
-2. 0.4.0 on: ``dead`` is scored by the time of death (D25). 0.4 and 0.5 wrote it without
-   recording it; ``echomq migrate`` (migration ``dead-scores``) rescores the zeros and
-   records 2.
+2. 0.4.x: ``dead`` is scored by the time of death (D25).
+3. 0.5.0 on: the retired record keeps every retirement of the last 70 s and records every
+   deleted row (a 0.4 process rotates it by count alone and records no never-claimed row,
+   so a 0.5 producer's resend could be admitted twice beside it). 0.6 writes layout 3.
+
+``echomq migrate`` takes a deployment from any of them to 3: the only step is
+``dead-scores`` (the zeros of layout 1); 2 -> 3 needs no data change (0.5 reads 0.4's
+record).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from echomq.keyspace import LAYOUT_KEY
 
 __all__ = ["LAYOUT", "LAYOUT_KEY", "MIN_LAYOUT", "check", "parse"]
 
-LAYOUT = 2  # the layout this release writes (and `echomq migrate` raises a deployment to)
+LAYOUT = 3  # the layout this release writes (and `echomq migrate` raises a deployment to)
 MIN_LAYOUT = 1  # the oldest layout it still serves: N-1's (the contract, upgrading.md)
 UNRECORDED = 1  # what an absent key means: a deployment written before 0.6
 

@@ -18,7 +18,7 @@ next connect on, with one line saying what to upgrade.
 
 The migrations:
 
-``dead-scores`` (layout 1 -> 2): echomq <= 0.3 scored a dead-letter 0 in ``emq:{q}:dead``;
+``dead-scores`` (from layout 1): echomq <= 0.3 scored a dead-letter 0 in ``emq:{q}:dead``;
 0.4 scores it by the time of death (D25), so the first ``keep_dead(age_ms=...)`` deleted
 every old dead-letter at once. The zeros are rescored to the migration's time (a <= 0.3 row
 records no time of death).

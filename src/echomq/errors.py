@@ -259,8 +259,8 @@ class LayoutFenceError(VersionFenceError):
         else:
             what = f"the deployment's data layout is {found}"
             todo = (
-                "it predates every layout this release reads: upgrade the deployment "
-                "through the releases in between (docs/guides/upgrading.md)"
+                "migrate it first with `echomq migrate` of a release that serves it "
+                "(docs/guides/upgrading.md)"
             )
         EchoMQError.__init__(self, f"{what}; echomq {__version__} serves layouts {serves}: {todo}")
         self.found = found

@@ -99,7 +99,10 @@ def test_the_previous_layout_is_served(own: tuple[str, redis.Redis]) -> None:
             str(_layout.LAYOUT + 1),
             f"upgrade echomq on this host to a release that serves layout {_layout.LAYOUT + 1}",
         ),
-        (str(_layout.MIN_LAYOUT - 1), "upgrade the deployment through the releases in between"),
+        (
+            str(_layout.MIN_LAYOUT - 1),
+            "migrate it first with `echomq migrate` of a release that serves it",
+        ),
         ("two", "not a data layout number"),
     ],
 )

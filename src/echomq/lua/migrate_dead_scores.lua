@@ -1,4 +1,4 @@
---[[ migrate_dead_scores: one batch of the migration `dead-scores` (layout 1 -> 2, issue 39).
+--[[ migrate_dead_scores: one batch of the migration `dead-scores` (from layout 1, issue 39).
   echomq <= 0.3 scored a dead-letter 0; since 0.4 `dead` is scored by the time of death (D25),
   so the first age-bounded trim (`keep_dead(age_ms=...)`) would delete every old dead-letter
   at once. This rescores up to `batch` members still at score 0 to now: a <= 0.3 row records
