@@ -72,21 +72,25 @@ def _text(value: Any) -> str | None:
 
 
 def _version() -> Steps:
-    """Read ``{emq}:version`` and ``{emq}:layout`` (one slot: one MGET); claim the version
-    when absent (the client that claims it records its layout: a fresh deployment); refuse
-    a foreign version or a layout this client does not serve (echomq._layout)."""
-    found, layout = yield ("MGET", VERSION_KEY, LAYOUT_KEY)
+    """Read ``{emq}:version``; claim it when absent (the client whose claim wins, on a fresh
+    deployment, records its layout too); refuse a foreign version; then read ``{emq}:layout``
+    and refuse a layout this client does not serve (echomq._layout).
+
+    Two GETs, not one MGET: the least-privilege ACL of RELIABILITY.md grants ``get`` and not
+    ``mget``, and a deployment must not have to change its ACL to upgrade."""
+    found = yield ("GET", VERSION_KEY)
     if found is None:
         if (yield ("SET", VERSION_KEY, WIRE_VERSION, "NX")) is not None:
             # Nothing was written here before (no client ever fenced it), so the data is
             # this release's own from the start.
             yield ("SET", LAYOUT_KEY, str(_layout.LAYOUT), "NX")
-        found, layout = yield ("MGET", VERSION_KEY, LAYOUT_KEY)
+        found = yield ("GET", VERSION_KEY)
     text = _text(found)
     if text != WIRE_VERSION:
         raise VersionFenceError(str(text), WIRE_VERSION)
-    if _layout.check(layout) < _layout.LAYOUT:
-        _behind(_layout.check(layout))
+    layout = _layout.check((yield ("GET", LAYOUT_KEY)))
+    if layout < _layout.LAYOUT:
+        _behind(layout)
 
 
 _told_behind = False

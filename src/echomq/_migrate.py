@@ -55,7 +55,8 @@ class Progress:
 
     migration: str
     queue: str
-    left: int  # members still in the old form after this run (before it, in a dry run)
+    # A dry run: the members in the old form. A run: 0 when none is left after it, else 1.
+    left: int
     migrated: int = 0  # members this run migrated
     batches: int = 0  # scripts this run called
     was_done: bool = False  # recorded done before this run
@@ -79,8 +80,21 @@ def dead_scores_step(queue: str, batch: int) -> Call[tuple[int, int]]:
     )
 
 
-def _count_zeros(queue: str) -> Call[int]:
-    return _cmd(("ZCOUNT", keyspace.base(queue) + "dead", 0, 0), int)
+_PAGE = 10_000
+
+
+def _zeros(x: SyncExecutor, queue: str, most: int) -> int:
+    """How many members of ``dead`` are at score 0, counted up to ``most`` (ZRANGEBYSCORE
+    pages: the least-privilege ACL grants it, not ZCOUNT)."""
+    dead = keyspace.base(queue) + "dead"
+    found = 0
+    while found < most:
+        page = min(_PAGE, most - found)
+        got = x.run(_cmd(("ZRANGEBYSCORE", dead, 0, 0, "LIMIT", found, page), len))
+        found += got
+        if got < page:
+            break
+    return found
 
 
 def migrate(
@@ -108,9 +122,9 @@ def migrate(
     for q in found:
         field = _field("dead-scores", q)
         mark = x.run(_cmd(("HGET", MIGRATIONS_KEY, field), lambda r: _s(r) if r else ""))
-        p = Progress(
-            "dead-scores", q, left=x.run(_count_zeros(q)), was_done=mark.startswith("done")
-        )
+        # A dry run counts them all; a run only needs to know whether any are left.
+        left = _zeros(x, q, 2**62 if dry_run else 1)
+        p = Progress("dead-scores", q, left=left, was_done=mark.startswith("done"))
         while p.left and not dry_run and not stopped:
             if max_batches is not None and spent >= max_batches:
                 stopped = True
@@ -122,7 +136,7 @@ def migrate(
             so_far = int(mark.split(":")[1]) if mark.startswith("running:") else 0
             mark = f"running:{so_far + rescored}"
             x.run(_cmd(("HSET", MIGRATIONS_KEY, field, mark), int))
-        if not dry_run and p.left == 0 and not p.was_done:
+        if not dry_run and p.left == 0 and (p.migrated or not p.was_done):
             stamp = x.run(_cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000))
             x.run(_cmd(("HSET", MIGRATIONS_KEY, field, f"done:{stamp}"), int))
         out.append(p)

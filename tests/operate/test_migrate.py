@@ -168,7 +168,7 @@ def test_migrate_resumes_where_it_stopped(own: tuple[str, redis.Redis], v03: Pat
     url, raw = own
     releases.run(v03, V03_DEAD, plain(url), "r", "10")
     stopped = run(url, batch=4, max_batches=1)
-    assert [(p.queue, p.migrated, p.left) for p in stopped] == [("r", 4, 6)]
+    assert [(p.queue, p.migrated, p.done) for p in stopped] == [("r", 4, False)]
     assert zeros(raw, "r") == 6
     assert raw.hget("{emq}:migrations", "dead-scores:r") == b"running:4"
     assert raw.get("{emq}:layout") is None  # a stopped run records no layout
@@ -220,3 +220,46 @@ def test_migrate_refuses_bad_input_and_writes_nothing(
     result = CliRunner(env={"ECHOMQ_URL": None}).invoke(main, ["--url", url, "migrate", *args])
     assert result.exit_code == 2 and says in result.output, result.output
     assert zeros(raw, "bad") == 2 and raw.hgetall("{emq}:migrations") == {}
+
+
+def test_a_dead_letter_moved_before_its_step_is_left_where_it_went(
+    own: tuple[str, redis.Redis], v03: Path
+) -> None:
+    # Between two steps of a run, this release reprocesses one 0.3 dead-letter and removes
+    # another: the step rescores only members still in `dead` (ZADD XX), so the reprocessed
+    # job stays waiting, the removed one stays gone, and nothing is counted twice.
+    url, raw = own
+    releases.run(v03, V03_DEAD, plain(url), "moved", "6")
+    first = run(url, batch=2, max_batches=1)
+    assert first[0].migrated == 2
+    left = [m.decode() for m in raw.zrangebyscore("emq:{moved}:dead", 0, 0)]
+    q = echomq.Queue("moved", url=url)
+    try:
+        q.reprocess(left[0])
+        q.remove(left[1])
+        rest = run(url, batch=2)
+        assert rest[0].migrated == 2 and rest[0].left == 0
+        assert raw.zcard("emq:{moved}:dead") == 4 and zeros(raw, "moved") == 0
+        assert raw.zscore("emq:{moved}:dead", left[0]) is None
+        assert q.job_state(left[0]) == "pending" and raw.exists(f"emq:{{moved}}:job:{left[1]}") == 0
+        assert q.check() == []
+    finally:
+        q.close()
+
+
+def test_migrate_runs_under_the_least_privilege_acl(
+    own: tuple[str, redis.Redis], v03: Path
+) -> None:
+    # RELIABILITY.md's ACL rule set is enough: no deployment changes its ACL to upgrade.
+    from test_security import ACL_RULES
+
+    url, raw = own
+    releases.run(v03, V03_DEAD, plain(url), "acl", "3")
+    raw.execute_command("ACL", "SETUSER", "emq", ">s3cret", *ACL_RULES)
+    port = plain(url).rsplit(":", 1)[1].split("/")[0]
+    user_url = f"redis://emq:s3cret@127.0.0.1:{port}/0?" + url.split("?", 1)[1]
+    assert "acl: dead-scores: 3 to migrate" in cli(user_url, "--dry-run")
+    assert "acl: dead-scores: migrated 3 in 1 steps" in cli(user_url)
+    assert zeros(raw, "acl") == 0 and raw.get("{emq}:layout") == str(_layout.LAYOUT).encode()
+    denied = {(e["reason"], e["object"]) for e in raw.acl_log()}
+    assert denied <= {("command", "config|get")}, denied  # the eviction check, skipped
