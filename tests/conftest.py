@@ -187,6 +187,7 @@ SLOW_TESTS = frozenset(
         "tests/reliability/test_proxy.py::test_add_log_with_a_lost_reply_raises_instead_of_writing_twice",
         "tests/reliability/test_proxy.py::test_enqueue_with_lost_replies_makes_one_job_per_call",
         "tests/reliability/test_proxy.py::test_run_through_a_cutting_proxy",
+        "tests/upgrade/test_rolling_upgrade.py::test_rolling_upgrade",
         "tests/features/test_rate_limit_procs.py::test_rate_limit_holds_under_four_worker_processes",
         "tests/features/test_repeat.py::test_four_processes_fire_each_occurrence_exactly_once",
         "tests/features/test_repeat.py::test_periodic_task_registers_runs_and_drops_stale",

@@ -198,9 +198,11 @@ def raw_violations(r: redis.Redis, queue: str) -> list[str]:
     place("active", active)
     place("schedule", {m.decode() for m in r.zrange(p + "schedule", 0, -1)})
     place("dead", {m.decode() for m in r.zrange(p + "dead", 0, -1)})
+    place("completed", {m.decode() for m in r.zrange(p + "completed", 0, -1)})  # kept (D25)
     for g, members in lanes.items():
         place("lane " + g, members)
     want = {"pending": "pending", "active": "active", "schedule": "scheduled", "dead": "dead"}
+    want["completed"] = "completed"
     for jid, where in places.items():
         if len(where) > 1:
             out.append(f"{jid} is in {len(where)} places: {where}")

@@ -20,6 +20,7 @@ __all__ = ["EXTRAS", "missing", "require"]
 # Each extra's top-level modules, as pyproject.toml lists its requirements (the web extra's
 # rich is a base dependency too).
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "django": ("django", "django_tasks"),
     "msgpack": ("msgpack",),
     "otel": ("opentelemetry",),
     "web": ("starlette", "uvicorn", "jinja2", "prometheus_client"),

@@ -131,6 +131,8 @@ NOT_PYTHON = {
     "echomq.worker.jobs": "the logger of the worker's job lines",
     "echomq.attempt": "an attribute of the tracing span",
     "echomq.outcome": "an attribute of the tracing span",
+    "echomq.task": "an attribute of the tracing span",
+    "echomq.status": "an attribute of the tracing span",
 }
 
 
@@ -147,7 +149,10 @@ def _missing(name: str) -> str | None:
         return f"{name} (not in echomq.__all__, not a public submodule)"
     module = importlib.import_module(f"echomq.{first}")
     if len(parts) > 1 and not hasattr(module, parts[1]):
-        return name
+        try:  # a subpackage its package does not import (echomq.contrib.django)
+            importlib.import_module(f"echomq.{first}.{parts[1]}")
+        except ImportError:
+            return name
     return None
 
 

@@ -30,6 +30,7 @@ FEATURES = {
     "echomq.web": "web",  # the dashboard (starlette, jinja2; and its submodules)
     "echomq.prometheus": "web",  # Prometheus metrics (prometheus_client)
     "echomq.otel": "otel",  # tracing (opentelemetry)
+    "echomq.contrib.django": "django",  # the Django task backend (django, django_tasks)
 }
 
 # Installed first in each child: the extras' modules are not there, whatever the venv holds.
