@@ -1,6 +1,7 @@
-"""Earlier releases of echomq, built from their git tags (no network): ``git archive vX.Y.Z
-src`` into a directory, run with ``PYTHONPATH`` in a subprocess of this venv's python. A
-missing tag fails the test (a shallow clone without tags cannot check the upgrade path)."""
+"""Running earlier releases of echomq beside this one: each is materialised from its git
+tag by ``tests/upgrade/release.py`` (no network; a missing tag fails the test, never skips)
+and run in a subprocess of this venv's python with its ``src`` first on ``PYTHONPATH``; and
+a server of a test's own, for tests of the deployment-wide keys."""
 
 from __future__ import annotations
 
@@ -13,24 +14,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from release import materialise
 
 from echomq.server import EmbeddedServer
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def build(tag: str, into: Path) -> Path:
-    """``into/src`` holding release ``tag``'s package (built once per directory)."""
-    src = into / "src"
-    if not (src / "echomq" / "__init__.py").exists():
-        into.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", tag, "src"], capture_output=True, check=False
-        )
-        if archive.returncode != 0:
-            raise AssertionError(f"cannot build {tag} from its tag: {archive.stderr.decode()}")
-        subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return src
+    """The ``src`` directory of release ``tag``, materialised under ``into``."""
+    return materialise(tag, into).src
 
 
 def _env(src: Path) -> dict[str, str]:
