@@ -23,9 +23,6 @@ from echomq.errors import LayoutFenceError, VersionFenceError
 VERSION = "{emq}:version"
 LAYOUT = "{emq}:layout"
 LEGS = ["lua", "native"]
-# redis-py 8.2 warns when echomq's asyncio client is built with its sync Retry (the whole
-# suite's AsyncQueue tests meet it; reported, not ours to change here).
-pytestmark = pytest.mark.filterwarnings("ignore:A synchronous redis.retry.Retry:UserWarning")
 
 
 @pytest.fixture(params=LEGS)
