@@ -21,10 +21,10 @@ from typing import Any
 import redis
 from redis.exceptions import AskError, ResponseError
 
-from echomq import _redispy
+from echomq import _layout, _redispy
 from echomq._kernel import WIRE_VERSION
 from echomq.errors import VersionFenceError
-from echomq.keyspace import VERSION_KEY
+from echomq.keyspace import LAYOUT_KEY, VERSION_KEY
 
 __all__ = ["Fence", "adrive", "drive"]
 
@@ -72,14 +72,40 @@ def _text(value: Any) -> str | None:
 
 
 def _version() -> Steps:
-    """Read ``{emq}:version``; claim it when absent; refuse a foreign value."""
+    """Read ``{emq}:version``; claim it when absent (the client whose claim wins, on a fresh
+    deployment, records its layout too); refuse a foreign version; then read ``{emq}:layout``
+    and refuse a layout this client does not serve (echomq._layout).
+
+    Two GETs, not one MGET: the least-privilege ACL of RELIABILITY.md grants ``get`` and not
+    ``mget``, and a deployment must not have to change its ACL to upgrade."""
     found = yield ("GET", VERSION_KEY)
     if found is None:
-        yield ("SET", VERSION_KEY, WIRE_VERSION, "NX")
+        if (yield ("SET", VERSION_KEY, WIRE_VERSION, "NX")) is not None:
+            # Nothing was written here before (no client ever fenced it), so the data is
+            # this release's own from the start.
+            yield ("SET", LAYOUT_KEY, str(_layout.LAYOUT), "NX")
         found = yield ("GET", VERSION_KEY)
     text = _text(found)
     if text != WIRE_VERSION:
         raise VersionFenceError(str(text), WIRE_VERSION)
+    layout = _layout.check((yield ("GET", LAYOUT_KEY)))
+    if layout < _layout.LAYOUT:
+        _behind(layout)
+
+
+_told_behind = False
+
+
+def _behind(layout: int) -> None:
+    """Say once per process that the deployment's layout is behind this release's."""
+    global _told_behind
+    if not _told_behind:
+        _told_behind = True
+        log.warning(
+            "the deployment's data layout is %d and this echomq writes %d: run `echomq "
+            "migrate` once every worker runs this release (docs/guides/upgrading.md)",
+            layout, _layout.LAYOUT,
+        )  # fmt: skip
 
 
 def _is_redirect(exc: ResponseError) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from echomq import ids
+from echomq import _layout, ids
 from echomq._kernel import Call, Keys, _call, _int, _s
 from echomq.errors import DurabilityError
 
@@ -48,6 +48,7 @@ __all__ = [
     "list_workers",
     "name_client",
     "ttl_for",
+    "version_spread",
 ]
 
 log = logging.getLogger("echomq.worker")
@@ -90,6 +91,17 @@ class WorkerInfo:
     held: int  # jobs in flight now (all queues)
     jobs: list[HeldJob] = field(default_factory=list)  # at most MAX_LISTED of them
     pool: int = 0  # the size of its process pool (@app.task(pool="process")), 0: none
+    # The data layouts it serves (echomq._layout); 0: not recorded (a worker before 0.6).
+    layout: int = 0
+    min_layout: int = 0
+
+    @property
+    def layouts(self) -> str:
+        """The layouts it serves as shown: ``1..2``, ``2``, or ``?`` (a worker before 0.6)."""
+        if not self.layout:
+            return "?"
+        low = self.min_layout or self.layout
+        return f"{low}..{self.layout}" if low != self.layout else str(self.layout)
 
 
 def client_name(worker_id: str) -> str:
@@ -178,9 +190,37 @@ def _info(worker_id: str, raw: bytes | str, lapses_ms: int) -> WorkerInfo | None
             held=int(e["held"]),
             jobs=[HeldJob(str(j[0]), str(j[1]), int(j[2])) for j in e["jobs"]],
             pool=int(e.get("pool", 0)),
+            layout=int(e.get("layout", 0)),
+            min_layout=int(e.get("min_layout", 0)),
         )
     except (ValueError, KeyError, TypeError, IndexError):
         return None  # an entry this version cannot read (a newer writer, a planted key)
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def version_spread(workers: Iterable[WorkerInfo]) -> str | None:
+    """A warning when the live workers span more releases than the upgrade contract covers
+    (any mix of two consecutive minor releases, N-1 and N: docs/guides/upgrading.md); None
+    when they do not."""
+    found = sorted({m for w in workers if (m := _minor(w.version)) is not None})
+    if len(found) < 2:
+        return None
+    (lo_major, lo), (hi_major, hi) = found[0], found[-1]
+    if lo_major == hi_major and hi - lo <= 1:
+        return None
+    versions = sorted({w.version for w in workers}, key=lambda v: _minor(v) or (0, 0))
+    return (
+        f"warning: the fleet runs echomq {', '.join(versions)}: more than two consecutive "
+        "releases at once, which the upgrade contract does not cover; finish the upgrade "
+        "one release at a time (docs/guides/upgrading.md)"
+    )
 
 
 class Registry:
@@ -204,6 +244,9 @@ class Registry:
             "started_ms": int(time.time() * 1000),
             "ttl_ms": self.ttl_ms,
             "pool": pool,
+            # Added in 0.6 (issue 39): readers before it ignore fields they do not know.
+            "layout": _layout.LAYOUT,
+            "min_layout": _layout.MIN_LAYOUT,
         }
         self._seen: dict[tuple[str, int], int] = {}  # (id, token) -> server ms first seen
         self._server_ms = 0  # the last beat's server clock

@@ -23,12 +23,21 @@ re-sent, so a child that also received the signal itself (Ctrl-C reaches the who
 group; systemd's default ``KillMode=control-group`` signals every process) is not stopped
 hard by a duplicate.
 
-Restarts. A child that exits while the supervisor is not stopping is started again and the
-reason is logged (its exit code or signal). One that dies within :data:`STARTUP_S` of its
-start is a failed start: it is restarted after an exponential backoff, and after
-:data:`MAX_FAILED_STARTS` failed starts in a row of the same child the supervisor stops the
-others and exits with status 3. A child that recycles itself (``--max-jobs-per-child``,
-``--max-memory-per-child``) exits with :data:`RECYCLED` and is replaced at once.
+Restarts (issue 39; docs/guides/deployment.md). A child that exits while the supervisor is
+not stopping is started again and the reason is logged (its exit code or signal). Each child
+also holds the write end of a *report* pipe and says on it when it is ready (``r``: fenced,
+registered, about to claim) and when it starts its first job (``j``). A child that did
+either before dying *crashed*: it is restarted after an exponential backoff
+(:data:`CRASH_BACKOFF_S` doubling up to :data:`CRASH_BACKOFF_CAP_S`; the streak restarts
+once a child lives :data:`HEALTHY_S`), each crash logged, and crashes alone never make the
+supervisor give up (an OOM killer taking a busy child now and then must not stop the
+fleet). A child that dies having done neither failed to start (a broken deploy: its import,
+its configuration, a server that refuses it), however long it took (no time window decides
+it: a loaded host may take seconds to import an app): it is restarted after a backoff too,
+and after :data:`MAX_FAILED_STARTS` failed starts in a row of the same child the supervisor
+stops the others and exits with status 3. A child that
+recycles itself (``--max-jobs-per-child``, ``--max-memory-per-child``) exits with
+:data:`RECYCLED` and is replaced at once.
 """
 
 from __future__ import annotations
@@ -52,15 +61,20 @@ from echomq._registry import SUPERVISOR_ENV
 if TYPE_CHECKING:
     import asyncio
 
+    from echomq.hooks import Hooks
     from echomq.worker import Worker
 
 __all__ = [
     "CONTROL_FD_ENV",
+    "CRASH_BACKOFF_CAP_S",
+    "CRASH_BACKOFF_S",
     "EXIT_FAILING",
     "MAX_FAILED_STARTS",
+    "HEALTHY_S",
     "RECYCLED",
-    "STARTUP_S",
+    "REPORT_FD_ENV",
     "Supervisor",
+    "reporting",
     "start_method",
     "watch_control",
 ]
@@ -68,13 +82,16 @@ __all__ = [
 log = logging.getLogger("echomq.supervisor")
 
 CONTROL_FD_ENV = "ECHOMQ_CONTROL_FD"  # a spawned child's control pipe
+REPORT_FD_ENV = "ECHOMQ_REPORT_FD"  # a child's report pipe (write end): b"r" ready, b"j" a job
 INDEX_ENV = "ECHOMQ_CHILD_INDEX"
 RECYCLED = 75  # a child's exit status when it recycled itself (max jobs / memory)
 EXIT_FAILING = 3  # the supervisor's exit status when children keep failing to start
-STARTUP_S = 5.0  # a child that dies sooner failed to start
 MAX_FAILED_STARTS = 5  # failed starts in a row of one child before the supervisor gives up
 _BACKOFF_BASE_S = 0.25
 _BACKOFF_CAP_S = 10.0
+CRASH_BACKOFF_S = 0.25  # the first restart after a crash; doubles with each crash in a row
+CRASH_BACKOFF_CAP_S = 30.0
+HEALTHY_S = 60.0  # a child that lived this long ends a crash streak
 _POLL_S = 0.05
 _HARD_DEADLINE_S = 30.0  # past --grace, a child that has not exited is SIGKILLed
 
@@ -95,8 +112,12 @@ class _Child:
     pid: int = 0
     popen: subprocess.Popen[bytes] | None = None
     control: int = -1  # the write end of its control pipe (the supervisor's)
+    report: int = -1  # the read end of its report pipe (the supervisor's, non-blocking)
     started: float = 0.0
+    ready: bool = False  # it said it was ready (b"r")
+    ran: bool = False  # it said it started a job (b"j")
     failures: int = 0  # failed starts in a row
+    crashes: int = 0  # crashes in a row (a child that was ready or ran a job, then died)
     due: float = 0.0  # when to start it (monotonic); inf: not to be started again
     done: bool = False  # exited during the stop, or given up
 
@@ -134,19 +155,30 @@ class Supervisor:
 
     def _start(self, c: _Child) -> None:
         read, write = os.pipe()
-        env_extra = {SUPERVISOR_ENV: self.id, INDEX_ENV: str(c.index)}
-        if self.method == "fork":
-            pid = os.fork()
-            if pid == 0:  # the child: never returns
-                self._in_child(c, read, write, env_extra)
-            c.pid, c.popen = pid, None
-        else:
-            env = dict(os.environ, **env_extra)
-            env[CONTROL_FD_ENV] = str(read)
-            c.popen = subprocess.Popen(list(self._spawn_argv(c.index)), env=env, pass_fds=(read,))
-            c.pid = c.popen.pid
+        heard, says = os.pipe()  # the report pipe: the child writes, the supervisor reads
+        os.set_blocking(heard, False)
+        env_extra = {SUPERVISOR_ENV: self.id, INDEX_ENV: str(c.index), REPORT_FD_ENV: str(says)}
+        try:
+            if self.method == "fork":
+                pid = os.fork()
+                if pid == 0:  # the child: never returns
+                    os.close(heard)
+                    self._in_child(c, read, write, env_extra)
+                c.pid, c.popen = pid, None
+            else:
+                env = dict(os.environ, **env_extra)
+                env[CONTROL_FD_ENV] = str(read)
+                argv = list(self._spawn_argv(c.index))
+                c.popen = subprocess.Popen(argv, env=env, pass_fds=(read, says))
+                c.pid = c.popen.pid
+        except BaseException:
+            for fd in (read, write, heard, says):
+                os.close(fd)
+            raise
         os.close(read)
-        c.control, c.started = write, time.monotonic()
+        os.close(says)
+        c.control, c.report, c.started = write, heard, time.monotonic()
+        c.ready = c.ran = False
         log.info("supervisor %d: worker %d started (pid %d)", os.getpid(), c.index, c.pid)
 
     def _start_or_back_off(self, c: _Child) -> None:
@@ -172,8 +204,9 @@ class Supervisor:
         try:
             os.close(write)
             for other in self._children:  # EOF must mean "the supervisor is gone"
-                if other.control >= 0:
-                    os.close(other.control)
+                for fd in (other.control, other.report):
+                    if fd >= 0:
+                        os.close(fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             os.environ.update(env)
@@ -207,10 +240,25 @@ class Supervisor:
             with contextlib.suppress(OSError):  # it has exited: its pipe is closed
                 os.write(c.control, what)
 
+    def _heard(self, c: _Child) -> None:
+        """Read what the child reported (all of it: a dead child's bytes stay in the pipe)."""
+        while c.report >= 0:
+            try:
+                data = os.read(c.report, 64)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if not data:
+                return
+            c.ready = c.ready or b"r" in data
+            c.ran = c.ran or b"j" in data
+
     def _close(self, c: _Child) -> None:
-        if c.control >= 0:
-            os.close(c.control)
-            c.control = -1
+        for fd in (c.control, c.report):
+            if fd >= 0:
+                os.close(fd)
+        c.control = c.report = -1
         c.pid = 0
         c.popen = None
 
@@ -225,6 +273,7 @@ class Supervisor:
             uptime = now - c.started
             why = f"killed by {_signame(-code)}" if code < 0 else f"exit status {code}"
             pid = c.pid
+            self._heard(c)
             self._close(c)
             if stopping:
                 c.done = True
@@ -234,12 +283,8 @@ class Supervisor:
                 c.failures, c.due = 0, now
                 log.info("worker %d (pid %d) recycled itself; starting a new one", c.index, pid)
                 continue
-            if uptime >= STARTUP_S:
-                c.failures, c.due = 0, now
-                log.warning(
-                    "worker %d (pid %d) died after %.1fs (%s); restarting it",
-                    c.index, pid, uptime, why,
-                )  # fmt: skip
+            if c.ready or c.ran:
+                self._crashed(c, pid, why, uptime, now)
                 continue
             c.failures += 1
             if c.failures >= MAX_FAILED_STARTS:
@@ -254,10 +299,24 @@ class Supervisor:
             delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** (c.failures - 1))
             c.due = now + delay
             log.warning(
-                "worker %d (pid %d) exited %.1fs after its start (%s); restarting in %.2fs "
-                "(failed start %d of %d)",
+                "worker %d (pid %d) exited %.1fs after its start, before it was ready (%s); "
+                "restarting in %.2fs (failed start %d of %d)",
                 c.index, pid, uptime, why, delay, c.failures, MAX_FAILED_STARTS,
             )  # fmt: skip
+
+    def _crashed(self, c: _Child, pid: int, why: str, uptime: float, now: float) -> None:
+        """A child that was ready or ran a job died: a crash, never a failed start (its
+        deploy works). Restart it after a backoff; never give up on crashes alone."""
+        c.failures = 0
+        c.crashes = 1 if uptime >= HEALTHY_S else c.crashes + 1
+        delay = min(CRASH_BACKOFF_CAP_S, CRASH_BACKOFF_S * 2 ** (c.crashes - 1))
+        c.due = now + delay
+        did = "after running jobs" if c.ran else "after it was ready"
+        log.warning(
+            "worker %d (pid %d) exited %s (%s, %.1fs after its start), a crash: restarting "
+            "in %.2fs (crash %d in a row)",
+            c.index, pid, did, why, uptime, delay, c.crashes,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ the loop
 
@@ -413,6 +472,34 @@ def watch_control(
     thread = threading.Thread(target=main, name="echomq-control", daemon=True)
     thread.start()
     return thread
+
+
+def reporting(hooks: Hooks | None) -> Hooks | None:
+    """In a supervised child: ``hooks`` plus the two reports to the supervisor (ready at
+    ``on_startup``; the first job at its ``before_job``), written on the report pipe named
+    by :data:`REPORT_FD_ENV` (taken out of the environment: a process the worker starts is
+    not a child of the supervisor). ``hooks`` unchanged when there is no pipe."""
+    from echomq.hooks import Hooks
+
+    raw = os.environ.pop(REPORT_FD_ENV, "")
+    if not raw.isdigit():
+        return hooks
+    fd = int(raw)
+    told = {"r": False, "j": False}
+
+    def tell(what: str) -> None:
+        if not told[what]:
+            told[what] = True
+            with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
+                os.write(fd, what.encode())
+
+    inner = hooks or Hooks()
+    return Hooks(
+        on_startup=(*inner.fns("on_startup"), lambda worker: tell("r")),
+        on_shutdown=inner.fns("on_shutdown"),
+        before_job=(lambda job: tell("j"), *inner.fns("before_job")),
+        after_job=inner.fns("after_job"),
+    )
 
 
 def run_child_worker(worker: Worker, fd: int, *, max_memory: int | None = None) -> int:

@@ -26,6 +26,8 @@
     ├── ServerUnreachable   (also ``redis.ConnectionError`` and ``ConnectionError``) the
     │                       server stayed unreachable for the whole ``retry_for``
     ├── VersionFenceError   ``{emq}:version`` holds another wire version
+    │   └── LayoutFenceError  ``{emq}:layout`` holds a data layout this release does not
+    │                         serve; the one line says what to upgrade
     ├── ServerNotRunning    nothing else configured, and the ``echomq server`` recorded in
     │                       the state dir (``.echomq/server.json``) is not running: raised
     │                       where the URL is resolved, never a silent fallback to 6379
@@ -54,6 +56,7 @@ __all__ = [
     "JobFailed",
     "JobGone",
     "KindError",
+    "LayoutFenceError",
     "Locked",
     "MissingExtra",
     "PayloadTooLarge",
@@ -266,6 +269,33 @@ class VersionFenceError(EchoMQError):
         )
         self.found = found
         self.expected = expected
+
+
+class LayoutFenceError(VersionFenceError):
+    """``{emq}:layout`` holds a data layout outside the ``min..own`` this client serves
+    (issue 39, docs/guides/upgrading.md). ``.found`` is the recorded value (text),
+    ``.expected`` this client's layout, ``.oldest`` the oldest it serves."""
+
+    def __init__(self, found: str, layout: int, oldest: int) -> None:
+        from echomq import __version__
+
+        serves = f"{oldest}..{layout}" if oldest != layout else str(layout)
+        if not found.isdigit():
+            what = f"{{emq}}:layout holds {found!r}, not a data layout number"
+            todo = "restore it (docs/guides/upgrading.md)"
+        elif int(found) > layout:
+            what = f"the deployment's data layout is {found}"
+            todo = f"upgrade echomq on this host to a release that serves layout {found}"
+        else:
+            what = f"the deployment's data layout is {found}"
+            todo = (
+                "migrate it first with `echomq migrate` of a release that serves it "
+                "(docs/guides/upgrading.md)"
+            )
+        EchoMQError.__init__(self, f"{what}; echomq {__version__} serves layouts {serves}: {todo}")
+        self.found = found
+        self.expected = str(layout)
+        self.oldest = oldest
 
 
 class ServerNotRunning(EchoMQError):

@@ -14,6 +14,8 @@ from echomq import ids
 from echomq.errors import InvalidId
 
 __all__ = [
+    "LAYOUT_KEY",
+    "MIGRATIONS_KEY",
     "NODES_KEY",
     "QUEUE_PREFIXES",
     "QUEUE_TAILS",
@@ -34,11 +36,14 @@ __all__ = [
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 VERSION_KEY = "{emq}:version"
+# The data layout (issue 39, echomq._layout) and the migrations' progress (echomq._migrate).
+LAYOUT_KEY = "{emq}:layout"
+MIGRATIONS_KEY = "{emq}:migrations"
 # The mint nodes leased to the deployment's minters (D2, lua/node_lease.lua).
 NODES_KEY = "{emq}:nodes"
 # The deployment-wide keys under the reserve (PROTOCOL §1.4): the wire version, the
 # dashboard's signed-in sessions (`{emq}:session:<sha256 of the session id>`), the mint nodes.
-RESERVE_TYPES = frozenset({"version", "session", "nodes"})
+RESERVE_TYPES = frozenset({"version", "session", "nodes", "layout", "migrations"})
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 # The closed registry of per-queue key types (PROTOCOL §1.3) that echomq writes.

@@ -15,7 +15,7 @@ from redis.cluster import RedisCluster
 
 import echomq
 from conftest import wait_for
-from echomq import keyspace
+from echomq import _layout, keyspace
 from echomq.testing import EmbeddedCluster
 
 pytestmark = pytest.mark.cluster
@@ -119,6 +119,9 @@ def test_cluster_url_selects_cluster_mode(cluster: EmbeddedCluster, qname: str) 
 def test_version_fence_on_cluster(cluster: EmbeddedCluster, rc: RedisCluster, qname: str) -> None:
     echomq.Queue(qname, client=rc).pending_size()
     assert rc.get(keyspace.VERSION_KEY) == echomq.WIRE_VERSION.encode()
+    # The fence reads both reserve keys (one slot); the first client recorded
+    # its data layout (issue 39).
+    assert rc.get(keyspace.LAYOUT_KEY) == str(_layout.LAYOUT).encode()
 
 
 def test_worker_serves_queues_on_different_shards(

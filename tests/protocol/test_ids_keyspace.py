@@ -301,7 +301,7 @@ def test_session_keys_live_in_the_reserve() -> None:
     key = keyspace.session_key(digest)
     assert key == "{emq}:session:" + digest and keyspace.hashtag(key) == "emq"
     assert keyspace.queue_of(key) is None
-    assert sorted(keyspace.RESERVE_TYPES) == ["nodes", "session", "version"]
+    assert sorted(keyspace.RESERVE_TYPES) == ["layout", "migrations", "nodes", "session", "version"]
     for bad in ("", "A" * 64, digest[:-1], digest + "0", "../" + digest[3:], None):
         with pytest.raises(InvalidId):
             keyspace.session_key(bad)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from conftest import server_ms
-from echomq import _compose, _control, _native, _produce, _registry, ids, keyspace
+from echomq import _compose, _control, _migrate, _native, _produce, _registry, ids, keyspace
 from echomq import _protocol as _p
 from echomq._scripts import (
     SCRIPTS,
@@ -110,6 +110,8 @@ EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "workers": lambda: _registry.list_workers(K),
     # A queue's first minted id: the minter leases its node first (issue 37).
     "mint": lambda: _produce.mint(ids.Minter()),
+    # `echomq migrate`'s step (issue 39).
+    "migrate_dead_scores": lambda: _migrate.dead_scores_step(K.name, 100),
 }
 
 

@@ -22,7 +22,7 @@ from test_worker import InProcWorker
 
 import echomq
 from conftest import server_ms, wait_for
-from echomq import App, InvalidArgument, Worker
+from echomq import App, InvalidArgument, Worker, _layout
 from echomq._registry import WorkerInfo
 from procs import Proc, Spawner, pid_gone, wait_log
 
@@ -526,6 +526,9 @@ def test_echomq_workers_and_stats_show_the_fleet(
     for w in workers:
         assert f"{w.id} " in text and f"pid={w.pid}" in text
         assert f"supervisor={w.supervisor}" in text
+        # Issue 39: each line says the worker's release and the data layouts it serves.
+        serves = f"{_layout.MIN_LAYOUT}..{_layout.LAYOUT}"
+        assert f"{w.id} version={echomq.__version__} layout={serves} {w.executor} " in text
     assert re.search(r"JOB\w+ hold for [\d.]+s", text), text
     stats = spawn.start("stats", qname)
     assert stats.wait(60) == 0, stats.text()

@@ -22,6 +22,7 @@ from echomq import (
     _connect,
     _extras,
     _inspect,
+    keyspace,
 )
 from echomq._records import _record_server, _unrecord
 from echomq.app import App
@@ -43,6 +44,15 @@ def _fail(message: str, code: int = 2) -> None:
     could not run; 1: it ran and the answer is "no", e.g. a queue that does not exist)."""
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def _checked_queues(queues: tuple[str, ...]) -> None:
+    """Every queue name given checked before anything is read or written."""
+    for name in queues:
+        try:
+            keyspace.check_queue(name)
+        except EchoMQError as exc:
+            _fail(str(exc))
 
 
 def _checked_url(url: str) -> str:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
+import json
 import sys
 import time
 from typing import Any
@@ -24,6 +26,7 @@ from echomq import (
 from echomq import _kernel as _k
 from echomq import _protocol as _p
 from echomq.cli._common import (
+    _checked_queues,
     _errors,
     _existing,
     _fail,
@@ -157,16 +160,14 @@ def stats(ctx: click.Context, queues: tuple[str, ...], watch: bool, interval: fl
 
 @main.command()
 @click.argument("queues", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of the workers.")
 @click.pass_context
-def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
+def workers(ctx: click.Context, queues: tuple[str, ...], as_json: bool) -> None:
     """The live worker processes of QUEUES (default: every queue found on the server): one
-    line each, then the jobs it holds."""
+    line each (its echomq version, the data layouts it serves, its executor), then the jobs
+    it holds; a warning line when the fleet spans more releases than an upgrade may."""
     url = _url(ctx)
-    for name in queues:
-        try:
-            keyspace.check_queue(name)
-        except EchoMQError as exc:
-            _fail(str(exc))
+    _checked_queues(queues)
     with _errors(url):
         client = _executor.sync_client(url)
         try:
@@ -183,21 +184,31 @@ def workers(ctx: click.Context, queues: tuple[str, ...]) -> None:
             raise result
         for w in result:
             seen.setdefault(w.id, w)
+    listed = sorted(seen.values(), key=lambda w: (w.host, w.supervisor or "", w.started_ms))
+    spread = _registry.version_spread(listed)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(w) for w in listed], indent=2))
+        if spread:
+            click.echo(spread, err=True)
+        return
     if not seen:
         click.echo("no live workers" + (f" on {', '.join(queues)}" if queues else ""))
         return
-    for w in sorted(seen.values(), key=lambda w: (w.host, w.supervisor or "", w.started_ms)):
+    for w in listed:
         up = max(0.0, w.last_beat_ms / 1000 - w.started_ms / 1000)
         sup = f" supervisor={w.supervisor}" if w.supervisor else ""
         pool = f" pool={w.pool}" if w.pool else ""
         click.echo(
-            f"{w.id} {w.host} pid={w.pid}{sup} queues={','.join(w.queues)} "
-            f"c={w.concurrency}{pool} {w.executor} v{w.version} up={up:.0f}s held={w.held}"
+            f"{w.id} version={w.version} layout={w.layouts} {w.executor} {w.host} pid={w.pid}"
+            f"{sup} queues={','.join(w.queues)} c={w.concurrency}{pool} up={up:.0f}s "
+            f"held={w.held}"
         )
         for j in w.jobs:
             click.echo(f"  {j.id} {j.task} for {max(0, w.last_beat_ms - j.since_ms) / 1000:.1f}s")
         if w.held > len(w.jobs):
             click.echo(f"  ... and {w.held - len(w.jobs)} more")
+    if spread:
+        click.echo(spread)
 
 
 @main.command()

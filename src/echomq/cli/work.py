@@ -229,6 +229,9 @@ def worker(
                 logging.getLogger("echomq.worker").info(
                     "metrics on http://%s:%d/metrics", metrics_host, port
                 )
+            if control_fd is not None:
+                # The supervisor's crash-or-failed-start call rests on these two reports.
+                hooks = _supervisor.reporting(hooks)
             try:
                 w = Worker(
                     app,

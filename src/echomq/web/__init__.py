@@ -316,7 +316,8 @@ def create_app(
         name = _queue_name(request)
         found = st.x.run(_registry.list_workers(_p.Keys(name)))
         now = st.x.run(_cmd_time())
-        return {"queue": name, "workers": found, "now_ms": now}
+        spread = _registry.version_spread(found)
+        return {"queue": name, "workers": found, "now_ms": now, "spread": spread}
 
     def workers_page(request: Request) -> Response:
         return render(request, "workers.html", **workers_data(request))
@@ -324,7 +325,7 @@ def create_app(
     def api_workers(request: Request) -> Response:
         data = workers_data(request)
         shown = [dataclasses.asdict(w) for w in data["workers"]]
-        return JSONResponse({"queue": data["queue"], "workers": shown})
+        return JSONResponse({"queue": data["queue"], "workers": shown, "warning": data["spread"]})
 
     def repeats_data(request: Request) -> dict[str, Any]:
         from echomq import _compose
