@@ -1,17 +1,20 @@
 """echomq's Django task backend on real Django 6 (issue 40): ``django.tasks`` itself, not the
 ``django-tasks`` backport that tests/contrib/test_django.py runs on Python 3.11.
 
-Django 6 needs Python >= 3.12, so this module finds one (``python3.13``/``python3.12`` on
-PATH, then pyenv's ``/root/.pyenv/versions/3.1x``; none: the module is skipped, and says
-why), makes a venv in the session's tmp dir and installs into it what a user would:
-``pip install "<this checkout>[django]" "django>=6,<7"`` (the extra brings the backport
-too, so the import switch in ``echomq.contrib.django._api`` must *prefer* ``django.tasks``).
+Django 6 needs Python >= 3.12, so this module finds one: ``python3.13``/``python3.12`` on
+PATH, then pyenv's ``$PYENV_ROOT/versions/3.1x`` (PYENV_ROOT by default ``/root/.pyenv``);
+with none the module is skipped, and says why. It makes a venv in the session's tmp dir
+and installs into it what a user would: ``pip install "<this checkout>[django]"
+"django>=6,<7"`` (the extra brings the backport too, so the import switch in
+``echomq.contrib.django._api`` must *prefer* ``django.tasks``).
+
 Then, from that venv, with tests/contrib/django_project as the project
 (``DJANGO_SETTINGS_MODULE``, its ``TASKS`` on echomq's backend; ``ECHOMQ_URL`` the test's
-server): a script enqueues ``@task`` functions through ``Task.enqueue``, a real ``echomq
-worker echomq.contrib.django.worker:app`` runs them, and a script reads ``get_result(id)``:
-SUCCESSFUL with the return value, FAILED with the error class. Nothing of the checkout's
-``src/`` is on the venv's path: the test checks which echomq and which Django ran.
+server), on both executors: the venv's ``echomq worker echomq.contrib.django.worker:app``
+starts, and a script enqueues ``@task`` functions through Django 6's ``Task.enqueue`` and
+polls ``get_result(id)``: SUCCESSFUL with the return value, FAILED with the error class.
+Nothing of the checkout's ``src/`` is on the venv's path: the test checks which echomq and
+which Django ran, in the script and (by the failing task's traceback) in the worker.
 
 The pip cache is the user's (``PIP_CACHE_DIR`` if set, else pip's default under the user's
 HOME, not the session's private one), so a second session does not download Django again.
@@ -38,7 +41,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.executors]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRIB = ROOT / "tests" / "contrib"
-PYENV_VERSIONS = "/root/.pyenv/versions"
+# pyenv's Pythons (PYENV_ROOT, else where the CI image and this machine keep them).
+PYENV_VERSIONS = os.path.join(os.environ.get("PYENV_ROOT") or "/root/.pyenv", "versions")
 
 
 def python_version(exe: str) -> tuple[int, int] | None:
