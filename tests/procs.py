@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,14 +19,22 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 
 class Proc:
-    """One ``python -m echomq`` child; its stdout and stderr go to ``log``."""
+    """One ``python -m echomq`` child (or ``command``, e.g. another venv's ``echomq``); its
+    stdout and stderr go to ``log``."""
 
-    def __init__(self, args: list[str], env: Mapping[str, str], cwd: Path, log: Path) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        log: Path,
+        command: Sequence[str] | None = None,
+    ) -> None:
         self.args = args
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "echomq", *args],
+            [*(command or (sys.executable, "-m", "echomq")), *args],
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,
@@ -94,10 +102,15 @@ class Spawner:
         return env
 
     def start(
-        self, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        command: Sequence[str] | None = None,
     ) -> Proc:
         log = self.tmp_path / f"proc-{len(self.procs)}.log"
-        proc = Proc(list(args), env if env is not None else self.env(), cwd or TESTS_DIR, log)
+        env = env if env is not None else self.env()
+        proc = Proc(list(args), env, cwd or TESTS_DIR, log, command)
         self.procs.append(proc)
         return proc
 

@@ -4,9 +4,9 @@ that reads the result). Django's test Client hits the views in this process; a r
 ``echomq worker echomq.contrib.django.worker:app`` subprocess runs the tasks against the
 test's server, on both executors.
 
-CI runs Django 5.2 with the ``django-tasks`` backport on Python 3.11; Django 6's
-``django.tasks`` is the same backend class behind the import switch in
-``echomq.contrib.django._api``.
+This runs on the suite's Python (CI: 3.11, Django 5.2 with the ``django-tasks`` backport).
+Django 6's own ``django.tasks`` needs Python >= 3.12: tests/contrib/test_django6.py runs
+the same project on it, from a venv of its own, when the machine has such a Python.
 """
 
 from __future__ import annotations
