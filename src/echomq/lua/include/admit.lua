@@ -111,7 +111,9 @@ local function mark_one(key, field, verdict, replay_ms, ttl)
   local v = 'e'
   if verdict == 'scheduled' then v = 's' end
   rcall('HSET', key, field, v)
-  if ttl then rcall('PEXPIRE', key, replay_ms + 2000) end
+  -- A key this client already timed may have been deleted under it since (obliterate, an
+  -- operator's DEL): one PTTL read keeps a re-created key from living for ever.
+  if ttl or rcall('PTTL', key) == -1 then rcall('PEXPIRE', key, replay_ms + 2000) end
 end
 
 -- A resend of a single enqueue: what its first copy answered, or false when none landed.
