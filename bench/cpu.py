@@ -409,6 +409,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--best", default="200,50", help="echomq's and BullMQ's concurrencies")
     p.add_argument("--peer-c", type=int, default=10, help="the Python peers' concurrency")
     p.add_argument("--only", default="", help="echomq,bullmq_node," + ",".join(PYTHON_PEERS))
+    p.add_argument("--executors", default="lua,native", help="echomq's rows: lua,native")
     p.add_argument("--limit-jobs", type=int, default=3000, help="0: no limit(3) row")
     p.add_argument("--bytes-n", type=int, default=100_000, help="0: no bytes row")
     p.add_argument("--json", default=str(BENCH / "cpu.json"))
@@ -417,7 +418,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="echomq only, small N, one round")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
-    a.executors = ["lua"] if a.smoke else ["lua", "native"]
+    a.executors = ["lua"] if a.smoke else [x for x in a.executors.split(",") if x]
     if a.smoke:
         a.only, a.rounds, a.n, a.best = "echomq", 1, min(a.n, 2000), "50"
         a.limit_jobs, a.bytes_n, a.stall_timeout, a.json = 200, 2000, 20.0, ""
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     b = CpuBench(a)
     try:
         b.pin_echomq()
-        b.start_server(native=not a.smoke)  # the smoke: Lua only, no C build needed
+        b.start_server(native="native" in a.executors)  # the smoke: Lua only, no C build
         loaded = b.load([s for s in systems if s != "echomq"] + ["echomq"])
         for s in PYTHON_PEERS:
             if s in loaded:
