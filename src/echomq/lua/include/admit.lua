@@ -24,28 +24,37 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri, expires, due
   -- gives the new incarnation its full budget.
   local attempts, was = '0', false
   if not fresh then attempts, was = retired_last(base, id) end
-  local fields = {'state', state, 'attempts', attempts, 'payload', payload}
-  if g then
-    fields[#fields + 1] = 'group'
-    fields[#fields + 1] = g
-  end
-  if attempts ~= '0' then
-    fields[#fields + 1] = 'floor'
-    fields[#fields + 1] = attempts
-  end
   pri = pri or 0
-  if pri ~= 0 then
-    fields[#fields + 1] = 'priority'
-    fields[#fields + 1] = pri
-  end
-  if expires then
-    fields[#fields + 1] = 'expires'
-    fields[#fields + 1] = expires
+  -- The common row (flat, first incarnation, default priority, no ttl): no table to build.
+  local plain = not g and attempts == '0' and pri == 0 and not expires
+  local fields = nil
+  if not plain then
+    fields = {'state', state, 'attempts', attempts, 'payload', payload}
+    if g then
+      fields[#fields + 1] = 'group'
+      fields[#fields + 1] = g
+    end
+    if attempts ~= '0' then
+      fields[#fields + 1] = 'floor'
+      fields[#fields + 1] = attempts
+    end
+    if pri ~= 0 then
+      fields[#fields + 1] = 'priority'
+      fields[#fields + 1] = pri
+    end
+    if expires then
+      fields[#fields + 1] = 'expires'
+      fields[#fields + 1] = expires
+    end
   end
   -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so
   -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any
   -- other write first (a cleanup), Redis would let every later write of the script through.
-  rcall('HSET', jk, unpack(fields))
+  if plain then
+    rcall('HSET', jk, 'state', state, 'attempts', attempts, 'payload', payload)
+  else
+    rcall('HSET', jk, unpack(fields))
+  end
   if was then unretire(base, id) end
   -- A new incarnation of an id the caller named: an earlier one's kept outcome and wake token
   -- must not answer this one's waiters (docs/PROTOCOL.md, the side-key lifecycle). A minted
