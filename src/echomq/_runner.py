@@ -200,7 +200,10 @@ class Runner:
             # and no event-loop task per job.
             done(r, self._run_inline(r, task, args, kwargs))
         else:
-            r.fut = asyncio.ensure_future(self._execute(r, task, args, kwargs, done))
+            # The loop's own create_task: asyncio.ensure_future's checks cost as much again.
+            r.fut = asyncio.get_running_loop().create_task(
+                self._execute(r, task, args, kwargs, done)
+            )
 
     def prepare(
         self, job: Job
