@@ -122,8 +122,8 @@ def one_run(
             if profile is not None:  # py-spy (sampling, CPU time only, --idle off)
                 prof = profile / f"{src.parent.name}-{kind}-{c}-{time.time_ns()}.txt"
                 spy = Path(sys.executable).with_name("py-spy")
-                cmd = [str(spy), "record", "-r", "2000", "--format", "raw", "-o", str(prof)]
-                cmd += ["--", sys.executable]
+                cmd = [str(spy), "record", "-r", "1000", "--nonblocking", "--format", "raw"]
+                cmd += ["-o", str(prof), "--", sys.executable]
             cmd += ["-m", "echomq", "worker", "cpujobs:app", "-c", str(c)]
             cmd += ["--log-level", log_level]
             with open(Path(tmp) / "worker.log", "w") as logf:

@@ -38,9 +38,7 @@ def _serve_one_job(url: str, qname: str, *, run: bool) -> dict[str, Any]:
     return seen
 
 
-def test_run_freezes_and_collects_less_while_serving_then_restores(
-    url: str, qname: str
-) -> None:
+def test_run_freezes_and_collects_less_while_serving_then_restores(url: str, qname: str) -> None:
     assert threading.current_thread() is threading.main_thread()
     before = gc.get_threshold()
     frozen = gc.get_freeze_count()
