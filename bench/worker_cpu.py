@@ -1,7 +1,7 @@
 """The worker process's CPU per no-op job (issue 41), measured the way users run a worker.
 
     python bench/worker_cpu.py [--n 20000] [--rounds 3] [--modes async:200,async:50,inline:200]
-                               [--log-level INFO] [--src LABEL=PATH ...]
+                               [--log-level WARNING] [--src LABEL=PATH ...]
 
 Each run starts a fresh server (``EmbeddedServer``, AOF off), enqueues ``n`` no-op jobs in
 bulk (``enqueue_many``), then starts one ``echomq worker MODULE:app -c C`` process. The
@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="async:200,async:50,inline:200")
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-level", default="WARNING")  # the CPU bench's (bench/peers/echomq.py)
     ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a src tree")
     ap.add_argument("--profile", type=Path, default=None)
     a = ap.parse_args()
