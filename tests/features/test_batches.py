@@ -1,0 +1,262 @@
+"""Batches (issue 42): an open set of jobs with callbacks that each fire exactly once, on
+both executors. The settling scripts decide (include/compose.lua batch_done / batch_death and
+their C twins); these tests drive the queue by hand, then a fleet of worker processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq import _batches
+
+pytestmark = pytest.mark.executors
+
+
+def _app(url: str, qname: str) -> tuple[echomq.App, dict[str, Any]]:
+    app = echomq.App(url=url)
+
+    @app.task(queue=qname, name="member")
+    def member(n: int) -> int:
+        return n
+
+    @app.task(queue=qname, name="cb")
+    def cb(tag: str) -> None:
+        return None
+
+    return app, {"member": member, "cb": cb}
+
+
+def _tag(q: echomq.Queue, job: echomq.Job) -> str:
+    """The callback's tag (its first argument), from the task envelope."""
+    return str(q_app_loads(job.payload)["a"][0])
+
+
+def q_app_loads(payload: bytes) -> Any:
+    import json
+
+    return json.loads(payload)
+
+
+def _drain(q: echomq.Queue, fail: set[str] = frozenset()) -> list[echomq.Job]:  # type: ignore[assignment]
+    """Claim and settle every runnable job: members in ``fail`` die (max_attempts 1), every
+    other job completes. The callbacks met on the way, in order."""
+    seen: list[echomq.Job] = []
+    while (job := q.claim()) is not None:
+        if job.id in fail:
+            q.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom")
+        else:
+            q.complete(job.id, job.token)
+        seen.append(job)
+    return seen
+
+
+def _callbacks(r: redis.Redis, seen: list[echomq.Job], ids: dict[str, str]) -> list[str]:
+    names = {v: k for k, v in ids.items()}
+    return sorted(names[j.id] for j in seen if j.id in names)
+
+
+def _cb_ids(r: redis.Redis, q: echomq.Queue, bid: str) -> dict[str, str]:
+    """The callbacks' ids: on_complete is the anchor; the others are in the anchor's fields."""
+    out = {"complete": bid}
+    for name in ("on_success", "on_death"):
+        v = r.hget(f"emq:{{{q.name}}}:job:{bid}", name)
+        if v:
+            out[name[3:]] = v.split(b"\0")[0].decode()
+    return out
+
+
+def test_all_succeed_fires_complete_and_success_once(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(
+        on_complete=t["cb"].s("complete"),
+        on_success=t["cb"].s("success"),
+        on_death=t["cb"].s("death"),
+        description="three",
+    )
+    q = app.queue(qname)
+    cbs = _cb_ids(r, q, b.id)
+    members = b.add_many([t["member"].s(i) for i in range(3)])
+    assert len(members) == 3
+    st = b.status()
+    assert (st.total, st.pending, st.closed, st.complete) == (3, 3, False, False)
+    assert st.description == "three"
+    seen = _drain(q)
+    assert _callbacks(r, seen, cbs) == []  # open: nothing fires before close
+    st = b.status()
+    assert (st.pending, st.succeeded, st.complete) == (0, 3, False)
+    assert b.close() is True
+    assert b.close() is False  # a second close (or a resend) changes nothing
+    st = b.status()
+    assert (st.complete, st.success, st.closed) == (True, True, True)
+    seen = _drain(q)
+    assert _callbacks(r, seen, cbs) == ["complete", "success"]
+    assert _drain(q) == []
+    with pytest.raises(echomq.StateError):
+        b.status()  # the anchor (on_complete) completed: the batch is gone
+    assert q.check() == []
+    app.close()
+
+
+def test_a_death_fires_death_once_and_never_success(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(
+        on_complete=t["cb"].s("complete"),
+        on_success=t["cb"].s("success"),
+        on_death=t["cb"].s("death"),
+    )
+    q = app.queue(qname)
+    cbs = _cb_ids(r, q, b.id)
+    members = b.add_many([t["member"].s(i) for i in range(4)])
+    b.close()
+    seen = _drain(q, fail={members[0], members[2]})
+    assert _callbacks(r, seen, cbs) == ["complete", "death"]
+    st_fired = [j.id for j in seen]
+    assert st_fired.count(cbs["death"]) == 1
+    assert _drain(q) == []
+    # A dead member reprocessed after on_complete fired changes nothing and fires nothing.
+    q.reprocess(members[0])
+    assert [j.id for j in _drain(q)] == [members[0]]
+    assert q.check() == []
+    app.close()
+
+
+def test_status_counts_and_failed_ids(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"))
+    q = app.queue(qname)
+    members = b.add_many([t["member"].s(i) for i in range(5)])
+    _drain(q, fail=set(members[:3]))
+    st = b.status(failed_limit=2)
+    assert (st.total, st.succeeded, st.dead, st.pending) == (5, 2, 3, 0)
+    assert len(st.failed_ids) == 2 and set(st.failed_ids) <= set(members[:3])
+    assert st.first_death in members[:3]
+    assert set(b.status().failed_ids) == set(members[:3])
+    b.close()
+    assert b.status().complete and not b.status().success
+    app.close()
+
+
+def test_close_before_the_last_settle_fires_in_that_settle(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"), on_success=t["cb"].s("success"))
+    q = app.queue(qname)
+    cbs = _cb_ids(r, q, b.id)
+    b.add_many([t["member"].s(i) for i in range(2)])
+    b.close()
+    first = q.claim()
+    assert first is not None
+    q.complete(first.id, first.token)
+    assert b.status().complete is False
+    seen = _drain(q)
+    assert _callbacks(r, seen, cbs) == ["complete", "success"]
+    app.close()
+
+
+def test_bare_batch_ends_at_its_release(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(on_success=t["cb"].s("success"))
+    q = app.queue(qname)
+    b.add(t["member"].s(1))
+    b.close()
+    seen = _drain(q)
+    assert len(seen) == 2  # the member, then on_success; no anchor job runs
+    with pytest.raises(echomq.StateError):
+        b.status()
+    assert q.check() == []
+    app.close()
+
+
+def test_empty_batch_closes_straight_to_complete(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"), on_success=t["cb"].s("success"))
+    q = app.queue(qname)
+    cbs = _cb_ids(r, q, b.id)
+    b.close()
+    assert _callbacks(r, _drain(q), cbs) == ["complete", "success"]
+    app.close()
+
+
+def _keys(r: redis.Redis, qname: str) -> dict[bytes, Any]:
+    out: dict[bytes, Any] = {}
+    for k in sorted(r.scan_iter(match=f"emq:{{{qname}}}:*")):
+        out[k] = r.dump(k)
+    return out
+
+
+def test_bad_input_is_typed_and_writes_nothing(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    other = echomq.App(url=url)
+
+    @other.task(queue=qname + "-other", name="elsewhere")
+    def elsewhere() -> None:
+        return None
+
+    before = _keys(r, qname)
+    with pytest.raises(echomq.InvalidArgument):
+        app.batch(on_complete="not a signature")  # type: ignore[arg-type]
+    with pytest.raises(echomq.InvalidArgument):
+        app.batch()  # no queue, no callback to take one from
+    with pytest.raises(echomq.InvalidArgument):
+        app.batch(on_complete=t["cb"].s("x"), on_death=elsewhere.s())
+    with pytest.raises(echomq.InvalidArgument):
+        app.batch(on_complete=t["cb"].s("x"), description=3)  # type: ignore[arg-type]
+    assert _keys(r, qname) == before
+    b = app.batch(on_complete=t["cb"].s("x"))
+    before = _keys(r, qname)
+    with pytest.raises(echomq.InvalidArgument):
+        b.add("not a signature")  # type: ignore[arg-type]
+    with pytest.raises(echomq.InvalidArgument):
+        b.add(elsewhere.s())
+    with pytest.raises(echomq.InvalidArgument):
+        b.add_many([t["member"].s(1), "nope"])  # type: ignore[list-item]
+    unknown = app.batch_by_id(echomq.ids.mint(), queue=qname)
+    for call in (lambda: unknown.add(t["member"].s(1)), unknown.close, unknown.status):
+        with pytest.raises(echomq.StateError, match="nobatch"):
+            call()
+    assert _keys(r, qname) == before
+    b.add(t["member"].s(0))
+    b.close()
+    before = _keys(r, qname)
+    with pytest.raises(echomq.StateError, match="closed"):
+        b.add(t["member"].s(1))
+    assert _keys(r, qname) == before
+    _drain(app.queue(qname))  # the member, then on_complete: the batch is gone
+    with pytest.raises(echomq.StateError, match="nobatch"):
+        b.add(t["member"].s(1))
+    b3 = app.batch(on_complete=t["cb"].s("z"))
+    b3.close()  # empty: released at once, its anchor (on_complete) waits to run
+    before = _keys(r, qname)
+    with pytest.raises(echomq.StateError, match="finished"):
+        b3.add(t["member"].s(1))
+    assert _keys(r, qname) == before
+    # A job that exists is not made a member: the call is refused whole.
+    b2 = app.batch(on_complete=t["cb"].s("y"))
+    taken = t["member"].enqueue(5).id
+    with pytest.raises(echomq.StateError, match="exists"):
+        b2.add_many([t["member"].s(1).options(id=taken)])
+    assert b2.status().total == 0
+    app.close()
+    other.close()
+
+
+def test_a_lost_add_reply_resent_counts_once(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"))
+    q = app.queue(qname)
+    plan = _batches.add(q._k, None, b.id, [t["member"].s(1), t["member"].s(2)], "")
+    call = next(plan)
+    first = q._x.run(call)
+    # The member completes before the resend arrives (its row is gone: only the call's
+    # verdicts tell the resend it landed).
+    _drain(q)
+    again = q._x.run(call)
+    assert [str(v) for v in first] == ["enqueued", "enqueued"]
+    assert [str(v) for v in again] == ["replayed", "replayed"]
+    st = b.status()
+    assert (st.total, st.succeeded, st.pending) == (2, 2, 0)
+    app.close()
