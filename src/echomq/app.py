@@ -382,6 +382,11 @@ class App:
         ``echomq batch``): nothing is read until it is used."""
         return Batch(self, queue, id)
 
+    def batch_of_job(self, id: str, *, queue: str) -> Batch | None:
+        """The batch job ``id`` of ``queue`` belongs to (a member, the anchor, or an
+        on_success / on_death callback), else None: ``current_job().batch`` reads it."""
+        return _batches.batch_of(self, queue, id)
+
     def sync_periodic(self, keys: Keys) -> Plan[None]:
         """Register this app's periodic tasks of one queue and unregister the repeats this
         app (``name``) registered there before that it no longer declares."""

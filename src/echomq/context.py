@@ -56,9 +56,7 @@ class JobContext:
         server read on each access."""
         if self.app is None:
             return None
-        from echomq._batches import batch_of
-
-        return batch_of(self.app, self.queue, self.id)
+        return self.app.batch_of_job(self.id, queue=self.queue)
 
     @property
     def should_stop(self) -> bool:

@@ -3,7 +3,7 @@
   (nothing written) for an id that is not JOB-namespaced, an unknown or finished batch, or a
   closed one: after batch_close only a running member of the batch may add (its own
   unsettled run holds the batch open, so the release cannot have happened).
-  KEYS[1] row       HASH  emq:{q}:job:<batch id>
+  KEYS[1] row       HASH  emq:{q}:job:<id>  (the batch id)
   ARGV[1] base            emq:{q}:
   ARGV[2] id              the batch id
   ARGV[3] nonce           the call's nonce: a resend answers the first copy's verdicts

@@ -1,7 +1,7 @@
 --[[ batch_close: no more adds from outside the batch (issue 42); drops the open batch's
   hold on its anchor's deps, so the release (on_complete, on_success) happens here when every
   member has settled already, else in the settle of the last one.
-  KEYS[1] row       HASH  emq:{q}:job:<batch id>
+  KEYS[1] row       HASH  emq:{q}:job:<id>  (the batch id)
   ARGV[1] base            emq:{q}:
   ARGV[2] id              the batch id
   Returns 1 (closed now) | 0 (closed before: a resend, or a second close)

@@ -3,7 +3,7 @@
   `children` 0, deps 1 (the open batch's hold, dropped by batch_close) and row field `batch`
   `open`; its payload is the on_complete callback ('' for none), so its release is that
   callback firing (include/compose.lua batch_done).
-  KEYS[1] row       HASH  emq:{q}:job:<batch id>
+  KEYS[1] row       HASH  emq:{q}:job:<id>  (the batch id)
   ARGV[1] base            emq:{q}:
   ARGV[2] id              the batch id: a JOB id the client minted
   ARGV[3] mark            the batch's flow mark (row field `flow`, on every member)

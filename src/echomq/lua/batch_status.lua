@@ -1,5 +1,5 @@
 --[[ batch_status: one snapshot of a batch (issue 42), read from its anchor.
-  KEYS[1] row       HASH  emq:{q}:job:<batch id>
+  KEYS[1] row       HASH  emq:{q}:job:<id>  (the batch id)
   ARGV[1] base            emq:{q}:
   ARGV[2] limit           the most failed member ids returned
   Returns {batch, state, deps, succeeded, dead, died, about, children, failed ids...}:
