@@ -110,3 +110,11 @@ __all__ = [
     "jitter",
     "keyspace",
 ]
+
+# The exports defined in private modules name the public path, so reprs, help(), pickles by
+# reference and tracebacks say echomq.Queue, not echomq._sync_queue.Queue (issue 38).
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").rsplit(".", 1)[-1].startswith("_"):
+        setattr(_obj, "__module__", __name__)  # noqa: B010 (mypy: a type's __module__)
+del _name, _obj

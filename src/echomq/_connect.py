@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
@@ -357,13 +358,15 @@ class AsyncClient(Protocol):
     def pipeline(self, transaction: bool = ...) -> Any: ...
 
 
-def _client_options(url: str) -> dict[str, Any]:
+def _client_options(url: str, asyncio: bool = False) -> dict[str, Any]:
     # No blind replays: redis-py would resend a command whose reply was lost, which can
     # double-apply a non-idempotent verb (a log line) or misreport a settle. The executor
     # replays only calls that are safe to send twice. A socket timeout well above any blocking
     # wait (the worker's BLPOP is one beat) turns a silently dead peer into an error.
+    # An asyncio client takes the asyncio Retry: redis-py 8.2 warns (an error under our
+    # tests' filters) when it is handed the sync one and converts it.
     options: dict[str, Any] = {
-        "retry": Retry(NoBackoff(), 0),
+        "retry": AsyncRetry(NoBackoff(), 0) if asyncio else Retry(NoBackoff(), 0),
         "socket_keepalive": True,
         "socket_connect_timeout": 5,
         "socket_timeout": 30,
@@ -497,8 +500,8 @@ def async_client(url: str | None = None) -> redis.asyncio.Redis | AsyncRedisClus
     """The asyncio twin of :func:`sync_client`."""
     plain, cluster, _ = parse_url(url or default_url())
     if cluster:
-        return AsyncRedisCluster.from_url(plain, **_client_options(plain))
-    client = redis.asyncio.Redis.from_url(plain, **_client_options(plain))
+        return AsyncRedisCluster.from_url(plain, **_client_options(plain, asyncio=True))
+    client = redis.asyncio.Redis.from_url(plain, **_client_options(plain, asyncio=True))
     _redispy.pack_in_c(client.connection_pool)
     return client
 

@@ -195,7 +195,10 @@ def _outcome(r: Result) -> Result:
 def _timeout(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise InvalidArgument(f"timeout_s must be a number >= 0, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past a float's range: 10**400 seconds
+        raise InvalidArgument(f"timeout_s is too large, got {value!r}") from None
 
 
 def wait(k: Keys, id: str, timeout_s: float) -> Plan[Result]:

@@ -158,9 +158,9 @@ def parse_full(
 
 def attempt_budget(opts: dict[str, Any]) -> int:
     """The per-job attempt budget an envelope's ``opts`` carries, 0 when none (or not a
-    usable one: an int in [1, 2**53 - 1], the range ``retry`` accepts)."""
+    usable one: an int in [1, 10**15 - 1], the range ``retry`` accepts)."""
     ma = opts.get("max_attempts")
-    if isinstance(ma, int) and not isinstance(ma, bool) and 1 <= ma <= 2**53 - 1:
+    if isinstance(ma, int) and not isinstance(ma, bool) and 1 <= ma <= 10**15 - 1:
         return ma
     return 0
 

@@ -32,6 +32,12 @@ DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 MAX_INT = 2**53 - 1
 # The longest lease or delay we accept: ~69 years keeps now + ms far from 2**53.
 MAX_MS = 2**41
+# An absolute time (at_ms, unix ms): the scripts take at most 15 digits (exact in a Lua
+# number), so up to the year 33658; one more digit was refused by the server, untyped.
+MAX_AT_MS = 10**15 - 1
+# The scripts' integer guard (include/args.lua, and the module) takes at most 15 digits: the
+# default ceiling of every integer argument a script checks (a count, max_attempts, limit).
+MAX_ARG = 10**15 - 1
 # The user-facing state names (a row's `state` value); "schedule" (the set's key suffix) is
 # accepted as an alias wherever a state is named.
 STATES = ("pending", "active", "scheduled", "dead", "completed")
@@ -191,7 +197,7 @@ class Keys:
 # --------------------------------------------------------------------------- validation
 
 
-def _int(name: str, value: object, lo: int, hi: int = MAX_INT) -> int:
+def _int(name: str, value: object, lo: int, hi: int = MAX_ARG) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if not lo <= value <= hi:
@@ -256,7 +262,7 @@ def _when(delay_ms: object, at_ms: object) -> tuple[str, str]:
         ms = _int("delay_ms", delay_ms, 0, MAX_MS)
         return ("in", str(ms)) if ms > 0 else ("now", "0")
     if at_ms is not None:
-        return "at", str(_int("at_ms", at_ms, 0, MAX_INT))
+        return "at", str(_int("at_ms", at_ms, 0, MAX_AT_MS))
     return "now", "0"
 
 

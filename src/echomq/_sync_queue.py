@@ -14,6 +14,7 @@ from echomq import _kernel as _k
 from echomq import _observe as _o
 from echomq import _protocol as _p
 from echomq import _registry as _reg
+from echomq import keyspace
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     SyncClient,
@@ -596,7 +597,8 @@ class Queue:
     def rate_limit_lane(self, g: str, max: int, window_ms: int) -> None:
         """At most ``max`` claims per ``window_ms`` from lane ``g``; a spent lane leaves the
         ring until its window reopens, so the other lanes keep being served."""
-        return self._x.run(_ctl.rate_limit(self._k, max, window_ms, g))
+        # A lane verb: None is a bad lane here, not "the whole queue" (that is rate_limit).
+        return self._x.run(_ctl.rate_limit(self._k, max, window_ms, keyspace.check_lane(g)))
 
     def clear_rate_limit(self, g: str | None = None) -> None:
         """Remove the queue-wide limit, or lane ``g``'s."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from echomq import _compose, _envelope, keyspace
 from echomq._binding import _UNSUPPORTED, _Params
-from echomq._kernel import MAX_INT, MAX_MS, Enqueued, Keys, _priority
+from echomq._kernel import MAX_ARG, MAX_MS, Enqueued, Keys, _priority
 from echomq.backoff import Backoff
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
 
@@ -47,8 +47,8 @@ def _budget(max_attempts: object) -> dict[str, Any] | None:
         return None
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
         raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-    if not 1 <= max_attempts <= MAX_INT:
-        raise InvalidArgument(f"max_attempts must be in [1, {MAX_INT}], got {max_attempts}")
+    if not 1 <= max_attempts <= MAX_ARG:
+        raise InvalidArgument(f"max_attempts must be in [1, {MAX_ARG}], got {max_attempts}")
     return {"max_attempts": max_attempts}
 
 
@@ -81,8 +81,8 @@ class Task(Generic[P, R]):
         # protocol refuses there would fail the whole batch, every turn.
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-        if not 1 <= max_attempts <= MAX_INT:
-            raise InvalidArgument(f"max_attempts must be in [1, {MAX_INT}], got {max_attempts}")
+        if not 1 <= max_attempts <= MAX_ARG:
+            raise InvalidArgument(f"max_attempts must be in [1, {MAX_ARG}], got {max_attempts}")
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int):
             raise InvalidArgument(f"lease_ms must be an int >= 100, got {lease_ms!r}")
         if not 100 <= lease_ms <= MAX_MS:

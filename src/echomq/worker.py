@@ -47,7 +47,7 @@ from echomq._connect import (
     parse_url,
 )
 from echomq._executor import AsyncExecutor
-from echomq._kernel import MAX_INT, Job, Keys
+from echomq._kernel import MAX_ARG, Job, Keys
 from echomq._logfmt import log_startup, repeats_reset, stop_line, warn_repeated
 from echomq._native import resolve_executor
 from echomq._pool import ProcessPool, default_size
@@ -131,8 +131,8 @@ class Worker:
             raise InvalidArgument(f"beat_ms must be an int >= 10, got {beat_ms!r}")
         if isinstance(max_stalled, bool) or not isinstance(max_stalled, int):
             raise InvalidArgument(f"max_stalled must be an int >= 0, got {max_stalled!r}")
-        if not 0 <= max_stalled <= MAX_INT:
-            raise InvalidArgument(f"max_stalled must be in [0, {MAX_INT}], got {max_stalled}")
+        if not 0 <= max_stalled <= MAX_ARG:
+            raise InvalidArgument(f"max_stalled must be in [0, {MAX_ARG}], got {max_stalled}")
         if hooks is not None and not isinstance(hooks, Hooks):
             raise InvalidArgument(f"hooks must be an echomq.hooks.Hooks, got {hooks!r}")
         self.app = app

@@ -4,6 +4,7 @@ byte-identical, on a queue that already holds jobs in every state (Queue and Asy
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -113,7 +114,34 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "reassign": lambda q, i: q.reassign(i, LANE),
     "enqueue": lambda q, i: q.enqueue(b"x", id=i),
     "enqueue_many": lambda q, i: q.enqueue_many([b"ok", (ABSENT, b"ok"), (i, b"x")]),
+    "complete_many": lambda q, i: q.complete_many([(ABSENT, 1), (i, 1)]),
+    "extend_leases": lambda q, i: q.extend_leases([(ABSENT, 1), (i, 1)], lease_ms=1_000),
+    "cancel": lambda q, i: q.cancel(i),
+    "reschedule": lambda q, i: q.reschedule(i, 1_000),
+    "update_payload": lambda q, i: q.update_payload(i, b"new"),
+    "result": lambda q, i: q.result(i),
+    "wait": lambda q, i: q.wait(i, timeout_s=0),
+    "errors": lambda q, i: q.errors(i),
+    "children_values": lambda q, i: q.children_values(i),
+    "ignored_failures": lambda q, i: q.ignored_failures(i),
+    "dependencies": lambda q, i: q.dependencies(i),
 }
+
+# The parameters that carry job ids, and those that carry a lane name: every Queue verb
+# taking one is in ID_VERBS / LANE_VERBS (test_every_id_and_lane_verb_is_tried), derived
+# from the signatures so that a new verb is tried without anyone listing it.
+ID_PARAMS = {"id", "parent_id", "pairs", "items"}
+LANE_PARAMS = {"g", "group"}
+
+
+def _verbs_taking(params: set[str]) -> set[str]:
+    return {
+        name
+        for name, fn in vars(echomq.Queue).items()
+        if not name.startswith("_")
+        and inspect.isfunction(fn)
+        and params & set(inspect.signature(fn).parameters)
+    }
 
 
 @pytest.mark.parametrize("verb", sorted(ID_VERBS))
@@ -139,7 +167,25 @@ LANE_VERBS: dict[str, Callable[[Any, Any, dict[str, Any]], Any]] = {
     "reassign": lambda q, g, j: q.reassign(j["pending"], g),
     "lane_depth": lambda q, g, j: q.lane_depth(g),
     "browse": lambda q, g, j: q.browse("pending", group=g),
+    "clear_rate_limit": lambda q, g, j: q.clear_rate_limit(g),
+    "rate_limit_lane": lambda q, g, j: q.rate_limit_lane(g, 2, 1_000),
+    "rate_limit_ttl": lambda q, g, j: q.rate_limit_ttl(g),
+    "repeat": lambda q, g, j: q.repeat("r", b"x", every_ms=1_000, group=g),
 }
+# Where None means "no lane" (the queue as a whole), not a bad name.
+LANE_OPTIONAL = {
+    "enqueue",
+    "enqueue_many",
+    "browse",
+    "clear_rate_limit",
+    "rate_limit_ttl",
+    "repeat",
+}
+
+
+def test_every_id_and_lane_verb_is_tried() -> None:
+    assert _verbs_taking(ID_PARAMS) == set(ID_VERBS)
+    assert _verbs_taking(LANE_PARAMS) == set(LANE_VERBS) - {"limit_lane_none"}
 
 
 @pytest.mark.parametrize("verb", sorted(LANE_VERBS))
@@ -148,7 +194,7 @@ def test_bad_lane_names(loaded: tuple[Any, dict[str, Any]], verb: str) -> None:
     for bad in BAD_LANES:
         with pytest.raises(InvalidId):
             LANE_VERBS[verb](q, bad, jobs)
-    if verb not in ("enqueue", "enqueue_many", "browse"):  # there None means "no lane"
+    if verb not in LANE_OPTIONAL:  # there None means "no lane"
         with pytest.raises(InvalidId):
             LANE_VERBS[verb](q, None, jobs)
 

@@ -1,0 +1,74 @@
+"""Findings of the verb-complete hostile fuzz (tests/protocol/test_hostile.py, 2026-12-04,
+once its verb list was derived from ``Queue``): each fails on the code before its fix.
+
+- obliterate deleted a replay-marker key whose TTL a producer had already set, so the
+  producer's next marker there was written without one: a key that never expired;
+- an ``at_ms`` or a count of 16 digits (allowed by the client, refused by the scripts' integer
+  guard of 15) came back as an untyped server error;
+- ``wait(timeout_s=10**400)`` raised OverflowError instead of ``InvalidArgument``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from conftest import snapshot
+from echomq import InvalidArgument, ids
+from echomq._kernel import MAX_ARG
+
+# Every test that reaches a server runs on both executors (tests/conftest.py).
+pytestmark = pytest.mark.executors
+
+
+def test_obliterate_spares_replay_markers_and_leaves_none_without_a_ttl(
+    q: echomq.Queue, r: redis.Redis
+) -> None:
+    first = q.enqueue(b"a", id=ids.mint(), at_ms=1)  # a caller's id: the call leaves a marker
+    assert first.status == "enqueued"
+    markers = list(r.scan_iter(match=f"emq:{{{q.name}}}:recent:*"))
+    assert markers and all(r.pttl(k) > 0 for k in markers)
+    q.pause()
+    q.obliterate(force=True)
+    assert list(r.scan_iter(match=f"emq:{{{q.name}}}:*")) == markers
+    assert all(r.pttl(k) > 0 for k in markers)
+    q.enqueue(b"b", id=ids.mint(), at_ms=1)  # this producer's next marker, maybe the same key
+    assert all(r.pttl(k) > 0 for k in r.scan_iter(match=f"emq:{{{q.name}}}:recent:*"))
+    assert q.check() == []
+
+
+CALLS: dict[str, Any] = {
+    "enqueue at_ms": lambda q, n: q.enqueue(b"x", at_ms=n),
+    "reschedule at_ms": lambda q, n: q.reschedule(q.enqueue(b"x", delay_ms=60_000).id, at_ms=n),
+    "sweep_stalled max_stalled": lambda q, n: q.sweep_stalled(max_stalled=n),
+    "sweep_stalled limit": lambda q, n: q.sweep_stalled(limit=n),
+    "limit": lambda q, n: q.limit(n),
+    "retry max_attempts": lambda q, n: q.retry(*_held(q), delay_ms=0, max_attempts=n, error="e"),
+}
+
+
+def _held(q: echomq.Queue) -> tuple[str, int]:
+    q.enqueue(b"held")
+    job = q.claim(lease_ms=60_000)
+    assert job is not None
+    return job.id, job.token
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_an_integer_past_the_scripts_guard_is_a_typed_refusal(
+    q: echomq.Queue, r: redis.Redis, call: str
+) -> None:
+    CALLS[call](q, MAX_ARG)  # 15 digits: the largest the scripts take
+    before = snapshot(r, q.name)
+    with pytest.raises(InvalidArgument):
+        CALLS[call](q, MAX_ARG + 1)
+    if call not in ("reschedule at_ms", "retry max_attempts"):  # their setup writes
+        assert snapshot(r, q.name) == before
+
+
+def test_wait_with_a_timeout_past_a_float_is_a_typed_refusal(q: echomq.Queue) -> None:
+    with pytest.raises(InvalidArgument):
+        q.wait(q.enqueue(b"x").id, timeout_s=10**400)
