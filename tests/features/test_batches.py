@@ -10,7 +10,9 @@ import pytest
 import redis
 
 import echomq
+from conftest import wait_for
 from echomq import _batches
+from procs import Spawner, wait_log
 
 pytestmark = pytest.mark.executors
 
@@ -259,4 +261,104 @@ def test_a_lost_add_reply_resent_counts_once(url: str, qname: str, r: redis.Redi
     assert [str(v) for v in again] == ["replayed", "replayed"]
     st = b.status()
     assert (st.total, st.succeeded, st.pending) == (2, 2, 0)
+    app.close()
+
+
+# --------------------------------------------------------------------------- worker fleets
+
+
+def _fired(r: redis.Redis, qname: str) -> list[str]:
+    return sorted(x.decode() for x in r.lrange(f"emqtest:{qname}:fired", 0, -1))
+
+
+def _batch_app(url: str, qname: str) -> Any:
+    """tests/apps/batchapp.py's tasks, bound to this test's queue."""
+    app = echomq.App(url=url)
+
+    @app.task(queue=qname, name="member", max_attempts=2, backoff=10)
+    def member(n: int, fail: bool = False, spawn: int = 0) -> int:
+        return n
+
+    @app.task(queue=qname, name="fired")
+    def fired(kind: str) -> None:
+        return None
+
+    return app, member, fired
+
+
+def _idle(q: echomq.Queue) -> bool:
+    c = q.counts()
+    return c.get("pending", 0) == c.get("active", 0) == c.get("scheduled", 0) == 0
+
+
+@pytest.mark.parametrize("failing", [0, 7])
+def test_a_thousand_members_under_four_worker_processes(
+    spawn: Spawner, url: str, qname: str, r: redis.Redis, failing: int
+) -> None:
+    """1,000 members settled by 4 worker processes (8 slots each): on_complete fires once;
+    on_success once when all succeed; with some dying, on_death once and on_success never."""
+    app, member, fired = _batch_app(url, qname)
+    b = app.batch(
+        on_complete=fired.s("complete"),
+        on_success=fired.s("success"),
+        on_death=fired.s("death"),
+        description="fleet",
+    )
+    env = spawn.env(EMQ_TEST_QUEUE=qname)
+    workers = [spawn.start("worker", "apps.batchapp:app", "-c", "8", env=env) for _ in range(4)]
+    for w in workers:
+        wait_log(w, "serving")
+    dying = set(range(0, 1000, 1000 // failing)) if failing else set()
+    for start in range(0, 1000, 250):  # adds while the workers already settle
+        b.add_many([member.s(n, fail=n in dying) for n in range(start, start + 250)])
+    b.close()
+    want = [f"complete:{b.id}"] + ([f"death:{b.id}"] if failing else [f"success:{b.id}"])
+    wait_for(lambda: len(_fired(r, qname)) >= len(want) and _idle(app.queue(qname)), 120)
+    assert _fired(r, qname) == sorted(want)
+    st_runs = int(r.get(f"emqtest:{qname}:runs") or 0)
+    assert st_runs == 1000 + len(dying)  # a dying member runs twice (max_attempts 2)
+    assert app.queue(qname).check() == []
+    spawn.stop_all()
+    app.close()
+
+
+def test_members_add_siblings_after_close(
+    spawn: Spawner, url: str, qname: str, r: redis.Redis
+) -> None:
+    """A running member adds to its own batch after the producer closed it: the batch waits
+    for the new members too, and fires once."""
+    app, member, fired = _batch_app(url, qname)
+    b = app.batch(on_complete=fired.s("complete"), on_success=fired.s("success"))
+    b.add_many([member.s(n, spawn=3) for n in range(1, 4)])
+    b.close()
+    w = spawn.start("worker", "apps.batchapp:app", "-c", "4", env=spawn.env(EMQ_TEST_QUEUE=qname))
+    wait_for(lambda: len(_fired(r, qname)) >= 2 and _idle(app.queue(qname)), 120)
+    assert _fired(r, qname) == [f"complete:{b.id}", f"success:{b.id}"]
+    assert int(r.get(f"emqtest:{qname}:runs") or 0) == 3 + 9
+    assert w.popen.poll() is None
+    app.close()
+
+
+def test_the_last_settles_race_and_each_callback_fires_once(
+    spawn: Spawner, url: str, qname: str, r: redis.Redis
+) -> None:
+    """Many small batches, each closed first, their members claimed by 4 processes at once:
+    whichever settle is last, each batch's callbacks fire exactly once."""
+    app, member, fired = _batch_app(url, qname)
+    q = app.queue(qname)
+    q.pause()  # the members of every batch wait, so the workers settle them at once
+    batches = []
+    for i in range(40):
+        b = app.batch(on_complete=fired.s("complete"), on_death=fired.s("death"))
+        b.add_many([member.s(n, fail=(i % 4 == 0 and n == 0)) for n in range(4)])
+        b.close()
+        batches.append(b)
+    env = spawn.env(EMQ_TEST_QUEUE=qname)
+    for w in [spawn.start("worker", "apps.batchapp:app", "-c", "4", env=env) for _ in range(4)]:
+        wait_log(w, "serving")
+    q.resume()
+    want = sorted([f"complete:{b.id}" for b in batches] + [f"death:{b.id}" for b in batches[::4]])
+    wait_for(lambda: len(_fired(r, qname)) >= len(want) and _idle(q), 120)
+    assert _fired(r, qname) == want
+    assert q.check() == []
     app.close()
