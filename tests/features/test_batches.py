@@ -362,3 +362,28 @@ def test_the_last_settles_race_and_each_callback_fires_once(
     assert _fired(r, qname) == want
     assert q.check() == []
     app.close()
+
+
+def test_cli_shows_a_batch(url: str, qname: str, r: redis.Redis) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"), description="cli")
+    members = b.add_many([t["member"].s(i) for i in range(3)])
+    _drain(app.queue(qname), fail={members[1]})
+    runner = CliRunner(env={"COLUMNS": "400", "ECHOMQ_URL": None})
+    out = runner.invoke(main, ["--url", url, "batch", qname, b.id])
+    assert out.exit_code == 0, out.output
+    assert "total: 3  pending: 0  succeeded: 2  dead: 1" in out.output
+    assert f"dead: {members[1]}" in out.output
+    out = runner.invoke(main, ["--url", url, "batch", qname, b.id, "--json"])
+    got = json.loads(out.stdout)
+    assert (got["total"], got["dead"], got["closed"], got["description"]) == (3, 1, False, "cli")
+    assert got["failed_ids"] == [members[1]]
+    out = runner.invoke(main, ["--url", url, "batch", qname, echomq.ids.mint()])
+    assert out.exit_code == 1 and "no batch" in out.output
+    app.close()
