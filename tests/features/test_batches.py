@@ -387,3 +387,40 @@ def test_cli_shows_a_batch(url: str, qname: str, r: redis.Redis) -> None:
     out = runner.invoke(main, ["--url", url, "batch", qname, echomq.ids.mint()])
     assert out.exit_code == 1 and "no batch" in out.output
     app.close()
+
+
+def _lapse(q: echomq.Queue, r: redis.Redis, jid: str) -> None:
+    """Make ``jid``'s lease lapse now (its deadline in the past), without waiting."""
+    r.zadd(f"emq:{{{q.name}}}:active", {jid: 1})
+
+
+def test_stall_death_reap_and_cancel_settle_members(url: str, qname: str, r: redis.Redis) -> None:
+    """The other paths a member leaves by: a stall death counts as its death (on_death), a
+    reaped lease is no settle (its rerun counts once), a cancelled waiting member leaves the
+    batch (it stops waiting for it)."""
+    app, t = _app(url, qname)
+    b = app.batch(
+        on_complete=t["cb"].s("complete"),
+        on_success=t["cb"].s("success"),
+        on_death=t["cb"].s("death"),
+    )
+    q = app.queue(qname)
+    cbs = _cb_ids(r, q, b.id)
+    stalled, reaped, cancelled, plain = b.add_many([t["member"].s(i) for i in range(4)])
+    b.close()
+    assert {q.claim().id, q.claim().id} == {stalled, reaped}  # type: ignore[union-attr]
+    _lapse(q, r, stalled)
+    assert q.sweep_stalled(max_stalled=1) == ([], [stalled])  # past its stall budget: dead
+    st = b.status()
+    assert (st.dead, st.first_death, st.pending) == (1, stalled, 3)
+    _lapse(q, r, reaped)
+    assert q.reap() == 1  # back to waiting: no settle, nothing counted
+    assert b.status().pending == 3
+    q.cancel(cancelled)
+    st = b.status()
+    assert (st.total, st.pending) == (3, 2)  # the cancelled member left the batch
+    seen = _drain(q)
+    assert {reaped, plain} <= {j.id for j in seen}
+    assert _callbacks(r, seen, cbs) == ["complete", "death"]
+    assert q.check() == []
+    app.close()
