@@ -424,3 +424,26 @@ def test_stall_death_reap_and_cancel_settle_members(url: str, qname: str, r: red
     assert _callbacks(r, seen, cbs) == ["complete", "death"]
     assert q.check() == []
     app.close()
+
+
+def test_check_names_an_undecided_release(url: str, qname: str, r: redis.Redis) -> None:
+    app, t = _app(url, qname)
+    q = app.queue(qname)
+    b = app.batch(on_complete=t["cb"].s("c"), on_success=t["cb"].s("s"))
+    b.add(t["member"].s(1))
+    assert q.check() == []
+    b.close()
+    _drain(q)  # the member; then on_complete and on_success run: the batch is gone
+    b2 = app.batch(on_complete=t["cb"].s("c"), on_success=t["cb"].s("s"))
+    b2.add(t["member"].s(1))
+    b2.close()
+    job = q.claim()
+    assert job is not None
+    q.complete(job.id, job.token)  # released: the anchor waits to run
+    assert q.check() == []
+    anchor = f"emq:{{{qname}}}:job:{b2.id}"
+    r.hset(anchor, "batch", "closed")  # as a release that decided nothing would leave it
+    assert any("but its anchor is pending" in v for v in q.check())
+    r.hset(anchor, mapping={"batch": "success", "on_death": "x"})
+    assert any("callback undecided" in v for v in q.check())
+    app.close()
