@@ -447,3 +447,59 @@ def test_check_names_an_undecided_release(url: str, qname: str, r: redis.Redis) 
     r.hset(anchor, mapping={"batch": "success", "on_death": "x"})
     assert any("callback undecided" in v for v in q.check())
     app.close()
+
+
+def test_several_producers_add_to_one_batch(url: str, qname: str, r: redis.Redis) -> None:
+    """Four producers (their own apps and connections) add to one batch at once, one closes
+    it after all: every member counts once and the callbacks fire once."""
+    import threading
+
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"), on_success=t["cb"].s("success"))
+    q = app.queue(qname)
+    cbs = _cb_ids(r, q, b.id)
+    added: list[list[str]] = []
+
+    def produce(k: int) -> None:
+        other, ot = _app(url, qname)
+        handle = other.batch_by_id(b.id, queue=qname)
+        mine = []
+        for start in range(0, 50, 10):
+            mine += handle.add_many(
+                [ot["member"].s(k * 1000 + i) for i in range(start, start + 10)]
+            )
+        added.append(mine)
+        other.close()
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(len(a) for a in added) == [50] * 4
+    assert b.status().total == 200
+    b.close()
+    seen = _drain(q)
+    assert _callbacks(r, seen, cbs) == ["complete", "success"]
+    assert len({j.id for j in seen}) == 200 + 2
+    assert q.check() == []
+    app.close()
+
+
+def test_a_member_id_readmitted_into_its_batch_is_refused(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    """A named member that completed (its row gone) cannot join the same batch again: its
+    settle would find its old record and count nothing, and the batch would never finish."""
+    app, t = _app(url, qname)
+    b = app.batch(on_complete=t["cb"].s("complete"))
+    q = app.queue(qname)
+    named = echomq.ids.mint()
+    b.add(t["member"].s(1).options(id=named))
+    _drain(q)
+    with pytest.raises(echomq.StateError, match="exists"):
+        b.add(t["member"].s(2).options(id=named))
+    assert q.job_state(named) == "absent"
+    b.close()
+    assert b.status().complete
+    app.close()

@@ -12,7 +12,8 @@
   ARGV[5] adder           the id of the running member that adds, or ''
   ARGV[6] n               jobs
   ARGV[7..] jobs          4 each: id, payload, group ('' flat), priority (0..2^21)
-  Returns one verdict per job: 'enqueued' | 'duplicate' (an id that exists: not a member)
+  Returns one verdict per job: 'enqueued' | 'duplicate' (an id that exists, or one this batch
+    counted already: not a member)
     | 'replayed' (a resend) | error EMQKIND | error EMQSTATE nobatch <id> | closed <id>
     | finished <id>
   Flags: writes replay
@@ -50,7 +51,12 @@ for i = 0, n - 1 do
   local at = 7 + 4 * i
   local id, g = ARGV[at], ARGV[at + 2]
   if g == '' then g = false end
-  local v = admit(base, id, ARGV[at + 1], g, nil, now, false, pris[i])
+  -- An id this batch already counted (a member completed and gone, or dead) is no new
+  -- member: its settle would find its old record and count nothing (the batch would hang).
+  local v = 'duplicate'
+  if rcall('HEXISTS', jk .. ':processed', id) == 0 and rcall('HEXISTS', jk .. ':unsuccessful', id) == 0 then
+    v = admit(base, id, ARGV[at + 1], g, nil, now, false, pris[i])
+  end
   if v == 'enqueued' then
     rcall('HSET', base .. 'job:' .. id, 'parent', bid, 'parent_policy', 'id', 'flow', b[3])
     kids[#kids + 1] = id
