@@ -239,8 +239,10 @@ def test_bad_input_is_typed_and_writes_nothing(url: str, qname: str, r: redis.Re
     # A job that exists is not made a member: the call is refused whole.
     b2 = app.batch(on_complete=t["cb"].s("y"))
     taken = t["member"].enqueue(5).id
+    before = _keys(r, qname)
     with pytest.raises(echomq.StateError, match="exists"):
-        b2.add_many([t["member"].s(1).options(id=taken)])
+        b2.add_many([t["member"].s(0), t["member"].s(1).options(id=taken)])
+    assert _keys(r, qname) == before
     assert b2.status().total == 0
     app.close()
     other.close()

@@ -12,10 +12,9 @@
   ARGV[5] adder           the id of the running member that adds, or ''
   ARGV[6] n               jobs
   ARGV[7..] jobs          4 each: id, payload, group ('' flat), priority (0..2^21)
-  Returns one verdict per job: 'enqueued' | 'duplicate' (an id that exists, or one this batch
-    counted already: not a member)
-    | 'replayed' (a resend) | error EMQKIND | error EMQSTATE nobatch <id> | closed <id>
-    | finished <id>
+  Returns one verdict per job: 'enqueued' | 'replayed' (a resend) | error EMQKIND
+    | error EMQSTATE nobatch <id> | closed <id> | finished <id> | exists <id> (an id that
+    exists, or one this batch counted already: nothing written)
   Flags: writes replay
 ]]
 --@include common
@@ -44,6 +43,13 @@ for i = 0, n - 1 do
     return redis.error_reply('EMQKIND job id must be JOB-namespaced')
   end
   pris[i] = priority_arg(ARGV[10 + 4 * i])
+  -- An id that exists is no member; nor one this batch counted already (a member completed
+  -- and gone, or dead): its settle would find its old record and count nothing.
+  local id = ARGV[7 + 4 * i]
+  if rcall('EXISTS', base .. 'job:' .. id) == 1 or rcall('HEXISTS', jk .. ':processed', id) == 1
+      or rcall('HEXISTS', jk .. ':unsuccessful', id) == 1 then
+    return redis.error_reply('EMQSTATE exists ' .. id)
+  end
 end
 local now = now_ms()
 local added, verdicts, kids = tally(), {}, {}
@@ -51,12 +57,7 @@ for i = 0, n - 1 do
   local at = 7 + 4 * i
   local id, g = ARGV[at], ARGV[at + 2]
   if g == '' then g = false end
-  -- An id this batch already counted (a member completed and gone, or dead) is no new
-  -- member: its settle would find its old record and count nothing (the batch would hang).
-  local v = 'duplicate'
-  if rcall('HEXISTS', jk .. ':processed', id) == 0 and rcall('HEXISTS', jk .. ':unsuccessful', id) == 0 then
-    v = admit(base, id, ARGV[at + 1], g, nil, now, false, pris[i])
-  end
+  local v = admit(base, id, ARGV[at + 1], g, nil, now, false, pris[i])
   if v == 'enqueued' then
     rcall('HSET', base .. 'job:' .. id, 'parent', bid, 'parent_policy', 'id', 'flow', b[3])
     kids[#kids + 1] = id
