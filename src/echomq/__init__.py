@@ -18,6 +18,7 @@ private.
 from __future__ import annotations
 
 from echomq import ids, keyspace
+from echomq._batches import Batch, BatchStatus
 from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
 from echomq._observe import Event
@@ -65,6 +66,8 @@ __all__ = [
     "App",
     "AsyncQueue",
     "BadArguments",
+    "Batch",
+    "BatchStatus",
     "Chain",
     "ChainFailed",
     "ChainReceipt",
