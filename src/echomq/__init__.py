@@ -125,7 +125,7 @@ __all__ = [
     "keyspace",
 ]
 
-# The exports defined in private modules name the public path, so reprs, help(), pickles by
+# The exports defined in private modules name the public path, so reprs, help(), copies by
 # reference and tracebacks say echomq.Queue, not echomq._sync_queue.Queue (issue 38).
 for _name in __all__:
     _obj = globals()[_name]

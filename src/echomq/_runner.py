@@ -77,7 +77,7 @@ class Running:
         # the worker's process pool (@app.task(pool="process")): kill() stops either.
         self.child: Child | PoolRun | None = None
         self.cancelled = False  # D22: the job was cancelled; its settle dead-letters it
-        self.begun = 0.0  # time.monotonic() at the start, only while INFO logs are on
+        self.begun = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
         # Issue 24: this job's own attempt budget (its envelope's opts), 0 for its task's.
         self.max_attempts = 0
         # Issue 42 (echomq._workflows): a workflow step keeps its value (and error) this
@@ -190,11 +190,13 @@ class Runner:
             queue, job.id, job.token, job.group, task.name, False, False, self.app, job.floor,
             job.payload,
         )  # fmt: skip
-        if jlog.isEnabledFor(logging.INFO):
+        if jlog.isEnabledFor(logging.DEBUG):
             r.begun = time.monotonic()
             # The start line: a run that hangs is seen in the log (its end line never comes).
+            # DEBUG, as the completion line: at INFO the two cost 35-40 us of worker CPU a
+            # job, twice all else the worker spends on a no-op job (issue 41).
             where, fields = _job_line(r, task)
-            jlog.info("%s started", where, extra=fields)
+            jlog.debug("%s started", where, extra=fields)
         if r.prev is not None:
             # A workflow step: its first argument is read from its children's values first
             # (one server read, on the loop), then the run goes on as any other.
@@ -406,11 +408,11 @@ class Runner:
     def _log_end(
         self, r: Running, task: Task[Any, Any], settle: Settle, error: BaseException | None
     ) -> None:
-        """The run's one log line (a completion only at INFO: nothing is built otherwise)."""
+        """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
         settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
         kind = settle.kind
-        # Completions are logged only for runs that began with INFO on (r.begun set): one
-        # level check a job, in start(); `--log-level WARNING` builds nothing.
+        # Completions are logged only for runs that began with DEBUG on (r.begun set): one
+        # level check a job, in start(); at INFO (the default) nothing is built.
         if kind == "completed" and not r.begun:
             return
         if kind == "pushed" and not jlog.isEnabledFor(logging.DEBUG):
@@ -419,7 +421,7 @@ class Runner:
         if kind == "completed":
             ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
             fields["duration_ms"] = ms
-            jlog.info("%s completed in %s ms", where, ms, extra=fields)
+            jlog.debug("%s completed in %s ms", where, ms, extra=fields)
             return
         if kind == "pushed":
             fields["delay_ms"] = settle.delay_ms
