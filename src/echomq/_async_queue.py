@@ -31,7 +31,7 @@ from echomq._executor import AsyncExecutor
 from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled, _seen
 from echomq._native import resolve_executor
 from echomq._queueopts import durable_replicas, replay_ms
-from echomq._renamed import renamed
+from echomq._renamed import renamed, respelled
 from echomq._waiters import ResultWaiters  # async-only
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
@@ -363,7 +363,9 @@ class AsyncQueue:
     async def browse(
         self, state: str = "pending", n: int = 50, *, group: str | None = None
     ) -> list[str]:
-        """Up to ``n`` ids in ``state``, newest first."""
+        """Up to ``n`` ids in ``state``, newest first (``"schedule"``: deprecated, say
+        ``"scheduled"``)."""
+        state = respelled("browse", "state", state, "schedule", "scheduled")
         return await self._x.run(_p.browse(self._k, state, n, group))
 
     async def pending_size(self) -> int:
@@ -447,9 +449,11 @@ class AsyncQueue:
         beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
         return await self._x.run(_reg.list_workers(self._k))
 
-    async def drain(self, *, include_schedule: bool = False) -> int:
-        """Delete the waiting jobs (flat and lanes); returns how many."""
-        return await self._x.run(_p.drain(self._k, include_schedule))
+    @renamed(include_schedule="include_scheduled")
+    async def drain(self, *, include_scheduled: bool = False) -> int:
+        """Delete the waiting jobs (flat and lanes), and the scheduled ones with
+        ``include_scheduled``; returns how many."""
+        return await self._x.run(_p.drain(self._k, include_scheduled))
 
     async def obliterate(self, *, force: bool = False) -> None:
         """Delete every key of this (paused) queue."""

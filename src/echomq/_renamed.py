@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-__all__ = ["renamed"]
+__all__ = ["renamed", "respelled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,3 +56,18 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
         return cast(F, call)
 
     return wrap
+
+
+def respelled(where: str, param: str, value: str, old: str, new: str) -> str:
+    """``new`` for the old value ``old`` of ``param`` (with a warning), else ``value``.
+
+    Called from the body of the public verb, so the warning points at that verb's caller
+    (for a coroutine: the frame awaiting it)."""
+    if value != old:
+        return value
+    warnings.warn(
+        f"{where}({param}={old!r}) is deprecated; pass {param}={new!r} instead",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return new

@@ -25,7 +25,7 @@ from echomq._executor import SyncExecutor
 from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled, _seen
 from echomq._native import resolve_executor
 from echomq._queueopts import durable_replicas, replay_ms
-from echomq._renamed import renamed
+from echomq._renamed import renamed, respelled
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
 __all__ = ["Queue"]
@@ -345,7 +345,9 @@ class Queue:
         return self._x.run(_p.update_payload(self._k, id, payload))
 
     def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
-        """Up to ``n`` ids in ``state``, newest first."""
+        """Up to ``n`` ids in ``state``, newest first (``"schedule"``: deprecated, say
+        ``"scheduled"``)."""
+        state = respelled("browse", "state", state, "schedule", "scheduled")
         return self._x.run(_p.browse(self._k, state, n, group))
 
     def pending_size(self) -> int:
@@ -429,9 +431,11 @@ class Queue:
         beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
         return self._x.run(_reg.list_workers(self._k))
 
-    def drain(self, *, include_schedule: bool = False) -> int:
-        """Delete the waiting jobs (flat and lanes); returns how many."""
-        return self._x.run(_p.drain(self._k, include_schedule))
+    @renamed(include_schedule="include_scheduled")
+    def drain(self, *, include_scheduled: bool = False) -> int:
+        """Delete the waiting jobs (flat and lanes), and the scheduled ones with
+        ``include_scheduled``; returns how many."""
+        return self._x.run(_p.drain(self._k, include_scheduled))
 
     def obliterate(self, *, force: bool = False) -> None:
         """Delete every key of this (paused) queue."""

@@ -1,4 +1,6 @@
-"""Old spellings still work and warn (issue 38): the lane verbs' ``g=`` (now ``lane=``).
+"""Old spellings still work and warn (issue 38): the lane verbs' ``g=`` (now ``lane=``),
+``browse("schedule")`` (now ``"scheduled"``, the state's name) and ``drain``'s
+``include_schedule=`` (now ``include_scheduled=``).
 
 Each deprecated spelling is tried on Queue and AsyncQueue (``anyq``) and on both executors:
 the call warns with a ``DeprecationWarning`` naming the new spelling, and does what the new
@@ -126,6 +128,29 @@ async def test_the_async_warning_points_at_the_awaiting_caller(aq: echomq.AsyncQ
     with old() as seen:
         await aq.lane_depth(g=LA)
     assert [w.filename for w in seen] == [__file__]
+
+
+def test_browse_schedule_is_a_deprecated_alias_of_scheduled(anyq: Any) -> None:
+    later = anyq.enqueue(b"x", delay_ms=3_600_000).id
+    assert anyq.job_state(later) == "scheduled"
+    assert anyq.browse("scheduled") == [later]
+    with pytest.warns(DeprecationWarning, match="pass state='scheduled' instead"):
+        assert anyq.browse("schedule") == [later]
+
+
+def test_drain_include_schedule_is_a_deprecated_spelling(anyq: Any) -> None:
+    anyq.enqueue(b"x", delay_ms=3_600_000)
+    anyq.enqueue(b"y")
+    with pytest.warns(DeprecationWarning, match=r"pass include_scheduled=\.\.\. instead"):
+        assert anyq.drain(include_schedule=True) == 2  # the scheduled job went too
+    assert anyq.browse("scheduled") == []
+
+
+def test_drain_include_scheduled_keeps_its_meaning(anyq: Any) -> None:
+    anyq.enqueue(b"x", delay_ms=3_600_000)
+    anyq.enqueue(b"y")
+    assert anyq.drain() == 1
+    assert anyq.drain(include_scheduled=True) == 1
 
 
 def test_renamed_keeps_a_plain_function_plain() -> None:

@@ -179,7 +179,7 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
     "reassign": [("id", POS, EMPTY), ("lane", POS, EMPTY)],
     "lane_depth": [("lane", POS, EMPTY)],
     "lanes": [],
-    "drain": [("include_schedule", KW, False)],
+    "drain": [("include_scheduled", KW, False)],
     "obliterate": [("force", KW, False)],
     "add_log": [("id", POS, EMPTY), ("line", POS, EMPTY), ("keep", KW, 0)],
     "logs": [("id", POS, EMPTY)],
