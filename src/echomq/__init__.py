@@ -59,7 +59,7 @@ from echomq.outcomes import Discard, RateLimit, Retry
 from echomq.queue import AsyncQueue, Queue
 from echomq.worker import Worker
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "WIRE_VERSION",
