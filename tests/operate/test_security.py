@@ -243,7 +243,7 @@ ACL_COMMANDS = sorted(
         # reads outside scripts (get_job, is_paused, pending_size, browse, lanes); the worker
         *("hgetall", "hexists", "zcard", "zrange", "smembers", "blpop", "ping"),
         *("hget", "hmget", "hset", "hsetnx", "hdel", "hincrby", "hlen"),
-        *("zadd", "zrem", "zscore", "zpopmin", "zrangebyscore"),
+        *("zadd", "zrem", "zscore", "zpopmin", "zrangebyscore", "zremrangebyrank"),
         *("lpush", "rpush", "lpop", "rpop", "lrange", "lindex", "llen", "lmove", "lset"),
         *("ltrim", "lpos", "sadd", "srem", "sismember", "scard", "smove", "sscan"),
         # events (D15), results and dedup TTLs (D17, D20), rate-limit windows (D21), flows
