@@ -707,3 +707,30 @@ async def test_async_bad_input_is_typed_and_writes_nothing(
     finally:
         await app.aclose()
         other.close()
+
+
+async def test_async_resend_counts_once_beside_a_sync_producer(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    """An async add resent after a lost reply answers its first verdicts (counted once),
+    and a sync producer and an async one add to the same batch."""
+    app, t = _app(url, qname)
+    try:
+        b = await app.abatch(on_complete=t["cb"].s("complete"))
+        aq = app.aqueue(qname)
+        call = next(_batches.add(aq._k, None, b.id, [t["member"].s(1), t["member"].s(2)], ""))
+        first = await aq._x.run(call)
+        _drain(app.queue(qname))  # the members complete before the resend arrives
+        again = await aq._x.run(call)
+        assert [str(v) for v in first] == ["enqueued", "enqueued"]
+        assert [str(v) for v in again] == ["replayed", "replayed"]
+        app.batch_by_id(b.id, queue=qname).add(t["member"].s(3))  # another producer, sync
+        st = await b.astatus()
+        assert (st.total, st.succeeded, st.pending) == (3, 2, 1)
+        assert await b.aclose() is True
+        seen = _drain(app.queue(qname))
+        assert [j.id for j in seen][-1] == b.id  # the last member's settle released on_complete
+        with pytest.raises(echomq.StateError, match="nobatch"):
+            await b.astatus()
+    finally:
+        await app.aclose()
