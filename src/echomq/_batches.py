@@ -24,6 +24,8 @@ from echomq._produce import _nonce, mint
 from echomq.errors import InvalidArgument, StateError
 
 if TYPE_CHECKING:
+    from echomq._async_queue import AsyncQueue
+    from echomq._sync_queue import Queue
     from echomq._workflows import Signature
     from echomq.app import App
 
@@ -172,7 +174,8 @@ class Batch:
     """A handle on one batch (``app.batch(...)``, ``app.batch_by_id(...)``,
     ``current_job().batch``). ``add`` / ``add_many`` admit members (after ``close`` only a
     running member of the batch may add), ``close`` ends the adding from outside, ``status``
-    reads the counts."""
+    reads the counts. Each verb has an asyncio twin (``aadd``, ``aadd_many``, ``aclose``,
+    ``astatus``) running the same plan through the app's :class:`AsyncQueue`."""
 
     __slots__ = ("app", "id", "queue")
 
@@ -184,9 +187,17 @@ class Batch:
     def __repr__(self) -> str:
         return f"<Batch {self.id} queue={self.queue}>"
 
-    def _run(self, work: Any) -> Any:
-        q = self.app.queue(self.queue)
-        return q._x.run(work)
+    # One plan per verb, built the same for both drivers: the sync methods run it through
+    # the app's Queue, the async ones through its AsyncQueue (both carry _k and _x.minter).
+
+    def _add_plan(self, q: Queue | AsyncQueue, sigs: Iterable[Signature] | object) -> Any:
+        if isinstance(sigs, (str, bytes)) or not isinstance(sigs, Iterable):
+            raise InvalidArgument("add_many takes an iterable of task signatures")
+        from echomq.context import current_job
+
+        cur = current_job()
+        adder = cur.id if cur is not None and cur.queue == self.queue else ""
+        return add(q._k, q._x.minter, self.id, list(sigs), adder)
 
     def add(self, sig: Signature) -> str:
         """Admit one member; its job id."""
@@ -195,42 +206,71 @@ class Batch:
     def add_many(self, sigs: Iterable[Signature] | object) -> list[str]:
         """Admit members in one call (all or nothing); their job ids, in order. A running
         member of this batch may add after ``close`` (its own run holds the batch open)."""
-        if isinstance(sigs, (str, bytes)) or not isinstance(sigs, Iterable):
-            raise InvalidArgument("add_many takes an iterable of task signatures")
-        from echomq.context import current_job
-
-        cur = current_job()
-        adder = cur.id if cur is not None and cur.queue == self.queue else ""
         q = self.app.queue(self.queue)
-        result: list[str] = self._run(add(q._k, q._x.minter, self.id, list(sigs), adder))
+        result: list[str] = q._x.run(self._add_plan(q, sigs))
         return result
 
     def close(self) -> bool:
         """No more adds from outside the batch; True when this call closed it."""
         q = self.app.queue(self.queue)
-        closed: bool = self._run(close(q._k, self.id))
+        closed: bool = q._x.run(close(q._k, self.id))
         return closed
 
     def status(self, failed_limit: int = FAILED_IDS) -> BatchStatus:
         """The batch's counts now (``StateError`` once it finished and its anchor is gone)."""
         q = self.app.queue(self.queue)
-        found: BatchStatus = self._run(status(q._k, self.id, failed_limit))
+        found: BatchStatus = q._x.run(status(q._k, self.id, failed_limit))
+        return found
+
+    async def aadd(self, sig: Signature) -> str:
+        """:meth:`add` for asyncio (does not block the loop)."""
+        return (await self.aadd_many([sig]))[0]
+
+    async def aadd_many(self, sigs: Iterable[Signature] | object) -> list[str]:
+        """:meth:`add_many` for asyncio (does not block the loop)."""
+        q = self.app.aqueue(self.queue)
+        result: list[str] = await q._x.run(self._add_plan(q, sigs))
+        return result
+
+    async def aclose(self) -> bool:
+        """:meth:`close` for asyncio (does not block the loop)."""
+        q = self.app.aqueue(self.queue)
+        closed: bool = await q._x.run(close(q._k, self.id))
+        return closed
+
+    async def astatus(self, failed_limit: int = FAILED_IDS) -> BatchStatus:
+        """:meth:`status` for asyncio (does not block the loop)."""
+        q = self.app.aqueue(self.queue)
+        found: BatchStatus = await q._x.run(status(q._k, self.id, failed_limit))
         return found
 
 
-def batch_of(app: App, queue: str, job_id: str) -> Batch | None:
-    """The batch job ``job_id`` belongs to: as a member (its parent is an anchor), as the
-    anchor (the on_complete callback) or as an on_success / on_death callback
+def which_batch(k: Keys, job_id: str) -> Plan[str | None]:
+    """The id of the batch job ``job_id`` belongs to: as a member (its parent is an anchor),
+    as the anchor (the on_complete callback) or as an on_success / on_death callback
     (``batch_of``); None for any other job."""
     from echomq._kernel import _cmd
 
-    q = app.queue(queue)
-    k = q._k
-    row = q._x.run(_cmd(("HMGET", k.job(job_id), "batch", "batch_of", "parent"), list))
+    keyspace.check_id(job_id)
+    row = yield _cmd(("HMGET", k.job(job_id), "batch", "batch_of", "parent"), list)
     if row[0]:
-        return Batch(app, queue, job_id)
+        return job_id
     if row[1]:
-        return Batch(app, queue, _s(row[1]))
-    if row[2] and q._x.run(_cmd(("HEXISTS", k.job(_s(row[2])), "batch"), int)):
-        return Batch(app, queue, _s(row[2]))
+        return _s(row[1])
+    if row[2] and (yield _cmd(("HEXISTS", k.job(_s(row[2])), "batch"), int)):
+        return _s(row[2])
     return None
+
+
+def batch_of(app: App, queue: str, job_id: str) -> Batch | None:
+    """The :class:`Batch` job ``job_id`` belongs to (:func:`which_batch`), else None."""
+    q = app.queue(queue)
+    bid = q._x.run(which_batch(q._k, job_id))
+    return None if bid is None else Batch(app, queue, bid)
+
+
+async def abatch_of(app: App, queue: str, job_id: str) -> Batch | None:
+    """:func:`batch_of` for asyncio (does not block the loop)."""
+    q = app.aqueue(queue)
+    bid = await q._x.run(which_batch(q._k, job_id))
+    return None if bid is None else Batch(app, queue, bid)

@@ -382,16 +382,27 @@ class App:
         member settled, ``on_success`` once when every member completed, ``on_death`` once
         at the first member's death. A batch, its members and its callbacks live on one
         queue: ``queue``, else the first callback's."""
-        first = next((s for s in (on_complete, on_success, on_death) if s is not None), None)
-        if queue is None:
-            if first is None or not isinstance(first, Signature):
-                raise InvalidArgument(
-                    "a batch needs its queue: pass queue=, or a callback signature "
-                    "(task.s(...)) whose task's queue it takes"
-                )
-            queue = first.task.queue
-        q = self.queue(keyspace.check_queue(queue))
+        queue = _batch_queue(queue, on_complete, on_success, on_death)
+        q = self.queue(queue)
         bid = q._x.run(
+            _batches.open_batch(q._k, q._x.minter, on_complete, on_success, on_death, description)
+        )
+        return Batch(self, queue, bid)
+
+    async def abatch(
+        self,
+        *,
+        on_complete: Signature | None = None,
+        on_success: Signature | None = None,
+        on_death: Signature | None = None,
+        description: str | None = None,
+        queue: str | None = None,
+    ) -> Batch:
+        """:meth:`batch` for asyncio (does not block the loop); use the handle's ``aadd`` /
+        ``aadd_many`` / ``aclose`` / ``astatus``."""
+        queue = _batch_queue(queue, on_complete, on_success, on_death)
+        q = self.aqueue(queue)
+        bid = await q._x.run(
             _batches.open_batch(q._k, q._x.minter, on_complete, on_success, on_death, description)
         )
         return Batch(self, queue, bid)
@@ -405,6 +416,10 @@ class App:
         """The batch job ``id`` of ``queue`` belongs to (a member, the anchor, or an
         on_success / on_death callback), else None: ``current_job().batch`` reads it."""
         return _batches.batch_of(self, queue, id)
+
+    async def abatch_of_job(self, id: str, *, queue: str) -> Batch | None:
+        """:meth:`batch_of_job` for asyncio: ``await current_job().abatch()`` reads it."""
+        return await _batches.abatch_of(self, queue, id)
 
     def sync_periodic(self, keys: Keys) -> Plan[None]:
         """Register this app's periodic tasks of one queue and unregister the repeats this
@@ -542,3 +557,16 @@ class App:
         if client is not None:
             await client.aclose()  # type: ignore[attr-defined]
         self.close()
+
+
+def _batch_queue(queue: str | None, *callbacks: Signature | None) -> str:
+    """A batch's queue: ``queue``, else its first callback's (InvalidArgument when neither)."""
+    if queue is None:
+        first = next((s for s in callbacks if s is not None), None)
+        if first is None or not isinstance(first, Signature):
+            raise InvalidArgument(
+                "a batch needs its queue: pass queue=, or a callback signature "
+                "(task.s(...)) whose task's queue it takes"
+            )
+        queue = first.task.queue
+    return keyspace.check_queue(queue)

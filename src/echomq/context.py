@@ -58,6 +58,13 @@ class JobContext:
             return None
         return self.app.batch_of_job(self.id, queue=self.queue)
 
+    async def abatch(self) -> Any:
+        """:attr:`batch` for ``async def`` handlers (one server read, off the loop's
+        blocking path): ``await current_job().abatch()``."""
+        if self.app is None:
+            return None
+        return await self.app.abatch_of_job(self.id, queue=self.queue)
+
     @property
     def should_stop(self) -> bool:
         """The one flag a long sync handler polls to know it should return now: True once
