@@ -19,11 +19,12 @@ compared with ``Queue``'s in tests/model/test_model_coverage.py.
 After every step the server must agree with the model: ``check()`` is empty on both queues;
 ``counts()``, ``lanes()``, ``is_paused()`` and the retired record match; every row's fields
 (the cancel flag, the flow fields and ``progress`` included), its set and score, its `:logs`
-and `:errors` lists and its ``job_state`` are what the model says; an id without a row leaves no key behind (row, logs, errors, flow keys);
-every kept result and notify list, every dedup key, every parent's flow counters and hashes,
-and each queue's flow outbox match. Replies are compared as they come, typed errors
-(``StaleToken``, ``JobGone``, ``StateError``, ``JobFailed``, ``TimeoutError``) included; a
-refused duplicate or deduplicated enqueue must emit its event.
+and `:errors` lists and its ``job_state`` are what the model says; an id without a row
+leaves no key behind (row, logs, errors, flow keys); every kept result and notify list,
+every dedup key, every parent's flow counters and hashes, and each queue's flow outbox
+match. Replies are compared as they come, typed errors (``StaleToken``, ``JobGone``,
+``StateError``, ``JobFailed``, ``TimeoutError``) included; a refused duplicate or
+deduplicated enqueue must emit its event (while events are on).
 
 Time. Every lease, delay and repeat period is either LONG (60 s: it never lapses within an
 example) or SHORT (20 ms). The verbs whose outcome depends on the clock (reap, sweep_stalled,
@@ -625,6 +626,8 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
             self.take(qi, job)
         for job in jobs:
             self.m(qi).jobs[job.id].score = self.score(qi, "active", job.id, t0 + lease, t1 + lease)
+        deadlines = {self.m(qi).jobs[job.id].score for job in jobs}
+        assert len(deadlines) <= 1, f"a batch shares one lease deadline: {deadlines}"
 
     @rule(
         qi=QI,
@@ -1135,19 +1138,21 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
             m.keep(jid, b"", j.attempts, "cancelled")
         self.w.child_dead(qi, jid, j, "cancelled")
 
-    def promoted(self, qi: int, now: int) -> int:
+    def promoted(self, qi: int, now: int, limit: int = 100) -> int:
+        """The ``limit`` earliest due scheduled jobs (by run time, then id) wait again."""
         m = self.m(qi)
-        due = [i for i, j in m.jobs.items() if j.state == "scheduled" and j.score <= now]
-        for jid in due:
+        due = sorted((j.score, i) for i, j in m.jobs.items() if j.state == "scheduled")
+        due = [(s, i) for s, i in due if s <= now][:limit]
+        for _, jid in due:
             m.jobs[jid].state = "pending"
         return len(due)
 
-    @rule(qi=QI)
-    def promote(self, qi: int) -> None:
+    @rule(qi=QI, limit=st.sampled_from((1, 100, 100)))
+    def promote(self, qi: int, limit: int = 100) -> None:
         self.tick("scheduled")
         now = self.now()
-        want = self.promoted(qi, now)
-        assert self.q(qi).promote(100) == want
+        want = self.promoted(qi, now, limit)
+        assert self.q(qi).promote(limit) == want
 
     def fired(self, qi: int, got: int) -> None:
         """Every registered repeat fired one occurrence (the tick made each due): find the

@@ -6,12 +6,14 @@ queue, re-admissions, a refused non-JOB id, lanes, delays, a priority), ``comple
 and ``extend_many`` (each pair fenced in turn: a stale token refused), ``reprocess_all``,
 ``reassign``, ``weight_lane``, ``add_log`` / ``update_progress`` (their side state is in the
 model's keyspace check: `:logs` and `progress`, PROTOCOL §2.4), and ``enable_events`` /
-``disable_events`` (an enqueue records nothing while they are off).
+``disable_events`` (an enqueue records nothing while they are off), and ``forge``: a settle
+verb with a token derived from the row's count rather than handed out by a claim.
 
 Reads: ``look`` checks the read plane against the model on one queue: ``browse`` of every
 state, ``pending_size``, ``lane_depth``, ``logs``, ``errors``, ``result``, ``get_job``,
 ``job_state``, ``dedup_holder``, ``dependencies``, ``children_values``,
-``ignored_failures`` and ``rate_limit_ttl``.
+``ignored_failures`` and ``rate_limit_ttl``, and runs the raw-key checker of
+tests/reliability.py (independent of ``check()``).
 
 The mixin uses the machine's helpers (``q``, ``m``, ``fence``, ``take``, ``score``,
 ``completed``, ``reprocessed`` ...); it holds no state of its own.
@@ -28,6 +30,7 @@ from hypothesis.stateful import rule
 from echomq import Enqueued, JobGone, KindError, StateError
 from echomq import ids as emq_ids
 from model.core import LANES, LONG, SHORT, Job
+from reliability import raw_violations
 
 QI = st.sampled_from((0, 0, 0, 0, 1))
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 255))
@@ -101,6 +104,9 @@ class VerbRules:
             assert got.id == jid and got.status == ("scheduled" if delay else "enqueued"), got
             self.admitted_many(qi, jid, payload, group, delay, priority, t0, t1)
         assert minted == sorted(minted), f"minted ids out of input order: {minted}"
+        if "bad" in items:  # and alone: refused before anything is written
+            with pytest.raises(KindError):
+                self.q(qi).enqueue(b"x", id=bad, group=group)
         assert self.r.exists(self.jkey(qi, bad)) == 0, "a refused id was written"
 
     def admitted_many(
@@ -163,6 +169,31 @@ class VerbRules:
         assert got == failed, f"extend_many {pairs}: {got}, model {failed}"
         for jid in ok:
             m.jobs[jid].score = self.score(qi, "active", jid, t0 + lease, t1 + lease)
+
+    @rule(
+        qi=QI,
+        n=PICK,
+        verb=st.sampled_from(("complete", "retry", "delay", "extend")),
+        delta=st.sampled_from((-1, 0, 1)),
+    )
+    def forge(self: Any, qi: int, n: int, verb: str, delta: int) -> None:
+        """A settle with a token no claim handed out but derived from the row's count (0:
+        the current one, which is stale for a job not held; +1: the next claim's): the
+        fence decides, as for any ticket."""
+        m = self.m(qi)
+        jid = _pick(self.live(qi), n) if n % 4 else _pick(sorted(m.seen), n)
+        if jid is None:
+            return
+        j = m.jobs.get(jid)
+        token = max(1, (j.attempts if j else 0) + delta)
+        if verb == "complete":
+            self.do_complete(qi, jid, token, False, b"forged")
+        elif verb == "retry":
+            self.do_retry(qi, jid, token, SHORT, 2, "boom", False)
+        elif verb == "delay":
+            self.do_delay(qi, jid, token, 0)
+        else:
+            self.do_extend(qi, jid, token, LONG)
 
     # ------------------------------------------------------------------ job admin
 
@@ -257,6 +288,10 @@ class VerbRules:
         q = self.q(qi)
         big = 1000
         assert q.pending_size() == len(m.waiting(None))
+        # A second checker, on the raw keys (tests/reliability.py), which knows no kept
+        # completed rows (D25): the model says which rows those are.
+        kept = {f"{jid} (state completed) is in no set" for jid in self.live(qi, "completed")}
+        assert [v for v in raw_violations(self.r, self.names[qi]) if v not in kept] == []
         for g in LANES:
             assert q.lane_depth(g) == len(m.waiting(g)), g
             assert q.browse("pending", big, group=g) == m.waiting(g)[::-1], g
