@@ -113,7 +113,7 @@ def strict(tag: str) -> bool:
     return tag not in WAIVED
 
 
-# Own servers, as tests/protocol/test_stateful.py does: check() SCANs the keyspace each step.
+# Own servers: check() SCANs the keyspace each step.
 @pytest.fixture(scope="module")
 def session_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if os.environ.get("ECHOMQ_TEST_URL"):
@@ -1861,6 +1861,11 @@ def test_machine_mixed_executors(module_server: EmbeddedServer) -> None:
 
 @pytest.fixture
 def sm(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+    yield from machine_on(redis_url, executor)
+
+
+def machine_on(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+    """A machine for fixed scenarios (the ``sm`` fixture here and in test_model_protocol.py)."""
     client = redis.Redis.from_url(redis_url)
     machine = ModelMachine(client, (executor,))
     machine.server_agrees_with_model()

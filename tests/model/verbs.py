@@ -220,9 +220,11 @@ class VerbRules:
         there: noop, whatever its state; any other state: StateError; no row: JobGone."""
         m = self.m(qi)
         jid = _pick(self.live(qi, "pending", "scheduled"), n) if n % 3 else _pick(sorted(m.seen), n)
-        if jid is None:
-            return
-        j = m.jobs.get(jid)
+        if jid is not None:
+            self.do_reassign(qi, jid, g)
+
+    def do_reassign(self: Any, qi: int, jid: str, g: str) -> None:
+        j = self.m(qi).jobs.get(jid)
         if j is None:
             self.expect(JobGone, self.q(qi).reassign, jid, g)
         elif j.group == g:
