@@ -39,6 +39,14 @@ def settle(s: Steps, n: int, verb: str, ms: int = 0, max_attempts: int = 3) -> N
     s.settle(n=n, verb=verb, ms=ms, max_attempts=max_attempts, keep=False, error="boom")
 
 
+def lapsed_then_claimed(s: Steps, payload: bytes) -> None:
+    """A job whose first lease lapsed and was reaped, claimed again: tokens 1 and 2."""
+    s.enqueue(qi=0, payload=payload, group=None, **ENQ)
+    s.claim(qi=0, lease=SHORT)
+    s.reap(qi=0)
+    s.claim(qi=0, lease=LONG)
+
+
 def one(sm: ModelMachine, state: str) -> str:
     [jid] = sm.live(0, state)
     return jid
@@ -64,10 +72,7 @@ def test_a_reaped_lease_settles_once_by_its_holder(
 
 def test_a_new_claim_fences_the_lapsed_holder(sm: ModelMachine) -> None:
     s = Steps(sm)
-    s.enqueue(qi=0, payload=b"x", group=None, **ENQ)
-    s.claim(qi=0, lease=SHORT)
-    s.reap(qi=0)
-    s.claim(qi=0, lease=LONG)
+    lapsed_then_claimed(s, b"x")
     assert [tok for _, _, tok in sm.tickets] == [1, 2]
     for verb in ("complete", "retry", "delay", "extend"):
         settle(s, 1, verb)  # token 1: stale
@@ -102,16 +107,10 @@ def test_a_released_lease_never_settles_again(sm: ModelMachine, group: str | Non
 def test_duplicate_pairs_in_one_batch_are_fenced_in_order(sm: ModelMachine) -> None:
     s = Steps(sm)
     # The same id with a stale and then the current token: the second completes it.
-    s.enqueue(qi=0, payload=b"x", group=None, **ENQ)
-    s.claim(qi=0, lease=SHORT)
-    s.reap(qi=0)
-    s.claim(qi=0, lease=LONG)
+    lapsed_then_claimed(s, b"x")
     s.settle_batch(qi=0, done=[0, 1, 0], again=[], n=0, lease=LONG, delay=0, max_attempts=1)
     assert sm.m(0).completed == 1
-    s.enqueue(qi=0, payload=b"y", group=None, **ENQ)
-    s.claim(qi=0, lease=SHORT)
-    s.reap(qi=0)
-    s.claim(qi=0, lease=LONG)
+    lapsed_then_claimed(s, b"y")
     s.complete_many(qi=0, picks=[2, 3, 3])  # stale, current, then settled
     assert sm.m(0).completed == 2
 
