@@ -93,6 +93,7 @@ SEAMS: dict[str, str] = {
     "retired-ttl": "a held-back retired generation takes no TTL",
     "retired-bytesum": "the retired record's size check by the id's last byte",
     "handback-floor": "the shutdown hand-back is a delay 0 (spends an attempt)",
+    "progress-kept": "a reprocess keeps the previous run's progress (issue 38's verbs)",
 }
 
 # seam -> [(file, the fixed code's exact text, the mutant's)]: each undoes the line of the
@@ -287,6 +288,20 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "src/echomq/_queueloop.py",
             "        calls = [_ctl.push_back(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
             "        calls = [_p.delay(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
+        ),
+    ],
+    "progress-kept": [  # issue 38: update_progress's field, which a reprocess clears
+        (
+            "src/echomq/lua/reprocess.lua",
+            "'cancel', 'progress', 'finished_ms'",
+            "'cancel', 'finished_ms'",
+        ),
+        (
+            "native/cmd_reprocess.c",
+            'emq_call(e, "HDEL", 8, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"),'
+            ' EMQ_LIT("cancel"),\n             EMQ_LIT("progress"), ',
+            'emq_call(e, "HDEL", 7, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"),'
+            ' EMQ_LIT("cancel"),\n             ',
         ),
     ],
 }

@@ -181,3 +181,19 @@ def test_a_stale_token_never_settles_a_readmitted_id(sm: ModelMachine) -> None:
     assert sm.m(0).jobs[jid].state == "active" and sm.m(0).counts()["dead"] == 0
     settle(s, 0, "complete")
     assert sm.m(0).completed == 1 and sm.m(0).retired == {jid: 2}
+
+
+def test_a_reprocess_clears_progress_and_keeps_logs_and_errors(sm: ModelMachine) -> None:
+    """PROTOCOL §2.4: `:logs` and `:errors` are the history of every run; `progress` is the
+    run's own and a reprocess clears it."""
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"p", group=None, **ENQ)
+    s.annotate(qi=0, n=1, what="log", keep=0)
+    s.claim(qi=0, lease=LONG)
+    s.annotate(qi=0, n=1, what="progress", keep=0)
+    settle(s, 0, "retry", max_attempts=1)  # dead: `:errors` holds "attempt 1: boom"
+    s.annotate(qi=0, n=2, what="log", keep=1)  # keep 1: only the newest line
+    s.reprocess(qi=0, n=1)
+    jid = one(sm, "pending")
+    assert sm.m(0).jobs[jid].progress is None and sm.m(0).jobs[jid].logs == ["log2"]
+    assert sm.m(0).jobs[jid].errors == ["attempt 1: boom"]
