@@ -197,3 +197,16 @@ def test_a_reprocess_clears_progress_and_keeps_logs_and_errors(sm: ModelMachine)
     jid = one(sm, "pending")
     assert sm.m(0).jobs[jid].progress is None and sm.m(0).jobs[jid].logs == ["log2"]
     assert sm.m(0).jobs[jid].errors == ["attempt 1: boom"]
+
+
+def test_the_read_plane_agrees_under_spent_rate_windows(sm: ModelMachine) -> None:
+    """look: rate_limit_ttl of a spent window (queue-wide and a lane's), browse and the raw
+    checker while a spent lane is out of the ring."""
+    s = Steps(sm)
+    s.admin(qi=0, what="rate lane", g="la", n=1)
+    s.admin(qi=0, what="rate", g="la", n=2)
+    for g in ("la", "la", None, "lb"):
+        s.enqueue(qi=0, payload=b"r", group=g, **ENQ)
+    s.claim_batch(qi=0, n=4, lease=LONG)  # two claims in all, one of them from la
+    assert sm.m(0).rate == (2, 2) and sm.m(0).lane_rate["la"] == (1, 1)
+    s.look(qi=0, n=0)
