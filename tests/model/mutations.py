@@ -56,7 +56,9 @@ Seams:
 - ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9);
 - issue 37 (FINDINGS "Mutation check for issue 37"): ``resend-row``, ``occurrence-bit``,
   ``fold-ttl``, ``fold-lane``, ``limit-wake``, ``moved``, ``marker-ttl``, ``retired-ttl``,
-  ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit).
+  ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit);
+- issue 38: ``progress-kept``, a reprocess that keeps the previous run's progress (a verb
+  the model drives since issue 38: update_progress).
 
 Each seam costs a CI-budget run of the model file (~40-60 s on a quiet machine), a machine
 run and a build of the native module.
