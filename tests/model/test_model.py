@@ -699,6 +699,12 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
                 self.do_reprocess(qi, jid)
             return
         if chain == "rerun-dead":
+            # issue 38: the run reports progress and logs a line, which its rerun must not
+            # inherit (progress) and keeps (logs, like the errors of every run).
+            j.logs.append("ran")
+            assert self.q(qi).add_log(jid, "ran") == len(j.logs)
+            self.q(qi).update_progress(jid, "half")
+            j.progress = "half"
             self.do_retry(qi, jid, tok, 0, 1, "boom", keep)
             if jid in m.jobs and m.jobs[jid].state == "dead":
                 self.do_wait(qi, jid)
