@@ -134,11 +134,11 @@ def test_a_dead_lane_job_reprocesses_into_its_lane(sm: ModelMachine) -> None:
 
 def test_reassign_moves_waiting_and_scheduled_jobs(sm: ModelMachine) -> None:
     s = Steps(sm)
-    s.enqueue(qi=0, payload=b"w", group="la", **ENQ)
+    s.enqueue_prioritized(qi=0, payload=b"w", group="la", delay=None, priority=3)
     s.enqueue(qi=0, payload=b"s", group="la", **{**ENQ, "delay": SHORT})
     s.enqueue(qi=0, payload=b"f", group=None, **ENQ)
     waiting, later, flat = sorted(sm.m(0).jobs)
-    s.do_reassign(qi=0, jid=waiting, g="lb")
+    s.do_reassign(qi=0, jid=waiting, g="lb")  # its priority comes along (D23)
     s.do_reassign(qi=0, jid=later, g="la")  # noop: already there
     s.do_reassign(qi=0, jid=later, g="lb")
     s.do_reassign(qi=0, jid=flat, g="la")
