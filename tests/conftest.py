@@ -209,7 +209,6 @@ SLOW_TESTS = frozenset(
         "tests/reliability/test_server_restart.py::test_a_worker_replaces_the_record_of_its_own_dead_server",
         "tests/reliability/test_server_restart.py::test_quick_start_survives_a_server_restart",
         "tests/reliability/test_server_restart.py::test_verbose_names_the_server_and_its_source",
-        "tests/protocol/test_stateful.py::test_protocol_state_machine",
         "tests/features/test_testing_helpers.py::test_drain_times_out_on_a_paused_queue",
         "tests/features/test_testing_helpers.py::test_plugin_in_a_real_pytest_subprocess",
         "tests/worker/test_worker.py::test_broken_backoff_policy_does_not_strand_the_job",

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 LANES = ("la", "lb")
 KEEP_MS = 60_000  # every kept result outlives an example
+ERRORS_KEPT = 10  # a row's `:errors` keeps its last ten retries' errors
 SHORT = 20  # ms: a lease, delay or repeat period the machine lets lapse with a tick
 LONG = 60_000  # ms: never lapses within an example
 
@@ -53,6 +54,12 @@ class Job:
     expired: bool = False  # the machine waited past `expires`: a claim dead-letters it
     kids: list[str] = field(default_factory=list)  # same-queue children (add_flow), `kids`
     budget: int = 99  # this job's own attempt budget (the worker sends it to retry)
+    # ---- issue 38: the per-job side state of add_log / update_progress / retry (PROTOCOL
+    # §2.4): `:logs` and `:errors` go with the row and survive a reprocess; `progress` is a
+    # row field a reprocess clears.
+    logs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the last ERRORS_KEPT retries' errors
+    progress: str | None = None
 
 
 @dataclass
@@ -120,6 +127,7 @@ class QueueModel:
         self.keep_count: int | None = None  # keep_completed(count): None = off
         self.keep_dead: int | None = None  # keep_dead(count): None = unbounded
         self.dead_added = False  # a dead-letter since the last trim (only those trim)
+        self.events = True  # issue 38: enable_events / disable_events (the machine enables)
 
     # ------------------------------------------------------------------ reads
 
@@ -240,6 +248,12 @@ class QueueModel:
         self.retired[jid] = j.attempts  # 0 too: a resend of its enqueue looks here (issue 28)
         self.flows.pop(jid, None)
         return j
+
+    def log_error(self, jid: str, error: str) -> None:
+        """A retry that releases the lease records ``attempt N: error`` (N counted from the
+        incarnation's floor) in the row's `:errors`, the last ERRORS_KEPT kept."""
+        j = self.jobs[jid]
+        j.errors = [*j.errors, f"attempt {j.attempts - j.floor}: {error}"][-ERRORS_KEPT:]
 
     def keep(self, jid: str, value: bytes, attempts: int, error: str | None) -> None:
         self.results[jid] = Kept(value, attempts, error)

@@ -56,7 +56,10 @@ Seams:
 - ``reap-dedup``: a debounce hands its payload to a reaped, still-leased holder (F9);
 - issue 37 (FINDINGS "Mutation check for issue 37"): ``resend-row``, ``occurrence-bit``,
   ``fold-ttl``, ``fold-lane``, ``limit-wake``, ``moved``, ``marker-ttl``, ``retired-ttl``,
-  ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit).
+  ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit);
+- issue 38: ``progress-kept``, a reprocess that keeps the previous run's progress, and
+  ``reassign-priority``, a reassign that drops the job's priority (verbs the model drives
+  since issue 38: update_progress, reassign).
 
 Each seam costs a CI-budget run of the model file (~40-60 s on a quiet machine), a machine
 run and a build of the native module.
@@ -93,6 +96,8 @@ SEAMS: dict[str, str] = {
     "retired-ttl": "a held-back retired generation takes no TTL",
     "retired-bytesum": "the retired record's size check by the id's last byte",
     "handback-floor": "the shutdown hand-back is a delay 0 (spends an attempt)",
+    "progress-kept": "a reprocess keeps the previous run's progress (issue 38's verbs)",
+    "reassign-priority": "a reassigned waiting job loses its priority (issue 38's verbs)",
 }
 
 # seam -> [(file, the fixed code's exact text, the mutant's)]: each undoes the line of the
@@ -287,6 +292,27 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "src/echomq/_queueloop.py",
             "        calls = [_ctl.push_back(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
             "        calls = [_p.delay(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
+        ),
+    ],
+    "progress-kept": [  # issue 38: update_progress's field, which a reprocess clears
+        (
+            "src/echomq/lua/reprocess.lua",
+            "'cancel', 'progress', 'finished_ms'",
+            "'cancel', 'finished_ms'",
+        ),
+        (
+            "native/cmd_reprocess.c",
+            'emq_call(e, "HDEL", 8, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"),'
+            ' EMQ_LIT("cancel"),\n             EMQ_LIT("progress"), ',
+            'emq_call(e, "HDEL", 7, jk, EMQ_LIT("last_error"), EMQ_LIT("stalled"),'
+            ' EMQ_LIT("cancel"),\n             ',
+        ),
+    ],
+    "reassign-priority": [  # issue 38: reassign is Lua on both executors (no C twin)
+        (
+            "src/echomq/lua/reassign.lua",
+            "rcall('ZADD', waiting_key(base, dst), row[3] or 0, id)",
+            "rcall('ZADD', waiting_key(base, dst), 0, id)",
         ),
     ],
 }

@@ -9,16 +9,22 @@ policies, nested), claim / claim_batch / settle (the worker's batched round trip
 (with and without a kept result) / retry (with a kept death, "cancelled" included) / delay /
 extend / extend_leases, reap / sweep_stalled / promote / pump / fire_due, reprocess, remove,
 cancel (with and without remove=True), drain, wait, repeat / unrepeat, pause, lane pause and
-limits, queue-wide and lane rate limits.
+limits, queue-wide and lane rate limits; and (issue 38, tests/model/verbs.py) enqueue_many,
+complete_many, extend_many, reprocess_all, reassign, weight_lane, add_log, update_progress,
+enable_events / disable_events and the read plane (browse, pending_size, lane_depth, logs,
+errors, result, get_job, job_state, dedup_holder, dependencies, children_values,
+ignored_failures, rate_limit_ttl). Which verbs the model drives is recorded as it runs and
+compared with ``Queue``'s in tests/model/test_model_coverage.py.
 
 After every step the server must agree with the model: ``check()`` is empty on both queues;
 ``counts()``, ``lanes()``, ``is_paused()`` and the retired record match; every row's fields
-(the cancel flag and the flow fields included), its set and score, and its ``job_state`` are
-what the model says; an id without a row leaves no key behind (row, logs, errors, flow keys);
-every kept result and notify list, every dedup key, every parent's flow counters and hashes,
-and each queue's flow outbox match. Replies are compared as they come, typed errors
-(``StaleToken``, ``JobGone``, ``StateError``, ``JobFailed``, ``TimeoutError``) included; a
-refused duplicate or deduplicated enqueue must emit its event.
+(the cancel flag, the flow fields and ``progress`` included), its set and score, its `:logs`
+and `:errors` lists and its ``job_state`` are what the model says; an id without a row
+leaves no key behind (row, logs, errors, flow keys); every kept result and notify list,
+every dedup key, every parent's flow counters and hashes, and each queue's flow outbox
+match. Replies are compared as they come, typed errors (``StaleToken``, ``JobGone``,
+``StateError``, ``JobFailed``, ``TimeoutError``) included; a refused duplicate or
+deduplicated enqueue must emit its event (while events are on).
 
 Time. Every lease, delay and repeat period is either LONG (60 s: it never lapses within an
 example) or SHORT (20 ms). The verbs whose outcome depends on the clock (reap, sweep_stalled,
@@ -90,6 +96,8 @@ from echomq import (
 from echomq import ids as emq_ids
 from echomq.server import EmbeddedServer
 from model.core import KEEP_MS, LANES, LONG, SHORT, Flow, Job, QueueModel, World
+from model.recording import recording
+from model.verbs import VerbRules
 
 pytestmark = pytest.mark.executors
 
@@ -105,7 +113,7 @@ def strict(tag: str) -> bool:
     return tag not in WAIVED
 
 
-# Own servers, as tests/protocol/test_stateful.py does: check() SCANs the keyspace each step.
+# Own servers: check() SCANs the keyspace each step.
 @pytest.fixture(scope="module")
 def session_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if os.environ.get("ECHOMQ_TEST_URL"):
@@ -144,6 +152,18 @@ DIDS = ("d1", "d2", "L" * 200)
 MODES = st.sampled_from(("simple", "throttle", "debounce"))
 ERRORS = st.sampled_from(("boom", "boom", "cancelled"))
 REPEATS = ("r1", "r2")
+# What the admin rule does (test_model_coverage.py tours each).
+ADMIN = (
+    "pause",
+    "pause lane",
+    "limit lane",
+    "rate",
+    "rate lane",
+    "clear rate",
+    "clear lane",
+    "keep",
+    "keep dead",
+)
 _names = itertools.count()
 
 
@@ -162,14 +182,17 @@ def pick(items: list[Any], n: int) -> Any:
     return items[n % len(items)] if items else None
 
 
-class ModelMachine(RuleBasedStateMachine):
+class ModelMachine(VerbRules, RuleBasedStateMachine):
     def __init__(self, client: redis.Redis, executors: tuple[str, ...]) -> None:
         super().__init__()
         self.r = client
         stem = f"m{next(_names)}-{os.getpid()}"
         self.names = [stem, stem + "-x"]
+        # issue 38: every handle records the verbs called on it (test_model_coverage.py)
+        self.calls: set[str] = set()
         self.handles = [
-            [echomq.Queue(n, client=client, executor=e) for e in executors] for n in self.names
+            [recording(echomq.Queue(n, client=client, executor=e), self.calls) for e in executors]
+            for n in self.names
         ]
         self._turn = 0
         self.w = World(per_hash=not strict("count1"), keep_dropped=not strict("dropchild"))
@@ -418,9 +441,11 @@ class ModelMachine(RuleBasedStateMachine):
         e = self.q(qi).enqueue(payload, id=jid, group=group, delay_ms=delay, **kw)
         t1 = self.now()
         new = self.events_since(qi, before)
+        # issue 38: with events disabled nothing is recorded (the stream written is kept)
+        assert m.events or new == [], f"events disabled, yet {new}"
         if holder is not None:
             assert e == Enqueued(holder, "deduplicated"), f"{e} but {did} is held by {holder}"
-            assert "deduplicated" in new or not strict("events"), f"deduplicated: events {new}"
+            assert "deduplicated" in new or not m.events or not strict("events"), new
             if h is not None and mode == "debounce" and h.state in ("pending", "scheduled"):
                 self.debounced(qi, holder, h, payload, delay, t0, t1, old)
                 if h.payload == payload:  # folded (issue 37): the newest call's ttl too
@@ -433,7 +458,7 @@ class ModelMachine(RuleBasedStateMachine):
             return
         if jid is not None and jid in m.jobs:
             assert e == Enqueued(jid, "duplicate")
-            assert "duplicate" in new or not strict("events"), f"a refused duplicate: {new}"
+            assert "duplicate" in new or not m.events or not strict("events"), new
             return
         j = Job(payload, group, priority=priority)
         if delay:
@@ -616,6 +641,8 @@ class ModelMachine(RuleBasedStateMachine):
             self.take(qi, job)
         for job in jobs:
             self.m(qi).jobs[job.id].score = self.score(qi, "active", job.id, t0 + lease, t1 + lease)
+        deadlines = {self.m(qi).jobs[job.id].score for job in jobs}
+        assert len(deadlines) <= 1, f"a batch shares one lease deadline: {deadlines}"
 
     @rule(
         qi=QI,
@@ -687,6 +714,12 @@ class ModelMachine(RuleBasedStateMachine):
                 self.do_reprocess(qi, jid)
             return
         if chain == "rerun-dead":
+            # issue 38: the run reports progress and logs a line, which its rerun must not
+            # inherit (progress) and keeps (logs, like the errors of every run).
+            j.logs.append("ran")
+            assert self.q(qi).add_log(jid, "ran") == len(j.logs)
+            self.q(qi).update_progress(jid, "half")
+            j.progress = "half"
             self.do_retry(qi, jid, tok, 0, 1, "boom", keep)
             if jid in m.jobs and m.jobs[jid].state == "dead":
                 self.do_wait(qi, jid)
@@ -895,6 +928,7 @@ class ModelMachine(RuleBasedStateMachine):
                 m.keep(jid, b"", j.attempts, error)
             return "removed"
         m.leave_active(j)
+        m.log_error(jid, error)  # issue 38: `:errors`, before the verdict (dead or not)
         j.epoch, j.last_error = None, error
         if j.attempts - j.floor >= max_attempts:
             j.state = "dead"
@@ -1125,19 +1159,21 @@ class ModelMachine(RuleBasedStateMachine):
             m.keep(jid, b"", j.attempts, "cancelled")
         self.w.child_dead(qi, jid, j, "cancelled")
 
-    def promoted(self, qi: int, now: int) -> int:
+    def promoted(self, qi: int, now: int, limit: int = 100) -> int:
+        """The ``limit`` earliest due scheduled jobs (by run time, then id) wait again."""
         m = self.m(qi)
-        due = [i for i, j in m.jobs.items() if j.state == "scheduled" and j.score <= now]
-        for jid in due:
+        due = sorted((j.score, i) for i, j in m.jobs.items() if j.state == "scheduled")
+        due = [(s, i) for s, i in due if s <= now][:limit]
+        for _, jid in due:
             m.jobs[jid].state = "pending"
         return len(due)
 
-    @rule(qi=QI)
-    def promote(self, qi: int) -> None:
+    @rule(qi=QI, limit=st.sampled_from((1, 100, 100)))
+    def promote(self, qi: int, limit: int = 100) -> None:
         self.tick("scheduled")
         now = self.now()
-        want = self.promoted(qi, now)
-        assert self.q(qi).promote(100) == want
+        want = self.promoted(qi, now, limit)
+        assert self.q(qi).promote(limit) == want
 
     def fired(self, qi: int, got: int) -> None:
         """Every registered repeat fired one occurrence (the tick made each due): find the
@@ -1261,14 +1297,22 @@ class ModelMachine(RuleBasedStateMachine):
         t1 = self.now()
         note(f"reprocess: {j.state if j else 'gone'}{' with a result' if jid in m.results else ''}")
         if j is not None and err is None:
-            j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
-            j.died = 0  # a new incarnation: its next death is read afresh (D25)
-            j.floor = j.attempts
-            j.expires, j.expired = None, False  # issue 24: a reprocess starts without a ttl
-            m.results.pop(jid, None)
-            if delay:
-                j.state = "scheduled"
-                j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
+            self.reprocessed(qi, jid, delay, t0, t1)
+
+    def reprocessed(self, qi: int, jid: str, delay: int | None, t0: int, t1: int) -> None:
+        """A dead or kept completed job starts a new incarnation (reprocess, reprocess_all):
+        no result, flag, progress or ttl, a fresh budget; its logs and errors stay."""
+        m = self.m(qi)
+        j = m.jobs[jid]
+        j.state, j.last_error, j.stalled, j.cancel = "pending", None, 0, None
+        j.progress = None  # issue 38: a row field a reprocess clears (PROTOCOL §2.4)
+        j.died = 0  # a new incarnation: its next death is read afresh (D25)
+        j.floor = j.attempts
+        j.expires, j.expired = None, False  # issue 24: a reprocess starts without a ttl
+        m.results.pop(jid, None)
+        if delay:
+            j.state = "scheduled"
+            j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
 
     @rule(qi=QI, n=PICK, children=st.booleans())
     def remove(self, qi: int, n: int, children: bool = False) -> None:
@@ -1394,19 +1438,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(
         qi=QI,
-        what=st.sampled_from(
-            (
-                "pause",
-                "pause lane",
-                "limit lane",
-                "rate",
-                "rate lane",
-                "clear rate",
-                "clear lane",
-                "keep",
-                "keep dead",
-            )
-        ),
+        what=st.sampled_from(ADMIN),
         g=LANE,
         n=st.sampled_from((None, 1, 2)),
     )
@@ -1630,6 +1662,7 @@ class ModelMachine(RuleBasedStateMachine):
             "children",
             "priority",  # issue 24: absent for 0
             "expires",
+            "progress",  # issue 38: update_progress
             "kids",  # last: compared as a set of ids below
         )
         jobs = sorted(m.jobs.items())
@@ -1639,6 +1672,8 @@ class ModelMachine(RuleBasedStateMachine):
         for jid, j in jobs:
             pipe.hmget(self.jkey(qi, jid), fields)
             pipe.zscore(self.place(qi, j), jid)
+            pipe.lrange(self.jkey(qi, jid) + ":logs", 0, -1)  # issue 38: add_log
+            pipe.lrange(self.jkey(qi, jid) + ":errors", 0, -1)  # and retry's error history
         for jid in gone:
             jk = self.jkey(qi, jid)
             sides: tuple[str, ...] = (":logs", ":errors")
@@ -1667,6 +1702,9 @@ class ModelMachine(RuleBasedStateMachine):
         replies = iter(pipe.execute())
         for jid, j in jobs:
             row, score = next(replies), next(replies)
+            logs, errors = next(replies), next(replies)
+            assert [x.decode() for x in logs] == j.logs, f"{name} {jid}: logs {logs}, {j.logs}"
+            assert [x.decode() for x in errors] == j.errors, f"{jid}: errors {errors}, {j.errors}"
             want = [
                 j.state,
                 str(j.attempts),
@@ -1683,6 +1721,7 @@ class ModelMachine(RuleBasedStateMachine):
                 str(j.children) if j.children else None,
                 str(j.priority) if j.priority else None,
                 str(j.expires) if j.expires is not None else None,
+                j.progress,
                 _kids(j.kids),
             ]
             got = [
@@ -1775,6 +1814,11 @@ class ModelMachine(RuleBasedStateMachine):
                 qs[0].obliterate(force=True)
             for name in self.names:
                 left = list(self.r.scan_iter(match=f"emq:{{{name}}}:*", count=1000))
+                # Replay markers (an enqueue_many naming an id) outlive obliterate by design
+                # (PROTOCOL §2.4 `recent:*`): each must still carry its TTL.
+                recent = [k for k in left if b":recent:" in k]
+                assert all(self.r.pttl(k) > 0 for k in recent), f"a marker without a TTL {recent}"
+                left = [k for k in left if k not in recent]
                 assert left == [], f"obliterate left {left[:5]}"
         finally:
             for qs in self.handles:
@@ -1838,6 +1882,11 @@ def test_machine_mixed_executors(module_server: EmbeddedServer) -> None:
 
 @pytest.fixture
 def sm(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+    yield from machine_on(redis_url, executor)
+
+
+def machine_on(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+    """A machine for fixed scenarios (the ``sm`` fixture here and in test_model_protocol.py)."""
     client = redis.Redis.from_url(redis_url)
     machine = ModelMachine(client, (executor,))
     machine.server_agrees_with_model()
