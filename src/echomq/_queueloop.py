@@ -28,7 +28,7 @@ from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
 
 if TYPE_CHECKING:
-    from echomq.app import App
+    from echomq._appface import AppFace
 
 __all__ = ["QueueLoop", "WorkerStats", "applied", "cancel_tasks", "first_fence"]
 
@@ -170,7 +170,7 @@ class QueueLoop:
         if self.newest.get(r.job.id) is r:
             del self.newest[r.job.id]
 
-    async def register(self, x: AsyncExecutor, app: App) -> None:
+    async def register(self, x: AsyncExecutor, app: AppFace) -> None:
         """At worker start: the app's ``@app.periodic`` repeats of this queue (stale ones of
         the same app dropped, D19), its tasks' queue-wide ``rate_limit`` (D21) and the app's
         kept-history settings (``App(keep_completed=, keep_dead=)``, D25)."""

@@ -33,8 +33,7 @@ from echomq.errors import BadArguments, InvalidArgument, StateError
 
 if TYPE_CHECKING:
     from echomq import ids as _ids
-    from echomq._tasks import Task
-    from echomq.app import App
+    from echomq._appface import HostApp, SignedTask
 
 __all__ = [
     "DEFAULT_KEEP_MS",
@@ -60,7 +59,7 @@ class Signature:
     and ``group`` are the job's options; ``fail_parent=False`` makes its death an ignored
     failure of its parent instead of the parent's death."""
 
-    task: Task[Any, Any]
+    task: SignedTask
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
@@ -111,7 +110,7 @@ def _keep(keep_result_ms: object) -> int:
     return keep_result_ms
 
 
-def _keys(app: App, queue: str) -> Keys:
+def _keys(app: HostApp, queue: str) -> Keys:
     """A queue's keys with the app's payload bound (as ``app.queue(name)`` has them)."""
     return Keys(queue) if app.max_payload is None else Keys(queue, app.max_payload)
 
@@ -210,7 +209,7 @@ class Group:
     """Calls run in parallel (``app.group([...])``); ``enqueue()`` answers a
     :class:`GroupReceipt`. ``group | callback`` is a :class:`Chord`."""
 
-    app: App
+    app: HostApp
     sigs: tuple[Signature, ...]
     keep_result_ms: int = DEFAULT_KEEP_MS
 
@@ -364,7 +363,7 @@ class Chain:
     ``a.s(1) | b.s()``; ``enqueue()`` answers a :class:`ChainReceipt`. A chord may be the
     first step. At most ``MAX_FLOW_DEPTH`` (8) levels: a chord counts two."""
 
-    app: App
+    app: HostApp
     steps: tuple[Step, ...]
     keep_result_ms: int = DEFAULT_KEEP_MS
 
