@@ -15,20 +15,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _compose
 from echomq import _control as _ctl
 from echomq import _protocol as _p
+from echomq._appface import AppFace
 from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
 from echomq._executor import AsyncExecutor
 from echomq._kernel import Call, Completed, Keys, Retried
 from echomq._logfmt import warn_repeated
 from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
-
-if TYPE_CHECKING:
-    from echomq._appface import AppFace
 
 __all__ = ["QueueLoop", "WorkerStats", "applied", "cancel_tasks", "first_fence"]
 

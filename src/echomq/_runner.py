@@ -28,10 +28,11 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from echomq import _compose, _envelope
 from echomq import _kernel as _k
+from echomq._appface import AppFace, TaskFace
 from echomq._isolate import Child, ChildTimeout
 from echomq._kernel import Job, Keys
 from echomq._pool import PoolRun, ProcessPool
@@ -39,9 +40,6 @@ from echomq.backoff import exponential
 from echomq.context import JobContext, _current
 from echomq.hooks import Hooks
 from echomq.outcomes import Discard, RateLimit, Retry
-
-if TYPE_CHECKING:
-    from echomq._appface import AppFace, TaskFace
 
 __all__ = ["Runner", "Running", "Settle"]
 

@@ -8,18 +8,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from echomq import _compose, _envelope, keyspace
+from echomq._appface import HostApp, SignedTask
 from echomq._binding import _UNSUPPORTED, _Params
 from echomq._isolatable import check_isolatable
 from echomq._kernel import MAX_ARG, MAX_MS, Enqueued, Keys, _priority
 from echomq._workflows import Signature
 from echomq.backoff import Backoff
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
-
-if TYPE_CHECKING:
-    from echomq._appface import HostApp, SignedTask
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _control as _ctl
+from echomq._appface import HostApp
 from echomq.errors import ChainFailed, GroupFailed, JobFailed
-
-if TYPE_CHECKING:
-    from echomq._appface import HostApp
 
 __all__ = ["ChainReceipt", "ChordReceipt", "GroupReceipt"]
 

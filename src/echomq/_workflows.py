@@ -22,18 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _compose, _envelope, keyspace
 from echomq import _protocol as _p
+from echomq import ids as _ids
+from echomq._appface import HostApp, SignedTask
 from echomq._kernel import MAX_MS, Keys, Plan, _priority
 from echomq._produce import mint
 from echomq._workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
 from echomq.errors import BadArguments, InvalidArgument, StateError
-
-if TYPE_CHECKING:
-    from echomq import ids as _ids
-    from echomq._appface import HostApp, SignedTask
 
 __all__ = [
     "DEFAULT_KEEP_MS",

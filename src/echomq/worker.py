@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from echomq import _control as _ctl
 from echomq import _protocol as _p
+from echomq._appface import AppFace
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
@@ -65,7 +66,6 @@ from echomq.errors import (
 from echomq.hooks import Hooks
 
 if TYPE_CHECKING:
-    from echomq._appface import AppFace
     from echomq._health import WorkerHealth
 
 __all__ = ["Hooks", "Worker", "WorkerStats"]
