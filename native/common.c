@@ -224,7 +224,8 @@ int emq_claim_gate(emq *e, emq_lease *out) {
     return m[0].p != NULL;
 }
 
-/* ---- tally/tally_add (common.lua), the sweep's touch_all tally: jobs added per waiting set, in the order first met ----
+/* ---- tally/tally_add: the sweep's touch_all tally, jobs added per waiting set in the order
+ * first met ----
  * The script keeps the same ordered tally (common.lua's tally/tally_add) and touches the
  * lanes, which re-enter the ring by RPUSH, in that order, so both executors leave one ring.
  * (It walked pairs() once, an order that follows the server Lua's string hash: Valkey's
