@@ -44,7 +44,9 @@ def run(url: str, name: str, jobs: int, limit: int | None, concurrency: int, cap
     # stopped): the worker's refills come from its own loop, as in a steady state.
     import redis
 
-    redis.Redis.from_url(url).delete("emq:{" + name + "}:wake")
+    r = redis.Redis.from_url(url.partition("?")[0])  # without echomq's own ?executor=
+    r.delete("emq:{" + name + "}:wake")
+    r.close()
     worker = echomq.Worker(app, queues=[name], concurrency=concurrency)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(worker.arun(),))

@@ -1045,6 +1045,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 KEPT_SECTIONS = ("## Targets and where the time goes", "## Protocol verbs", "## Cluster")
 
 
+# RESULTS.md opens with the current figures (bench/cpu.py's CPU per job, issue 38); this
+# bench's side by side goes under the "# History" heading, after what stands above it.
+HISTORY = "# History\n"
+
+
+def _current_head(path: Path) -> str:
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    at = old.find("\n" + HISTORY)
+    return old[: at + 1 + len(HISTORY)] + "\n" if at >= 0 else ""
+
+
 def _kept_sections(path: Path) -> str:
     if not path.exists():
         return ""
@@ -1093,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(b.tmp, ignore_errors=True)
     else:
         out = Path(a.out) if a.out else BENCH / "RESULTS.md"
-        out.write_text(text + _kept_sections(out))
+        out.write_text(_current_head(out) + text + _kept_sections(out))
         (BENCH / "results.json").write_text(
             json.dumps(
                 {

@@ -53,7 +53,7 @@ async def long_report() -> None:
 def reset(q: echomq.Queue) -> None:
     q.clear_rate_limit()
     q.clear_rate_limit("tenant-7")
-    q.drain(include_schedule=True)
+    q.drain(include_scheduled=True)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ def send_welcome(to: str) -> str:
 
 def main() -> None:
     q = app.queue(QUEUE)
-    q.drain(include_schedule=True)
+    q.drain(include_scheduled=True)
     # In production the worker is its own process: `echomq worker examples.quickstart:app`.
     # Here it runs on its own event loop in a thread, so one script shows both sides.
     worker = echomq.Worker(app, queues=[QUEUE], concurrency=4)
@@ -40,7 +40,7 @@ def main() -> None:
         loop.call_soon_threadsafe(worker.stop)
         runner.join(15)
         loop.close()
-        q.drain(include_schedule=True)
+        q.drain(include_scheduled=True)
         app.close()
 
 

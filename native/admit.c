@@ -99,7 +99,9 @@ void emq_mark_one(emq *e, emq_sv key, emq_sv field, const char *verdict, long lo
                   int ttl) {
     emq_sv v = strcmp(verdict, "scheduled") == 0 ? EMQ_LIT("s") : EMQ_LIT("e");
     emq_hset(e, 3, key, field, v);
-    if (ttl) emq_call(e, "PEXPIRE", 2, key, emq_fmt_ll(e, replay_ms + 2000));
+    /* admit.lua mark_one: a key deleted under a client that had timed it gets a TTL again. */
+    if (ttl || emq_int(e, emq_call(e, "PTTL", 1, key)) == -1)
+        emq_call(e, "PEXPIRE", 2, key, emq_fmt_ll(e, replay_ms + 2000));
 }
 
 const char *emq_find_one(emq *e, emq_sv key, emq_sv field) {

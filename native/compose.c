@@ -49,10 +49,79 @@ static void flow_outbox(emq *e, const emq_flow *f, emq_sv id, int done, emq_sv v
     emq_call(e, "RPUSH", 2, emq_key(e, EMQ_K_FLOW_OUTBOX), entry);
 }
 
+/* Batches (issue 42, compose.lua batch_callback): admit a callback kept on the anchor,
+ * encoded id NUL lane NUL priority NUL payload, the one time it fires. */
+static void batch_callback(emq *e, emq_sv bid, emq_sv spec) {
+    const char *a = memchr(spec.p, 0, spec.n);
+    const char *b = a ? memchr(a + 1, 0, spec.n - (size_t)(a + 1 - spec.p)) : NULL;
+    const char *c = b ? memchr(b + 1, 0, spec.n - (size_t)(b + 1 - spec.p)) : NULL;
+    if (!c) return;
+    emq_sv id = {spec.p, (size_t)(a - spec.p)};
+    emq_sv g = {a + 1, (size_t)(b - a - 1)};
+    emq_sv pri = {b + 1, (size_t)(c - b - 1)};
+    emq_sv payload = {c + 1, spec.n - (size_t)(c + 1 - spec.p)};
+    long long pv = 0;
+    if (!emq_parse_ll(pri, &pv)) pv = 0;
+    emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
+    if (emq_exists(e, jk)) return;
+    if (g.n == 0) g = (emq_sv){NULL, 0};
+    emq_sv f[13] = {jk,      EMQ_LIT("state"),   EMQ_LIT("pending"),  EMQ_LIT("attempts"),
+                    EMQ_LIT("0"), EMQ_LIT("payload"), payload, EMQ_LIT("batch_of"), bid};
+    int n = 9;
+    if (g.p) {
+        f[n++] = EMQ_LIT("group");
+        f[n++] = g;
+    }
+    emq_sv score = emq_fmt_ll(e, pv);
+    if (pv != 0) {
+        f[n++] = EMQ_LIT("priority");
+        f[n++] = score;
+    }
+    emq_hsetv(e, n, f);
+    emq_zadd(e, 3, emq_waiting_key(e, g), score, id);
+    emq_emit_in(e, "enqueued", id, g, 0, NULL);
+    int inring, inserted;
+    emq_sync(e, g, 0, &inring, &inserted);
+    emq_wake(e, 1);
+}
+
+/* compose.lua batch_done: the anchor released; 1 when a bare anchor ended here. */
+static int batch_done(emq *e, emq_sv pid, emq_sv pk) {
+    static const char *fields[3] = {"on_success", "payload", "attempts"};
+    emq_sv b[3];
+    if (!emq_hmget(e, pk, 3, fields, b)) return 0;
+    int ok = emq_hlen(e, emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_UNSUCCESSFUL))) == 0;
+    if (ok && b[0].p) batch_callback(e, pid, b[0]);
+    emq_call(e, "HDEL", 3, pk, EMQ_LIT("on_success"), EMQ_LIT("on_death"));
+    emq_hset(e, 3, pk, EMQ_LIT("batch"), ok ? EMQ_LIT("success") : EMQ_LIT("complete"));
+    if (!b[1].p || b[1].n > 0) return 0;
+    emq_del(e, 4, emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_DEPS)),
+            emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_PROCESSED)), emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_FAILED)),
+            emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_UNSUCCESSFUL)));
+    emq_del(e, 3, pk, emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_LOGS)),
+            emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_ERRORS)));
+    emq_retire_one(e, pid, b[2]);
+    return 1;
+}
+
+/* compose.lua batch_death: the first counted death of a running batch fires on_death. */
+static void batch_death(emq *e, emq_sv pid, emq_sv pk, emq_sv id) {
+    static const char *fields[3] = {"batch", "state", "on_death"};
+    emq_sv b[3];
+    if (!emq_hmget(e, pk, 3, fields, b) || !b[0].p || !emq_eqs(b[1], "awaiting_children"))
+        return;
+    if (emq_int(e, emq_call(e, "HSETNX", 3, pk, EMQ_LIT("died"), id)) == 0) return;
+    if (b[2].p) {
+        batch_callback(e, pid, b[2]);
+        emq_call(e, "HDEL", 2, pk, EMQ_LIT("on_death"));
+    }
+}
+
 static void flow_release(emq *e, emq_sv pid) {
-    static const char *fields[3] = {"state", "group", "priority"};
-    emq_sv pk = emq_key2(e, EMQ_KP_JOB, pid), p[3];
-    if (!emq_hmget(e, pk, 3, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+    static const char *fields[4] = {"state", "group", "priority", "batch"};
+    emq_sv pk = emq_key2(e, EMQ_KP_JOB, pid), p[4];
+    if (!emq_hmget(e, pk, 4, fields, p) || !emq_eqs(p[0], "awaiting_children")) return;
+    if (p[3].p && batch_done(e, pid, pk)) return;
     emq_hset(e, 3, pk, EMQ_LIT("state"), EMQ_LIT("pending"));
     emq_zadd(e, 3, emq_waiting_key(e, p[1]), p[2].p ? p[2] : EMQ_LIT("0"), pid);
     /* A full sync, not touch's flat fast path (compose.lua flow_release, F12). */
@@ -98,6 +167,7 @@ static void flow_settled(emq *e, emq_sv pid, int hash, emq_sv id, emq_sv value, 
                  emq_cat(e, 2, pk, (emq_sv){FLOW_HASHES[before], strlen(FLOW_HASHES[before])}),
                  id);
     emq_hset(e, 3, hk, id, value);
+    if (hash == 1) batch_death(e, pid, pk, id);
     if (before == 0 || before == 1) return;
     if (emq_int(e, emq_call(e, "DECR", 1, emq_cat(e, 2, pk, EMQ_LIT(EMQ_KT_DEPS)))) <= 0)
         flow_release(e, pid);

@@ -28,6 +28,17 @@ async def noop(i: int, t: float = 0.0) -> None:
         record(t)
 
 
+# The same no-op as an inline sync handler (``inline=True``: run on the worker's loop, no
+# thread, no Task): bench/cpu.py's "inline sync handler" rows run the worker on this app.
+inline_app = echomq.App(bench_url())
+
+
+@inline_app.task(queue=QUEUE, name="noop", inline=True)
+def noop_inline(i: int, t: float = 0.0) -> None:
+    if t:
+        record(t)
+
+
 def version() -> str:
     return echomq.__version__
 
@@ -36,6 +47,7 @@ def version() -> str:
 # module on the bench's server, or an older echomq under --echomq-rev); run.py sets "lua" when
 # the server loads the native module, and peers/echomq_native.py runs this file with "native".
 EXECUTOR: str | None = None
+WORKER_APP = "app"  # the module-level App the worker runs ("inline_app": the sync handler)
 
 
 def _with_executor(url: str) -> str:
@@ -66,7 +78,7 @@ def enqueue_bulk(url: str, n: int) -> float:
 def worker_cmd(url: str, concurrency: int) -> list[str]:
     at = ["--url", _with_executor(url)] if EXECUTOR else []
     return [
-        sys.executable, "-m", "echomq", *at, "worker", "peers.echomq:app",
+        sys.executable, "-m", "echomq", *at, "worker", f"peers.echomq:{WORKER_APP}",
         "-q", QUEUE, "-c", str(concurrency), "--log-level", "WARNING",
     ]  # fmt: skip
 

@@ -18,6 +18,7 @@ private.
 from __future__ import annotations
 
 from echomq import ids, keyspace
+from echomq._batches import Batch, BatchStatus
 from echomq._compose import FlowAdded, FlowJob, Repeat
 from echomq._kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
 from echomq._observe import Event
@@ -58,13 +59,15 @@ from echomq.outcomes import Discard, RateLimit, Retry
 from echomq.queue import AsyncQueue, Queue
 from echomq.worker import Worker
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "WIRE_VERSION",
     "App",
     "AsyncQueue",
     "BadArguments",
+    "Batch",
+    "BatchStatus",
     "Chain",
     "ChainFailed",
     "ChainReceipt",
@@ -122,7 +125,7 @@ __all__ = [
     "keyspace",
 ]
 
-# The exports defined in private modules name the public path, so reprs, help(), pickles by
+# The exports defined in private modules name the public path, so reprs, help(), copies by
 # reference and tracebacks say echomq.Queue, not echomq._sync_queue.Queue (issue 38).
 for _name in __all__:
     _obj = globals()[_name]

@@ -31,6 +31,7 @@ from echomq._executor import AsyncExecutor
 from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled, _seen
 from echomq._native import resolve_executor
 from echomq._queueopts import durable_replicas, replay_ms
+from echomq._renamed import renamed, respelled
 from echomq._waiters import ResultWaiters  # async-only
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
@@ -362,7 +363,9 @@ class AsyncQueue:
     async def browse(
         self, state: str = "pending", n: int = 50, *, group: str | None = None
     ) -> list[str]:
-        """Up to ``n`` ids in ``state``, newest first."""
+        """Up to ``n`` ids in ``state``, newest first (``"schedule"``: deprecated, say
+        ``"scheduled"``)."""
+        state = respelled("browse", "state", state, "schedule", "scheduled")
         return await self._x.run(_p.browse(self._k, state, n, group))
 
     async def pending_size(self) -> int:
@@ -398,13 +401,15 @@ class AsyncQueue:
         """Whether the queue is paused."""
         return await self._x.run(_p.is_paused(self._k))
 
-    async def pause_lane(self, g: str) -> None:
-        """Stop serving lane ``g``."""
-        return await self._x.run(_p.pause_lane(self._k, g))
+    @renamed(g="lane")
+    async def pause_lane(self, lane: str) -> None:
+        """Stop serving the lane ``lane``."""
+        return await self._x.run(_p.pause_lane(self._k, lane))
 
-    async def resume_lane(self, g: str) -> None:
-        """Serve lane ``g`` again."""
-        return await self._x.run(_p.resume_lane(self._k, g))
+    @renamed(g="lane")
+    async def resume_lane(self, lane: str) -> None:
+        """Serve the lane ``lane`` again."""
+        return await self._x.run(_p.resume_lane(self._k, lane))
 
     async def limit(self, n: int | None) -> None:
         """At most ``n`` jobs of the queue active at once across every worker, lanes included
@@ -415,21 +420,25 @@ class AsyncQueue:
         """The queue-wide concurrency limit, or None."""
         return await self._x.run(_p.get_limit(self._k))
 
-    async def limit_lane(self, g: str, n: int | None) -> None:
-        """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""
-        return await self._x.run(_p.limit_lane(self._k, g, n))
+    @renamed(g="lane")
+    async def limit_lane(self, lane: str, n: int | None) -> None:
+        """Cap the lane ``lane``'s jobs in active at ``n`` (None removes the cap)."""
+        return await self._x.run(_p.limit_lane(self._k, lane, n))
 
-    async def weight_lane(self, g: str, w: int) -> None:
-        """Lane ``g``'s fair share (default 1)."""
-        return await self._x.run(_p.weight_lane(self._k, g, w))
+    @renamed(g="lane")
+    async def weight_lane(self, lane: str, w: int) -> None:
+        """The lane ``lane``'s fair share (default 1)."""
+        return await self._x.run(_p.weight_lane(self._k, lane, w))
 
-    async def reassign(self, id: str, g: str) -> str:
-        """Move a waiting job to lane ``g``: ``'reassigned'`` or ``'noop'``."""
-        return await self._x.run(_p.reassign(self._k, id, g))
+    @renamed(g="lane")
+    async def reassign(self, id: str, lane: str) -> str:
+        """Move a waiting job to the lane ``lane``: ``'reassigned'`` or ``'noop'``."""
+        return await self._x.run(_p.reassign(self._k, id, lane))
 
-    async def lane_depth(self, g: str) -> int:
-        """How many jobs wait in lane ``g``."""
-        return await self._x.run(_p.lane_depth(self._k, g))
+    @renamed(g="lane")
+    async def lane_depth(self, lane: str) -> int:
+        """How many jobs wait in the lane ``lane``."""
+        return await self._x.run(_p.lane_depth(self._k, lane))
 
     async def lanes(self) -> list[str]:
         """Every lane holding at least one waiting job."""
@@ -440,9 +449,11 @@ class AsyncQueue:
         beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
         return await self._x.run(_reg.list_workers(self._k))
 
-    async def drain(self, *, include_schedule: bool = False) -> int:
-        """Delete the waiting jobs (flat and lanes); returns how many."""
-        return await self._x.run(_p.drain(self._k, include_schedule))
+    @renamed(include_schedule="include_scheduled")
+    async def drain(self, *, include_scheduled: bool = False) -> int:
+        """Delete the waiting jobs (flat and lanes), and the scheduled ones with
+        ``include_scheduled``; returns how many."""
+        return await self._x.run(_p.drain(self._k, include_scheduled))
 
     async def obliterate(self, *, force: bool = False) -> None:
         """Delete every key of this (paused) queue."""
@@ -616,16 +627,21 @@ class AsyncQueue:
         """At most ``max`` claims per ``window_ms`` for the whole queue (lanes included)."""
         return await self._x.run(_ctl.rate_limit(self._k, max, window_ms))
 
-    async def rate_limit_lane(self, g: str, max: int, window_ms: int) -> None:
-        """At most ``max`` claims per ``window_ms`` from lane ``g``; a spent lane leaves the
-        ring until its window reopens, so the other lanes keep being served."""
+    @renamed(g="lane")
+    async def rate_limit_lane(self, lane: str, max: int, window_ms: int) -> None:
+        """At most ``max`` claims per ``window_ms`` from the lane ``lane``; a spent lane leaves
+        the ring until its window reopens, so the other lanes keep being served."""
         # A lane verb: None is a bad lane here, not "the whole queue" (that is rate_limit).
-        return await self._x.run(_ctl.rate_limit(self._k, max, window_ms, keyspace.check_lane(g)))
+        return await self._x.run(
+            _ctl.rate_limit(self._k, max, window_ms, keyspace.check_lane(lane))
+        )
 
-    async def clear_rate_limit(self, g: str | None = None) -> None:
-        """Remove the queue-wide limit, or lane ``g``'s."""
-        return await self._x.run(_ctl.clear_rate_limit(self._k, g))
+    @renamed(g="lane")
+    async def clear_rate_limit(self, lane: str | None = None) -> None:
+        """Remove the queue-wide limit, or the lane ``lane``'s."""
+        return await self._x.run(_ctl.clear_rate_limit(self._k, lane))
 
-    async def rate_limit_ttl(self, g: str | None = None) -> int:
-        """The ms until the spent window (queue-wide, or lane ``g``'s) reopens; 0 = open."""
-        return await self._x.run(_ctl.rate_limit_ttl(self._k, g))
+    @renamed(g="lane")
+    async def rate_limit_ttl(self, lane: str | None = None) -> int:
+        """The ms until the spent window (queue-wide, or the lane ``lane``'s) reopens; 0 = open."""
+        return await self._x.run(_ctl.rate_limit_ttl(self._k, lane))

@@ -143,7 +143,9 @@ class _Params:
     ) -> tuple[list[Any], dict[str, Any]]:
         """The arguments of a call that binds, converted to their annotations."""
         hints = self._hints if self._hints is not None else self.hints()
-        if not hints:
+        if not hints:  # nothing to convert: the next call of these types skips this one
+            if not kwargs and len(self.as_is) < 64:
+                self.as_is.add(tuple(map(type, args)))
             return args, kwargs
         if not self.varargs:  # each positional argument is the parameter at its index
             args = list(args)

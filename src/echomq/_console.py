@@ -445,6 +445,10 @@ class FlowNode:
     settled: list[tuple[str, str, str]] = field(default_factory=list)  # (id, state, detail)
     tree: list[FlowChild] = field(default_factory=list)  # its same-queue children (kids)
     elsewhere: int = 0  # children on other queues (not in `kids`): recorded or counted only
+    # A batch's anchor (issue 42): open | closed | success | complete, and its description;
+    # `waiting` then counts its members only (not the open batch's hold).
+    batch: str | None = None
+    about: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -495,14 +499,16 @@ def _flow_nodes(
     for pid in parents:
         jk = k.job(pid)
         calls += [
-            _cmd(("HMGET", jk, "state", "payload", "children", "kids"), list),
+            _cmd(("HMGET", jk, "state", "payload", "children", "kids", "batch", "about"), list),
             _cmd(("GET", jk + ":deps"), lambda r: r),
             *_records(jk),
         ]
     replies = [_inspect._raise(r) for r in x.pipeline(calls)] if calls else []
     out = []
     for i, pid in enumerate(parents):
-        (state, payload, children, kids), deps, done, failed, ignored = replies[i * 5 : i * 5 + 5]
+        (state, payload, children, kids, batch, about), deps, done, failed, ignored = replies[
+            i * 5 : i * 5 + 5
+        ]
         task, _args = preview(serializer, payload)
         node = FlowNode(
             pid,
@@ -511,6 +517,10 @@ def _flow_nodes(
             int(_s(deps)) if deps is not None else 0,
             int(_s(children)) if children is not None else None,
         )
+        if batch is not None:
+            node.batch, node.about = _s(batch), _s(about) if about else None
+            node.waiting = max(0, node.waiting - (node.batch == "open"))
+            node.children = None  # members are added over time: no count to compare
         node.settled += [(c, "completed", _cut(v, 60)) for c, v in sorted(done.items())]
         node.settled += [(c, "failed", one_line(v, 60)) for c, v in sorted(failed.items())]
         node.settled += [(c, "ignored", one_line(v, 60)) for c, v in sorted(ignored.items())]

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,32 +54,40 @@ _MAX_ERROR_TEXT = 8192
 _DEFAULT_BACKOFF = exponential(1_000, 60_000)  # the fallback when a task's own policy fails
 
 
-@dataclass(eq=False)
 class Running:
-    """One run of a claimed job: the worker keys it by ``(id, token)``."""
+    """One run of a claimed job: the worker keys it by ``(id, token)``. A plain class with
+    slots (a claim makes one per job: a dataclass's __init__ and __post_init__ cost ~2x)."""
 
-    job: Job
-    ctx: JobContext | None = None
-    fut: asyncio.Future[Any] | None = None
-    lost: bool = False  # the lease was lost, or the job handed back: never settle this run
-    thread: Future[Any] | None = None  # a sync handler's run in the pool
-    started: float = 0.0  # time.monotonic() when the sync handler's thread was submitted
-    # An isolated run's child process (@app.task(isolate=True)), or a pool run's claim on the
-    # worker's process pool (@app.task(pool="process")): kill() stops either.
-    child: Child | PoolRun | None = None
-    cancelled: bool = False  # D22: the job was cancelled; its settle dead-letters it
-    begun: float = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
-    # Issue 24: this job's own attempt budget (its envelope's opts), 0 for its task's.
-    max_attempts: int = 0
-    # Issue 42 (echomq._workflows): a workflow step keeps its value (and error) this long
-    # whatever its task keeps, and ``prev`` says which children's values it receives first.
-    keep_ms: int = 0
-    prev: Any = None
-    prev_arg: str | None = None  # the keyword the value goes in (Signature.chain_arg), or first
-    key: tuple[str, int] = field(init=False)  # (id, token): how the worker tracks the run
+    __slots__ = (
+        "begun", "cancelled", "child", "ctx", "fut", "job", "keep_ms", "key", "lost",
+        "max_attempts", "prev", "prev_arg", "started", "thread",
+    )  # fmt: skip
 
-    def __post_init__(self) -> None:
-        self.key = (self.job.id, self.job.token)
+    def __init__(self, job: Job, ctx: JobContext | None = None) -> None:
+        self.job = job
+        self.ctx = ctx
+        self.fut: asyncio.Future[Any] | None = None
+        # The lease was lost, or the job handed back: never settle this run.
+        self.lost = False
+        self.thread: Future[Any] | None = None  # a sync handler's run in the pool
+        self.started = 0.0  # time.monotonic() when the sync handler's thread was submitted
+        # An isolated run's child process (@app.task(isolate=True)), or a pool run's claim on
+        # the worker's process pool (@app.task(pool="process")): kill() stops either.
+        self.child: Child | PoolRun | None = None
+        self.cancelled = False  # D22: the job was cancelled; its settle dead-letters it
+        self.begun = 0.0  # time.monotonic() at the start, only while DEBUG logs are on
+        # Issue 24: this job's own attempt budget (its envelope's opts), 0 for its task's.
+        self.max_attempts = 0
+        # Issue 42 (echomq._workflows): a workflow step keeps its value (and error) this
+        # long whatever its task keeps, and ``prev`` says which children's values it
+        # receives first; ``prev_arg``: the keyword the value goes in (chain_arg), or first.
+        self.keep_ms = 0
+        self.prev: Any = None
+        self.prev_arg: str | None = None
+        self.key = (job.id, job.token)  # how the worker tracks the run
+
+    def __repr__(self) -> str:
+        return f"Running(job={self.job!r}, lost={self.lost}, cancelled={self.cancelled})"
 
     def lose(self) -> None:
         """Another run owns the job now (or it was handed back): cancel, never settle."""
@@ -174,21 +182,19 @@ class Runner:
             r.keep_ms, r.prev = _workflow_opts(opts)
             arg = opts.get("arg")
             r.prev_arg = arg if isinstance(arg, str) and arg.isidentifier() else None
+        # Positional (queue, id, token, group, task, lost, cancelled, app, floor, payload):
+        # keyword arguments cost a dataclass __init__ half as much again, once a job.
         r.ctx = JobContext(
-            queue,
-            job.id,
-            job.token,
-            job.group,
-            task.name,
-            app=self.app,
-            floor=job.floor,
-            payload=job.payload,
-        )
-        if jlog.isEnabledFor(logging.INFO):
+            queue, job.id, job.token, job.group, task.name, False, False, self.app, job.floor,
+            job.payload,
+        )  # fmt: skip
+        if jlog.isEnabledFor(logging.DEBUG):
             r.begun = time.monotonic()
             # The start line: a run that hangs is seen in the log (its end line never comes).
+            # DEBUG, as the completion line: at INFO the two cost 35-40 us of worker CPU a
+            # job, twice all else the worker spends on a no-op job (issue 41).
             where, fields = _job_line(r, task)
-            jlog.info("%s started", where, extra=fields)
+            jlog.debug("%s started", where, extra=fields)
         if r.prev is not None:
             # A workflow step: its first argument is read from its children's values first
             # (one server read, on the loop), then the run goes on as any other.
@@ -198,7 +204,10 @@ class Runner:
             # and no event-loop task per job.
             done(r, self._run_inline(r, task, args, kwargs))
         else:
-            r.fut = asyncio.ensure_future(self._execute(r, task, args, kwargs, done))
+            # The loop's own create_task: asyncio.ensure_future's checks cost as much again.
+            r.fut = asyncio.get_running_loop().create_task(
+                self._execute(r, task, args, kwargs, done)
+            )
 
     def prepare(
         self, job: Job
@@ -397,11 +406,11 @@ class Runner:
     def _log_end(
         self, r: Running, task: TaskFace, settle: Settle, error: BaseException | None
     ) -> None:
-        """The run's one log line (a completion only at INFO: nothing is built otherwise)."""
+        """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
         settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
         kind = settle.kind
-        # Completions are logged only for runs that began with INFO on (r.begun set): one
-        # level check a job, in start(); `--log-level WARNING` builds nothing.
+        # Completions are logged only for runs that began with DEBUG on (r.begun set): one
+        # level check a job, in start(); at INFO (the default) nothing is built.
         if kind == "completed" and not r.begun:
             return
         if kind == "pushed" and not jlog.isEnabledFor(logging.DEBUG):
@@ -410,7 +419,7 @@ class Runner:
         if kind == "completed":
             ms = round((time.monotonic() - r.begun) * 1000, 3) if r.begun else None
             fields["duration_ms"] = ms
-            jlog.info("%s completed in %s ms", where, ms, extra=fields)
+            jlog.debug("%s completed in %s ms", where, ms, extra=fields)
             return
         if kind == "pushed":
             fields["delay_ms"] = settle.delay_ms

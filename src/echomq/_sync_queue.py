@@ -25,6 +25,7 @@ from echomq._executor import SyncExecutor
 from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled, _seen
 from echomq._native import resolve_executor
 from echomq._queueopts import durable_replicas, replay_ms
+from echomq._renamed import renamed, respelled
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 
 __all__ = ["Queue"]
@@ -344,7 +345,9 @@ class Queue:
         return self._x.run(_p.update_payload(self._k, id, payload))
 
     def browse(self, state: str = "pending", n: int = 50, *, group: str | None = None) -> list[str]:
-        """Up to ``n`` ids in ``state``, newest first."""
+        """Up to ``n`` ids in ``state``, newest first (``"schedule"``: deprecated, say
+        ``"scheduled"``)."""
+        state = respelled("browse", "state", state, "schedule", "scheduled")
         return self._x.run(_p.browse(self._k, state, n, group))
 
     def pending_size(self) -> int:
@@ -380,13 +383,15 @@ class Queue:
         """Whether the queue is paused."""
         return self._x.run(_p.is_paused(self._k))
 
-    def pause_lane(self, g: str) -> None:
-        """Stop serving lane ``g``."""
-        return self._x.run(_p.pause_lane(self._k, g))
+    @renamed(g="lane")
+    def pause_lane(self, lane: str) -> None:
+        """Stop serving the lane ``lane``."""
+        return self._x.run(_p.pause_lane(self._k, lane))
 
-    def resume_lane(self, g: str) -> None:
-        """Serve lane ``g`` again."""
-        return self._x.run(_p.resume_lane(self._k, g))
+    @renamed(g="lane")
+    def resume_lane(self, lane: str) -> None:
+        """Serve the lane ``lane`` again."""
+        return self._x.run(_p.resume_lane(self._k, lane))
 
     def limit(self, n: int | None) -> None:
         """At most ``n`` jobs of the queue active at once across every worker, lanes included
@@ -397,21 +402,25 @@ class Queue:
         """The queue-wide concurrency limit, or None."""
         return self._x.run(_p.get_limit(self._k))
 
-    def limit_lane(self, g: str, n: int | None) -> None:
-        """Cap lane ``g``'s jobs in active at ``n`` (None removes the cap)."""
-        return self._x.run(_p.limit_lane(self._k, g, n))
+    @renamed(g="lane")
+    def limit_lane(self, lane: str, n: int | None) -> None:
+        """Cap the lane ``lane``'s jobs in active at ``n`` (None removes the cap)."""
+        return self._x.run(_p.limit_lane(self._k, lane, n))
 
-    def weight_lane(self, g: str, w: int) -> None:
-        """Lane ``g``'s fair share (default 1)."""
-        return self._x.run(_p.weight_lane(self._k, g, w))
+    @renamed(g="lane")
+    def weight_lane(self, lane: str, w: int) -> None:
+        """The lane ``lane``'s fair share (default 1)."""
+        return self._x.run(_p.weight_lane(self._k, lane, w))
 
-    def reassign(self, id: str, g: str) -> str:
-        """Move a waiting job to lane ``g``: ``'reassigned'`` or ``'noop'``."""
-        return self._x.run(_p.reassign(self._k, id, g))
+    @renamed(g="lane")
+    def reassign(self, id: str, lane: str) -> str:
+        """Move a waiting job to the lane ``lane``: ``'reassigned'`` or ``'noop'``."""
+        return self._x.run(_p.reassign(self._k, id, lane))
 
-    def lane_depth(self, g: str) -> int:
-        """How many jobs wait in lane ``g``."""
-        return self._x.run(_p.lane_depth(self._k, g))
+    @renamed(g="lane")
+    def lane_depth(self, lane: str) -> int:
+        """How many jobs wait in the lane ``lane``."""
+        return self._x.run(_p.lane_depth(self._k, lane))
 
     def lanes(self) -> list[str]:
         """Every lane holding at least one waiting job."""
@@ -422,9 +431,11 @@ class Queue:
         beat): host, pid, supervisor, concurrency, the jobs each holds now, ..."""
         return self._x.run(_reg.list_workers(self._k))
 
-    def drain(self, *, include_schedule: bool = False) -> int:
-        """Delete the waiting jobs (flat and lanes); returns how many."""
-        return self._x.run(_p.drain(self._k, include_schedule))
+    @renamed(include_schedule="include_scheduled")
+    def drain(self, *, include_scheduled: bool = False) -> int:
+        """Delete the waiting jobs (flat and lanes), and the scheduled ones with
+        ``include_scheduled``; returns how many."""
+        return self._x.run(_p.drain(self._k, include_scheduled))
 
     def obliterate(self, *, force: bool = False) -> None:
         """Delete every key of this (paused) queue."""
@@ -594,16 +605,19 @@ class Queue:
         """At most ``max`` claims per ``window_ms`` for the whole queue (lanes included)."""
         return self._x.run(_ctl.rate_limit(self._k, max, window_ms))
 
-    def rate_limit_lane(self, g: str, max: int, window_ms: int) -> None:
-        """At most ``max`` claims per ``window_ms`` from lane ``g``; a spent lane leaves the
-        ring until its window reopens, so the other lanes keep being served."""
+    @renamed(g="lane")
+    def rate_limit_lane(self, lane: str, max: int, window_ms: int) -> None:
+        """At most ``max`` claims per ``window_ms`` from the lane ``lane``; a spent lane leaves
+        the ring until its window reopens, so the other lanes keep being served."""
         # A lane verb: None is a bad lane here, not "the whole queue" (that is rate_limit).
-        return self._x.run(_ctl.rate_limit(self._k, max, window_ms, keyspace.check_lane(g)))
+        return self._x.run(_ctl.rate_limit(self._k, max, window_ms, keyspace.check_lane(lane)))
 
-    def clear_rate_limit(self, g: str | None = None) -> None:
-        """Remove the queue-wide limit, or lane ``g``'s."""
-        return self._x.run(_ctl.clear_rate_limit(self._k, g))
+    @renamed(g="lane")
+    def clear_rate_limit(self, lane: str | None = None) -> None:
+        """Remove the queue-wide limit, or the lane ``lane``'s."""
+        return self._x.run(_ctl.clear_rate_limit(self._k, lane))
 
-    def rate_limit_ttl(self, g: str | None = None) -> int:
-        """The ms until the spent window (queue-wide, or lane ``g``'s) reopens; 0 = open."""
-        return self._x.run(_ctl.rate_limit_ttl(self._k, g))
+    @renamed(g="lane")
+    def rate_limit_ttl(self, lane: str | None = None) -> int:
+        """The ms until the spent window (queue-wide, or the lane ``lane``'s) reopens; 0 = open."""
+        return self._x.run(_ctl.rate_limit_ttl(self._k, lane))

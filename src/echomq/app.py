@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, overload
 
-from echomq import _compose, _native, _repeats, keyspace
+from echomq import _batches, _compose, _native, _repeats, keyspace
 from echomq import _control as _ctl
 from echomq import _protocol as _p
+from echomq._batches import Batch
 from echomq._connect import (
     AsyncClient,
     Resolved,
@@ -366,6 +367,44 @@ class App:
         """``group``, then ``callback`` given the list of its values (in order) as its first
         argument: a flow, the callback its parent. Same as ``group | callback``."""
         return Chord(group, callback)
+
+    def batch(
+        self,
+        *,
+        on_complete: Signature | None = None,
+        on_success: Signature | None = None,
+        on_death: Signature | None = None,
+        description: str | None = None,
+        queue: str | None = None,
+    ) -> Batch:
+        """Open a batch (issue 42, docs/guides/batches.md): members join with ``add`` /
+        ``add_many`` until ``close``; ``on_complete`` fires once when it is closed and every
+        member settled, ``on_success`` once when every member completed, ``on_death`` once
+        at the first member's death. A batch, its members and its callbacks live on one
+        queue: ``queue``, else the first callback's."""
+        first = next((s for s in (on_complete, on_success, on_death) if s is not None), None)
+        if queue is None:
+            if first is None or not isinstance(first, Signature):
+                raise InvalidArgument(
+                    "a batch needs its queue: pass queue=, or a callback signature "
+                    "(task.s(...)) whose task's queue it takes"
+                )
+            queue = first.task.queue
+        q = self.queue(keyspace.check_queue(queue))
+        bid = q._x.run(
+            _batches.open_batch(q._k, q._x.minter, on_complete, on_success, on_death, description)
+        )
+        return Batch(self, queue, bid)
+
+    def batch_by_id(self, id: str, *, queue: str) -> Batch:
+        """A handle on batch ``id`` of ``queue`` (another producer's, or one read from
+        ``echomq batch``): nothing is read until it is used."""
+        return Batch(self, queue, id)
+
+    def batch_of_job(self, id: str, *, queue: str) -> Batch | None:
+        """The batch job ``id`` of ``queue`` belongs to (a member, the anchor, or an
+        on_success / on_death callback), else None: ``current_job().batch`` reads it."""
+        return _batches.batch_of(self, queue, id)
 
     def sync_periodic(self, keys: Keys) -> Plan[None]:
         """Register this app's periodic tasks of one queue and unregister the repeats this

@@ -50,6 +50,15 @@ class JobContext:
         return {k: self.app.serializer.loads(v) if v else None for k, v in raw.items()}
 
     @property
+    def batch(self) -> Any:
+        """The :class:`~echomq.Batch` this job belongs to (a member, or one of the batch's
+        callbacks), else None: a member may ``add`` siblings even after ``close``. One
+        server read on each access."""
+        if self.app is None:
+            return None
+        return self.app.batch_of_job(self.id, queue=self.queue)
+
+    @property
     def should_stop(self) -> bool:
         """The one flag a long sync handler polls to know it should return now: True once
         the lease was lost (another run owns the job, or a shutdown handed it back) or the

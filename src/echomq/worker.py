@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from echomq import _control as _ctl
+from echomq import _gcpolicy
 from echomq import _protocol as _p
 from echomq._appface import AppFace
 from echomq._connect import (
@@ -184,8 +185,10 @@ class Worker:
 
     def run(self) -> WorkerStats:
         """Run until SIGTERM/SIGINT (installs the signal handlers, ``echomq._signals``);
-        returns the stats."""
-        return asyncio.run(run_with_signals(self))
+        returns the stats. The process is the worker's: its garbage collector runs the
+        worker's policy meanwhile (``echomq._gcpolicy``)."""
+        with _gcpolicy.serving():
+            return asyncio.run(run_with_signals(self))
 
     def stop(self) -> None:
         """Ask the worker to stop gracefully (safe to call from the loop's thread)."""

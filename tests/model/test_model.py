@@ -1331,7 +1331,7 @@ class ModelMachine(RuleBasedStateMachine):
         states = ("pending", "scheduled") if include_schedule else ("pending",)
         doomed = [jid for jid, j in m.jobs.items() if j.state in states]
         held = {jid for jid, j in m.jobs.items() if j.state == "awaiting_children"}
-        got = self.q(qi).drain(include_schedule=include_schedule)
+        got = self.q(qi).drain(include_scheduled=include_schedule)
         for jid in doomed:
             self.w.removed(qi, jid)
         # A parent the drain itself released (its last children drained: dropped) is waiting

@@ -383,6 +383,34 @@ def test_flows_page_shows_a_parent_with_its_childrens_states(url: str, q: echomq
         assert parent in page and first.id in page and "completed" in page
 
 
+def test_flows_page_shows_a_batch(url: str, q: echomq.Queue) -> None:
+    """Issue 42: a batch is listed on the flows page: its state, description, the members
+    still to settle (not the open batch's hold) and their outcomes."""
+    app = echomq.App(url=url)
+
+    @app.task(queue=q.name, name="resize")
+    def resize(n: int) -> None:
+        return None
+
+    b = app.batch(on_complete=resize.s(0), description="thumbnails")
+    members = b.add_many([resize.s(i) for i in range(3)])
+    job = q.claim()
+    assert job is not None and job.id == members[0]
+    q.complete(job.id, job.token)
+    with _client(url, [q.name]) as c:
+        api = c.get(f"/api/queues/{q.name}/flows").json()
+        (node,) = [p for p in api["parents"] if p["id"] == b.id]
+        assert (node["batch"], node["about"], node["waiting"]) == ("open", "thumbnails", 2)
+        assert {s[0]: s[1] for s in node["settled"]} == {members[0]: "completed"}
+        assert {t["id"] for t in node["tree"]} == set(members)
+        page = c.get(f"/queues/{q.name}/flows").text
+        assert "batch open" in page and "thumbnails" in page and "2 members still" in page
+        b.close()
+        page = c.get(f"/queues/{q.name}/flows").text
+        assert "batch closed" in page
+    app.close()
+
+
 def test_charts_show_completed_failed_depth_and_oldest(url: str, q: echomq.Queue) -> None:
     for _ in range(3):
         q.enqueue(b"x")

@@ -38,7 +38,7 @@ def run_example(name: str, url: str, tmp_path: Path, timeout: float = 60) -> str
 
 def test_every_example_is_tested() -> None:
     # A new example without a test here would go unchecked.
-    tested = {"flow.py", "periodic.py", "controls.py", "quickstart.py", "chain.py"}
+    tested = {"flow.py", "periodic.py", "controls.py", "quickstart.py", "chain.py", "batch.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -58,6 +58,15 @@ def test_chain_example(url: str, tmp_path: Path) -> None:
         "chord: 900",  # the callback got [400, 500]
         "failed at step 1: ValueError: no stock for 100",  # the step that died, by index
     ], out
+
+
+def test_batch_example(url: str, tmp_path: Path) -> None:
+    out = run_example("batch.py", url, tmp_path)
+    lines = out.splitlines()
+    assert re.fullmatch(r"batch \S+ closed with 6 members so far", lines[0]), out
+    # 5 + 1 members, then 2 added by a member: 7 completed, 1 died; each callback once.
+    assert sorted(lines[1:3]) == ["on_complete: 7 resized, 1 dead", "on_death fired"], out
+    assert lines[3:] == ["fired: ['complete', 'death']"], out
 
 
 def test_periodic_example(url: str, tmp_path: Path) -> None:

@@ -307,7 +307,7 @@ def exercise(url: str, qname: str) -> None:
     q.claim(lease_ms=1)
     time.sleep(0.01)
     q.sweep_stalled(max_stalled=5)
-    for state in ("pending", "active", "schedule", "dead"):
+    for state in ("pending", "active", "scheduled", "dead"):
         q.browse(state)
     q.browse("pending", group=lane)
     q.pending_size()
@@ -364,7 +364,7 @@ def exercise(url: str, qname: str) -> None:
     q.dependencies(flow.parent_id)
     q.ignored_failures(flow.parent_id)
     q.pump()
-    q.drain(include_schedule=True)
+    q.drain(include_scheduled=True)
     q.pause()
     q.obliterate(force=True)
     q.close()

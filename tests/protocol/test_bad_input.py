@@ -131,7 +131,7 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
 # taking one is in ID_VERBS / LANE_VERBS (test_every_id_and_lane_verb_is_tried), derived
 # from the signatures so that a new verb is tried without anyone listing it.
 ID_PARAMS = {"id", "parent_id", "pairs", "items"}
-LANE_PARAMS = {"g", "group"}
+LANE_PARAMS = {"lane", "group"}
 
 
 def _verbs_taking(params: set[str]) -> set[str]:

@@ -2,7 +2,8 @@
 once its verb list was derived from ``Queue``): each fails on the code before its fix.
 
 - obliterate deleted a replay-marker key whose TTL a producer had already set, so the
-  producer's next marker there was written without one: a key that never expired;
+  producer's next marker there was written without one: a key that never expired (a marker
+  now sets the TTL of a key that has none);
 - an ``at_ms`` or a count of 16 digits (allowed by the client, refused by the scripts' integer
   guard of 15) came back as an untyped server error;
 - ``wait(timeout_s=10**400)`` raised OverflowError instead of ``InvalidArgument``.
@@ -17,26 +18,27 @@ import redis
 
 import echomq
 from conftest import snapshot
-from echomq import InvalidArgument, ids
+from echomq import InvalidArgument, _produce, ids
 from echomq._kernel import MAX_ARG
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors
 
 
-def test_obliterate_spares_replay_markers_and_leaves_none_without_a_ttl(
-    q: echomq.Queue, r: redis.Redis
+def test_a_marker_key_deleted_under_a_producer_gets_its_ttl_back(
+    q: echomq.Queue, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = q.enqueue(b"a", id=ids.mint(), at_ms=1)  # a caller's id: the call leaves a marker
-    assert first.status == "enqueued"
+    # One client-clock second for both calls, so the second call knows the key as timed.
+    monkeypatch.setattr(_produce, "_second", lambda: 1_796_400_000)
+    q.enqueue(b"a", id=ids.mint(), at_ms=1)  # a caller's id: the call leaves a marker
     markers = list(r.scan_iter(match=f"emq:{{{q.name}}}:recent:*"))
     assert markers and all(r.pttl(k) > 0 for k in markers)
     q.pause()
-    q.obliterate(force=True)
-    assert list(r.scan_iter(match=f"emq:{{{q.name}}}:*")) == markers
-    assert all(r.pttl(k) > 0 for k in markers)
-    q.enqueue(b"b", id=ids.mint(), at_ms=1)  # this producer's next marker, maybe the same key
-    assert all(r.pttl(k) > 0 for k in r.scan_iter(match=f"emq:{{{q.name}}}:recent:*"))
+    q.obliterate(force=True)  # every key goes, the markers' too
+    assert list(r.scan_iter(match=f"emq:{{{q.name}}}:*")) == []
+    q.enqueue(b"b", id=ids.mint(), at_ms=1)  # the same marker key, written again
+    again = list(r.scan_iter(match=f"emq:{{{q.name}}}:recent:*"))
+    assert again == markers and all(r.pttl(k) > 0 for k in again)
     assert q.check() == []
 
 

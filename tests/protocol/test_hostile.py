@@ -89,7 +89,7 @@ PAYLOADS = st.one_of(
     st.lists(st.integers(), max_size=2),
 )
 STATES = st.one_of(
-    st.sampled_from(["pending", "active", "schedule", "scheduled", "dead", "completed", "wait"]),
+    st.sampled_from(["pending", "active", "scheduled", "dead", "completed", "wait"]),
     st.text(max_size=10),
     st.integers(),
     st.none(),
@@ -234,7 +234,7 @@ VERBS: dict[str, Builder] = {
     "change_priority": lambda w, d: ((w.job_id(d), d(NUMBERS)), {}),
     "limit": lambda w, d: ((d(st.one_of(st.none(), COUNT, NUMBERS)),), {}),
     "browse": lambda w, d: (
-        (d(mostly(st.sampled_from(["pending", "dead", "active", "schedule"]), STATES)), d(COUNT)),
+        (d(mostly(st.sampled_from(["pending", "dead", "active", "scheduled"]), STATES)), d(COUNT)),
         _kw(d, group=st.one_of(st.none(), LANE)),
     ),
     "pending_size": lambda w, d: ((), {}),
@@ -252,7 +252,7 @@ VERBS: dict[str, Builder] = {
     "reassign": lambda w, d: ((w.job_id(d), d(LANE)), {}),
     "lane_depth": lambda w, d: ((d(LANE),), {}),
     "lanes": lambda w, d: ((), {}),
-    "drain": lambda w, d: ((), _kw(d, include_schedule=st.one_of(st.booleans(), NUMBERS))),
+    "drain": lambda w, d: ((), _kw(d, include_scheduled=st.one_of(st.booleans(), NUMBERS))),
     "obliterate": lambda w, d: (
         (w.q.pause() if d(st.booleans()) else ()) or (),  # obliterate needs a paused queue
         _kw(d, force=st.one_of(st.booleans(), NUMBERS)),

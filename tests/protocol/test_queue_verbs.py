@@ -964,7 +964,7 @@ def test_browse_every_state_newest_first(anyq: Any, r: redis.Redis, qname: str) 
     assert anyq.browse("pending", 2) == [p3, p2]
     assert anyq.browse("pending", group=LANE) == [l2, l1]
     assert anyq.browse("active") == [a2, a1]
-    assert anyq.browse("schedule") == [s2, s1]
+    assert anyq.browse("scheduled") == [s2, s1]
     assert anyq.browse("scheduled", 1) == [s2]
     assert anyq.browse("dead") == [d2, d1]
     assert anyq.browse("dead", 1) == [d2]
@@ -1237,7 +1237,7 @@ def test_drain_flat_and_lanes(anyq: Any, r: redis.Redis, qname: str) -> None:
     assert places(r, qname, later) == ["schedule"]
     assert anyq.check() == []
     assert anyq.drain() == 0
-    assert anyq.drain(include_schedule=True) == 1
+    assert anyq.drain(include_scheduled=True) == 1
     assert r.exists(K(qname, "job:" + later), K(qname, "schedule")) == 0
     assert places(r, qname, held) == ["active"]
     assert anyq.check() == []

@@ -14,7 +14,17 @@ import pytest
 import redis
 
 from conftest import server_ms
-from echomq import _compose, _control, _migrate, _native, _produce, _registry, ids, keyspace
+from echomq import (
+    _batches,
+    _compose,
+    _control,
+    _migrate,
+    _native,
+    _produce,
+    _registry,
+    ids,
+    keyspace,
+)
 from echomq import _protocol as _p
 from echomq._scripts import (
     SCRIPTS,
@@ -112,7 +122,19 @@ EXTRA_VERBS: dict[str, Callable[[], Any]] = {
     "mint": lambda: _produce.mint(ids.Minter()),
     # `echomq migrate`'s step (issue 39).
     "migrate_dead_scores": lambda: _migrate.dead_scores_step(K.name, 100),
+    # Batches (issue 42): the first call of each verb (no minter: ids.mint()'s own node).
+    "batch_open": lambda: _batches.open_batch(K, None, None, None, None, None),
+    "batch_add": lambda: _batches.add(K, None, JID, [_member()], ""),
+    "batch_close": lambda: _batches.close(K, JID),
+    "batch_status": lambda: _batches.status(K, JID),
 }
+
+
+def _member() -> Any:
+    from echomq import App
+
+    app = App(url="redis://127.0.0.1:1/0")
+    return app.task(queue=K.name, name="member")(lambda: None).s()
 
 
 def _second_step(plan: Any, replies: Any) -> Any:

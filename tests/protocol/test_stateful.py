@@ -726,7 +726,7 @@ class QueueMachine(RuleBasedStateMachine):
     def drain(self, include_schedule: bool) -> None:
         states = ("pending", "scheduled") if include_schedule else ("pending",)
         doomed = [jid for jid, j in self.m.jobs.items() if j.state in states]
-        assert self.q.drain(include_schedule=include_schedule) == len(doomed)
+        assert self.q.drain(include_scheduled=include_schedule) == len(doomed)
         for jid in doomed:
             self.drop(jid)
 

@@ -234,6 +234,8 @@ def browse(
     last error, age, and the run-at (scheduled), the finish time (completed) or the worker
     holding it (active), the columns of the dashboard's lists."""
     q = _existing(ctx, queue)
+    # The CLI keeps "schedule" as a plain alias; Queue.browse warns on it (a deprecation).
+    state = "scheduled" if state == "schedule" else state
     if ids_only:
         for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
             click.echo(job_id)

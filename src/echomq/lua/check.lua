@@ -113,6 +113,18 @@ local function side_of(id, suffix, key)
       bad(id .. ':deps is negative (' .. n .. '): a child was counted twice')
     elseif tonumber(n) == 0 and redis.pcall('HGET', base .. 'job:' .. id, 'state') == 'awaiting_children' then
       bad(id .. ' awaits children but its counter is 0: its release was missed')
+    else
+      -- A batch's anchor (issue 42): held exactly while open or closed; its release decides
+      -- (success | complete) and deletes the callbacks it did not fire.
+      local b = redis.pcall('HMGET', base .. 'job:' .. id, 'batch', 'state', 'on_success', 'on_death')
+      if type(b) == 'table' and b[1] then
+        local held = b[2] == 'awaiting_children'
+        if held ~= (b[1] == 'open' or b[1] == 'closed') then
+          bad('batch ' .. id .. ' is ' .. b[1] .. ' but its anchor is ' .. tostring(b[2]))
+        elseif not held and (b[3] or b[4]) then
+          bad('batch ' .. id .. ' was released with a callback undecided')
+        end
+      end
     end
   end
 end

@@ -48,15 +48,19 @@ if ARGV[9] ~= '' then expires = now + tonumber(ARGV[9]) end
 local out = {}
 local added, admitted = 0, 0
 local fresh = string.find(flags, 'f', 1, true) ~= nil
+local due_list = {}  -- the due jobs' (score, id): one ZADD after the rows (include/admit.lua)
 for i = 10, #ARGV, 2 do
-  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, pri, expires)
+  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, pri, expires, due_list)
   if verdict == 'enqueued' then added = added + 1 end
   if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
   if verdict == 'duplicate' then emit_in(base, 'duplicate', ARGV[i], g) end
   out[#out + 1] = verdict
 end
 -- One ring/registry sync for the whole batch: every job went to the same waiting set.
-if added > 0 then touch(base, g, added) end
+if added > 0 then
+  due_flush(base, g, due_list)
+  touch(base, g, added)
+end
 -- After the admissions: the call's first write is a row's HSET (see admit.lua).
 -- A call that admitted nothing wrote nothing, and leaves nothing (its resend answers the same).
 if marked and admitted > 0 then mark_many(base, nonce, out, replay_ms) end

@@ -1,6 +1,5 @@
 --[[ obliterate: delete every key of a paused queue, in budgets (call again with the cursor
-  until it answers '0'), but its replay markers (they expire by themselves, within their
-  replay window). Refuses a running queue, and one with active jobs unless forced.
+  until it answers '0'). Refuses a running queue, and one with active jobs unless forced.
   The meta hash (which holds the pause flag) goes last, so every call sees the queue paused.
   KEYS[1] meta      HASH  emq:{q}:meta
   KEYS[2] active    ZSET  emq:{q}:active
@@ -18,14 +17,8 @@ if ARGV[2] ~= '1' and rcall('ZCARD', KEYS[2]) > 0 then
 end
 local scan = rcall('SCAN', ARGV[3], 'MATCH', ARGV[1] .. '*', 'COUNT', tonumber(ARGV[4]))
 local deleted = 0
--- Replay markers (recent:*) are spared: each carries its TTL and expires within its replay
--- window, and a producer that already set a marker key's TTL writes there without one
--- again (admit.lua): deleting the key under it would leave a marker that never expires.
-local MARKERS = ARGV[1] .. 'recent:'
 for _, key in ipairs(scan[2]) do
-  if key ~= KEYS[1] and string.sub(key, 1, #MARKERS) ~= MARKERS then
-    deleted = deleted + rcall('DEL', key)
-  end
+  if key ~= KEYS[1] then deleted = deleted + rcall('DEL', key) end
 end
 if scan[1] == '0' then deleted = deleted + rcall('DEL', KEYS[1]) end
 return {scan[1], deleted}

@@ -364,7 +364,7 @@ def perform(
     elif action == "resume":
         q.resume_lane(lane) if lane else q.resume()
     elif action == "drain":
-        return q.drain(include_schedule=f.get("include_schedule") == "1")
+        return q.drain(include_scheduled=f.get("include_schedule") == "1")
     elif action in ("pause_lane", "resume_lane", "limit_lane", "weight_lane"):
         if not lane:
             raise InvalidArgument(f"{action} needs a lane")

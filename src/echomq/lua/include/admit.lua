@@ -8,8 +8,11 @@
 -- serve it by priority, then mint order; 0 writes no field, so a default job pays no byte.
 -- expires (optional, issue 24): the server-clock ms past which a claim dead-letters the job
 -- "expired" instead of leasing it (include/lease.lua); nil: no deadline, no field.
+-- due (optional): a batch caller's list of the due jobs' (score, id) pairs: a due job is
+-- appended there instead of its own ZADD, and the caller adds them all with due_flush before
+-- anything reads the waiting set (one ZADD per call instead of one per job).
 -- Returns the verdict: 'enqueued' | 'scheduled' | 'duplicate' | 'kind'.
-local function admit(base, id, payload, g, run_at, now, fresh, pri, expires)
+local function admit(base, id, payload, g, run_at, now, fresh, pri, expires, due_list)
   if string.sub(id, 1, 3) ~= 'JOB' then return 'kind' end
   local jk = base .. 'job:' .. id
   if rcall('EXISTS', jk) == 1 then return 'duplicate' end
@@ -21,41 +24,64 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri, expires)
   -- gives the new incarnation its full budget.
   local attempts, was = '0', false
   if not fresh then attempts, was = retired_last(base, id) end
-  local fields = {'state', state, 'attempts', attempts, 'payload', payload}
-  if g then
-    fields[#fields + 1] = 'group'
-    fields[#fields + 1] = g
-  end
-  if attempts ~= '0' then
-    fields[#fields + 1] = 'floor'
-    fields[#fields + 1] = attempts
-  end
   pri = pri or 0
-  if pri ~= 0 then
-    fields[#fields + 1] = 'priority'
-    fields[#fields + 1] = pri
-  end
-  if expires then
-    fields[#fields + 1] = 'expires'
-    fields[#fields + 1] = expires
+  -- The common row (flat, first incarnation, default priority, no ttl): no table to build.
+  local plain = not g and attempts == '0' and pri == 0 and not expires
+  local fields = nil
+  if not plain then
+    fields = {'state', state, 'attempts', attempts, 'payload', payload}
+    if g then
+      fields[#fields + 1] = 'group'
+      fields[#fields + 1] = g
+    end
+    if attempts ~= '0' then
+      fields[#fields + 1] = 'floor'
+      fields[#fields + 1] = attempts
+    end
+    if pri ~= 0 then
+      fields[#fields + 1] = 'priority'
+      fields[#fields + 1] = pri
+    end
+    if expires then
+      fields[#fields + 1] = 'expires'
+      fields[#fields + 1] = expires
+    end
   end
   -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so
   -- under noeviction at maxmemory Redis refuses it and the call writes nothing. Were any
   -- other write first (a cleanup), Redis would let every later write of the script through.
-  rcall('HSET', jk, unpack(fields))
+  if plain then
+    rcall('HSET', jk, 'state', state, 'attempts', attempts, 'payload', payload)
+  else
+    rcall('HSET', jk, unpack(fields))
+  end
   if was then unretire(base, id) end
   -- A new incarnation of an id the caller named: an earlier one's kept outcome and wake token
   -- must not answer this one's waiters (docs/PROTOCOL.md, the side-key lifecycle). A minted
   -- id never had an earlier incarnation, so the common path pays nothing.
   if not fresh then rcall('DEL', base .. 'result:' .. id, base .. 'notify:' .. id) end
   if due then
-    rcall('ZADD', waiting_key(base, g), pri, id)
+    if due_list then
+      -- The default score as text: a Lua number is formatted (printf "%.14g") per argument.
+      if pri == 0 then due_list[#due_list + 1] = '0' else due_list[#due_list + 1] = pri end
+      due_list[#due_list + 1] = id
+    else
+      rcall('ZADD', waiting_key(base, g), pri, id)
+    end
     emit_in(base, 'enqueued', id, g)
     return 'enqueued'
   end
   rcall('ZADD', base .. 'schedule', run_at, id)
   emit_in(base, 'scheduled', id, g, 'run_at', run_at)
   return 'scheduled'
+end
+
+-- Add admit's batched due jobs to waiting set g (Lua's unpack has a C-stack limit: slices).
+local function due_flush(base, g, due_list)
+  local wk = waiting_key(base, g)
+  for j = 1, #due_list, 2000 do
+    rcall('ZADD', wk, unpack(due_list, j, math.min(j + 1999, #due_list)))
+  end
 end
 
 -- Resolve the run time of an enqueue: mode 'now' | 'in' (server clock + ms) | 'at' (the
@@ -111,7 +137,9 @@ local function mark_one(key, field, verdict, replay_ms, ttl)
   local v = 'e'
   if verdict == 'scheduled' then v = 's' end
   rcall('HSET', key, field, v)
-  if ttl then rcall('PEXPIRE', key, replay_ms + 2000) end
+  -- A key this client already timed may have been deleted under it since (obliterate, an
+  -- operator's DEL): one PTTL read keeps a re-created key from living for ever.
+  if ttl or rcall('PTTL', key) == -1 then rcall('PEXPIRE', key, replay_ms + 2000) end
 end
 
 -- A resend of a single enqueue: what its first copy answered, or false when none landed.

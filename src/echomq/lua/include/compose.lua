@@ -149,11 +149,68 @@ local function cross_queue(f)
   return f[4] and f[4] ~= ''
 end
 
+-- Batches (issue 42) are flows with an open parent: the batch's *anchor* is a flow parent
+-- row (its payload the on_complete callback, '' without one) with row field `batch` (`open`,
+-- `closed`, then `success` or `complete` once released) whose deps holds one extra count
+-- until batch_close. Members are its children with policy 'id', so a member's death counts
+-- as settled and the anchor's release IS on_complete, once, in the settling script. The
+-- two other callbacks are kept on the anchor (`on_success`, `on_death`), encoded by the
+-- client as id NUL lane NUL priority NUL payload, and admitted here the one time they fire,
+-- their row naming the batch (`batch_of`: current_job().batch in the callback).
+local function batch_callback(base, bid, spec)
+  local a = string.find(spec, '\0', 1, true)
+  local b = a and string.find(spec, '\0', a + 1, true)
+  local c = b and string.find(spec, '\0', b + 1, true)
+  if not c then return end  -- malformed: fires nothing (batch_open checked it)
+  local id, g = string.sub(spec, 1, a - 1), string.sub(spec, a + 1, b - 1)
+  local pri = tonumber(string.sub(spec, b + 1, c - 1)) or 0
+  local jk = base .. 'job:' .. id
+  if rcall('EXISTS', jk) == 1 then return end
+  if g == '' then g = false end
+  local fields = {'state', 'pending', 'attempts', '0', 'payload', string.sub(spec, c + 1), 'batch_of', bid}
+  if g then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+  if pri ~= 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = pri end
+  rcall('HSET', jk, unpack(fields))
+  rcall('ZADD', waiting_key(base, g), pri, id)
+  emit_in(base, 'enqueued', id, g)
+  sync(base, g)
+  wake(base, 1)
+end
+
+-- A batch's anchor is released (closed, every member settled): on_success fires when no
+-- member's counted outcome is a death; on_death can no longer fire. A bare anchor (no
+-- on_complete) ends here as a completion ends a row. Returns true when the anchor is gone.
+local function batch_done(base, pid, pk)
+  local b = hmget(pk, 'on_success', 'payload', 'attempts')
+  local ok = rcall('HLEN', pk .. ':unsuccessful') == 0
+  if ok and b[1] then batch_callback(base, pid, b[1]) end
+  rcall('HDEL', pk, 'on_success', 'on_death')
+  rcall('HSET', pk, 'batch', ok and 'success' or 'complete')
+  if b[2] ~= '' then return false end
+  rcall('DEL', pk .. ':deps', pk .. ':processed', pk .. ':failed', pk .. ':unsuccessful')
+  rcall('DEL', pk, pk .. ':logs', pk .. ':errors')
+  retire_one(base, pid, b[3])
+  return true
+end
+
+-- A member's death was counted toward its batch (pk, the anchor): the first one, while the
+-- batch runs, is recorded (`died`) and fires on_death.
+local function batch_death(base, pid, pk, id)
+  local b = hmget(pk, 'batch', 'state', 'on_death')
+  if not b or not b[1] or b[2] ~= 'awaiting_children' then return end
+  if rcall('HSETNX', pk, 'died', id) == 0 then return end
+  if b[3] then
+    batch_callback(base, pid, b[3])
+    rcall('HDEL', pk, 'on_death')
+  end
+end
+
 -- Make an awaiting parent runnable.
 local function flow_release(base, pid)
   local pk = base .. 'job:' .. pid
-  local p = hmget(pk, 'state', 'group', 'priority')
+  local p = hmget(pk, 'state', 'group', 'priority', 'batch')
   if not p or p[1] ~= 'awaiting_children' then return end
+  if p[4] and batch_done(base, pid, pk) then return end
   rcall('HSET', pk, 'state', 'pending')
   rcall('ZADD', waiting_key(base, p[2]), p[3] or 0, pid)
   -- A full sync, not touch(): touch's fast path trusts that a non-empty flat set is in the
@@ -203,6 +260,7 @@ local function flow_settled(base, pid, hash, id, value, mark)
   end
   if before then rcall('HDEL', pk .. ':' .. before, id) end
   rcall('HSET', pk .. ':' .. hash, id, value)
+  if hash == 'unsuccessful' then batch_death(base, pid, pk, id) end
   if before == 'processed' or before == 'unsuccessful' then return end
   if rcall('DECR', pk .. ':deps') <= 0 then flow_release(base, pid) end
 end

@@ -16,8 +16,11 @@ local function fence(jk, token, verb, wide)
   -- batch, so it skips a call and a vararg copy; the nil-for-a-non-hash rule is the same.
   local row
   if wide then
+    -- The flow fields a settle needs only for a flow member (one with parent or children)
+    -- are read below for such a row alone: a field a row lacks costs a scan of its listpack
+    -- and a reply element, per job of the batch.
     row = redis.pcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor', 'dedup',
-      'parent', 'parent_policy', 'children', 'parent_queue', 'flow')
+      'parent', 'children')
   else
     row = redis.pcall('HMGET', jk, 'attempts', 'state', 'group', 'lease_epoch', 'floor')
   end
@@ -29,6 +32,13 @@ local function fence(jk, token, verb, wide)
   if row[4] ~= token or (row[2] ~= 'active' and row[2] ~= 'pending') then
     return nil, 'EMQSTALE ' .. verb .. ' lease settled'
   end
+  if wide and (row[7] or row[8]) then
+    -- A flow member (D18): the wide layout, row[7..11] = parent, parent_policy, children,
+    -- parent_queue, flow (flow_of in compose.lua).
+    local f = rcall('HMGET', jk, 'parent_policy', 'parent_queue', 'flow')
+    return {row[1], row[2], row[3], row[4], row[5], row[6], row[7], f[1], row[8], f[2], f[3]}, nil
+  end
+  -- Not a flow member: row[7] (parent) and row[8] are unset, row[9..11] absent (nil).
   return row, nil
 end
 

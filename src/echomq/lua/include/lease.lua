@@ -69,10 +69,16 @@ local function lease_many(base, g, deadline, k, out, now)
   local lane = false
   if g ~= FLAT then lane = g end
   local got, scored = 0, {}
+  -- Numbers passed to a command are formatted (printf "%.14g") per argument: the lease
+  -- deadline once per call, each token once (as an integer), not per use.
+  local dl = string.format('%d', deadline)
   while got < k do
-    local popped = rcall('ZPOPMIN', wk, k - got)
+    -- ZPOPMIN's order (score, then member), without its scores: a ZPOPMIN reply formats
+    -- every score as a double and the script parses it back, for nothing.
+    local popped = rcall('ZRANGE', wk, 0, k - got - 1)
     if #popped == 0 then break end
-    for i = 1, #popped, 2 do
+    rcall('ZREMRANGEBYRANK', wk, 0, #popped - 1)
+    for i = 1, #popped do
       local id = popped[i]
       local jk = base .. 'job:' .. id
       local row = redis.pcall('HMGET', jk, 'payload', 'attempts', 'floor', 'expires')
@@ -84,12 +90,13 @@ local function lease_many(base, g, deadline, k, out, now)
         -- The ttl bounds the wait before the first claim only (issue 24): it ends here.
         if row[4] then rcall('HDEL', jk, 'expires') end
         att = att + 1
+        local tok = string.format('%d', att)
         if claim_stamp then
-          rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att, 'claimed_ms', claim_stamp)
+          rcall('HSET', jk, 'attempts', tok, 'state', 'active', 'lease_epoch', tok, 'claimed_ms', claim_stamp)
         else
-          rcall('HSET', jk, 'attempts', att, 'state', 'active', 'lease_epoch', att)
+          rcall('HSET', jk, 'attempts', tok, 'state', 'active', 'lease_epoch', tok)
         end
-        scored[#scored + 1] = deadline
+        scored[#scored + 1] = dl
         scored[#scored + 1] = id
         -- A re-admitted (or pushed-back) job also reports its floor, so the worker counts
         -- this incarnation's attempt (token - floor) as the retry ceiling does.
