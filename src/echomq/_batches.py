@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from echomq import ids, keyspace
+from echomq._appface import HostApp
 from echomq._kernel import Call, Keys, Plan, _call, _s
 from echomq._produce import _nonce, mint
 from echomq.errors import InvalidArgument, StateError
 
 if TYPE_CHECKING:
     from echomq._workflows import Signature
-    from echomq.app import App
 
 # How long the server keeps an add's verdicts for a resend of it (a lost reply).
 ADD_REPLAY_MS = 120_000
@@ -176,7 +176,7 @@ class Batch:
 
     __slots__ = ("app", "id", "queue")
 
-    def __init__(self, app: App, queue: str, id: str) -> None:
+    def __init__(self, app: HostApp, queue: str, id: str) -> None:
         self.app = app
         self.queue = keyspace.check_queue(queue)
         self.id = keyspace.check_id(id)
@@ -218,7 +218,7 @@ class Batch:
         return found
 
 
-def batch_of(app: App, queue: str, job_id: str) -> Batch | None:
+def batch_of(app: HostApp, queue: str, job_id: str) -> Batch | None:
     """The batch job ``job_id`` belongs to: as a member (its parent is an anchor), as the
     anchor (the on_complete callback) or as an on_success / on_death callback
     (``batch_of``); None for any other job."""

@@ -72,6 +72,7 @@ ROOMS: dict[str, str] = {
     "echomq._async_queue": CLIENT,
     "echomq._sync_queue": CLIENT,
     "echomq._queueopts": CLIENT,
+    "echomq._renamed": CLIENT,
     # what the application and the runtime share
     "echomq._appface": FACE,
     "echomq.context": FACE,
@@ -85,6 +86,7 @@ ROOMS: dict[str, str] = {
     "echomq._isolatable": APP,
     "echomq._workflows": APP,
     "echomq._workflow_receipts": APP,
+    "echomq._batches": APP,
     # the runtime: the worker and what it runs
     "echomq.worker": RUNTIME,
     "echomq._queueloop": RUNTIME,
@@ -98,6 +100,7 @@ ROOMS: dict[str, str] = {
     "echomq._worker_registry": RUNTIME,
     "echomq._logfmt": RUNTIME,
     "echomq._health": RUNTIME,
+    "echomq._gcpolicy": RUNTIME,
     # operating it
     "echomq.__main__": OPS,
     "echomq.cli": OPS,
