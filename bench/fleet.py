@@ -165,13 +165,13 @@ def noop_run(url: str, processes: int, concurrency: int, jobs: int, log: Path) -
 def beat_cost(url: str, calls: int = 2000) -> float:
     """Server µs per worker_beat call, an entry holding 50 jobs (the registry's bound: 100)."""
     import echomq
-    from echomq import _registry
+    from echomq import _registry, _worker_registry
     from echomq._kernel import Keys
 
     r = redis.Redis.from_url(url)
     r.flushdb()
     q = echomq.Queue("fleet", url=url)
-    reg = _registry.Registry(["fleet"], 50, 1000)
+    reg = _worker_registry.Registry(["fleet"], 50, 1000)
     entry = reg.entry([], "lua")
     entry = entry.replace(
         '"jobs":[]',

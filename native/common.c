@@ -2,8 +2,9 @@
  * registry sync (serviceable, ring_add/remove, sync, touch), retire, park and the moves out of
  * the waiting and active sets. Each function names the Lua helper it mirrors and issues its
  * commands in the same order. */
-#include "emq.h"
+#include "lease.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -205,4 +206,56 @@ long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g) {
     long long n = emq_zrem(e, 2, emq_waiting_key(e, g), id);
     emq_sync(e, g, 0, NULL, NULL);
     return n;
+}
+
+int emq_claim_gate(emq *e, emq_lease *out) {
+    static const char *fields[7] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
+                                    "limit", "keep_completed"};
+    emq_sv m[7];
+    /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
+    emq_hmget_strict(e, emq_key(e, EMQ_K_META), 7, fields, m);
+    emq_seed_limit(out, m[5]);
+    e->keep_completed = m[6]; /* kept history (history.h), for settle's completions */
+    e->keep_known = 1;
+    e->events_bound = m[3];
+    e->events_known = 1;
+    emq_seed_queue_rate(out, m[1], m[2]);
+    e->lanes_rated = m[4].p != NULL;
+    return m[0].p != NULL;
+}
+
+/* ---- tally/tally_add: the sweep's touch_all tally, jobs added per waiting set in the order
+ * first met ----
+ * The script keeps the same ordered tally (common.lua's tally/tally_add) and touches the
+ * lanes, which re-enter the ring by RPUSH, in that order, so both executors leave one ring.
+ * (It walked pairs() once, an order that follows the server Lua's string hash: Valkey's
+ * differs from Redis's.) Linear probing over at most `cap` keys, a table of >= 2 * cap. */
+
+static size_t fnv1a(emq_sv s) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < s.n; i++) h = (h ^ (unsigned char)s.p[i]) * 16777619u;
+    return h;
+}
+
+void emq_tally_init(emq *e, emq_tally *t, size_t cap) {
+    size_t size = 2;
+    while (size < 2 * cap) size <<= 1;
+    t->entry = RedisModule_PoolAlloc(e->ctx, sizeof(emq_tally_entry) * cap);
+    t->slot = RedisModule_PoolAlloc(e->ctx, sizeof(int) * size);
+    for (size_t i = 0; i < size; i++) t->slot[i] = -1;
+    t->count = 0;
+    t->mask = size - 1;
+}
+
+void emq_tally_add(emq_tally *t, emq_sv key, long long by) {
+    size_t i = fnv1a(key) & t->mask;
+    for (; t->slot[i] >= 0; i = (i + 1) & t->mask) {
+        emq_tally_entry *en = &t->entry[t->slot[i]];
+        if (emq_eq(en->key, key)) {
+            en->n += by;
+            return;
+        }
+    }
+    t->slot[i] = t->count;
+    t->entry[t->count++] = (emq_tally_entry){key, by};
 }

@@ -3,7 +3,6 @@
 #include "compose.h"
 
 #include "history.h"
-#include "settle.h"
 
 #include <string.h>
 
@@ -240,4 +239,33 @@ void emq_flow_forget(emq *e, emq_sv jk) {
             emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_PROCESSED)),
             emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_FAILED)),
             emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_UNSUCCESSFUL)));
+}
+
+/* end_cancelled (compose.lua): a lapsed job whose holder was asked to stop is dead-lettered
+ * "cancelled", or removed for cancel(remove=True); it has already left active. */
+void emq_end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, emq_sv attempts,
+                       long long now) {
+    emq_flow flow;
+    int inflow = emq_flow_parent(e, jk, &flow);
+    emq_release_dedup(e, id, jk);
+    if (emq_eqs(flag, "remove")) {
+        if (inflow) emq_flow_child_removed(e, id, &flow);
+        emq_flow_forget(e, jk);
+        emq_del(e, 3, jk, emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_LOGS)),
+                emq_cat(e, 2, jk, EMQ_LIT(EMQ_KT_ERRORS)));
+        emq_retire_one(e, id, attempts);
+        emq_sv extra[4] = {EMQ_LIT("state"), EMQ_LIT("active"), EMQ_LIT("cancelled"), EMQ_LIT("1")};
+        emq_emit_in(e, "removed", id, g, 4, extra);
+    } else {
+        emq_hset(e, 5, jk, EMQ_LIT("state"), EMQ_LIT("dead"), EMQ_LIT("last_error"),
+                 EMQ_LIT("cancelled"));
+        emq_call(e, "HDEL", 3, jk, EMQ_LIT("lease_epoch"), EMQ_LIT("cancel"));
+        emq_dead_letter(e, id, now);
+        emq_bump_metrics(e, "failed", 1, now);
+        emq_sv extra[2] = {EMQ_LIT("error"), EMQ_LIT("cancelled")};
+        emq_emit_in(e, "dead", id, g, 2, extra);
+        if (inflow) emq_flow_child_dead(e, id, &flow, EMQ_LIT("cancelled"));
+    }
+    if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1)
+        emq_keep_outcome(e, id, "error", EMQ_LIT("cancelled"), attempts, 60000, now);
 }

@@ -22,5 +22,8 @@ void emq_flow_child_dead(emq *e, emq_sv id, const emq_flow *f, emq_sv error_text
 /* flow_child_removed: a child leaves without a settle (cancel(remove=True) by its holder). */
 void emq_flow_child_removed(emq *e, emq_sv id, const emq_flow *f);
 void emq_flow_forget(emq *e, emq_sv jk);
+/* end_cancelled: a lapsed job whose holder was asked to stop (the sweeps). */
+void emq_end_cancelled(emq *e, emq_sv id, emq_sv jk, emq_sv g, emq_sv flag, emq_sv attempts,
+                       long long now);
 
 #endif

@@ -158,6 +158,22 @@ void emq_park(emq *e, emq_sv id, emq_sv jk, emq_sv g);
 void emq_free_slot(emq *e, emq_sv g);
 long long emq_leave_active(emq *e, emq_sv id, emq_sv g);
 long long emq_leave_waiting(emq *e, emq_sv id, emq_sv g);
+/* tally/tally_add: jobs added per waiting set, in the order first met (common.c says why);
+ * emq_tally_init sizes it for at most cap keys. */
+typedef struct {
+    emq_sv key;
+    long long n;
+} emq_tally_entry;
+
+typedef struct {
+    emq_tally_entry *entry; /* in the order first met */
+    int count;
+    int *slot; /* index into entry, -1 = empty */
+    size_t mask;
+} emq_tally;
+
+void emq_tally_init(emq *e, emq_tally *t, size_t cap);
+void emq_tally_add(emq_tally *t, emq_sv key, long long by);
 
 /* ---- ratelimit.lua (ratelimit.c) ---- */
 int emq_any_lane_rated(emq *e);
@@ -209,5 +225,12 @@ void emq_take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms);
 int emq_cancel_flagged(emq *e, emq_sv jk);
 void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did);
 void emq_release_dedup(emq *e, emq_sv id, emq_sv jk); /* reads the row's dedup (pcall) */
+/* keep_outcome: field 'result' or 'error' kept keep_ms in emq:{q}:result:<id>, waiters woken.
+ * attempts absent counts as '0'. Nothing is written when keep_ms <= 0. */
+void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv attempts,
+                      long long keep_ms, long long now);
+/* keep_death (control.lua): a death's error kept keep_ms, else 60 s for a waiter waiting. */
+void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long long keep_ms,
+                    long long now);
 
 #endif

@@ -1,12 +1,11 @@
-/* lease.c: the claim core (see lease.h), the twin of include/lease.lua plus claim_gate
- * (common.lua) and the queue-wide part of ratelimit.lua that emq.c does not carry
- * (queue_rate, rate_charge). Each function names the Lua one it mirrors and issues the same
- * commands in the same order. */
+/* lease.c: the claim core (see lease.h), the twin of include/lease.lua; its claim gate
+ * (common.lua) is in common.c and the queue-wide rate and concurrency limits (ratelimit.lua)
+ * in ratelimit.c. Each function names the Lua one it mirrors and issues the same commands in
+ * the same order. */
 #include "lease.h"
 
 #include "compose.h"
 #include "history.h"
-#include "settle.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,60 +22,6 @@ static void push_job(emq *e, emq_lease *out, emq_job j) {
         out->cap = cap;
     }
     out->jobs[out->n++] = j;
-}
-
-/* ------------------------------------------------------------------ ratelimit.lua (queue) */
-
-/* seed_queue_rate: a rate_max that is not an integer reads as "no limit", as the Lua's
- * tonumber(nil-ish) leaves qmax nil. A window that is not an integer is kept as -1: the
- * script would raise at rate_charge's PEXPIRE, and so does rate_charge below. */
-static void seed_queue_rate(emq_lease *c, emq_sv max, emq_sv window) {
-    c->qrate_known = 1;
-    c->qrated = 0;
-    if (max.p && emq_parse_ll(max, &c->qmax)) {
-        c->qrated = 1;
-        if (!emq_parse_ll(window, &c->qwindow)) c->qwindow = -1;
-    }
-}
-
-static void queue_rate(emq *e, emq_lease *c) {
-    if (c->qrate_known) return;
-    static const char *fields[2] = {"rate_max", "rate_window_ms"};
-    emq_sv v[2];
-    emq_hmget(e, emq_key(e, EMQ_K_META), 2, fields, v);
-    seed_queue_rate(c, v[0], v[1]);
-}
-
-static void rate_charge(emq *e, emq_sv key, long long n, long long window) {
-    if (emq_int(e, emq_call(e, "INCRBY", 2, key, emq_fmt_ll(e, n))) == n) {
-        if (window < 0)
-            emq_fail(e, "ERR Lua redis() command arguments must be strings or integers");
-        emq_call(e, "PEXPIRE", 2, key, emq_fmt_ll(e, window));
-    }
-}
-
-/* ------------------------------------------------------------------ common.lua claim_gate */
-
-/* ratelimit.lua qlimit: tonumber(meta.limit) or false. */
-static void seed_limit(emq_lease *c, emq_sv lim) {
-    c->qlimit_known = 1;
-    c->qlimited = lim.p && emq_parse_ll(lim, &c->qlimit);
-}
-
-int emq_claim_gate(emq *e, emq_lease *out) {
-    static const char *fields[7] = {"paused", "rate_max", "rate_window_ms", "events", "grated",
-                                    "limit", "keep_completed"};
-    emq_sv m[7];
-    /* rcall in the Lua: a non-hash meta fails the claim (WRONGTYPE), so no pcall here. */
-    emq_hmget_strict(e, emq_key(e, EMQ_K_META), 7, fields, m);
-    seed_limit(out, m[5]);
-    e->keep_completed = m[6]; /* kept history (history.h), for settle's completions */
-    e->keep_known = 1;
-    e->events_bound = m[3];
-    e->events_known = 1;
-    seed_queue_rate(out, m[1], m[2]);
-    e->lanes_rated = m[4].p != NULL;
-    return m[0].p != NULL;
 }
 
 /* ------------------------------------------------------------------ lease.lua */
@@ -301,7 +246,7 @@ static void readmit_rated(emq *e, long long now) {
 }
 
 long long emq_rate_wait_in(emq *e, long long now, emq_lease *c) {
-    queue_rate(e, c);
+    emq_queue_rate(e, c);
     if (c->qrated) {
         emq_sv lk = emq_key(e, EMQ_K_LIMITER);
         if (emq_rate_left(e, lk, c->qmax) <= 0) {
@@ -333,15 +278,6 @@ long long emq_rate_wait(emq *e, long long now) {
     return emq_rate_wait_in(e, now, &c);
 }
 
-/* ratelimit.lua limit_room: n capped by the queue-wide concurrency limit's room, >= 0. */
-static long long limit_room(emq *e, emq_lease *c, long long n) {
-    if (!c->qlimit_known) seed_limit(c, emq_hget(e, emq_key(e, EMQ_K_META), EMQ_LIT("limit")));
-    if (!c->qlimited) return n;
-    long long room = c->qlimit - emq_card(e, emq_key(e, EMQ_K_ACTIVE), REDISMODULE_KEYTYPE_ZSET);
-    if (room < n) n = room;
-    return n > 0 ? n : 0;
-}
-
 long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, long long now) {
     emq_sv ring = emq_key(e, EMQ_K_RING);
     long long got = 0;
@@ -350,13 +286,13 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
     emq_keep_parse(e->keep_completed, &kept);
     if (kept.on) e->claim_stamp = emq_fmt_ll(e, now);
     readmit_rated(e, now);
-    queue_rate(e, out);
+    emq_queue_rate(e, out);
     if (out->qrated) {
         long long left = emq_rate_left(e, emq_key(e, EMQ_K_LIMITER), out->qmax);
         if (left < 0) left = 0;
         if (left < n) n = left;
     }
-    n = limit_room(e, out, n);
+    n = emq_limit_room(e, out, n);
     while (got < n) {
         emq_sv g = ring_head(e);
         if (!g.p) break;
@@ -369,7 +305,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
             if (leased > 0 && !flat) {
                 long long max, window;
                 if (emq_lane_rate(e, g, &max, &window))
-                    rate_charge(e, emq_key2(e, EMQ_KP_LIMITER, g), leased, window);
+                    emq_rate_charge(e, emq_key2(e, EMQ_KP_LIMITER, g), leased, window);
             }
         }
         int live;
@@ -381,7 +317,7 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
             emq_call(e, "LMOVE", 4, ring, ring, EMQ_LIT("LEFT"), EMQ_LIT("RIGHT"));
         }
     }
-    if (out->qrated && got > 0) rate_charge(e, emq_key(e, EMQ_K_LIMITER), got, out->qwindow);
+    if (out->qrated && got > 0) emq_rate_charge(e, emq_key(e, EMQ_K_LIMITER), got, out->qwindow);
     emq_trim_dead(e, now); /* keep_dead: a malformed row was dead-lettered (history.h) */
     return got;
 }

@@ -1,5 +1,5 @@
-/* lease.h: the claim core, the C twin of src/echomq/lua/include/lease.lua (and claim_gate of
- * common.lua), shared by EMQ.CLAIM (cmd_claim.c) and, later, EMQ.SETTLE. Names carry the
+/* lease.h: the claim core, the C twin of src/echomq/lua/include/lease.lua (and the claim gate
+ * and queue-wide limits it reads: common.c, ratelimit.c), shared by EMQ.CLAIM (cmd_claim.c) and, later, EMQ.SETTLE. Names carry the
  * emq_ prefix of the Lua function they mirror; the command order follows the Lua so the
  * keyspace and the replicated effects end identical. */
 #ifndef TRAFIKEY_LEASE_H
@@ -32,10 +32,6 @@ typedef struct {
 
 void emq_lease_init(emq_lease *out);
 
-/* common.lua claim_gate: one HMGET of meta seeds the events bound, the lanes-rated flag and
- * the queue rate (into out); returns 1 when the queue is paused. */
-int emq_claim_gate(emq *e, emq_lease *out);
-
 /* lease.lua claim_n: claim up to n jobs on `deadline`, appended to out; returns how many. */
 long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, long long now);
 
@@ -44,6 +40,19 @@ long long emq_claim_n(emq *e, long long deadline, long long n, emq_lease *out, l
  * emq_rate_wait_in uses the cache of a lease that claim_gate or claim_n filled. */
 long long emq_rate_wait(emq *e, long long now);
 long long emq_rate_wait_in(emq *e, long long now, emq_lease *cache);
+
+/* common.lua claim_gate (common.c): one HMGET of meta seeds the events bound, the lanes-rated flag and
+ * the queue rate (into out); returns 1 when the queue is paused. */
+int emq_claim_gate(emq *e, emq_lease *out);
+
+/* ratelimit.lua (ratelimit.c), the queue-wide limits on a lease's cache: seed_queue_rate and
+ * seed_limit from meta's fields, queue_rate reads them once, limit_room caps n by the
+ * concurrency limit's room, rate_charge counts n claims against a limiter key. */
+void emq_seed_queue_rate(emq_lease *c, emq_sv max, emq_sv window);
+void emq_queue_rate(emq *e, emq_lease *c);
+void emq_rate_charge(emq *e, emq_sv key, long long n, long long window);
+void emq_seed_limit(emq_lease *c, emq_sv lim);
+long long emq_limit_room(emq *e, emq_lease *c, long long n);
 
 /* now + lease_ms, or ERR when it would overflow (cmd_claim.c, cmd_claim_batch.c). */
 long long emq_deadline_of(emq *e, long long now, long long lease);

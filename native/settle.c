@@ -1,5 +1,5 @@
-/* settle.c: complete_one, retry_one, complete_many (include/settle.lua) and keep_outcome
- * (include/control.lua), command for command in the Lua's order; see settle.h. */
+/* settle.c: complete_one, retry_one, complete_many (include/settle.lua), command for command
+ * in the Lua's order; see settle.h. */
 #include "settle.h"
 
 #include <string.h>
@@ -8,31 +8,6 @@
 #include "history.h"
 
 #define ERRORS_KEPT "-10" /* per job: the errors of its last 10 attempts, in <row>:errors */
-
-void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv attempts,
-                      long long keep_ms, long long now) {
-    if (keep_ms <= 0) return;
-    emq_sv rk = emq_key2(e, EMQ_KP_RESULT, id), ms = emq_fmt_ll(e, keep_ms);
-    /* DEL: a reprocessed job's earlier outcome must not leave its other field behind. */
-    emq_del(e, 1, rk);
-    emq_hset(e, 7, rk, (emq_sv){field, strlen(field)}, value, EMQ_LIT("attempts"),
-             attempts.p ? attempts : EMQ_LIT("0"), EMQ_LIT("finished_ms"),
-             emq_fmt_ll(e, now > 0 ? now : emq_now_ms(e)));
-    emq_call(e, "PEXPIRE", 2, rk, ms);
-    if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1) {
-        emq_sv nk = emq_key2(e, EMQ_KP_NOTIFY, id);
-        emq_call(e, "RPUSH", 2, nk, EMQ_LIT("1"));
-        emq_call(e, "PEXPIRE", 2, nk, ms);
-    }
-}
-
-void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long long keep_ms,
-                    long long now) {
-    if (keep_ms > 0)
-        emq_keep_outcome(e, id, "error", error_text, attempts, keep_ms, now);
-    else if (emq_exists(e, emq_key2(e, EMQ_KP_WANT, id)) == 1)
-        emq_keep_outcome(e, id, "error", error_text, attempts, 60000, now);
-}
 
 static emq_verdict v_int(long long n) { return (emq_verdict){n, NULL}; }
 static emq_verdict v_text(const char *t) { return (emq_verdict){0, t}; }

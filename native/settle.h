@@ -1,6 +1,6 @@
 /* settle.h: the C twins of src/echomq/lua/include/settle.lua (complete_one, retry_one,
- * complete_many) and control.lua's keep_outcome (D17). EMQ.COMPLETE / EMQ.RETRY use them, and
- * EMQ.SETTLE (the batch) reuses emq_complete_many / emq_retry_one / emq_keep_outcome. */
+ * complete_many). EMQ.COMPLETE / EMQ.RETRY use them, and EMQ.SETTLE (the batch) reuses
+ * emq_complete_many / emq_retry_one (and control.c's emq_keep_outcome, emq.h). */
 #ifndef TRAFIKEY_SETTLE_H
 #define TRAFIKEY_SETTLE_H
 
@@ -14,14 +14,6 @@ typedef struct {
     long long n;
     const char *text;
 } emq_verdict;
-
-/* keep_outcome: field 'result' or 'error' kept keep_ms in emq:{q}:result:<id>, waiters woken.
- * attempts absent counts as '0'. Nothing is written when keep_ms <= 0. */
-void emq_keep_outcome(emq *e, emq_sv id, const char *field, emq_sv value, emq_sv attempts,
-                      long long keep_ms, long long now);
-/* keep_death (control.lua): a death's error kept keep_ms, else 60 s for a waiter waiting. */
-void emq_keep_death(emq *e, emq_sv id, emq_sv error_text, emq_sv attempts, long long keep_ms,
-                    long long now);
 
 /* complete_one(base, id, jk, token, result): result absent = nil (a flow parent records '').
  * The caller bumps metrics:completed. */

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from echomq import ids, keyspace
+from echomq._appface import HostApp
 from echomq._kernel import Call, Keys, Plan, _call, _s
 from echomq._produce import _nonce, mint
 from echomq.errors import InvalidArgument, StateError
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from echomq._async_queue import AsyncQueue
     from echomq._sync_queue import Queue
     from echomq._workflows import Signature
-    from echomq.app import App
 
 # How long the server keeps an add's verdicts for a resend of it (a lost reply).
 ADD_REPLAY_MS = 120_000
@@ -179,7 +179,7 @@ class Batch:
 
     __slots__ = ("app", "id", "queue")
 
-    def __init__(self, app: App, queue: str, id: str) -> None:
+    def __init__(self, app: HostApp, queue: str, id: str) -> None:
         self.app = app
         self.queue = keyspace.check_queue(queue)
         self.id = keyspace.check_id(id)
@@ -262,14 +262,14 @@ def which_batch(k: Keys, job_id: str) -> Plan[str | None]:
     return None
 
 
-def batch_of(app: App, queue: str, job_id: str) -> Batch | None:
+def batch_of(app: HostApp, queue: str, job_id: str) -> Batch | None:
     """The :class:`Batch` job ``job_id`` belongs to (:func:`which_batch`), else None."""
     q = app.queue(queue)
     bid = q._x.run(which_batch(q._k, job_id))
     return None if bid is None else Batch(app, queue, bid)
 
 
-async def abatch_of(app: App, queue: str, job_id: str) -> Batch | None:
+async def abatch_of(app: HostApp, queue: str, job_id: str) -> Batch | None:
     """:func:`batch_of` for asyncio (does not block the loop)."""
     q = app.aqueue(queue)
     bid = await q._x.run(which_batch(q._k, job_id))

@@ -17,16 +17,14 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _envelope, _inspect, _registry, ids
 from echomq._executor import SyncExecutor
 from echomq._kernel import Call, Keys, _cmd, _s
 from echomq.errors import InvalidArgument, JobGone, StateError
+from echomq.queue import Queue
 from echomq.serializers import JSON, MsgPack, Serializer
-
-if TYPE_CHECKING:
-    from echomq.queue import Queue
 
 __all__ = [
     "FIND_KINDS",

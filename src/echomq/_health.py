@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from echomq.worker import Worker
+    from echomq._queueloop import QueueLoop
 
 __all__ = [
     "HEALTH_DIR_ENV",
@@ -61,6 +61,20 @@ class Probe(Protocol):
     def ready(self) -> Verdict: ...
 
 
+class WatchedWorker(Protocol):
+    """What the probes read of the worker they watch (``echomq.worker.Worker``; named by this
+    Protocol so that the worker, which builds its probes, is not imported back here)."""
+
+    @property
+    def _loops(self) -> list[QueueLoop]: ...
+    @property
+    def _stopping(self) -> bool: ...
+    @property
+    def fenced(self) -> bool: ...
+    @property
+    def _down_since(self) -> float | None: ...
+
+
 class WorkerHealth:
     """One worker process's health: the worker calls :meth:`attach` from its event loop
     (``Worker.health``); the probes read it from any thread. ``state_file``: a supervised
@@ -70,13 +84,13 @@ class WorkerHealth:
         self.bound = live_bound_s
         self.created = time.monotonic()
         self.stamp: float | None = None
-        self.worker: Worker | None = None
+        self.worker: WatchedWorker | None = None
         self._file = state_file
         self._task: asyncio.Future[None] | None = None
         # When each run was first seen (by the stamping task): a run never extended since.
         self._first_seen: dict[tuple[str, str, int], float] = {}
 
-    def attach(self, worker: Worker) -> None:
+    def attach(self, worker: WatchedWorker) -> None:
         """From ``Worker.arun``, on its loop: start stamping."""
         self.worker = worker
         self.stamp = time.monotonic()

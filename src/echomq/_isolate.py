@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 from echomq.outcomes import Discard, RateLimit, Retry
 
 if TYPE_CHECKING:
-    from echomq.app import Task
+    from echomq._appface import TaskFace
     from echomq.context import JobContext
 
-__all__ = ["Child", "ChildDied", "ChildTimeout", "check_isolatable", "run_call", "send_reply"]
+__all__ = ["Child", "ChildDied", "ChildTimeout", "run_call", "send_reply"]
 
 _POLL_S = 0.05  # how often a waiting run looks for a kill request
 
@@ -59,17 +59,6 @@ class _RemoteTraceback(Exception):
         return self.text
 
 
-def check_isolatable(fn: Any) -> str | None:
-    """Why ``fn`` cannot run isolated (None when it can): the child imports it by reference."""
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str):
-        return "the handler has no importable module and qualified name"
-    if "<locals>" in qualname or "<lambda>" in qualname:
-        return f"{qualname!r} is not importable: define the task at module level"
-    return None
-
-
 def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -79,7 +68,7 @@ class Child:
     """One isolated run of ``task`` with ``args``/``kwargs``."""
 
     def __init__(
-        self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], ctx: JobContext
+        self, task: TaskFace, args: list[Any], kwargs: dict[str, Any], ctx: JobContext
     ) -> None:
         self._ref = (task.fn.__module__, task.fn.__qualname__)
         self._args = args

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from echomq._isolate import ChildDied, ChildTimeout, _context, _unpack, run_call, send_reply
 
 if TYPE_CHECKING:
-    from echomq.app import Task
+    from echomq._appface import TaskFace
     from echomq.context import JobContext
 
 __all__ = ["PoolRun", "ProcessPool", "default_size"]
@@ -179,7 +179,7 @@ class ProcessPool:
 
     async def run(
         self,
-        task: Task[Any, Any],
+        task: TaskFace,
         args: list[Any],
         kwargs: dict[str, Any],
         ctx: JobContext,

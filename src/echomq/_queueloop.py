@@ -15,20 +15,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _compose
 from echomq import _control as _ctl
 from echomq import _protocol as _p
+from echomq._appface import AppFace
 from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
 from echomq._executor import AsyncExecutor
 from echomq._kernel import Call, Completed, Keys, Retried
 from echomq._logfmt import warn_repeated
 from echomq._runner import Running, Settle
 from echomq.errors import DurabilityError, InvalidArgument, InvalidId, JobGone, StaleToken
-
-if TYPE_CHECKING:
-    from echomq.app import App
 
 __all__ = ["QueueLoop", "WorkerStats", "applied", "cancel_tasks", "first_fence"]
 
@@ -170,7 +168,7 @@ class QueueLoop:
         if self.newest.get(r.job.id) is r:
             del self.newest[r.job.id]
 
-    async def register(self, x: AsyncExecutor, app: App) -> None:
+    async def register(self, x: AsyncExecutor, app: AppFace) -> None:
         """At worker start: the app's ``@app.periodic`` repeats of this queue (stale ones of
         the same app dropped, D19), its tasks' queue-wide ``rate_limit`` (D21) and the app's
         kept-history settings (``App(keep_completed=, keep_dead=)``, D25)."""

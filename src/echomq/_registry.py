@@ -1,4 +1,5 @@
-"""The worker registry: which worker processes serve a queue, where they run, what they hold.
+"""The worker registry as it is read and written: which worker processes serve a queue,
+where they run, what they hold.
 
 Each worker process writes one entry per queue it serves on its beat (``worker_beat.lua``),
 never per job: ``emq:{q}:workers`` (a HASH, worker id -> its JSON entry) and
@@ -13,45 +14,31 @@ An entry is bounded: at most :data:`MAX_LISTED` held jobs are listed (``held`` c
 A job's ``since`` is when the worker's beat first saw it running, so it is within one beat of
 the run's start (timing each claim would put a clock read in the job's hot path).
 
-The worker's connections are named ``echomq-worker:<id>`` (``CLIENT SETNAME``) so that
-``CLIENT LIST`` shows them too.
+This module is the read side and the calls (a queue lists workers from it); the worker's own
+entries are built and beaten by ``_worker_registry.Registry``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from echomq import _layout, ids
+from echomq import ids
 from echomq._kernel import Call, Keys, _call, _int, _s
-from echomq.errors import DurabilityError
-
-if TYPE_CHECKING:
-    from echomq._executor import AsyncExecutor
-    from echomq._queueloop import QueueLoop
 
 __all__ = [
     "MAX_LISTED",
-    "name_connections",
+    "SUPERVISOR_ENV",
     "HeldJob",
-    "Registry",
     "WorkerInfo",
     "beat",
-    "client_name",
     "gone",
     "list_workers",
-    "name_client",
     "ttl_for",
     "version_spread",
 ]
-
-log = logging.getLogger("echomq.worker")
 
 MAX_LISTED = 100  # held jobs listed per entry; `held` counts them all
 SUPERVISOR_ENV = "ECHOMQ_SUPERVISOR_ID"  # set by `echomq worker -p N` for its children
@@ -102,37 +89,6 @@ class WorkerInfo:
             return "?"
         low = self.min_layout or self.layout
         return f"{low}..{self.layout}" if low != self.layout else str(self.layout)
-
-
-def client_name(worker_id: str) -> str:
-    return f"echomq-worker:{worker_id}"
-
-
-async def name_connections(client: Any, name: str) -> bool:
-    """Name the worker's connections when the server lets it: ``CLIENT SETNAME`` once (on a
-    connection of the pool, or every node of a cluster), then on every connection opened
-    later. A refusal (an ACL user without ``client|setname``, a proxy that does not know the
-    command) leaves them unnamed: logged, never fatal (True when named)."""
-    try:
-        await client.execute_command("CLIENT", "SETNAME", name)
-    except Exception as exc:
-        log.info("worker connections left unnamed (CLIENT SETNAME refused: %s)", exc)
-        return False
-    name_client(client, name)
-    return True
-
-
-def name_client(client: Any, name: str) -> None:
-    """Name every connection ``client`` opens from now on (``CLIENT SETNAME`` on connect):
-    a plain client's pool, or every node of a cluster client, known now or found later."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None and hasattr(pool, "connection_kwargs"):
-        pool.connection_kwargs["client_name"] = name
-    nodes = getattr(client, "nodes_manager", None)
-    if nodes is not None:
-        nodes.connection_kwargs["client_name"] = name
-        for node in list(getattr(nodes, "nodes_cache", {}).values()):
-            node.connection_kwargs["client_name"] = name
 
 
 def _keys(k: Keys) -> tuple[str, str]:
@@ -221,76 +177,3 @@ def version_spread(workers: Iterable[WorkerInfo]) -> str | None:
         "releases at once, which the upgrade contract does not cover; finish the upgrade "
         "one release at a time (docs/guides/upgrading.md)"
     )
-
-
-class Registry:
-    """One worker process's entries: built on its beat from what its queues hold."""
-
-    def __init__(self, queues: list[str], concurrency: int, beat_ms: int, pool: int = 0) -> None:
-        from echomq import __version__
-
-        self.id = ids.mint("WRK")
-        self.ttl_ms = ttl_for(beat_ms)
-        self.beat_ms = beat_ms
-        self.pool = pool
-        self._static: dict[str, Any] = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "supervisor": os.environ.get(SUPERVISOR_ENV) or None,
-            "queues": list(queues),
-            "concurrency": concurrency,
-            "executor": "lua",
-            "version": __version__,
-            "started_ms": int(time.time() * 1000),
-            "ttl_ms": self.ttl_ms,
-            "pool": pool,
-            # Added in 0.6 (issue 39): readers before it ignore fields they do not know.
-            "layout": _layout.LAYOUT,
-            "min_layout": _layout.MIN_LAYOUT,
-        }
-        self._seen: dict[tuple[str, int], int] = {}  # (id, token) -> server ms first seen
-        self._server_ms = 0  # the last beat's server clock
-        self._server_at = 0.0  # time.monotonic() when that beat's answer came
-
-    def entry(self, loops: Iterable[QueueLoop], executor: str | None) -> str:
-        """The JSON entry: the static fields and the jobs held now (the oldest first)."""
-        # The server's clock now: the last beat's, moved on by the time since on this host's
-        # monotonic clock. The last beat's alone is up to a beat old: a job claimed since
-        # then would be "running" from before it was enqueued (running > age).
-        if self._server_ms:
-            now = self._server_ms + int((time.monotonic() - self._server_at) * 1000)
-        else:
-            now = int(time.time() * 1000)
-        seen: dict[tuple[str, int], int] = {}
-        jobs: list[tuple[int, str, str]] = []
-        for ql in loops:
-            for key, r in list(ql.inflight.items()):
-                if r.lost:
-                    continue
-                since = seen[key] = self._seen.get(key, now)
-                task = r.ctx.task if r.ctx is not None else "?"
-                jobs.append((since, r.job.id, task))
-        self._seen = seen
-        jobs.sort()
-        e = dict(self._static)
-        e["executor"] = executor or "lua"
-        e["held"] = len(jobs)
-        e["jobs"] = [[job_id, task, since] for since, job_id, task in jobs[:MAX_LISTED]]
-        return json.dumps(e, separators=(",", ":"))
-
-    async def beat(self, x: AsyncExecutor, loops: list[QueueLoop]) -> None:
-        """One beat: every queue's entry in one pipelined round trip."""
-        entry = self.entry(loops, x.executor)
-        results = await x.pipeline([beat(ql.keys, self.id, entry, self.ttl_ms) for ql in loops])
-        for result in results:
-            if isinstance(result, DurabilityError):
-                continue  # applied; too few replicas acknowledged it: a visibility record only
-            if isinstance(result, BaseException):
-                raise result
-            self._server_ms, self._server_at = int(result), time.monotonic()
-
-    async def gone(self, x: AsyncExecutor, loops: list[QueueLoop]) -> None:
-        """At a graceful stop: remove every entry now (a failure leaves them to lapse)."""
-        calls = [c for ql in loops for c in gone(ql.keys, self.id)]
-        if calls:
-            await x.pipeline(calls)

@@ -28,10 +28,11 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from echomq import _compose, _envelope
 from echomq import _kernel as _k
+from echomq._appface import AppFace, TaskFace
 from echomq._isolate import Child, ChildTimeout
 from echomq._kernel import Job, Keys
 from echomq._pool import PoolRun, ProcessPool
@@ -39,9 +40,6 @@ from echomq.backoff import exponential
 from echomq.context import JobContext, _current
 from echomq.hooks import Hooks
 from echomq.outcomes import Discard, RateLimit, Retry
-
-if TYPE_CHECKING:
-    from echomq.app import App, Task
 
 __all__ = ["Runner", "Running", "Settle"]
 
@@ -155,7 +153,7 @@ class Runner:
     """Runs the jobs of one worker. ``threads`` is the worker's pool (set when it starts);
     ``stopping`` is set at shutdown, when a cancelled run is a hand-back, not a failure."""
 
-    def __init__(self, app: App, hooks: Hooks, beat_ms: int) -> None:
+    def __init__(self, app: AppFace, hooks: Hooks, beat_ms: int) -> None:
         self.app = app
         self.hooks = hooks
         self.beat_ms = beat_ms
@@ -213,7 +211,7 @@ class Runner:
 
     def prepare(
         self, job: Job
-    ) -> tuple[Task[Any, Any], list[Any], dict[str, Any], int, dict[str, Any]] | Settle:
+    ) -> tuple[TaskFace, list[Any], dict[str, Any], int, dict[str, Any]] | Settle:
         """The task, arguments, own attempt budget (0: the task's) and options of a job, or the
         dead-letter settle of a job no handler can run: an undecodable payload or an unknown
         task is never silently dropped."""
@@ -232,7 +230,7 @@ class Runner:
         return task, args, kwargs, _envelope.attempt_budget(opts) if opts else 0, opts
 
     async def _chained(
-        self, r: Running, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], done: Done
+        self, r: Running, task: TaskFace, args: list[Any], kwargs: dict[str, Any], done: Done
     ) -> None:
         """A workflow step (echomq._workflows): prepend the value(s) its envelope's ``prev``
         names, read from the job's ``processed`` hash, then run it. A call that still does
@@ -283,7 +281,7 @@ class Runner:
         return settle
 
     def _run_inline(
-        self, r: Running, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
+        self, r: Running, task: TaskFace, args: list[Any], kwargs: dict[str, Any]
     ) -> Settle:
         token = _current.set(r.ctx)
         error: BaseException | None = None
@@ -309,7 +307,7 @@ class Runner:
     async def _execute(
         self,
         r: Running,
-        task: Task[Any, Any],
+        task: TaskFace,
         args: list[Any],
         kwargs: dict[str, Any],
         done: Done,
@@ -364,7 +362,7 @@ class Runner:
                 done(r, self._kept(r, settle) if r.keep_ms else settle)
 
     async def _invoke(
-        self, task: Task[Any, Any], r: Running, args: list[Any], kwargs: dict[str, Any]
+        self, task: TaskFace, r: Running, args: list[Any], kwargs: dict[str, Any]
     ) -> Any:
         if task.is_async:
             # wait_for runs it in a task of its own, where asyncio would re-raise a handler's
@@ -406,7 +404,7 @@ class Runner:
             raise
 
     def _log_end(
-        self, r: Running, task: Task[Any, Any], settle: Settle, error: BaseException | None
+        self, r: Running, task: TaskFace, settle: Settle, error: BaseException | None
     ) -> None:
         """The run's one log line (a completion only at DEBUG: nothing is built otherwise)."""
         settle.task, settle.floor = task.name, r.job.floor  # for a refused settle's line
@@ -474,9 +472,7 @@ class Runner:
             job.id, task, queue, job.attempt, text, extra=fields,
         )  # fmt: skip
 
-    def outcome(
-        self, job: Job, task: Task[Any, Any], exc: BaseException, budget: int = 0
-    ) -> Settle:
+    def outcome(self, job: Job, task: TaskFace, exc: BaseException, budget: int = 0) -> Settle:
         """The settle of a failed run: a Retry or Discard signal, a timeout, or an error.
         ``budget``: the job's own attempt budget (issue 24), 0 for the task's."""
         if isinstance(exc, Retry):
@@ -496,7 +492,7 @@ class Runner:
             text = error_text(exc)
         return self.retry(job, task, self.backoff(task, job.attempt), text, budget)
 
-    def backoff(self, task: Task[Any, Any], attempt: int, requested: Any = None) -> int:
+    def backoff(self, task: TaskFace, attempt: int, requested: Any = None) -> int:
         """The delay before the next attempt: ``requested`` (a Retry's), else the task's policy.
         A broken policy must not strand the job unsettled in active: log it, use the default.
         A delay past the protocol's longest (MAX_MS, ~69 years) is that longest: refused by
@@ -512,9 +508,7 @@ class Runner:
             )
             return _DEFAULT_BACKOFF.delay_ms(attempt)
 
-    def retry(
-        self, job: Job, task: Task[Any, Any], delay: int, error: str, budget: int = 0
-    ) -> Settle:
+    def retry(self, job: Job, task: TaskFace, delay: int, error: str, budget: int = 0) -> Settle:
         ceiling = budget or task.max_attempts  # issue 24: the job's own budget first
         # Promote our own short retries on time instead of at the next beat (once the settle
         # has landed: timed from here, the promote would run before the job is due).
@@ -530,7 +524,7 @@ class Runner:
         return Settle(job.id, job.token, "dead", 0, 1, clip(reason), keep_ms=keep_ms)
 
     def _completed(
-        self, job: Job, task: Task[Any, Any], value: Any, budget: int = 0, keep_ms: int = 0
+        self, job: Job, task: TaskFace, value: Any, budget: int = 0, keep_ms: int = 0
     ) -> Settle:
         keep = max(task.keep_result_ms, keep_ms)  # keep_ms: a workflow step's own (issue 42)
         if not keep:
@@ -554,7 +548,7 @@ def _workflow_opts(opts: dict[str, Any]) -> tuple[int, Any]:
     return keep, prev
 
 
-def _job_line(r: Running, task: Task[Any, Any]) -> tuple[str, dict[str, Any]]:
+def _job_line(r: Running, task: TaskFace) -> tuple[str, dict[str, Any]]:
     """The head of a job's log lines (``job <id> (task <t>, queue <q>, attempt n/max)``)
     and their structured fields."""
     job = r.job

@@ -8,17 +8,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from echomq import _compose, _envelope, keyspace
+from echomq._appface import HostApp, SignedTask
 from echomq._binding import _UNSUPPORTED, _Params
+from echomq._isolatable import check_isolatable
 from echomq._kernel import MAX_ARG, MAX_MS, Enqueued, Keys, _priority
 from echomq._workflows import Signature
 from echomq.backoff import Backoff
 from echomq.errors import BadArguments, EchoMQError, InvalidArgument
-
-if TYPE_CHECKING:
-    from echomq.app import App
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,7 +57,7 @@ class Task(Generic[P, R]):
 
     def __init__(
         self,
-        app: App,
+        app: HostApp,
         fn: Callable[P, R],
         *,
         name: str,
@@ -101,16 +100,12 @@ class Task(Generic[P, R]):
         if not isinstance(isolate, bool):
             raise InvalidArgument(f"isolate must be a bool, got {isolate!r}")
         if isolate:  # run in a child process that a timeout kills (echomq._isolate)
-            from echomq._isolate import check_isolatable
-
             if self.is_async or inline:
                 raise InvalidArgument("isolate=True is for sync handlers that are not inline")
             if (why := check_isolatable(fn)) is not None:
                 raise InvalidArgument(f"isolate=True: {why}")
         self.isolate = isolate
         if pool is not None:  # the worker's persistent process pool (echomq._pool)
-            from echomq._isolate import check_isolatable
-
             if pool != "process":
                 raise InvalidArgument(f"pool must be None or 'process', got {pool!r}")
             if self.is_async or inline or isolate:
@@ -413,7 +408,7 @@ class TaskEnqueued(Enqueued):
     the app's serializer. The task must keep results (``@app.task(keep_result_ms=...)``);
     ``JobFailed`` when the job died, ``TimeoutError`` at the deadline."""
 
-    task: Task[Any, Any] = field(repr=False, compare=False)
+    task: SignedTask = field(repr=False, compare=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Enqueued):
@@ -452,7 +447,7 @@ class TaskFlow(_compose.FlowAdded):
     the root task must keep results; ``JobFailed`` when the root died (a ``fail_parent``
     child's death kills it), ``TimeoutError`` at the deadline."""
 
-    task: Task[Any, Any] = field(repr=False, compare=False)
+    task: SignedTask = field(repr=False, compare=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _compose.FlowAdded):

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _control as _ctl
+from echomq._appface import HostApp
 from echomq.errors import ChainFailed, GroupFailed, JobFailed
-
-if TYPE_CHECKING:
-    from echomq.app import App
 
 __all__ = ["ChainReceipt", "ChordReceipt", "GroupReceipt"]
 
@@ -23,7 +21,7 @@ __all__ = ["ChainReceipt", "ChordReceipt", "GroupReceipt"]
 class GroupReceipt:
     """The members' ids (``.ids``, in the group's order) and their queues."""
 
-    app: App
+    app: HostApp
     ids: list[str]
     queues: list[str]
 
@@ -84,7 +82,7 @@ def _left(deadline: float) -> float:
 class ChordReceipt:
     """The callback's id and queue, and the members' (a :class:`GroupReceipt`)."""
 
-    app: App
+    app: HostApp
     id: str
     queue: str
     members: GroupReceipt
@@ -117,7 +115,7 @@ class ChainReceipt:
     """Every step's id (``.ids``, in order; a chord step's is its callback's) and queue;
     ``.id`` is the last step's. ``head``: the chord's receipt when the chain starts with one."""
 
-    app: App
+    app: HostApp
     ids: list[str]
     queues: list[str]
     head: ChordReceipt | None = None
@@ -196,11 +194,11 @@ def _error(kept: Any, state: str) -> str | None:
     return "dead" if state == "dead" else None
 
 
-def _outcome_of(app: App, jid: str, queue: str) -> tuple[Any, str]:
+def _outcome_of(app: HostApp, jid: str, queue: str) -> tuple[Any, str]:
     q = app.queue(queue)
     return q._x.run(_ctl.outcome(q._k, jid))
 
 
-async def _aoutcome_of(app: App, jid: str, queue: str) -> tuple[Any, str]:
+async def _aoutcome_of(app: HostApp, jid: str, queue: str) -> tuple[Any, str]:
     q = app.aqueue(queue)
     return await q._x.run(_ctl.outcome(q._k, jid))

@@ -22,19 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from echomq import _compose, _envelope, keyspace
 from echomq import _protocol as _p
+from echomq import ids as _ids
+from echomq._appface import HostApp, SignedTask
 from echomq._kernel import MAX_MS, Keys, Plan, _priority
 from echomq._produce import mint
 from echomq._workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
 from echomq.errors import BadArguments, InvalidArgument, StateError
-
-if TYPE_CHECKING:
-    from echomq import ids as _ids
-    from echomq._tasks import Task
-    from echomq.app import App
 
 __all__ = [
     "DEFAULT_KEEP_MS",
@@ -60,7 +57,7 @@ class Signature:
     and ``group`` are the job's options; ``fail_parent=False`` makes its death an ignored
     failure of its parent instead of the parent's death."""
 
-    task: Task[Any, Any]
+    task: SignedTask
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
@@ -111,7 +108,7 @@ def _keep(keep_result_ms: object) -> int:
     return keep_result_ms
 
 
-def _keys(app: App, queue: str) -> Keys:
+def _keys(app: HostApp, queue: str) -> Keys:
     """A queue's keys with the app's payload bound (as ``app.queue(name)`` has them)."""
     return Keys(queue) if app.max_payload is None else Keys(queue, app.max_payload)
 
@@ -210,7 +207,7 @@ class Group:
     """Calls run in parallel (``app.group([...])``); ``enqueue()`` answers a
     :class:`GroupReceipt`. ``group | callback`` is a :class:`Chord`."""
 
-    app: App
+    app: HostApp
     sigs: tuple[Signature, ...]
     keep_result_ms: int = DEFAULT_KEEP_MS
 
@@ -364,7 +361,7 @@ class Chain:
     ``a.s(1) | b.s()``; ``enqueue()`` answers a :class:`ChainReceipt`. A chord may be the
     first step. At most ``MAX_FLOW_DEPTH`` (8) levels: a chord counts two."""
 
-    app: App
+    app: HostApp
     steps: tuple[Step, ...]
     keep_result_ms: int = DEFAULT_KEEP_MS
 

@@ -13,7 +13,7 @@ a script error) — returns the slots it reserved and re-queues its settles (fen
 is safe), then backs off. In durable mode a settle that applied but too few replicas
 acknowledged (``DurabilityError``) still runs what it claimed.
 
-Each worker process registers itself on its beat (``_registry``: who it is, what it holds),
+Each worker process registers itself on its beat (``_worker_registry``: who it is, what it holds),
 never per job. Several processes run under ``echomq worker -p N`` (``_supervisor``).
 
 Async handlers run as tasks on the loop; sync handlers in a thread pool, or for
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from echomq import _control as _ctl
 from echomq import _gcpolicy
 from echomq import _protocol as _p
+from echomq._appface import AppFace
 from echomq._connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
@@ -53,11 +54,11 @@ from echomq._logfmt import log_startup, repeats_reset, stop_line, warn_repeated
 from echomq._native import resolve_executor
 from echomq._pool import ProcessPool, default_size
 from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
-from echomq._registry import Registry, client_name, name_connections
 from echomq._runner import Runner, Running, Settle
 from echomq._signals import run_with_signals
 from echomq._slots import Slots
 from echomq._strands import Strands, check_limit
+from echomq._worker_registry import Registry, client_name, name_connections
 from echomq.errors import (
     DurabilityError,
     InvalidArgument,
@@ -67,7 +68,6 @@ from echomq.hooks import Hooks
 
 if TYPE_CHECKING:
     from echomq._health import WorkerHealth
-    from echomq.app import App
 
 __all__ = ["Hooks", "Worker", "WorkerStats"]
 
@@ -113,7 +113,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: AppFace,
         queues: list[str] | None = None,
         concurrency: int = 10,
         *,
@@ -171,7 +171,7 @@ class Worker:
         self.max_jobs = max_jobs
         self._budget = max_jobs  # claims left (None: no limit); turns in flight hold theirs
         pooled = any(t.pool for t in app.tasks.values() if t.queue in self.queue_names)
-        # The registry entry (echomq._registry): written on the beat, never per job.
+        # The registry entry (echomq._worker_registry): written on the beat, never per job.
         self.registry = Registry(
             self.queue_names, concurrency, beat_ms, self.pool_size if pooled else 0
         )
@@ -527,7 +527,7 @@ class Worker:
             await asyncio.sleep(self.beat_ms / 1000)
 
     async def _announce(self) -> None:
-        """The worker's registry entries, renewed every beat (``echomq._registry``)."""
+        """The worker's registry entries, renewed every beat (``echomq._worker_registry``)."""
         assert self._x is not None
         while True:
             try:

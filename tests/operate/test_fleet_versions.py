@@ -16,7 +16,7 @@ from test_console import _client
 
 import echomq
 import releases
-from echomq import _layout, _registry, ids
+from echomq import _layout, _registry, _worker_registry, ids
 from echomq._kernel import Keys
 from echomq.cli import main
 
@@ -50,7 +50,7 @@ def v05(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def beat_as(q: echomq.Queue, version: str) -> str:
     """One beat of this release's registry, claiming ``version`` (a fleet mid-upgrade)."""
-    reg = _registry.Registry([q.name], 4, 60_000)
+    reg = _worker_registry.Registry([q.name], 4, 60_000)
     reg._static["version"] = version
     q._x.run(_registry.beat(Keys(q.name), reg.id, reg.entry([], q.executor), 600_000))
     return reg.id

@@ -452,7 +452,7 @@ def test_durable_mode_without_replicas_still_registers(
     from echomq._executor import AsyncExecutor
     from echomq._kernel import Keys
     from echomq._queueloop import QueueLoop
-    from echomq._registry import Registry
+    from echomq._worker_registry import Registry
 
     async def beat() -> None:
         # The test server has no replica: every write's WAIT falls short.
@@ -472,12 +472,12 @@ def test_a_lapsed_entry_is_gone_within_its_ttl_and_pruned(
 ) -> None:
     """A worker that stops beating (SIGKILL) drops out of listings at its lapse, its entry is
     pruned by any other worker's beat, and the keys expire with the last entry."""
-    from echomq import _registry
+    from echomq import _registry, _worker_registry
     from echomq._kernel import Keys
 
     k = Keys(qname)
     dead, live = echomq.ids.mint("WRK"), echomq.ids.mint("WRK")
-    entry = _registry.Registry([qname], 1, 100).entry([], "lua")
+    entry = _worker_registry.Registry([qname], 1, 100).entry([], "lua")
     workers = f"emq:{{{qname}}}:workers"
     # TTLs of seconds, not 300 ms: each must outlast the reads that expect it alive on a busy
     # machine; its lapse is waited for (issue 36).
@@ -502,10 +502,10 @@ def test_echomq_workers_with_none(spawn: Spawner, q: echomq.Queue, qname: str) -
 
 
 def test_obliterate_removes_the_registry(q: echomq.Queue, qname: str, r: redis.Redis) -> None:
-    from echomq import _registry
+    from echomq import _registry, _worker_registry
     from echomq._kernel import Keys
 
-    entry = _registry.Registry([qname], 1, 100).entry([], "lua")
+    entry = _worker_registry.Registry([qname], 1, 100).entry([], "lua")
     q._x.run(_registry.beat(Keys(qname), echomq.ids.mint("WRK"), entry, 60_000))
     assert len(q.workers()) == 1
     q.pause()
