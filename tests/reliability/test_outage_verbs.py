@@ -235,6 +235,10 @@ NOT_SERVER_VERBS = {
     "App.task": "a decorator; registers a handler, no I/O",
     "App.periodic": "a decorator; registers a schedule, no I/O",
     "App.flow_job": "builds a FlowJob; no I/O",
+    "App.chain": "builds a Chain (its enqueue is an add_flow); no I/O",
+    "App.group": "builds a Group (its enqueue is one enqueue per member); no I/O",
+    "App.chord": "builds a Chord (its enqueue is an add_flow); no I/O",
+    "App.batch_by_id": "a handle on a batch; nothing is read until it is used",
 }
 # The App's producer verbs and the Queue verb each one runs.
 APP_VERBS = {
