@@ -25,8 +25,6 @@ from echomq._produce import _nonce, mint
 from echomq.errors import InvalidArgument, StateError
 
 if TYPE_CHECKING:
-    from echomq._async_queue import AsyncQueue
-    from echomq._sync_queue import Queue
     from echomq._workflows import Signature
 
 # How long the server keeps an add's verdicts for a resend of it (a lost reply).
@@ -190,7 +188,8 @@ class Batch:
     # One plan per verb, built the same for both drivers: the sync methods run it through
     # the app's Queue, the async ones through its AsyncQueue (both carry _k and _x.minter).
 
-    def _add_plan(self, q: Queue | AsyncQueue, sigs: Iterable[Signature] | object) -> Any:
+    def _add_plan(self, q: Any, sigs: Iterable[Signature] | object) -> Any:
+        # q: a Queue or an AsyncQueue (typed Any: the layering keeps _batches below them).
         if isinstance(sigs, (str, bytes)) or not isinstance(sigs, Iterable):
             raise InvalidArgument("add_many takes an iterable of task signatures")
         from echomq.context import current_job

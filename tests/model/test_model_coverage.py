@@ -80,6 +80,7 @@ TOUR: list[tuple[str, dict[str, Any]]] = [
     ("change_priority", {"qi": 0, "n": 0, "priority": 5}),
     ("limit_queue", {"qi": 0, "n": None}),
     ("add_flow", {"qi": 0, "shape": [(1, True, 0, None), (0, False, 0, None)]}),
+    ("add_chain", {"qi": 0, "steps": 3, "cross": [0, 1, 0, 0, 0], "lane": None}),
     ("annotate", {"qi": 0, "n": 1, "what": "log", "keep": 0}),
     ("annotate", {"qi": 0, "n": 1, "what": "progress", "keep": 0}),
     ("claim", {"qi": 0, "lease": LONG}),
