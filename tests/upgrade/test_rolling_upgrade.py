@@ -178,7 +178,8 @@ class Fleet:
 
     def start(self, release: Release, *args: str, url: str | None = None, **extra: str) -> int:
         log = open(self.tmp_path / f"p{len(self.procs)}-{release.version}.log", "wb")  # noqa: SIM115
-        env = self.env(release, url) | extra
+        # Unbuffered: a SIGKILLed process's last lines are in its log, not lost in a buffer.
+        env = self.env(release, url) | extra | {"PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
             [sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT
         )
@@ -412,9 +413,11 @@ def run_the_contract(
 
     clock.lap("resend+drain")
     if leg == "native":  # N-1 ran its own module's commands (its workers say so at start)
-        for w in workers:
-            if f.versions[w] == old.version:
-                assert "(executor native)" in f.log(w, 1 << 30), f.log(w)
+        # A worker SIGKILLed early may not have started yet on a loaded box (its log is
+        # empty): every N-1 worker that said how it serves said native, and one at least did.
+        said = [f.log(w, 1 << 30) for w in workers if f.versions[w] == old.version]
+        said = [text for text in said if "(executor " in text]
+        assert said and all("(executor native)" in text for text in said), said
     errors = verdict(books, f, old, new, qname, kids, r)
     clock.lap("verdict")
     print(
