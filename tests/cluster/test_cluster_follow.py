@@ -37,7 +37,7 @@ def cluster(module_so: Path, tmp_path: Path) -> Iterator[EmbeddedCluster]:
     """3 primaries, 1 replica each, every node loading trafikey."""
     c = EmbeddedCluster(
         tmp_path / "cluster", node_timeout_ms=1000, args=["--loadmodule", str(module_so)]
-    ).start()
+    ).start(timeout=120)  # six nodes meeting and syncing: slow on a loaded CI box
     yield c
     c.stop()
 
