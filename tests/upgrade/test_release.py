@@ -18,10 +18,18 @@ def git(*args: str) -> str:
 
 
 def test_releases_names_each_tags_commit() -> None:
-    tags = git("-C", str(ROOT), "tag", "-l", "v*").split()
+    """Each RELEASES line names a commit of this history whose package says that version;
+    where the clone has tags (a developer's, not CI's --no-tags checkout) each agrees."""
     recorded = recorded_commits()
-    assert tags, "this clone has no release tags"
-    for tag in tags:
+    assert "v0.5.0" in recorded
+    for version, commit in recorded.items():
+        ancestor = subprocess.run(
+            ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", commit, "HEAD"], check=False
+        )
+        assert ancestor.returncode == 0, f"RELEASES: {version} {commit} is not in this history"
+        init = git("-C", str(ROOT), "show", f"{commit}:src/echomq/__init__.py")
+        assert f'__version__ = "{version[1:]}"' in init, f"{commit} is not {version}"
+    for tag in git("-C", str(ROOT), "tag", "-l", "v*").split():
         assert recorded.get(tag) == commit_of(tag), f"RELEASES disagrees with the tag {tag}"
 
 
