@@ -92,3 +92,19 @@ def test_a_rule_used_by_one_source_only_is_in_use() -> None:
     gen.unasync('"""d"""\nasync def f() -> None:\n    await g()\n', "x.py", "t", used)
     names = {gen.WORDS[i][0] for i in used}
     assert names == {r"\basync def ", r"\bawait "}
+
+
+def test_the_event_listener_is_generated_with_its_twins_surface() -> None:
+    """Issue 38: ``EventListener`` is the generated twin of ``AsyncEventListener`` (no hand
+    copy), and the two offer the same public names."""
+    from echomq.events import AsyncEventListener, EventListener
+
+    pairs = {(source, output) for source, output, _ in _gen().PAIRS}
+    assert ("src/echomq/_async_events.py", "src/echomq/_sync_events.py") in pairs
+    assert EventListener.__module__ == "echomq._sync_events"
+    assert AsyncEventListener.__module__ == "echomq._async_events"
+
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert public(EventListener) == public(AsyncEventListener) == {"on", "poll", "run", "stop"}
