@@ -54,7 +54,6 @@ __all__ = [
     "TRANSIENT",
     "AsyncClient",
     "AsyncExecutor",
-    "Drive",
     "SyncClient",
     "SyncExecutor",
     "async_client",
