@@ -35,9 +35,8 @@ if sys.version_info >= (3, 11):
 else:  # redis-py depends on async-timeout there
     from async_timeout import timeout as _timeout  # type: ignore[import-not-found,no-redef,unused-ignore]
 
-from echomq._connect import TRANSIENT, Budget
-from echomq._executor import _decode_one, _pipeline_args, _plan_delay
-from echomq._kernel import Call, Plan, Replay
+from echomq._executor import _decode_one, _pipeline_args
+from echomq._kernel import Call, Plan
 from echomq._native import unknown_command
 
 if TYPE_CHECKING:
@@ -69,24 +68,7 @@ class AutoPipe:
         x = self._x
         if x.durable:
             return await x.run(work)
-        budget = Budget(x.retry_for)
-        try:
-            step = next(work)
-            while True:
-                try:
-                    result = await (x.pipeline(step) if isinstance(step, list) else self.call(step))
-                except TRANSIENT as exc:
-                    await x.follow()  # a cluster's new topology (a no-op on one server)
-                    await asyncio.sleep(_plan_delay(budget, exc, x.client))
-                    try:
-                        step = work.throw(Replay(exc))
-                    except Replay:
-                        raise exc from None
-                    continue
-                budget.attempt = 0  # a step went through: the next outage has its own budget
-                step = work.send(result)
-        except StopIteration as stop:
-            return cast(T, stop.value)
+        return await x.run(work, one=self.call)
 
     async def call(self, call: Call[T]) -> T:
         """Run one call in the batch of this loop turn. A call that may be resent on its own

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import redis.asyncio
@@ -43,8 +43,9 @@ from echomq._connect import (
     sync_client,
     thread_connection,
 )
+from echomq._drive import Drive
 from echomq._fence import Fence
-from echomq._kernel import Call, Plan, Replay
+from echomq._kernel import Call, Plan
 from echomq.errors import DurabilityError, EchoMQError, ExecutorUnavailable
 
 # The connection names stay importable from here for code written against this module.
@@ -339,38 +340,29 @@ class SyncExecutor(_Executor):
             pipe.execute_command(*args)
         return list(pipe.execute(raise_on_error=False))
 
-    def run(self, work: Call[T] | Plan[T], deadline: float | None = None) -> T:
-        """Run one call, or drive a plan to its result. A plan step whose reply was lost is
-        answered by throwing ``Replay`` into the plan, which resends it only if it is safe.
-        With ``deadline`` (a monotonic time) no step is retried past it: the plan, thrown
-        ``Replay``, decides what a lost step at its deadline means (``wait()``: a timeout)."""
+    def run(self, work: Call[T] | Plan[T] | Drive[T], deadline: float | None = None) -> T:
+        """Run one call, or drive a plan to its result (see :class:`Drive`; a ``Drive``: a
+        plan already under way). With ``deadline`` (a monotonic time) no step is retried
+        past it: the plan, thrown ``Replay``, decides what a lost step at its deadline means
+        (``wait()``: a timeout)."""
         if isinstance(work, Call):
             return self.call(work, deadline)
-        budget = Budget(self.retry_for, deadline)
-        try:
-            step = next(work)
-            while True:
-                try:
-                    if isinstance(step, list):
-                        result = self.pipeline(step)
-                    else:
-                        result = self.call(step, deadline)
-                except TRANSIENT as exc:
-                    if isinstance(step, list):
-                        self.follow()  # (call() follows by itself)
-                    delay = _plan_delay(budget, exc, self.client)
-                    time.sleep(delay)
-                    if _resend(step, budget):
-                        continue
-                    try:
-                        step = work.throw(Replay(exc))
-                    except Replay:
-                        raise exc from None
-                    continue
-                budget.attempt = 0  # a step went through: the next outage has its own budget
-                step = work.send(result)
-        except StopIteration as stop:
-            return cast(T, stop.value)
+        d = work if isinstance(work, Drive) else Drive(work, Budget(self.retry_for, deadline))
+        while not d.done:
+            step = d.step
+            try:
+                if isinstance(step, list):
+                    result = self.pipeline(step)
+                else:
+                    result = self.call(step, deadline)
+            except TRANSIENT as exc:
+                if isinstance(step, list):
+                    self.follow()  # (call() follows by itself)
+                time.sleep(d.delay(exc, self.client))
+                d.lost(exc)
+            else:
+                d.ok(result)
+        return cast(T, d.value)
 
     def close(self) -> None:
         if self.owned:
@@ -515,34 +507,34 @@ class AsyncExecutor(_Executor):
             pipe.execute_command(*args)
         return list(await pipe.execute(raise_on_error=False))
 
-    async def run(self, work: Call[T] | Plan[T], deadline: float | None = None) -> T:
-        """The asyncio twin of :meth:`SyncExecutor.run`."""
+    async def run(
+        self,
+        work: Call[T] | Plan[T] | Drive[T],
+        deadline: float | None = None,
+        *,
+        one: Callable[[Call[Any]], Awaitable[Any]] | None = None,
+    ) -> T:
+        """The asyncio twin of :meth:`SyncExecutor.run`; ``one`` sends a plan's single calls
+        instead of :meth:`call` (the autopipe's batches, which do not follow a cluster's new
+        topology by themselves: a lost step of any kind follows)."""
         if isinstance(work, Call):
             return await self.call(work, deadline)
-        budget = Budget(self.retry_for, deadline)
-        try:
-            step = next(work)
-            while True:
-                try:
-                    if isinstance(step, list):
-                        result = await self.pipeline(step)
-                    else:
-                        result = await self.call(step, deadline)
-                except TRANSIENT as exc:
-                    if isinstance(step, list):
-                        await self.follow()  # (call() follows by itself)
-                    await asyncio.sleep(_plan_delay(budget, exc, self.client))
-                    if _resend(step, budget):
-                        continue
-                    try:
-                        step = work.throw(Replay(exc))
-                    except Replay:
-                        raise exc from None
-                    continue
-                budget.attempt = 0  # a step went through: the next outage has its own budget
-                step = work.send(result)
-        except StopIteration as stop:
-            return cast(T, stop.value)
+        d = work if isinstance(work, Drive) else Drive(work, Budget(self.retry_for, deadline))
+        while not d.done:
+            step = d.step
+            try:
+                if isinstance(step, list):
+                    result = await self.pipeline(step)
+                else:
+                    result = await (self.call(step, deadline) if one is None else one(step))
+            except TRANSIENT as exc:
+                if one is not None or isinstance(step, list):
+                    await self.follow()  # (call() follows by itself)
+                await asyncio.sleep(d.delay(exc, self.client))
+                d.lost(exc)
+            else:
+                d.ok(result)
+        return cast(T, d.value)
 
     async def close(self) -> None:
         if self._refreshing is not None and not self._refreshing.done():
@@ -553,29 +545,6 @@ class AsyncExecutor(_Executor):
         self._node_clients.clear()
         if self.owned:
             await cast(Any, self.client).aclose()
-
-
-def _resend(step: Call[Any] | list[Call[Any]], budget: Budget) -> bool:
-    """Whether a plan's lost pipeline is resent as it is, not thrown into the plan: every
-    call in it is replay-safe (a read pipeline, say), and the plan's deadline, if any, is
-    not reached (at it the plan decides, as ``wait()`` does). Issue 37: a read plan such as
-    ``check()`` raised at the first lost connection because no plan caught the ``Replay``.
-    A single call rides out its own outage in ``call``."""
-    if not isinstance(step, list) or not all(c.replay for c in step):
-        return False
-    return budget.deadline is None or time.monotonic() < budget.deadline
-
-
-def _plan_delay(budget: Budget, exc: BaseException, client: Any) -> float:
-    """The sleep before a plan is thrown ``Replay`` for a lost step. At the plan's deadline
-    none: the plan decides what that means (``wait()`` times out); past ``retry_for``, the
-    budget gives up."""
-    delay = budget.next_delay()
-    if delay is not None:
-        return delay
-    if budget.deadline is None or time.monotonic() < budget.deadline:
-        budget.give_up(exc, client)
-    return 0.0
 
 
 def _pipeline_args(

@@ -22,6 +22,7 @@ from echomq import _control as _ctl
 from echomq import _protocol as _p
 from echomq._appface import AppFace
 from echomq._connect import DEFAULT_RETRY_FOR, TRANSIENT, Budget, backoff_delay
+from echomq._drive import Drive
 from echomq._executor import AsyncExecutor
 from echomq._kernel import Call, Completed, Keys, Retried
 from echomq._logfmt import warn_repeated
@@ -332,21 +333,7 @@ def applied(exc: DurabilityError, call: Call[_p.Settled]) -> _p.Settled | None:
 async def _finish_plan(x: AsyncExecutor, plan: _p.Plan[Any], reply: Any) -> Any:
     """Feed ``reply`` (the result of the plan's first call, already sent) into ``plan`` and
     run whatever it still asks for on ``x``; the plan's result."""
-    try:
-        step = plan.send(reply)
-    except StopIteration as stop:
-        return stop.value
-    return await x.run(_resume(plan, step))
-
-
-def _resume(plan: _p.Plan[Any], step: Any) -> _p.Plan[Any]:
-    # A plan already under way, as a plan the executor can drive from its next step.
-    while True:
-        result = yield step
-        try:
-            step = plan.send(result)
-        except StopIteration as stop:
-            return stop.value
+    return await x.run(Drive(plan, Budget(x.retry_for), reply))
 
 
 async def first_fence(x: AsyncExecutor, stopping: Callable[[], bool]) -> None:

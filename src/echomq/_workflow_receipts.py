@@ -1,20 +1,44 @@
 """What a workflow's ``enqueue`` answers (issue 42, ``echomq._workflows``): the receipts of a
 group, a chord and a chain, which wait for values and say which job died. They read kept
 outcomes only (``_control.outcome``): a receipt made from ids alone works in another
-process too.
+process too. Each verb is written once, as a generator of what it asks (``_Value``: a job's
+value, waited for; ``_Outcome``: a job's kept outcome and state, read once), answered by
+``_run`` for the plain verb and by ``_arun`` for its asyncio twin (issue 38).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeVar, Union
 
 from echomq import _control as _ctl
 from echomq._appface import HostApp
 from echomq.errors import ChainFailed, GroupFailed, JobFailed
 
 __all__ = ["ChainReceipt", "ChordReceipt", "GroupReceipt"]
+
+T = TypeVar("T")
+
+
+class _Value(NamedTuple):
+    """Ask for a job's value (``App.wait_result``): a job that died is thrown back as the
+    :class:`JobFailed` it raised."""
+
+    jid: str
+    queue: str
+    timeout_s: float
+
+
+class _Outcome(NamedTuple):
+    """Ask for a job's kept outcome and state (``_control.outcome``), read once."""
+
+    jid: str
+    queue: str
+
+
+_Asks = Generator[Union[_Value, _Outcome], Any, T]  # noqa: UP007 - a runtime alias on 3.10
 
 
 @dataclass(frozen=True)
@@ -28,28 +52,27 @@ class GroupReceipt:
     def wait(self, timeout_s: float) -> list[Any]:
         """Every member's value, in order; :class:`GroupFailed` with every failure attached
         when some died, ``TimeoutError`` at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        values: list[Any] = []
-        failures: list[JobFailed] = []
-        for jid, queue in zip(self.ids, self.queues, strict=True):
-            try:
-                values.append(self.app.wait_result(jid, timeout_s=_left(deadline), queue=queue))
-            except JobFailed as exc:
-                values.append(None)
-                failures.append(exc)
-        if failures:
-            raise GroupFailed(failures, values)
-        return values
+        return _run(self.app, self._wait(timeout_s))
 
     async def await_result(self, timeout_s: float) -> list[Any]:
         """``wait`` for asyncio code."""
+        return await _arun(self.app, self._wait(timeout_s))
+
+    def failures(self) -> list[JobFailed]:
+        """The members that died so far, in order (read once, no waiting)."""
+        return _run(self.app, self._failures())
+
+    async def afailures(self) -> list[JobFailed]:
+        """``failures`` for asyncio code."""
+        return await _arun(self.app, self._failures())
+
+    def _wait(self, timeout_s: float) -> _Asks[list[Any]]:
         deadline = time.monotonic() + timeout_s
         values: list[Any] = []
         failures: list[JobFailed] = []
-        for jid, queue in zip(self.ids, self.queues, strict=True):
+        for jid, queue in _pairs(self):
             try:
-                left = _left(deadline)
-                values.append(await self.app.await_result(jid, timeout_s=left, queue=queue))
+                values.append((yield _Value(jid, queue, _left(deadline))))
             except JobFailed as exc:
                 values.append(None)
                 failures.append(exc)
@@ -57,18 +80,12 @@ class GroupReceipt:
             raise GroupFailed(failures, values)
         return values
 
-    def failures(self) -> list[JobFailed]:
-        """The members that died so far, in order (read once, no waiting)."""
-        found = [_error(*_outcome_of(self.app, j, q)) for j, q in _pairs(self)]
-        return [JobFailed(j, e) for j, e in zip(self.ids, found, strict=True) if e is not None]
-
-    async def afailures(self) -> list[JobFailed]:
-        """``failures`` for asyncio code."""
+    def _failures(self) -> _Asks[list[JobFailed]]:
         out = []
-        for j, q in zip(self.ids, self.queues, strict=True):
-            e = _error(*await _aoutcome_of(self.app, j, q))
-            if e is not None:
-                out.append(JobFailed(j, e))
+        for jid, queue in _pairs(self):
+            error = _error(*(yield _Outcome(jid, queue)))
+            if error is not None:
+                out.append(JobFailed(jid, error))
         return out
 
 
@@ -90,24 +107,21 @@ class ChordReceipt:
     def wait(self, timeout_s: float) -> Any:
         """The callback's value; :class:`GroupFailed` (every member that died) when the
         callback died because of them, :class:`JobFailed` when it died itself."""
-        try:
-            return self.app.wait_result(self.id, timeout_s=timeout_s, queue=self.queue)
-        except JobFailed:
-            self._failed_members(self.members.failures())
-            raise
+        return _run(self.app, self._wait(timeout_s))
 
     async def await_result(self, timeout_s: float) -> Any:
         """``wait`` for asyncio code."""
-        try:
-            return await self.app.await_result(self.id, timeout_s=timeout_s, queue=self.queue)
-        except JobFailed:
-            self._failed_members(await self.members.afailures())
-            raise
+        return await _arun(self.app, self._wait(timeout_s))
 
-    def _failed_members(self, failures: list[JobFailed]) -> None:
-        if failures:
-            values: list[object] = [None] * len(self.members.ids)
-            raise GroupFailed(failures, values)
+    def _wait(self, timeout_s: float) -> _Asks[Any]:
+        try:
+            return (yield _Value(self.id, self.queue, timeout_s))
+        except JobFailed:
+            failures = yield from self.members._failures()
+            if failures:
+                values: list[object] = [None] * len(self.members.ids)
+                raise GroupFailed(failures, values)  # noqa: B904 - in its context, as before
+            raise
 
 
 @dataclass(frozen=True)
@@ -127,43 +141,47 @@ class ChainReceipt:
     def wait(self, timeout_s: float) -> Any:
         """The last step's value; :class:`ChainFailed` naming the step that died (the steps
         after it never run), ``TimeoutError`` at the deadline."""
-        try:
-            return self.app.wait_result(self.id, timeout_s=timeout_s, queue=self.queues[-1])
-        except JobFailed as exc:
-            found = self.failed_step()
-            raise (found or ChainFailed(len(self.ids) - 1, self.id, exc.error, self.ids)) from exc
+        return _run(self.app, self._wait(timeout_s))
 
     async def await_result(self, timeout_s: float) -> Any:
         """``wait`` for asyncio code."""
-        try:
-            return await self.app.await_result(self.id, timeout_s=timeout_s, queue=self.queues[-1])
-        except JobFailed as exc:
-            found = await self.afailed_step()
-            raise (found or ChainFailed(len(self.ids) - 1, self.id, exc.error, self.ids)) from exc
+        return await _arun(self.app, self._wait(timeout_s))
 
     def status(self) -> list[str]:
         """Each step's state, in order: ``completed`` or ``dead`` once its outcome is kept,
         else where it is (``pending``, ``active``, ``scheduled``, ``awaiting_children``)."""
-        return [_state(*_outcome_of(self.app, j, q)) for j, q in _pairs(self)]
+        return _run(self.app, self._status())
 
     async def astatus(self) -> list[str]:
         """``status`` for asyncio code."""
-        return [_state(*await _aoutcome_of(self.app, j, q)) for j, q in _pairs(self)]
+        return await _arun(self.app, self._status())
 
     def failed_step(self) -> ChainFailed | None:
         """The first step that died, as the :class:`ChainFailed` ``wait`` raises (not
         raised), or None while none has. A chord step's failure names its first member
         that died."""
-        for step, jid, q in self._inspected():
-            error = _error(*_outcome_of(self.app, jid, q))
-            if error is not None:
-                return ChainFailed(step, jid, error, self.ids)
-        return None
+        return _run(self.app, self._failed_step())
 
     async def afailed_step(self) -> ChainFailed | None:
         """``failed_step`` for asyncio code."""
+        return await _arun(self.app, self._failed_step())
+
+    def _wait(self, timeout_s: float) -> _Asks[Any]:
+        try:
+            return (yield _Value(self.id, self.queues[-1], timeout_s))
+        except JobFailed as exc:
+            found = yield from self._failed_step()
+            raise (found or ChainFailed(len(self.ids) - 1, self.id, exc.error, self.ids)) from exc
+
+    def _status(self) -> _Asks[list[str]]:
+        out = []
+        for jid, queue in _pairs(self):
+            out.append(_state(*(yield _Outcome(jid, queue))))
+        return out
+
+    def _failed_step(self) -> _Asks[ChainFailed | None]:
         for step, jid, q in self._inspected():
-            error = _error(*await _aoutcome_of(self.app, jid, q))
+            error = _error(*(yield _Outcome(jid, q)))
             if error is not None:
                 return ChainFailed(step, jid, error, self.ids)
         return None
@@ -194,11 +212,41 @@ def _error(kept: Any, state: str) -> str | None:
     return "dead" if state == "dead" else None
 
 
-def _outcome_of(app: HostApp, jid: str, queue: str) -> tuple[Any, str]:
-    q = app.queue(queue)
-    return q._x.run(_ctl.outcome(q._k, jid))
+def _run(app: HostApp, asks: _Asks[T]) -> T:
+    """Answer a verb's asks with plain calls; its result."""
+    reply: Any = None
+    failed: JobFailed | None = None
+    while True:
+        try:
+            ask = asks.send(reply) if failed is None else asks.throw(failed)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply, failed = None, None
+        if isinstance(ask, _Outcome):
+            q = app.queue(ask.queue)
+            reply = q._x.run(_ctl.outcome(q._k, ask.jid))
+            continue
+        try:
+            reply = app.wait_result(ask.jid, timeout_s=ask.timeout_s, queue=ask.queue)
+        except JobFailed as exc:
+            failed = exc
 
 
-async def _aoutcome_of(app: HostApp, jid: str, queue: str) -> tuple[Any, str]:
-    q = app.aqueue(queue)
-    return await q._x.run(_ctl.outcome(q._k, jid))
+async def _arun(app: HostApp, asks: _Asks[T]) -> T:
+    """The asyncio twin of :func:`_run`."""
+    reply: Any = None
+    failed: JobFailed | None = None
+    while True:
+        try:
+            ask = asks.send(reply) if failed is None else asks.throw(failed)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply, failed = None, None
+        if isinstance(ask, _Outcome):
+            q = app.aqueue(ask.queue)
+            reply = await q._x.run(_ctl.outcome(q._k, ask.jid))
+            continue
+        try:
+            reply = await app.await_result(ask.jid, timeout_s=ask.timeout_s, queue=ask.queue)
+        except JobFailed as exc:
+            failed = exc

@@ -22,7 +22,8 @@ def _gen() -> ModuleType:
 
 
 def _copy(tmp: Path) -> Path:
-    for rel in ("src/echomq/_async_queue.py", "src/echomq/_sync_queue.py", "pyproject.toml"):
+    twins = [rel for source, output, _ in _gen().PAIRS for rel in (source, output)]
+    for rel in (*twins, "pyproject.toml"):
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp / rel)
     return tmp
@@ -62,10 +63,48 @@ def test_the_markers() -> None:
         "    x = await g()  # sync: x = h()\n"
         "    y = 1  # async-only\n"
         "    # sync-only: z = 2\n"
-        "    async with q:\n"
-        "        await q.aclose()\n"
+        "    await q.aclose()\n"
     )
     got = gen.unasync(text, "src/x.py", "twin")
     assert "def f(q: Queue) -> None:" in got and "async" not in got.replace("_async", "")
     assert "    x = h()\n" in got and "y = 1" not in got and "    z = 2\n" in got
-    assert "    with q:\n        q.close()\n" in got and got.count('"""twin"""') == 1
+    assert "    q.close()\n" in got and got.count('"""twin"""') == 1
+
+
+def test_an_unused_substitution_fails_named(tmp_path: Path, capsys: object) -> None:
+    """A rule of the table that matches nothing in any source fails the run (issue 38), in
+    both modes, and the message names the rule."""
+    gen = _gen()
+    gen.ROOT = _copy(tmp_path)
+    assert gen.main(["gen-sync", "--check"]) == 0  # every rule of the table is in use
+    gen.WORDS = [*gen.WORDS, (r"\bAsyncNoSuchName\b", "NoSuchName")]
+    assert gen.main(["gen-sync", "--check"]) == 1
+    assert gen.main(["gen-sync"]) == 1
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "unused substitution" in err and "AsyncNoSuchName" in err
+    assert err.count("unused substitution") == 2  # only the dead rule, once a run
+
+
+def test_a_rule_used_by_one_source_only_is_in_use() -> None:
+    """The rules are counted over every pair: a word only one twin has is not unused."""
+    gen = _gen()
+    used: set[int] = set()
+    gen.unasync('"""d"""\nasync def f() -> None:\n    await g()\n', "x.py", "t", used)
+    names = {gen.WORDS[i][0] for i in used}
+    assert names == {r"\basync def ", r"\bawait "}
+
+
+def test_the_event_listener_is_generated_with_its_twins_surface() -> None:
+    """Issue 38: ``EventListener`` is the generated twin of ``AsyncEventListener`` (no hand
+    copy), and the two offer the same public names."""
+    from echomq.events import AsyncEventListener, EventListener
+
+    pairs = {(source, output) for source, output, _ in _gen().PAIRS}
+    assert ("src/echomq/_async_events.py", "src/echomq/_sync_events.py") in pairs
+    assert EventListener.__module__ == "echomq._sync_events"
+    assert AsyncEventListener.__module__ == "echomq._async_events"
+
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert public(EventListener) == public(AsyncEventListener) == {"on", "poll", "run", "stop"}

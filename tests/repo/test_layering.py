@@ -60,6 +60,7 @@ ROOMS: dict[str, str] = {
     "echomq._extras": PROTOCOL,
     # the client: the I/O and the queues
     "echomq._executor": CLIENT,
+    "echomq._drive": CLIENT,
     "echomq._native": CLIENT,
     "echomq._connect": CLIENT,
     "echomq._redispy": CLIENT,
@@ -109,6 +110,8 @@ ROOMS: dict[str, str] = {
     "echomq.prometheus": OPS,
     "echomq.otel": OPS,
     "echomq.events": OPS,
+    "echomq._async_events": OPS,
+    "echomq._sync_events": OPS,
     "echomq._console": OPS,
     "echomq._inspect": OPS,
     "echomq._records": OPS,
