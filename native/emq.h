@@ -29,6 +29,8 @@ typedef struct {
 #define EMQ_NONE ((emq_sv){NULL, 0})
 #define EMQ_FLAT EMQ_LIT("*")
 
+#define EMQ_FIELDS_CACHED 32
+
 typedef struct emq {
     RedisModuleCtx *ctx;
     emq_sv *keys; /* KEYS[1..nkeys] at keys[0..] */
@@ -45,6 +47,11 @@ typedef struct emq {
     emq_sv keep_dead;
     long long dead_added; /* dead-letters in this call, for trim_dead */
     emq_sv claim_stamp;   /* a claim's claimed_ms while keep_completed is set (lease.c) */
+    int nfields;          /* field names of the static tables made server strings (emq.c) */
+    struct {
+        const char *c;
+        RedisModuleString *s;
+    } fields[EMQ_FIELDS_CACHED];
     jmp_buf fail;
     const char *err;
 } emq;
@@ -111,6 +118,25 @@ long long emq_exists(emq *e, emq_sv key);                       /* EXISTS key */
 long long emq_card(emq *e, emq_sv key, int type);               /* ZCARD/SCARD/HLEN/LLEN */
 emq_sv emq_hget(emq *e, emq_sv key, emq_sv field);              /* HGET */
 void emq_hmget_strict(emq *e, emq_sv key, int n, const char **fields, emq_sv *out); /* HMGET */
+/* A row read, then written, through one handle (one key lookup): emq_hrow_open is
+ * emq_hmget's HMGET (0: not a hash, nothing left open) and leaves the key open for writing;
+ * then exactly one of emq_hrow_hset (HSET args[0] field value ..., args[0] the same key,
+ * signalled and replicated as emq_hsetv) or emq_hrow_close (nothing written), before any
+ * other access to that key. */
+typedef struct {
+    RedisModuleString *name;
+    RedisModuleKey *k;
+} emq_hrow;
+int emq_hrow_open(emq *e, emq_sv key, int n, const char **fields, emq_sv *out, emq_hrow *h);
+void emq_hrow_hset(emq *e, emq_hrow *h, int n, RedisModuleString **av); /* av[0] set here */
+/* A literal (a static table's or a string constant's: keyed by its address) as a server
+ * string, made once per call. */
+RedisModuleString *emq_lit_str(emq *e, const char *lit);
+/* emq_hmget for a row whose fields past `narrow` are rare: when the narrow ones found plus
+ * the field `also` (if present) are all the row holds, the rest are absent without a read. */
+int emq_hmget_sparse(emq *e, emq_sv key, int narrow, int n, const char **fields, const char *also,
+                     emq_sv *out);
+void emq_hrow_close(emq_hrow *h);
 emq_sv emq_lindex(emq *e, emq_sv key, long idx);                /* LINDEX */
 /* ---- writes through the key API, replicated as the plain command (RedisModule_Replicate,
  * in order with the RedisModule_Call effects): args[0] is the key, then what the command
