@@ -473,7 +473,62 @@ void emq_hrow_hset(emq *e, emq_hrow *h, int n, RedisModuleString **av) {
     hset_on(e, k, n, av);
 }
 
+void emq_hrow_hsetv(emq *e, emq_hrow *h, int n, const emq_sv *args) {
+    emq_hrow_hset(e, h, n, strings_of(e, n, args));
+}
+
+int emq_hrow_open_absent(emq *e, emq_sv key, emq_hrow *h) {
+    h->name = mkstr(e, key);
+    h->k = RedisModule_OpenKey(e->ctx, h->name, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(h->k) == REDISMODULE_KEYTYPE_EMPTY) return 1;
+    emq_hrow_close(h);
+    return 0;
+}
+
 RedisModuleString *emq_lit_str(emq *e, const char *lit) { return field_str(e, lit); }
+
+/* ---- the admissions' ZADDs of one EMQ.ENQUEUE (many form): one ZADD per key, at the end */
+
+void emq_zadd_defer(emq *e) {
+    e->zdefer = 1;
+    e->zn = 0;
+}
+
+void emq_zadd_flush(emq *e) {
+    if (e->zn > 0) {
+        e->zargs[0] = e->zkey;
+        emq_zaddv(e, e->zn + 1, e->zargs);
+    }
+    e->zn = 0;
+}
+
+void emq_zadd_later(emq *e, emq_sv key, emq_sv score, emq_sv member) {
+    long long v;
+    int fast = emq_parse_ll(score, &v) && v <= (1LL << 53) && v >= -(1LL << 53);
+    if (e->zdefer && fast && e->zn > 0 && !emq_eq(e->zkey, key)) emq_zadd_flush(e);
+    if (e->zdefer && fast && e->zn == 0) {
+        /* Deferred only onto a set (or no key): a planted key of another type fails this
+         * ZADD now, where the script's first ZADD fails, after the same writes. */
+        RedisModuleKey *k = open_read(e, key);
+        int t = RedisModule_KeyType(k);
+        close_key(k);
+        if (t != REDISMODULE_KEYTYPE_EMPTY && t != REDISMODULE_KEYTYPE_ZSET) fast = 0;
+        else e->zkey = key;
+    }
+    if (!e->zdefer || !fast) {
+        emq_zadd(e, 3, key, score, member);
+        return;
+    }
+    if (1 + e->zn + 2 > e->zcap) {
+        int cap = e->zcap ? e->zcap * 2 : 64;
+        emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)cap);
+        if (e->zn) memcpy(grown + 1, e->zargs + 1, sizeof(emq_sv) * (size_t)e->zn);
+        e->zargs = grown;
+        e->zcap = cap;
+    }
+    e->zargs[1 + e->zn++] = score;
+    e->zargs[1 + e->zn++] = member;
+}
 
 void emq_zaddv(emq *e, int n, const emq_sv *args) {
     if (n < 3 || n % 2 == 0) {

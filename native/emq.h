@@ -47,6 +47,10 @@ typedef struct emq {
     emq_sv keep_dead;
     long long dead_added; /* dead-letters in this call, for trim_dead */
     emq_sv claim_stamp;   /* a claim's claimed_ms while keep_completed is set (lease.c) */
+    int zdefer;           /* enqueue_many: the admissions' ZADDs wait for emq_zadd_flush */
+    emq_sv zkey;
+    emq_sv *zargs; /* [0] free for the key, then score member pairs */
+    int zn, zcap;
     int nfields;          /* field names of the static tables made server strings (emq.c) */
     struct {
         const char *c;
@@ -129,6 +133,16 @@ typedef struct {
 } emq_hrow;
 int emq_hrow_open(emq *e, emq_sv key, int n, const char **fields, emq_sv *out, emq_hrow *h);
 void emq_hrow_hset(emq *e, emq_hrow *h, int n, RedisModuleString **av); /* av[0] set here */
+void emq_hrow_hsetv(emq *e, emq_hrow *h, int n, const emq_sv *args); /* args[0]: the key */
+/* EXISTS key == 0 on a write handle left open (1: absent, then emq_hrow_hset(v) or
+ * emq_hrow_close), 0: it exists (nothing left open). */
+int emq_hrow_open_absent(emq *e, emq_sv key, emq_hrow *h);
+/* ZADD key score member, or (after emq_zadd_defer) gathered with the next ones of the same key
+ * into one ZADD that emq_zadd_flush makes: the same set in the end, one key lookup and one
+ * replicated command for a batch of admissions. Nothing may read the set before the flush. */
+void emq_zadd_defer(emq *e);
+void emq_zadd_later(emq *e, emq_sv key, emq_sv score, emq_sv member);
+void emq_zadd_flush(emq *e);
 /* A literal (a static table's or a string constant's: keyed by its address) as a server
  * string, made once per call. */
 RedisModuleString *emq_lit_str(emq *e, const char *lit);
