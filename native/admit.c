@@ -17,7 +17,9 @@ const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_a
                       long long run_at, long long now, int fresh, emq_sv pri, emq_sv expires) {
     if (!emq_is_job(id)) return "kind";
     emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
-    if (emq_exists(e, jk) == 1) return "duplicate";
+    /* EXISTS, then the row's HSET below, on one write handle (one key lookup). */
+    emq_hrow row;
+    if (!emq_hrow_open_absent(e, jk, &row)) return "duplicate";
     int due = !has_run_at || run_at <= now;
     emq_sv attempts = EMQ_LIT("0");
     int was = 0;
@@ -49,17 +51,17 @@ const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_a
         f[n++] = EMQ_LIT("expires");
         f[n++] = expires;
     }
-    emq_hsetv(e, n, f);
+    emq_hrow_hsetv(e, &row, n, f);
     if (was) emq_unretire(e, id);
     /* A new incarnation of a named id: an earlier one's outcome goes (admit.lua). */
     if (!fresh) emq_del(e, 2, emq_key2(e, EMQ_KP_RESULT, id), emq_key2(e, EMQ_KP_NOTIFY, id));
     if (due) {
-        emq_zadd(e, 3, emq_waiting_key(e, g), pri, id);
+        emq_zadd_later(e, emq_waiting_key(e, g), pri, id);
         emq_emit_in(e, "enqueued", id, g, 0, NULL);
         return "enqueued";
     }
     emq_sv at = emq_fmt_ll(e, run_at);
-    emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), at, id);
+    emq_zadd_later(e, emq_key(e, EMQ_K_SCHEDULE), at, id);
     emq_sv extra[2] = {EMQ_LIT("run_at"), at};
     emq_emit_in(e, "scheduled", id, g, 2, extra);
     return "scheduled";

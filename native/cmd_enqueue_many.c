@@ -50,6 +50,7 @@ void emq_cmd_enqueue_many(emq *e) {
     int jobs = (e->nargs - 9) / 2;
     const char **out = RedisModule_PoolAlloc(e->ctx, sizeof(char *) * (size_t)(jobs + 1));
     long long added = 0, admitted = 0;
+    emq_zadd_defer(e); /* the admissions' ZADDs: one per key, before the touch reads the set */
     for (int j = 0; j < jobs; j++) {
         const char *v = emq_admit(e, emq_arg(e, 10 + 2 * j), emq_arg(e, 11 + 2 * j), g,
                                   has_run_at, run_at, now, fresh, pri, expires);
@@ -58,6 +59,7 @@ void emq_cmd_enqueue_many(emq *e) {
         if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 10 + 2 * j), g, 0, NULL);
         out[j] = v;
     }
+    emq_zadd_flush(e);
     if (added > 0) emq_touch(e, g, added);
     if (marked && admitted > 0) {
         char *codes = RedisModule_PoolAlloc(e->ctx, (size_t)jobs + 1);

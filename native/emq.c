@@ -256,26 +256,49 @@ emq_sv emq_str(emq *e, RedisModuleCallReply *r) {
 
 static const char WRONGTYPE[] = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
+static RedisModuleString *mkstr(emq *e, emq_sv s) {
+    return RedisModule_CreateString(e->ctx, s.p, s.n);
+}
+
 /* A read handle; NULL (type EMPTY) when the key does not exist. The caller closes it
  * before any later write through RedisModule_Call can touch the same key. */
 static RedisModuleKey *open_read(emq *e, emq_sv key) {
-    return RedisModule_OpenKey(e->ctx, RedisModule_CreateString(e->ctx, key.p, key.n),
-                               REDISMODULE_READ);
+    return RedisModule_OpenKey(e->ctx, mkstr(e, key), REDISMODULE_READ);
 }
 
 static void close_key(RedisModuleKey *k) {
     if (k) RedisModule_CloseKey(k);
 }
 
-/* The value of a returned string, copied into the call's pool (the string itself is the
- * AutoMemory's, but a copy keeps the view valid whatever the caller frees). */
-static emq_sv pooled(emq *e, RedisModuleString *s) {
+/* The module signals what it wrote (trafikey.c sets NO_IMPLICIT_SIGNAL_MODIFIED): WATCH and
+ * client-side caching see a key-API write as they see the command's, and a key only read
+ * (also through a write handle) is left alone. */
+static void signal_key(emq *e, RedisModuleString *name) {
+    RedisModule_SignalModifiedKey(e->ctx, name);
+}
+
+/* The value of a returned string: a view of it. Strings the key API returns are the call's
+ * (AutoMemory) and nothing frees them before the call ends, so no copy is made. */
+static emq_sv view(RedisModuleString *s) {
     if (!s) return EMQ_NONE;
-    size_t n;
-    const char *p = RedisModule_StringPtrLen(s, &n);
-    char *buf = RedisModule_PoolAlloc(e->ctx, n ? n : 1);
-    if (n) memcpy(buf, p, n);
-    return (emq_sv){buf, n};
+    emq_sv v;
+    v.p = RedisModule_StringPtrLen(s, &v.n);
+    if (!v.p) v.p = "";
+    return v;
+}
+
+/* A field name of the static tables as a server string, made once per call: HashGet with
+ * C-string fields would build (and free) one per field per read. */
+static RedisModuleString *field_str(emq *e, const char *f) {
+    for (int i = 0; i < e->nfields; i++)
+        if (e->fields[i].c == f) return e->fields[i].s;
+    RedisModuleString *s = RedisModule_CreateString(e->ctx, f, strlen(f));
+    if (e->nfields < EMQ_FIELDS_CACHED) {
+        e->fields[e->nfields].c = f;
+        e->fields[e->nfields].s = s;
+        e->nfields++;
+    }
+    return s;
 }
 
 long long emq_exists(emq *e, emq_sv key) {
@@ -300,6 +323,15 @@ long long emq_card(emq *e, emq_sv key, int type) {
     return n;
 }
 
+/* n fields of the hash open at k (NULL: absent, every out EMQ_NONE). */
+static void read_fields(emq *e, RedisModuleKey *k, int n, const char **fields, emq_sv *out) {
+    for (int i = 0; i < n; i++) {
+        RedisModuleString *v = NULL;
+        if (k) RedisModule_HashGet(k, REDISMODULE_HASH_NONE, field_str(e, fields[i]), &v, NULL);
+        out[i] = view(v);
+    }
+}
+
 /* Reads n fields of a hash; returns 0 (out untouched) for a key that exists and is not a
  * hash, 1 otherwise (absent fields, or an absent key: every out EMQ_NONE). */
 static int hash_fields(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
@@ -309,26 +341,47 @@ static int hash_fields(emq *e, emq_sv key, int n, const char **fields, emq_sv *o
         close_key(k);
         return 0;
     }
-    for (int i = 0; i < n; i++) {
-        RedisModuleString *v = NULL;
-        if (k) RedisModule_HashGet(k, REDISMODULE_HASH_CFIELDS, fields[i], &v, NULL);
-        out[i] = pooled(e, v);
+    read_fields(e, k, n, fields, out);
+    close_key(k);
+    return 1;
+}
+
+int emq_hmget_sparse(emq *e, emq_sv key, int narrow, int n, const char **fields, const char *also,
+                     emq_sv *out) {
+    RedisModuleKey *k = open_read(e, key);
+    int t = RedisModule_KeyType(k);
+    if (t != REDISMODULE_KEYTYPE_EMPTY && t != REDISMODULE_KEYTYPE_HASH) {
+        close_key(k);
+        return 0;
     }
+    read_fields(e, k, narrow, fields, out);
+    size_t seen = 0;
+    for (int i = 0; i < narrow; i++) seen += out[i].p != NULL;
+    if (k && seen < RedisModule_ValueLength(k)) {
+        int has = 0;
+        RedisModule_HashGet(k, REDISMODULE_HASH_EXISTS, field_str(e, also), &has, NULL);
+        seen += has != 0;
+    }
+    /* Every field of the row is accounted for: the others are absent, unread. */
+    if (!k || seen == RedisModule_ValueLength(k))
+        for (int i = narrow; i < n; i++) out[i] = EMQ_NONE;
+    else
+        read_fields(e, k, n - narrow, fields + narrow, out + narrow);
     close_key(k);
     return 1;
 }
 
 emq_sv emq_hget(emq *e, emq_sv key, emq_sv field) {
-    /* A field with a NUL byte cannot be named as a C string: ask the server instead. */
-    if (memchr(field.p, '\0', field.n)) return emq_str(e, emq_call(e, "HGET", 2, key, field));
-    /* CFIELDS wants a C string: the field is copied with its terminator. */
-    char *f = RedisModule_PoolAlloc(e->ctx, field.n + 1);
-    memcpy(f, field.p, field.n);
-    f[field.n] = '\0';
-    const char *fields[1] = {f};
-    emq_sv out[1];
-    if (!hash_fields(e, key, 1, fields, out)) emq_fail(e, WRONGTYPE);
-    return out[0];
+    RedisModuleKey *k = open_read(e, key);
+    int t = RedisModule_KeyType(k);
+    if (t != REDISMODULE_KEYTYPE_EMPTY && t != REDISMODULE_KEYTYPE_HASH) {
+        close_key(k);
+        emq_fail(e, WRONGTYPE);
+    }
+    RedisModuleString *v = NULL;
+    if (k) RedisModule_HashGet(k, REDISMODULE_HASH_NONE, mkstr(e, field), &v, NULL);
+    close_key(k);
+    return view(v);
 }
 
 void emq_hmget_strict(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
@@ -338,6 +391,23 @@ void emq_hmget_strict(emq *e, emq_sv key, int n, const char **fields, emq_sv *ou
 int emq_hmget(emq *e, emq_sv key, int n, const char **fields, emq_sv *out) {
     /* redis.pcall in the Lua: a planted non-hash key answers "no row", it fails nothing. */
     return hash_fields(e, key, n, fields, out);
+}
+
+int emq_hrow_open(emq *e, emq_sv key, int n, const char **fields, emq_sv *out, emq_hrow *h) {
+    h->name = mkstr(e, key);
+    h->k = RedisModule_OpenKey(e->ctx, h->name, REDISMODULE_READ | REDISMODULE_WRITE);
+    int t = RedisModule_KeyType(h->k);
+    if (t != REDISMODULE_KEYTYPE_EMPTY && t != REDISMODULE_KEYTYPE_HASH) {
+        emq_hrow_close(h);
+        return 0;
+    }
+    read_fields(e, t == REDISMODULE_KEYTYPE_EMPTY ? NULL : h->k, n, fields, out);
+    return 1;
+}
+
+void emq_hrow_close(emq_hrow *h) {
+    close_key(h->k);
+    h->k = NULL;
 }
 
 emq_sv emq_lindex(emq *e, emq_sv key, long idx) {
@@ -352,7 +422,7 @@ emq_sv emq_lindex(emq *e, emq_sv key, long idx) {
         long len = (long)RedisModule_ValueLength(k);
         /* ListGet answers NULL (and sets errno) out of range, as LINDEX answers nil. */
         if ((idx >= 0 && idx < len) || (idx < 0 && -idx <= len))
-            v = pooled(e, RedisModule_ListGet(k, idx));
+            v = view(RedisModule_ListGet(k, idx));
     }
     close_key(k);
     return v;
@@ -367,8 +437,7 @@ static RedisModuleString **strings_of(emq *e, int n, const emq_sv *args) {
 }
 
 /* A write handle on a key that is empty or of the given type; WRONGTYPE (nothing written)
- * otherwise, as the command would answer. Closing a written key signals it modified
- * (WATCH, client-side caching), as the command would. */
+ * otherwise, as the command would answer. The caller signals the key once it wrote it. */
 static RedisModuleKey *open_write(emq *e, RedisModuleString *name, int type) {
     RedisModuleKey *k = RedisModule_OpenKey(e->ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
     int t = RedisModule_KeyType(k);
@@ -379,17 +448,86 @@ static RedisModuleKey *open_write(emq *e, RedisModuleString *name, int type) {
     return k;
 }
 
+/* HSET args[0] field value ...: on the open handle k of the key av[0] (closed here). */
+static void hset_on(emq *e, RedisModuleKey *k, int n, RedisModuleString **av) {
+    for (int i = 1; i < n; i += 2)
+        RedisModule_HashSet(k, REDISMODULE_HASH_NONE, av[i], av[i + 1], NULL);
+    close_key(k);
+    signal_key(e, av[0]);
+    RedisModule_Replicate(e->ctx, "HSET", "v", av, (size_t)n);
+}
+
 void emq_hsetv(emq *e, int n, const emq_sv *args) {
     if (n < 3 || n % 2 == 0) {
         (void)emq_callv(e, "HSET", n, args); /* the server's own arity error */
         return;
     }
     RedisModuleString **av = strings_of(e, n, args);
-    RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_HASH);
-    for (int i = 1; i < n; i += 2)
-        RedisModule_HashSet(k, REDISMODULE_HASH_NONE, av[i], av[i + 1], NULL);
-    close_key(k);
-    RedisModule_Replicate(e->ctx, "HSET", "v", av, (size_t)n);
+    hset_on(e, open_write(e, av[0], REDISMODULE_KEYTYPE_HASH), n, av);
+}
+
+void emq_hrow_hset(emq *e, emq_hrow *h, int n, RedisModuleString **av) {
+    av[0] = h->name;
+    RedisModuleKey *k = h->k;
+    h->k = NULL;
+    hset_on(e, k, n, av);
+}
+
+void emq_hrow_hsetv(emq *e, emq_hrow *h, int n, const emq_sv *args) {
+    emq_hrow_hset(e, h, n, strings_of(e, n, args));
+}
+
+int emq_hrow_open_absent(emq *e, emq_sv key, emq_hrow *h) {
+    h->name = mkstr(e, key);
+    h->k = RedisModule_OpenKey(e->ctx, h->name, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(h->k) == REDISMODULE_KEYTYPE_EMPTY) return 1;
+    emq_hrow_close(h);
+    return 0;
+}
+
+RedisModuleString *emq_lit_str(emq *e, const char *lit) { return field_str(e, lit); }
+
+/* ---- the admissions' ZADDs of one EMQ.ENQUEUE (many form): one ZADD per key, at the end */
+
+void emq_zadd_defer(emq *e) {
+    e->zdefer = 1;
+    e->zn = 0;
+}
+
+void emq_zadd_flush(emq *e) {
+    if (e->zn > 0) {
+        e->zargs[0] = e->zkey;
+        emq_zaddv(e, e->zn + 1, e->zargs);
+    }
+    e->zn = 0;
+}
+
+void emq_zadd_later(emq *e, emq_sv key, emq_sv score, emq_sv member) {
+    long long v;
+    int fast = emq_parse_ll(score, &v) && v <= (1LL << 53) && v >= -(1LL << 53);
+    if (e->zdefer && fast && e->zn > 0 && !emq_eq(e->zkey, key)) emq_zadd_flush(e);
+    if (e->zdefer && fast && e->zn == 0) {
+        /* Deferred only onto a set (or no key): a planted key of another type fails this
+         * ZADD now, where the script's first ZADD fails, after the same writes. */
+        RedisModuleKey *k = open_read(e, key);
+        int t = RedisModule_KeyType(k);
+        close_key(k);
+        if (t != REDISMODULE_KEYTYPE_EMPTY && t != REDISMODULE_KEYTYPE_ZSET) fast = 0;
+        else e->zkey = key;
+    }
+    if (!e->zdefer || !fast) {
+        emq_zadd(e, 3, key, score, member);
+        return;
+    }
+    if (1 + e->zn + 2 > e->zcap) {
+        int cap = e->zcap ? e->zcap * 2 : 64;
+        emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)cap);
+        if (e->zn) memcpy(grown + 1, e->zargs + 1, sizeof(emq_sv) * (size_t)e->zn);
+        e->zargs = grown;
+        e->zcap = cap;
+    }
+    e->zargs[1 + e->zn++] = score;
+    e->zargs[1 + e->zn++] = member;
 }
 
 void emq_zaddv(emq *e, int n, const emq_sv *args) {
@@ -412,13 +550,14 @@ void emq_zaddv(emq *e, int n, const emq_sv *args) {
     RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_ZSET);
     for (int i = 1; i < n; i += 2) RedisModule_ZsetAdd(k, sc[i], av[i + 1], NULL);
     close_key(k);
+    signal_key(e, av[0]);
     RedisModule_Replicate(e->ctx, "ZADD", "v", av, (size_t)n);
 }
 
 long long emq_zremv(emq *e, int n, const emq_sv *args) {
     if (n < 2) return emq_int(e, emq_callv(e, "ZREM", n, args));
     RedisModuleString **av = strings_of(e, n, args);
-    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, av[0], REDISMODULE_READ);
+    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, av[0], REDISMODULE_READ | REDISMODULE_WRITE);
     int t = RedisModule_KeyType(k);
     if (t == REDISMODULE_KEYTYPE_EMPTY) {
         close_key(k);
@@ -428,13 +567,6 @@ long long emq_zremv(emq *e, int n, const emq_sv *args) {
         close_key(k);
         emq_fail(e, WRONGTYPE);
     }
-    int present = 0;
-    double score;
-    for (int i = 1; i < n && !present; i++)
-        present = RedisModule_ZsetScore(k, av[i], &score) == REDISMODULE_OK;
-    close_key(k);
-    if (!present) return 0;
-    k = RedisModule_OpenKey(e->ctx, av[0], REDISMODULE_READ | REDISMODULE_WRITE);
     long long removed = 0;
     for (int i = 1; i < n; i++) {
         int deleted = 0;
@@ -444,6 +576,9 @@ long long emq_zremv(emq *e, int n, const emq_sv *args) {
         removed += deleted;
     }
     close_key(k);
+    /* Nothing removed: nothing signalled or replicated, as ZREM (the server's dirty rule). */
+    if (!removed) return 0;
+    signal_key(e, av[0]);
     RedisModule_Replicate(e->ctx, "ZREM", "v", av, (size_t)n);
     return removed;
 }
@@ -453,13 +588,15 @@ long long emq_delv(emq *e, int n, const emq_sv *keys) {
     RedisModuleString **av = strings_of(e, n, keys);
     long long removed = 0;
     for (int i = 0; i < n; i++) {
-        RedisModuleKey *k = RedisModule_OpenKey(e->ctx, av[i], REDISMODULE_READ);
-        int t = RedisModule_KeyType(k);
-        close_key(k);
-        if (t == REDISMODULE_KEYTYPE_EMPTY) continue;
-        k = RedisModule_OpenKey(e->ctx, av[i], REDISMODULE_READ | REDISMODULE_WRITE);
+        RedisModuleKey *k =
+            RedisModule_OpenKey(e->ctx, av[i], REDISMODULE_READ | REDISMODULE_WRITE);
+        if (RedisModule_KeyType(k) == REDISMODULE_KEYTYPE_EMPTY) {
+            close_key(k);
+            continue;
+        }
         RedisModule_DeleteKey(k);
         close_key(k);
+        signal_key(e, av[i]);
         removed++;
     }
     /* DEL propagates only when it removed something (the server's dirty rule). */
@@ -486,32 +623,36 @@ long long emq_del(emq *e, int n, ...) {
 }
 
 long long emq_hincrby(emq *e, emq_sv key, emq_sv field, long long by) {
-    emq_sv by_s = emq_fmt_ll(e, by);
-    char *f = RedisModule_PoolAlloc(e->ctx, field.n + 1);
-    memcpy(f, field.p, field.n);
-    f[field.n] = '\0';
-    const char *fields[1] = {f};
-    emq_sv old[1] = {EMQ_NONE};
-    long long v = 0;
-    int fast = !memchr(field.p, '\0', field.n) && hash_fields(e, key, 1, fields, old);
-    if (fast && old[0].p)
-        fast = emq_parse_ll(old[0], &v) && emq_eq(emq_fmt_ll(e, v), old[0]);
-    if (fast) fast = (by >= 0) ? v <= (1LL << 62) - by : v >= -(1LL << 62) - by;
-    if (!fast) return emq_int(e, emq_call(e, "HINCRBY", 3, key, field, by_s));
-    emq_sv nv = emq_fmt_ll(e, v + by);
-    RedisModuleString *kn = RedisModule_CreateString(e->ctx, key.p, key.n);
-    RedisModuleString *fn = RedisModule_CreateString(e->ctx, field.p, field.n);
+    RedisModuleString *kn = mkstr(e, key), *fn = mkstr(e, field);
+    /* One write handle reads the old value and writes the new one: a key of another type
+     * is the WRONGTYPE HINCRBY answers. */
     RedisModuleKey *k = open_write(e, kn, REDISMODULE_KEYTYPE_HASH);
-    RedisModule_HashSet(k, REDISMODULE_HASH_NONE, fn,
-                        RedisModule_CreateString(e->ctx, nv.p, nv.n), NULL);
+    RedisModuleString *old = NULL;
+    if (RedisModule_KeyType(k) == REDISMODULE_KEYTYPE_HASH)
+        RedisModule_HashGet(k, REDISMODULE_HASH_NONE, fn, &old, NULL);
+    long long v = 0;
+    int fast = 1;
+    if (old) {
+        emq_sv o = view(old);
+        fast = emq_parse_ll(o, &v) && emq_eq(emq_fmt_ll(e, v), o);
+    }
+    if (fast) fast = (by >= 0) ? v <= (1LL << 62) - by : v >= -(1LL << 62) - by;
+    emq_sv by_s = emq_fmt_ll(e, by);
+    if (!fast) {
+        close_key(k);
+        return emq_int(e, emq_call(e, "HINCRBY", 3, key, field, by_s));
+    }
+    emq_sv nv = emq_fmt_ll(e, v + by);
+    RedisModule_HashSet(k, REDISMODULE_HASH_NONE, fn, mkstr(e, nv), NULL);
     close_key(k);
+    signal_key(e, kn);
     RedisModule_Replicate(e->ctx, "HINCRBY", "ssb", kn, fn, by_s.p, by_s.n);
     return v + by;
 }
 
 void emq_lset(emq *e, emq_sv key, long idx, emq_sv value) {
-    RedisModuleString *kn = RedisModule_CreateString(e->ctx, key.p, key.n);
-    RedisModuleString *val = RedisModule_CreateString(e->ctx, value.p, value.n);
+    RedisModuleString *kn = mkstr(e, key);
+    RedisModuleString *val = mkstr(e, value);
     RedisModuleKey *k = open_write(e, kn, REDISMODULE_KEYTYPE_LIST);
     int ok = RedisModule_KeyType(k) == REDISMODULE_KEYTYPE_LIST &&
              RedisModule_ListSet(k, idx, val) == REDISMODULE_OK;
@@ -522,6 +663,7 @@ void emq_lset(emq *e, emq_sv key, long idx, emq_sv value) {
         emq_call(e, "LSET", 3, key, i, value);
         return;
     }
+    signal_key(e, kn);
     char ib[24];
     int il = snprintf(ib, sizeof ib, "%ld", idx);
     RedisModule_Replicate(e->ctx, "LSET", "sbs", kn, ib, (size_t)il, val);
@@ -530,13 +672,17 @@ void emq_lset(emq *e, emq_sv key, long idx, emq_sv value) {
 long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out) {
     *out = NULL;
     if (count <= 0) return 0;
-    RedisModuleString *kn = RedisModule_CreateString(e->ctx, key.p, key.n);
-    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, kn, REDISMODULE_READ);
+    RedisModuleString *kn = mkstr(e, key);
+    RedisModuleKey *k = RedisModule_OpenKey(e->ctx, kn, REDISMODULE_READ | REDISMODULE_WRITE);
     int t = RedisModule_KeyType(k);
-    close_key(k);
-    if (t == REDISMODULE_KEYTYPE_EMPTY) return 0;
-    if (t != REDISMODULE_KEYTYPE_ZSET) emq_fail(e, WRONGTYPE);
-    k = RedisModule_OpenKey(e->ctx, kn, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (t == REDISMODULE_KEYTYPE_EMPTY) {
+        close_key(k);
+        return 0;
+    }
+    if (t != REDISMODULE_KEYTYPE_ZSET) {
+        close_key(k);
+        emq_fail(e, WRONGTYPE);
+    }
     long long len = (long long)RedisModule_ValueLength(k);
     long long m = count < len ? count : len;
     RedisModuleString **mem = RedisModule_PoolAlloc(e->ctx, sizeof(*mem) * (size_t)(m + 1));
@@ -549,7 +695,7 @@ long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out) {
         RedisModuleString *el = RedisModule_ZsetRangeCurrentElement(k, &score);
         if (!el) break;
         mem[got] = el;
-        ids[got] = pooled(e, el);
+        ids[got] = view(el);
         got++;
         if (!RedisModule_ZsetRangeNext(k)) break;
     }
@@ -560,6 +706,7 @@ long long emq_zpopmin(emq *e, emq_sv key, long long count, emq_sv **out) {
             RedisModule_ZsetRem(k, mem[i], &deleted);
     }
     close_key(k);
+    signal_key(e, kn);
     RedisModule_Replicate(e->ctx, "ZPOPMIN", "sl", kn, count);
     *out = ids;
     return got;
@@ -586,8 +733,8 @@ void emq_zadd(emq *e, int n, ...) {
 /* LLEN key, then LPUSH key vals... while it holds fewer than cap (at most cap - LLEN of them):
  * pushes at the head through the key API, replicated as one LPUSH; a full list gets none. */
 void emq_lpush_room(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap) {
-    /* The length first, on a read handle: a write handle signals the key modified when it
-     * closes, and a full list is left untouched (no write, nothing replicated). */
+    /* The length first, on a read handle: a full list is left untouched (no write, nothing
+     * signalled or replicated). */
     long long room = cap - emq_llen(e, key);
     if (room <= 0) return;
     if (n > room) n = (int)room;
@@ -598,6 +745,7 @@ void emq_lpush_room(emq *e, emq_sv key, int n, const emq_sv *vals, long long cap
     RedisModuleKey *k = open_write(e, av[0], REDISMODULE_KEYTYPE_LIST);
     for (int i = 1; i <= n; i++) RedisModule_ListPush(k, REDISMODULE_LIST_HEAD, av[i]);
     close_key(k);
+    signal_key(e, av[0]);
     RedisModule_Replicate(e->ctx, "LPUSH", "v", av, (size_t)n + 1);
 }
 

@@ -29,6 +29,8 @@ typedef struct {
 #define EMQ_NONE ((emq_sv){NULL, 0})
 #define EMQ_FLAT EMQ_LIT("*")
 
+#define EMQ_FIELDS_CACHED 32
+
 typedef struct emq {
     RedisModuleCtx *ctx;
     emq_sv *keys; /* KEYS[1..nkeys] at keys[0..] */
@@ -45,6 +47,15 @@ typedef struct emq {
     emq_sv keep_dead;
     long long dead_added; /* dead-letters in this call, for trim_dead */
     emq_sv claim_stamp;   /* a claim's claimed_ms while keep_completed is set (lease.c) */
+    int zdefer;           /* enqueue_many: the admissions' ZADDs wait for emq_zadd_flush */
+    emq_sv zkey;
+    emq_sv *zargs; /* [0] free for the key, then score member pairs */
+    int zn, zcap;
+    int nfields;          /* field names of the static tables made server strings (emq.c) */
+    struct {
+        const char *c;
+        RedisModuleString *s;
+    } fields[EMQ_FIELDS_CACHED];
     jmp_buf fail;
     const char *err;
 } emq;
@@ -111,6 +122,35 @@ long long emq_exists(emq *e, emq_sv key);                       /* EXISTS key */
 long long emq_card(emq *e, emq_sv key, int type);               /* ZCARD/SCARD/HLEN/LLEN */
 emq_sv emq_hget(emq *e, emq_sv key, emq_sv field);              /* HGET */
 void emq_hmget_strict(emq *e, emq_sv key, int n, const char **fields, emq_sv *out); /* HMGET */
+/* A row read, then written, through one handle (one key lookup): emq_hrow_open is
+ * emq_hmget's HMGET (0: not a hash, nothing left open) and leaves the key open for writing;
+ * then exactly one of emq_hrow_hset (HSET args[0] field value ..., args[0] the same key,
+ * signalled and replicated as emq_hsetv) or emq_hrow_close (nothing written), before any
+ * other access to that key. */
+typedef struct {
+    RedisModuleString *name;
+    RedisModuleKey *k;
+} emq_hrow;
+int emq_hrow_open(emq *e, emq_sv key, int n, const char **fields, emq_sv *out, emq_hrow *h);
+void emq_hrow_hset(emq *e, emq_hrow *h, int n, RedisModuleString **av); /* av[0] set here */
+void emq_hrow_hsetv(emq *e, emq_hrow *h, int n, const emq_sv *args); /* args[0]: the key */
+/* EXISTS key == 0 on a write handle left open (1: absent, then emq_hrow_hset(v) or
+ * emq_hrow_close), 0: it exists (nothing left open). */
+int emq_hrow_open_absent(emq *e, emq_sv key, emq_hrow *h);
+/* ZADD key score member, or (after emq_zadd_defer) gathered with the next ones of the same key
+ * into one ZADD that emq_zadd_flush makes: the same set in the end, one key lookup and one
+ * replicated command for a batch of admissions. Nothing may read the set before the flush. */
+void emq_zadd_defer(emq *e);
+void emq_zadd_later(emq *e, emq_sv key, emq_sv score, emq_sv member);
+void emq_zadd_flush(emq *e);
+/* A literal (a static table's or a string constant's: keyed by its address) as a server
+ * string, made once per call. */
+RedisModuleString *emq_lit_str(emq *e, const char *lit);
+/* emq_hmget for a row whose fields past `narrow` are rare: when the narrow ones found plus
+ * the field `also` (if present) are all the row holds, the rest are absent without a read. */
+int emq_hmget_sparse(emq *e, emq_sv key, int narrow, int n, const char **fields, const char *also,
+                     emq_sv *out);
+void emq_hrow_close(emq_hrow *h);
 emq_sv emq_lindex(emq *e, emq_sv key, long idx);                /* LINDEX */
 /* ---- writes through the key API, replicated as the plain command (RedisModule_Replicate,
  * in order with the RedisModule_Call effects): args[0] is the key, then what the command

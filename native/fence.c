@@ -12,8 +12,11 @@ int emq_fence(emq *e, emq_sv jk, emq_sv token, const char *verb, int wide, emq_s
                                                "floor",    "dedup",  "parent",        "parent_policy",
                                                "children", "parent_queue", "flow"};
     *err = NULL;
-    if (!emq_hmget(e, jk, wide ? EMQ_ROW_WIDE : EMQ_ROW, fields, row) || !row[0].p)
-        return EMQ_FENCE_GONE;
+    /* The wide fields (flows, dedup) are rare: a row holding only the narrow ones and its
+     * payload has none of them, and they are not looked up one by one (emq_hmget_sparse). */
+    int hash = wide ? emq_hmget_sparse(e, jk, EMQ_ROW, EMQ_ROW_WIDE, fields, "payload", row)
+                    : emq_hmget(e, jk, EMQ_ROW, fields, row);
+    if (!hash || !row[0].p) return EMQ_FENCE_GONE;
     char *msg = RedisModule_PoolAlloc(e->ctx, strlen(verb) + 40);
     /* A never-claimed job holds attempts "0": "0" is never a token. */
     if (!emq_eq(row[0], token) || emq_eqs(token, "0")) {

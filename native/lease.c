@@ -83,6 +83,9 @@ static int expired(emq_sv expires, long long now) {
 }
 /* ---- end issue 24, expiry */
 
+static const char F_ATTEMPTS[] = "attempts", F_STATE[] = "state", V_ACTIVE[] = "active",
+                  F_EPOCH[] = "lease_epoch", F_CLAIMED[] = "claimed_ms";
+
 /* lease_many: lease up to k of the oldest jobs of waiting set g (a lane or "*"). */
 static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, emq_lease *out,
                             long long now) {
@@ -102,22 +105,39 @@ static long long lease_many(emq *e, emq_sv g, long long deadline, long long k, e
             emq_sv id = popped[i];
             emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
             emq_sv row[4];
-            int hash = emq_hmget(e, jk, 4, fields, row);
+            /* HMGET then HSET of the row through one write handle (emq_hrow): the usual
+             * claim opens its row once; every other case closes it first. */
+            emq_hrow h;
+            int hash = emq_hrow_open(e, jk, 4, fields, row, &h);
             long long att = 0;
             int ok = hash && integer_text(row[1]) && branded(id) && emq_parse_ll(row[1], &att);
+            int held = ok && !row[3].p;
+            if (hash && !held) emq_hrow_close(&h);
             if (ok && expired(row[3], now)) {
                 expire_job(e, id, jk, lane, row[1], now);
             } else if (ok) {
                 if (row[3].p) emq_call(e, "HDEL", 2, jk, EMQ_LIT("expires"));
                 att += 1;
                 emq_sv a = emq_fmt_ll(e, att);
-                if (e->claim_stamp.p)
-                    emq_hset(e, 9, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
-                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a,
-                             EMQ_LIT("claimed_ms"), e->claim_stamp);
-                else
-                    emq_hset(e, 7, jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
-                             EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a);
+                int nh = e->claim_stamp.p ? 9 : 7;
+                if (held) {
+                    /* The constant names and values as the call's server strings. */
+                    RedisModuleString *as = RedisModule_CreateString(e->ctx, a.p, a.n);
+                    RedisModuleString *hv[9] = {NULL, emq_lit_str(e, F_ATTEMPTS), as,
+                                                emq_lit_str(e, F_STATE), emq_lit_str(e, V_ACTIVE),
+                                                emq_lit_str(e, F_EPOCH), as, NULL, NULL};
+                    if (nh == 9) {
+                        hv[7] = emq_lit_str(e, F_CLAIMED);
+                        hv[8] = RedisModule_CreateString(e->ctx, e->claim_stamp.p,
+                                                         e->claim_stamp.n);
+                    }
+                    emq_hrow_hset(e, &h, nh, hv);
+                } else {
+                    emq_sv hs[9] = {jk, EMQ_LIT("attempts"), a, EMQ_LIT("state"),
+                                    EMQ_LIT("active"), EMQ_LIT("lease_epoch"), a,
+                                    EMQ_LIT("claimed_ms"), e->claim_stamp};
+                    emq_hsetv(e, nh, hs);
+                }
                 if (ns + 2 > cap) {
                     long long nc = cap ? cap * 2 : 32;
                     emq_sv *grown = RedisModule_PoolAlloc(e->ctx, sizeof(emq_sv) * (size_t)(nc + 1));

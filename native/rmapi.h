@@ -63,6 +63,7 @@ typedef struct RedisModuleKey RedisModuleKey;
 #define REDISMODULE_LIST_TAIL 1
 #define REDISMODULE_HASH_NONE 0
 #define REDISMODULE_HASH_CFIELDS (1 << 2)
+#define REDISMODULE_HASH_EXISTS (1 << 3)
 
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
@@ -183,6 +184,12 @@ RMAPI_EXTERN void (*RedisModule_ZsetRangeStop)(RedisModuleKey *key);
 RMAPI_EXTERN int (*RedisModule_ListSet)(RedisModuleKey *key, long index, RedisModuleString *value);
 RMAPI_EXTERN int (*RedisModule_Replicate)(RedisModuleCtx *ctx, const char *cmdname,
                                           const char *fmt, ...);
+/* The module signals the keys it writes itself (emq.c): a key opened for writing is not
+ * signalled modified on close (REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED). */
+#define REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED (1 << 1)
+RMAPI_EXTERN void (*RedisModule_SetModuleOptions)(RedisModuleCtx *ctx, int options);
+RMAPI_EXTERN int (*RedisModule_SignalModifiedKey)(RedisModuleCtx *ctx, RedisModuleString *keyname);
+RMAPI_EXTERN void (*RedisModule_FreeString)(RedisModuleCtx *ctx, RedisModuleString *str);
 /* getkeys-api: the server asks the command itself where its keys are (cluster routing). */
 RMAPI_EXTERN int (*RedisModule_IsKeysPositionRequest)(RedisModuleCtx *ctx);
 RMAPI_EXTERN void (*RedisModule_KeyAtPos)(RedisModuleCtx *ctx, int pos);
@@ -236,6 +243,9 @@ static inline int rmapi_init(RedisModuleCtx *ctx, const char *name, int ver, int
     RMAPI_GET(ZsetRangeStop)
     RMAPI_GET(ListSet)
     RMAPI_GET(Replicate)
+    RMAPI_GET(SetModuleOptions)
+    RMAPI_GET(SignalModifiedKey)
+    RMAPI_GET(FreeString)
     RMAPI_GET(KeyAtPos)
 #undef RMAPI_GET
     if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;

@@ -26,6 +26,10 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
     (void)argc;
     if (rmapi_init(ctx, "trafikey", TRAFIKEY_VERSION, REDISMODULE_APIVER_1) != REDISMODULE_OK)
         return REDISMODULE_ERR;
+    /* A key the module opens for writing is signalled modified (WATCH, client-side caching)
+     * by emq.c when it was written, not on every close: a write handle can then serve the
+     * read that decides whether to write (one key lookup, not two). */
+    RedisModule_SetModuleOptions(ctx, REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED);
     for (size_t i = 0; i < sizeof(EMQ_COMMANDS) / sizeof(EMQ_COMMANDS[0]); i++) {
         /* getkeys-api: Redis 7.0 slot-checks a module command (CROSSSLOT, MOVED, ASK) only
          * when it can list its keys through the module; the key spec alone is not used for
