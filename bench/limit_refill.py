@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--cap-s", type=float, default=120.0)
     ap.add_argument("--src", help="import echomq from this directory instead")
+    ap.add_argument("--executors", default="lua", help="lua,native (native loads native/trafikey.so)")
+    ap.add_argument("--rounds", type=int, default=1)
     opts = ap.parse_args()
     if opts.src:
         sys.path.insert(0, opts.src)
@@ -74,12 +77,23 @@ def main() -> None:
     from echomq.server import EmbeddedServer
 
     print(f"echomq from {echomq.__file__}")
+    executors = [x for x in opts.executors.split(",") if x]
+    args: list[str] = []
+    if "native" in executors:
+        so = Path(__file__).resolve().parent.parent / "native" / "trafikey.so"
+        args = ["--loadmodule", str(so)]
     with tempfile.TemporaryDirectory() as tmp:
-        srv = EmbeddedServer(tmp, appendonly=False).start()
+        srv = EmbeddedServer(tmp, appendonly=False, args=args).start()
         try:
-            for label, limit, conc in (("limit(3), -c 4", 3, 4), ("no limit, -c 3", None, 3)):
-                n, s = run(srv.url, f"refill{conc}", opts.jobs, limit, conc, opts.cap_s)
-                print(f"{label:16} {n:5} jobs in {s:7.2f} s  {n / s:8.1f} jobs/s")
+            for rnd in range(opts.rounds):
+                for ex in executors:
+                    rates = []
+                    for label, limit, conc in (("limit(3), -c 4", 3, 4), ("no limit, -c 3", None, 3)):
+                        url = f"{srv.url}?executor={ex}"
+                        n, s = run(url, f"refill{conc}r{rnd}", opts.jobs, limit, conc, opts.cap_s)
+                        rates.append(n / s)
+                        print(f"{ex:6} {label:16} {n:5} jobs in {s:7.2f} s  {n / s:8.1f} jobs/s")
+                    print(f"{ex:6} round {rnd + 1} ratio {rates[0] / rates[1]:.2f}")
         finally:
             srv.stop()
 
