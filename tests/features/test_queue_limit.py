@@ -63,6 +63,18 @@ def test_a_settle_at_the_limit_with_nothing_waiting_is_not_held(q: echomq.Queue)
     assert again.jobs == [] and again.at_limit  # one waits behind the limit
 
 
+def test_a_settle_reply_without_held_decodes_as_not_held() -> None:
+    """A server whose settle answers four elements (0.6's trafikey, loaded beside this
+    client) is read as never held: the worker parks and takes wake tokens, as before."""
+    from echomq import _protocol as _p
+    from echomq._kernel import Keys
+
+    call = _p.settle(Keys("q"), n=2)
+    assert call.decode([[], [], [], 0]).at_limit is False
+    assert call.decode([[], [], [], 0, 0]).at_limit is False
+    assert call.decode([[], [], [], 0, 1]).at_limit is True
+
+
 def test_a_limited_worker_refills_with_its_settles_not_with_wake_tokens(
     url: str, qname: str, r: redis.Redis
 ) -> None:
