@@ -140,7 +140,8 @@ void emq_cmd_settle(emq *e) {
      * room. */
     long long held = 0;
     if (claims && out.qlimited) {
-        long long room = out.qlimit - emq_card(e, emq_key(e, EMQ_K_ACTIVE), REDISMODULE_KEYTYPE_ZSET);
+        long long room =
+            out.qlimit - emq_card(e, emq_key(e, EMQ_K_ACTIVE), REDISMODULE_KEYTYPE_ZSET);
         if (room <= 0 && emq_int(e, emq_call(e, "SCARD", 1, emq_key(e, EMQ_K_INRING))) > 0)
             held = 1;
     }
