@@ -135,6 +135,17 @@ void emq_cmd_settle(emq *e) {
         if (out.n == 0) wait = emq_rate_wait_in(e, now, &out);
     }
 
+    /* settle.lua (issue 41): held = 1 when a claim was asked and the queue-wide limit leaves
+     * no room after it while work waits: the worker then claims with the settles that free
+     * room. */
+    long long held = 0;
+    if (claims && out.qlimited) {
+        long long room =
+            out.qlimit - emq_card(e, emq_key(e, EMQ_K_ACTIVE), REDISMODULE_KEYTYPE_ZSET);
+        if (room <= 0 && emq_int(e, emq_call(e, "SCARD", 1, emq_key(e, EMQ_K_INRING))) > 0)
+            held = 1;
+    }
+
     /* settle.lua (issue 37): under a queue-wide limit, wake a parked claimer for each slot
      * the settles freed that is still open while work waits, so the room is taken now and
      * not at the next beat. */
@@ -157,8 +168,8 @@ void emq_cmd_settle(emq *e) {
         }
     }
 
-    /* ---- {completed, retried, jobs, wait} ---- */
-    RedisModule_ReplyWithArray(e->ctx, 4);
+    /* ---- {completed, retried, jobs, wait, held} ---- */
+    RedisModule_ReplyWithArray(e->ctx, 5);
     RedisModule_ReplyWithArray(e->ctx, c);
     for (int j = 0; j < c; j++) reply_verdict(e, completed[j]);
     RedisModule_ReplyWithArray(e->ctx, nretry);
@@ -166,4 +177,5 @@ void emq_cmd_settle(emq *e) {
     RedisModule_ReplyWithArray(e->ctx, out.n);
     for (long long j = 0; j < out.n; j++) emq_reply_job(e, &out.jobs[j]);
     RedisModule_ReplyWithLongLong(e->ctx, wait);
+    RedisModule_ReplyWithLongLong(e->ctx, held);
 }

@@ -117,6 +117,10 @@ class Settled:
     # D21: when the claim part got nothing because a rate limit holds jobs back, the ms until
     # its window reopens (the claim's own answer, no second round trip); else 0.
     rate_limited_ms: int = 0
+    # D24 (issue 41): a claim was asked and the queue-wide limit leaves no room after it
+    # while jobs wait (the worker claims with its next settles instead of waiting on the
+    # wake list alone). False from a server whose settle does not say (0.6's trafikey).
+    at_limit: bool = False
 
 
 class Completed(NamedTuple):

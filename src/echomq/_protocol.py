@@ -249,6 +249,7 @@ def settle(
             [_verdict(i, v) for i, v in zip(again, r, strict=True)],
             [_job(j) for j in jobs],
             int(rest[0]) if rest else 0,
+            len(rest) > 1 and int(rest[1]) == 1,
         )
 
     keys = (k.meta, k.ring, k.active, k.schedule, k.dead)

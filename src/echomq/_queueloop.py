@@ -115,6 +115,9 @@ class QueueLoop:
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # parked: the waker waits
     turns: set[asyncio.Future[None]] = field(default_factory=set)  # settle calls in flight
     full: bool = False  # the last claim got all it asked for: the queue has a backlog
+    # The last claim left the queue at its queue-wide limit while jobs wait (Settled.at_limit,
+    # issue 41): the next settles carry a claim, which takes the room they free.
+    at_limit: bool = False
     # The worker's _finish for this queue's runs (one callable, built once by the worker).
     finish: Callable[[Running, Settle | None], None] = field(default=_unset_finish)
     failures: int = 0

@@ -300,17 +300,22 @@ class Worker:
         while len(ql.turns) < _TURNS_IN_FLIGHT:
             want = 0
             # A second claim goes out while one is in flight only when the last claim came
-            # back full: an emptying or idle queue gets one claim at a time.
-            if (
-                not self._stopping
-                and not ql.idle.is_set()
-                and (ql.full or not ql.turns)
-                and not self._strands.at_cap()
-            ):
+            # back full: an emptying or idle queue gets one claim at a time. A queue held at
+            # its queue-wide limit (issue 41) claims with every settle, parked or not, as many
+            # jobs as the settle frees room for: the same call takes that room (one round trip
+            # a job, as without the limit), and with nothing to settle it claims nothing (no
+            # spin at the limit; room others free reaches the parked waker as a wake token).
+            ask = 0
+            if not self._stopping and not self._strands.at_cap():
+                if not ql.idle.is_set() and (ql.full or not ql.turns):
+                    ask = share
+                elif ql.at_limit and ql.settles:
+                    ask = len(ql.settles)
+            if ask:
                 if self._budget is None:
-                    want = self._slots.acquire(share)
+                    want = self._slots.acquire(ask)
                 else:  # --max-jobs-per-child: never claim past the limit
-                    want = self._slots.acquire(min(share, self._budget))
+                    want = self._slots.acquire(min(ask, self._budget))
                     self._budget -= want
             if not ql.settles and want == 0:
                 return
@@ -363,6 +368,7 @@ class Worker:
         if want:
             jobs = result.jobs
             ql.full = len(jobs) == want
+            ql.at_limit = result.at_limit
             self.stats.claimed += len(jobs)
             for job in jobs:
                 self._start(ql, job)

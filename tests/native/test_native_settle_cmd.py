@@ -170,11 +170,12 @@ def test_priorities_and_the_queue_limit(pair: Pair, both: Both) -> None:
     pair.check()
     active = pair.r.zcard(base(QA) + "active")
     both(lambda q: q.limit(active + 2))
-    taken = held_of(settle(pair, 10))
-    assert len(taken) == 2  # the room left
+    first = settle(pair, 10)
+    taken = held_of(first)
+    assert len(taken) == 2 and first[4] == 1  # the room left; then held (issue 41)
     assert held_of(settle(pair, 10)) == []
     done = settle(pair, 10, completes=taken)
-    assert len(done[2]) == 2  # the two freed slots, taken again
+    assert len(done[2]) == 2 and done[4] == 1  # the two freed slots, taken again
     both(lambda q: q.limit(None))
     settle(pair, 50)
 
@@ -353,7 +354,7 @@ def test_paused_queue(pair: Pair, both: Both) -> None:
     held = held_of(settle(pair, 2))
     both(lambda q: q.pause())
     value = settle(pair, 3, completes=held)
-    assert value == [[1, 1], [], [], 0]
+    assert value == [[1, 1], [], [], 0, 0]  # paused: no claim, never held (issue 41)
     # The arguments are checked first, paused or not, in both (PROTOCOL §6).
     assert run_settle(pair, settle_args(3, lease="x")) == (
         "err",

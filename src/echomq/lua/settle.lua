@@ -13,8 +13,10 @@
   ARGV[5..] id, token per complete; then id, token, delay_ms, max_attempts, error per retry
     (max_attempts may be 'max:keep_ms': a dead-letter then keeps its error, D17)
   Returns {{complete verdict...}, {retry verdict...}, {{id, payload, attempts, group|nil}...},
-    wait}: wait is 0, or, when the claim part got nothing because a rate limit holds jobs
-    back, the ms until its window reopens (D21, include/lease.lua rate_wait)
+    wait, held}: wait is 0, or, when the claim part got nothing because a rate limit holds jobs
+    back, the ms until its window reopens (D21, include/lease.lua rate_wait); held is 1 when
+    a claim was asked and the queue-wide limit leaves no room after it while work waits
+    (D24, issue 41: the worker's next settles claim the room they free), else 0
     Under a queue-wide limit, settles that free room pushes a wake token per freed slot
     still open while a waiting set is serviceable (issue 37).
     complete verdict: 1 | 0 (gone) | 'EMQSTALE ...'; retry verdict: 'scheduled' | 'dead' |
@@ -88,6 +90,15 @@ end
 -- part above took what it asked for). Wake a parked claimer for each freed slot still
 -- open while work waits (the ring holds exactly the serviceable sets), so the room is taken
 -- at once instead of at the next beat. No limit: no wake, a settle costs what it did.
+-- Issue 41: a claim that leaves the queue at its queue-wide limit while jobs wait says so
+-- (held), so the worker claims with the settles that free room instead of parking until a
+-- wake token comes back to it.
+local held = 0
+if qlimit and not paused and n > 0 then
+  if qlimit - rcall('ZCARD', base .. 'active') <= 0 and rcall('SCARD', base .. 'inring') > 0 then
+    held = 1
+  end
+end
 if qlimit and not paused then
   local freed = 0
   for _, v in ipairs(completed) do if v == 1 then freed = freed + 1 end end
@@ -99,4 +110,4 @@ if qlimit and not paused then
     if room > 0 and rcall('SCARD', base .. 'inring') > 0 then wake(base, math.min(freed, room)) end
   end
 end
-return {completed, retried, jobs, wait}
+return {completed, retried, jobs, wait, held}
