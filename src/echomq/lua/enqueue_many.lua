@@ -23,9 +23,9 @@
 --@include common
 --@include args
 --@include admit
-shape(1, 9, nil, 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..15 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
+shape(1, 9, nil, 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
 if (#ARGV - 9) % 2 ~= 0 then
-  refuse('ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..15 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
+  refuse('ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
 end
 int_arg(ARGV[5])
 local pri = priority_arg(ARGV[8])
