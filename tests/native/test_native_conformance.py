@@ -21,6 +21,7 @@ from echomq import _native
 from echomq.server import EmbeddedServer
 from native_fixtures import (
     Pair,
+    SettlePair,
     assert_replicated,
     base,
     build,
@@ -208,6 +209,46 @@ def test_dedup(pair: Pair, both: Any, events: bool) -> None:
     # A simple key whose holder's row is gone is free again.
     pair.r.delete(base(QA) + "job:" + jid(1), base(QB) + "job:" + jid(1))
     assert enq(pair, jid(9), dedup="s1") == ("ok", b"enqueued")
+
+
+def test_the_named_option_tail(pair: Pair) -> None:
+    """Issue 38: the options after the fixed arguments travel as '+opt' name value ...
+    (enqueue.lua's header), parsed once by both executors; the positional form of 0.6 is
+    still taken (every other test here sends it), and a malformed tail writes nothing."""
+
+    clocked = SettlePair(pair.r, QA, QB)  # forgives each executor's own `expires`
+
+    def raw(id: str, *tail: str) -> Any:
+        args: list[str | bytes] = ["@", id, "p", "", "now", "0", "f", "0", "", *tail]
+        return clocked.run("enqueue", ["@job:" + id, "@meta"], args)
+
+    assert raw(jid(1)) == ("ok", b"enqueued")  # the lean call: 9 args, no tail
+    assert raw(jid(2), "+opt", "ttl_ms", "60000", "priority", "5") == ("ok", b"enqueued")
+    row = pair.r.hgetall(base(QA) + "job:" + jid(2))
+    assert row[b"priority"] == b"5" and b"expires" in row
+    assert pair.r.zscore(base(QA) + "pending", jid(2)) == 5
+    # The same dedup by name and by position: the same holder answers both.
+    tail = ("+opt", "dedup", "k1", "dedup_mode", "throttle", "dedup_ttl_ms", "60000")
+    assert raw(jid(3), *tail) == ("ok", b"enqueued")
+    held = ("ok", b"deduplicated:" + jid(3).encode())
+    assert raw(jid(4), "k1", "throttle", "60000") == held
+    assert raw(jid(5), "+opt", "dedup_mode", "throttle", "dedup_ttl_ms", "1", "dedup", "k1") == held
+    # Refused before anything is written (pair.run compares both keyspaces too).
+    unknown = ("err", "EMQARG unknown option in the tail (see PROTOCOL §6)")
+    assert raw(jid(6), "+opt", "priority", "5", "delay", "9") == unknown
+    assert raw(jid(6), "+opt", "priority", "5", "priority", "6") == (
+        "err",
+        "EMQARG an option named twice in the tail",
+    )
+    arity = (  # redis-py drops the ERR
+        "err",
+        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) "
+        "and 9 + 2n args (enqueue_many)",
+    )
+    assert raw(jid(6), "+opt", "priority") == arity  # a name without its value
+    assert raw(jid(6), "", "simple", "0", "0", "5", "", "x") == arity  # positional: 15 at most
+    assert raw(jid(6), "+opt", "priority", "x")[0] == "err"  # a value is checked as before
+    assert not pair.r.exists(base(QA) + "job:" + jid(6), base(QB) + "job:" + jid(6))
 
 
 def test_readmission_of_retired_id(pair: Pair, both: Any) -> None:
