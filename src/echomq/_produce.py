@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from echomq import ids, keyspace
-from echomq._joboptions import NO_OPTIONS, JobOptions
+from echomq._joboptions import NO_OPTIONS, OPT_TAIL, JobOptions
 from echomq._kernel import (
     Arg,
     Enqueued,
@@ -25,7 +25,6 @@ from echomq._kernel import (
     _payload,
     _s,
     _str_list,
-    _ttl,
     _when,
 )
 from echomq.errors import (
@@ -271,8 +270,14 @@ def enqueue_many(
         opts = JobOptions(**options)
     g = opts.group or ""
     mode, value = _when(opts.delay_ms, opts.at_ms)
-    pri = opts.priority or 0  # one priority for every job of the call (ARGV[8])
-    ttl = _ttl(opts.ttl_ms)  # one expiry for every job of the call (ARGV[9])
+    # One priority and one expiry for every job of the call: the option tail's ('+opt', the
+    # number of pairs, the pairs; ('+opt', 0) when none: enqueue_many.lua).
+    named: list[Arg] = []
+    if opts.priority:
+        named += ("priority", opts.priority)
+    if opts.ttl_ms is not None:
+        named += ("ttl_ms", opts.ttl_ms)
+    tail = (OPT_TAIL, len(named) // 2, *named)
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
@@ -313,7 +318,7 @@ def enqueue_many(
         # retired record), 'r' on a resend.
         fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call("enqueue_many", (k.meta,), (*head, f, pri, ttl, *_flat(jobs, span)), _str_list)
+            _call("enqueue_many", (k.meta,), (*head, f, *tail, *_flat(jobs, span)), _str_list)
             for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
@@ -328,7 +333,7 @@ def enqueue_many(
                     _call(
                         "enqueue_many",
                         (k.meta,),
-                        (*head, f + "r", pri, ttl, *_flat(jobs, span)),
+                        (*head, f + "r", *tail, *_flat(jobs, span)),
                         _str_list,
                     )
                     for head, f, span in zip(heads, fresh, spans, strict=True)

@@ -251,6 +251,37 @@ def test_the_named_option_tail(pair: Pair) -> None:
     assert not pair.r.exists(base(QA) + "job:" + jid(6), base(QB) + "job:" + jid(6))
 
 
+def test_the_named_option_tail_of_enqueue_many(pair: Pair) -> None:
+    """enqueue_many's options: '+opt', the number of pairs, the pairs, then the jobs; the
+    positional priority, ttl_ms of 0.6 still taken (enq_many sends it too)."""
+    clocked = SettlePair(pair.r, QA, QB)
+
+    def raw(*tail: str | bytes) -> Any:
+        return clocked.run("enqueue_many", ["@meta"], ["@", "", "now", "0", "0", "", "f", *tail])
+
+    assert raw("+opt", "0", jid(1), "a") == ("ok", [b"enqueued"])  # the lean call
+    both = ("+opt", "2", "ttl_ms", "60000", "priority", "7")
+    assert raw(*both, jid(2), "b", jid(3), "c") == ("ok", [b"enqueued", b"enqueued"])
+    assert pair.r.hget(base(QA) + "job:" + jid(3), "priority") == b"7"
+    assert pair.r.hexists(base(QA) + "job:" + jid(3), "expires")
+    assert raw("3", "", jid(4), "d") == ("ok", [b"enqueued"])  # 0.6's positional form
+    assert pair.r.zscore(base(QA) + "pending", jid(4)) == 3
+    # A job id may look like a name: only the counted pairs are options.
+    assert raw("+opt", "1", "priority", "2", "priority", "x") == ("ok", [b"kind"])
+    assert raw("+opt", "1", "lifo", "1", jid(5), "e") == (
+        "err",
+        "EMQARG unknown option in the tail (see PROTOCOL §6)",
+    )
+    arity = (
+        "err",
+        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) "
+        "and 9 + 2n args (enqueue_many)",
+    )
+    assert raw("+opt", "3", "priority", "2", jid(5), "e") == arity  # more pairs than sent
+    assert raw("+opt", "-1", jid(5), "e") == arity
+    assert not pair.r.exists(base(QA) + "job:" + jid(5), base(QB) + "job:" + jid(5))
+
+
 def test_readmission_of_retired_id(pair: Pair, both: Any) -> None:
     enq(pair, jid(1), group="g")
     job = both(lambda q: q.claim())

@@ -205,6 +205,9 @@ def test_a_settle_plan_refuses_to_be_resent() -> None:
         plan.throw(Replay(ConnectionError("reply lost")))
 
 
+JID = ids.mint()
+
+
 def test_enqueue_options_travel_as_a_named_tail() -> None:
     """Issue 38: the lean enqueue sends its 9 fixed arguments and no tail; each option set
     travels by name after '+opt' (enqueue.lua), never padded to its position."""
@@ -222,6 +225,11 @@ def test_enqueue_options_travel_as_a_named_tail() -> None:
     with pytest.raises(InvalidId):
         JobOptions(id="nope")
     assert job_options(None, None, None, None, None, None, "simple", 0, None) is NO_OPTIONS
+    # enqueue_many: '+opt', the number of pairs, the pairs, then the jobs.
+    (call,) = next(_p.enqueue_many(K, [(JID, b"x")]))
+    assert call.args[7:] == ("+opt", 0, JID, b"x")
+    (call,) = next(_p.enqueue_many(K, [(JID, b"x")], JobOptions(priority=3, ttl_ms=9)))
+    assert call.args[7:] == ("+opt", 2, "priority", 3, "ttl_ms", 9, JID, b"x")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@
                           a minted id due now with 0 < replay_ms <= 70000 sends none: its id
                           is its marker, include/admit.lua)
   ARGV[10..] the option tail, optional: '+opt' then name, value pairs (include/args.lua
-                          opt_tail; PROTOCOL §6), each name at most once, any order; a
+                          opt_pairs; PROTOCOL §6), each name at most once, any order; a
                           name not below is refused (EMQARG), nothing written:
     dedup          a dedup id (D20, include/control.lua); '' : none
     dedup_mode     simple | throttle | debounce
@@ -81,8 +81,9 @@ shape(2, 6, 22, ARITY)
 -- The options, parsed once: the named tail, or the positional form (0.6), or none.
 local o
 if ARGV[10] == OPT_TAIL then
-  o = opt_tail(10, {dedup = 1, dedup_mode = 1, dedup_ttl_ms = 1, second = 1, priority = 1,
-    ttl_ms = 1}, ARITY)
+  if #ARGV % 2 ~= 0 then refuse(ARITY) end  -- a name without its value
+  o = opt_pairs(11, #ARGV, {dedup = 1, dedup_mode = 1, dedup_ttl_ms = 1, second = 1,
+    priority = 1, ttl_ms = 1})
 else
   if #ARGV > 15 then refuse(ARITY) end
   o = {}

@@ -43,17 +43,15 @@ local function priority_arg(s)
   return p
 end
 
--- The named option tail (PROTOCOL §6, "The option tail"): past a script's fixed arguments,
--- ARGV[at] is the marker '+opt' (never a dedup id, an id or a number: a '+' is none of
--- them), then name, value pairs to the end. Parsed once into {name = value}; a name the
--- script does not take (`known`), or one named twice, is refused before anything is read
--- or written. `why`: the arity text, for a name without its value.
+-- The named option tail (PROTOCOL §6, "The option tail"): a marker, '+opt' (never a dedup
+-- id, an id or a number: a '+' is none of them), then name, value pairs. opt_pairs parses
+-- ARGV[from..to] (names at from, from + 2, ...) once into {name = value}; a name the script
+-- does not take (`known`), or one named twice, is refused before anything is read or
+-- written. The caller checks the span's bounds and parity (its arity text).
 local OPT_TAIL = '+opt'
-local function opt_tail(at, known, why)
-  local n = #ARGV
-  if (n - at) % 2 ~= 0 then refuse(why) end
+local function opt_pairs(from, to, known)
   local o = {}
-  for i = at + 1, n, 2 do
+  for i = from, to, 2 do
     local name = ARGV[i]
     if not known[name] then refuse('EMQARG unknown option in the tail (see PROTOCOL §6)') end
     if o[name] then refuse('EMQARG an option named twice in the tail') end
