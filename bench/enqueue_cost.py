@@ -35,6 +35,8 @@ from echomq import _protocol as _p
 from echomq._scripts import SCRIPTS
 url, executor, replay_ms, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 named = sys.argv[5] == "named"  # a caller-chosen id: the call keeps a nonce and a marker
+# --options: every call has a priority and an expiry (issue 38: the named option tail)
+opts = {"priority": 5, "ttl_ms": 60_000} if sys.argv[6] == "options" else {}
 from echomq import ids
 r = redis.Redis.from_url(url)
 k = _p.Keys("cost")
@@ -45,7 +47,9 @@ def one_batch():
     pipe = r.pipeline(transaction=False)
     plans = []
     for _ in range(batch):
-        plan = _p.enqueue(k, b"payload", replay_ms=replay_ms, id=ids.mint() if named else None)
+        plan = _p.enqueue(
+            k, b"payload", replay_ms=replay_ms, id=ids.mint() if named else None, **opts
+        )
         call = next(plan)
         plans.append(plan)
         pipe.execute_command(*head, len(call.keys), *call.keys, *call.args)
@@ -99,6 +103,7 @@ def main() -> None:
     ap.add_argument(
         "--named", action="store_true", help="caller-chosen ids (a minted id is its own marker)"
     )
+    ap.add_argument("--options", action="store_true", help="every job: priority 5, ttl_ms 60000")
     a = ap.parse_args()
     import random
 
@@ -125,6 +130,7 @@ def main() -> None:
                         [
                             *(sys.executable, "-c", CELL, srv.url, ex, str(rm), str(a.batch)),
                             "named" if a.named else "minted",
+                            "options" if a.options else "plain",
                         ],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
@@ -145,7 +151,8 @@ def main() -> None:
         per: dict[tuple[str, str, int], float] = {}
         print(
             f"command: `PYTHONPATH=src .venv/bin/python bench/enqueue_cost.py --old-rev "
-            f"{a.old_rev} --batches {a.batches}{' --named' if a.named else ''}`\n"
+            f"{a.old_rev} --batches {a.batches}{' --named' if a.named else ''}"
+            f"{' --options' if a.options else ''}`\n"
         )
         print(
             "| revision | executor | replay marker | server µs per enqueue "

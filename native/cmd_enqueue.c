@@ -5,29 +5,69 @@
 #include "emq.h"
 #include "commands.gen.h"
 
+/* The options past the fixed arguments (enqueue.lua's header): the named tail ('+opt' then
+ * name, value pairs, args.lua opt_tail), or the positional form of 0.6 (ARGV[10..15]), parsed
+ * once. An absent option has p == NULL, as emq_arg past the end. */
+typedef struct {
+    emq_sv dedup, dedup_mode, dedup_ttl_ms, second, priority, ttl_ms;
+} enqueue_opts;
+
+#define ENQUEUE_ARITY                                                                        \
+    "ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and " \
+    "9 + 2n args (enqueue_many)"
+
+static void parse_opts(emq *e, enqueue_opts *o) {
+    memset(o, 0, sizeof(*o));
+    if (emq_eqs(emq_arg(e, 10), "+opt")) {
+        if ((e->nargs - 10) % 2 != 0) emq_fail(e, ENQUEUE_ARITY);
+        for (int i = 11; i < e->nargs; i += 2) {
+            emq_sv name = emq_arg(e, i), *slot;
+            if (emq_eqs(name, "dedup")) slot = &o->dedup;
+            else if (emq_eqs(name, "dedup_mode")) slot = &o->dedup_mode;
+            else if (emq_eqs(name, "dedup_ttl_ms")) slot = &o->dedup_ttl_ms;
+            else if (emq_eqs(name, "second")) slot = &o->second;
+            else if (emq_eqs(name, "priority")) slot = &o->priority;
+            else if (emq_eqs(name, "ttl_ms")) slot = &o->ttl_ms;
+            else emq_fail(e, "EMQARG unknown option in the tail (see PROTOCOL §6)");
+            if (slot->p) emq_fail(e, "EMQARG an option named twice in the tail");
+            *slot = emq_arg(e, i + 1);
+        }
+        return;
+    }
+    if (e->nargs > 15) emq_fail(e, ENQUEUE_ARITY);
+    o->dedup = emq_arg(e, 10);
+    o->dedup_mode = emq_arg(e, 11);
+    o->dedup_ttl_ms = emq_arg(e, 12);
+    o->second = emq_arg(e, 13);
+    o->priority = emq_arg(e, 14);
+    o->ttl_ms = emq_arg(e, 15);
+}
+
 /* enqueue.lua: KEYS row, meta; ARGV base id payload group mode value [flags replay_ms nonce
- * dedup dedup_mode dedup_ttl_ms second priority ttl_ms]. */
+ * [option tail]]. */
 void emq_cmd_enqueue(emq *e) {
     emq_sv id = emq_arg(e, 2), payload = emq_arg(e, 3), g = emq_arg(e, 4);
     emq_sv mode = emq_arg(e, 5), value = emq_arg(e, 6);
     if (emq_eqs(g, "")) g = EMQ_NONE;
     emq_sv flags = emq_arg(e, 7);
-    emq_sv nonce = emq_arg(e, 9), did = emq_arg(e, 10);
+    enqueue_opts o;
+    parse_opts(e, &o);
+    emq_sv nonce = emq_arg(e, 9), did = o.dedup;
     if (!nonce.p) nonce = EMQ_LIT("");
     if (!did.p) did = EMQ_LIT("");
     /* The numbers the Lua would convert later are checked first: a malformed call is refused
      * before anything is written (the script would raise midway). */
     long long replay_ms = 0, dedup_ttl_ms = 0;
     if (emq_arg(e, 8).p) replay_ms = emq_need_ll(e, emq_arg(e, 8));
-    if (did.n) dedup_ttl_ms = emq_need_ll(e, emq_arg(e, 12));
+    if (did.n) dedup_ttl_ms = emq_need_ll(e, o.dedup_ttl_ms);
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
     emq_sv pri = EMQ_LIT("0");
-    if (emq_arg(e, 14).p) pri = emq_priority_arg(e, emq_arg(e, 14));
-    emq_sv ttl = emq_arg(e, 15);
+    if (o.priority.p) pri = emq_priority_arg(e, o.priority);
+    emq_sv ttl = o.ttl_ms;
     long long ttl_ms = 0;
     if (ttl.p && ttl.n) ttl_ms = emq_need_ll(e, ttl);
     int resend = emq_has_char(flags, 'r');
-    emq_sv second = emq_arg(e, 13);
+    emq_sv second = o.second;
     long long now = 0;
     if (!emq_eqs(mode, "now") || did.n || (ttl.p && ttl.n) || (nonce.n && !second.p))
         now = emq_now_ms(e);
@@ -75,7 +115,7 @@ void emq_cmd_enqueue(emq *e) {
     int has_run_at = emq_run_time(e, mode, value, now, &run_at);
     if (did.n) {
         emq_sv lane = EMQ_NONE;
-        emq_sv holder = emq_dedup_holder(e, did, emq_arg(e, 11), payload, has_run_at, run_at,
+        emq_sv holder = emq_dedup_holder(e, did, o.dedup_mode, payload, has_run_at, run_at,
                                          now, g, pri, expires, &lane);
         if (lane.p) {
             emq_sv text = emq_cat(e, 5, EMQ_LIT("EMQSTATE debounce holder "), holder,

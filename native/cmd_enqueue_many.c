@@ -12,17 +12,41 @@ static const char *code_of(const char *v) {
     return "d";
 }
 
-/* enqueue_many.lua: KEYS meta; ARGV base group mode value replay_ms nonce flags priority
- * ttl_ms id payload... */
+#define ENQUEUE_ARITY                                                                        \
+    "ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and " \
+    "9 + 2n args (enqueue_many)"
+
+/* enqueue_many.lua: KEYS meta; ARGV base group mode value replay_ms nonce flags, then the
+ * option tail ('+opt' m name value ..., args.lua opt_pairs) or 0.6's positional priority
+ * ttl_ms, then id payload... */
 void emq_cmd_enqueue_many(emq *e) {
     emq_sv g = emq_arg(e, 2), mode = emq_arg(e, 3), value = emq_arg(e, 4);
     if (emq_eqs(g, "")) g = EMQ_NONE;
+    /* The options, parsed once (the Lua's order of checks). */
+    emq_sv pri_arg = EMQ_NONE, ttl = EMQ_NONE;
+    int first = 10; /* the first job's id */
+    if (emq_eqs(emq_arg(e, 8), "+opt")) {
+        long long m = emq_need_ll(e, emq_arg(e, 9));
+        if (m < 0 || 9 + 2 * m > e->nargs) emq_fail(e, ENQUEUE_ARITY);
+        for (int i = 10; i <= 8 + 2 * (int)m; i += 2) {
+            emq_sv name = emq_arg(e, i), *slot;
+            if (emq_eqs(name, "priority")) slot = &pri_arg;
+            else if (emq_eqs(name, "ttl_ms")) slot = &ttl;
+            else emq_fail(e, "EMQARG unknown option in the tail (see PROTOCOL §6)");
+            if (slot->p) emq_fail(e, "EMQARG an option named twice in the tail");
+            *slot = emq_arg(e, i + 1);
+        }
+        first = 10 + 2 * (int)m;
+    } else {
+        pri_arg = emq_arg(e, 8);
+        ttl = emq_arg(e, 9);
+    }
     long long replay_ms = emq_need_ll(e, emq_arg(e, 5));
     emq_sv nonce = emq_arg(e, 6), flags = emq_arg(e, 7);
-    if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
-    emq_sv pri = emq_priority_arg(e, emq_arg(e, 8));
-    emq_sv ttl = emq_arg(e, 9);
+    emq_sv pri = pri_arg.p ? emq_priority_arg(e, pri_arg) : EMQ_LIT("0");
+    if (!ttl.p) ttl = EMQ_LIT("");
     long long ttl_ms = ttl.n ? emq_need_ll(e, ttl) : 0;
+    if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
     int marked = replay_ms > 0 && !emq_eqs(nonce, "");
     emq_sv rk = emq_key2(e, EMQ_KP_RECENT, nonce);
     if (marked && emq_has_char(flags, 'r')) {
@@ -47,16 +71,17 @@ void emq_cmd_enqueue_many(emq *e) {
     int has_run_at = emq_run_time(e, mode, value, now, &run_at);
     emq_sv expires = ttl.n ? emq_fmt_ll(e, now + ttl_ms) : EMQ_NONE;
     int fresh = emq_has_char(flags, 'f');
-    int jobs = (e->nargs - 9) / 2;
+    int jobs = (e->nargs - first + 1) / 2;
     const char **out = RedisModule_PoolAlloc(e->ctx, sizeof(char *) * (size_t)(jobs + 1));
     long long added = 0, admitted = 0;
     emq_zadd_defer(e); /* the admissions' ZADDs: one per key, before the touch reads the set */
     for (int j = 0; j < jobs; j++) {
-        const char *v = emq_admit(e, emq_arg(e, 10 + 2 * j), emq_arg(e, 11 + 2 * j), g,
+        const char *v = emq_admit(e, emq_arg(e, first + 2 * j), emq_arg(e, first + 1 + 2 * j), g,
                                   has_run_at, run_at, now, fresh, pri, expires);
         if (strcmp(v, "enqueued") == 0) added++;
         if (strcmp(v, "enqueued") == 0 || strcmp(v, "scheduled") == 0) admitted++;
-        if (strcmp(v, "duplicate") == 0) emq_emit_in(e, "duplicate", emq_arg(e, 10 + 2 * j), g, 0, NULL);
+        if (strcmp(v, "duplicate") == 0)
+            emq_emit_in(e, "duplicate", emq_arg(e, first + 2 * j), g, 0, NULL);
         out[j] = v;
     }
     emq_zadd_flush(e);

@@ -17,7 +17,7 @@
 #include "keyspace.gen.h"
 #include "rmapi.h"
 
-#define TRAFIKEY_VERSION 3
+#define TRAFIKEY_VERSION 4
 
 /* A byte view. p == NULL is "absent": Lua's nil/false (a missing ARGV, a nil HGET). */
 typedef struct {

@@ -28,6 +28,7 @@ from echomq._connect import (
     resolve_url,
 )
 from echomq._executor import AsyncExecutor
+from echomq._joboptions import JobOptions, job_options
 from echomq._kernel import DEFAULT_MAX_PAYLOAD, Completed, Enqueued, Job, Retried, Settled, _seen
 from echomq._native import resolve_executor
 from echomq._queueopts import durable_replicas, replay_ms
@@ -154,16 +155,22 @@ class AsyncQueue:
             _p.enqueue(
                 self._k,
                 payload,
-                id=id,
-                group=group,
-                delay_ms=delay_ms,
-                at_ms=at_ms,
+                job_options(
+                    delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, priority, ttl_ms
+                ),
                 replay_ms=replay_ms(self._x.retry_for),
-                dedup=dedup,
-                dedup_ttl_ms=dedup_ttl_ms,
-                dedup_mode=dedup_mode,
-                priority=priority,
-                ttl_ms=ttl_ms,
+                minter=self._x.minter,
+            )
+        )
+
+    async def _enqueue_job(self, payload: bytes | str, opts: JobOptions) -> Enqueued:
+        """``enqueue`` with the job's options as one checked record (``Task.options``)."""
+        return await self._pipe.run(  # sync: return self._x.run(
+            _p.enqueue(
+                self._k,
+                payload,
+                opts,
+                replay_ms=replay_ms(self._x.retry_for),
                 minter=self._x.minter,
             )
         )
@@ -185,13 +192,19 @@ class AsyncQueue:
             _p.enqueue_many(
                 self._k,
                 items,
-                group=group,
-                delay_ms=delay_ms,
-                at_ms=at_ms,
+                job_options(delay_ms, at_ms, group, None, None, None, "simple", priority, ttl_ms),
                 replay_ms=replay_ms(self._x.retry_for),
-                priority=priority,
-                ttl_ms=ttl_ms,
                 minter=self._x.minter,
+            )
+        )
+
+    async def _enqueue_many_job(
+        self, items: Iterable[bytes | str | tuple[str, bytes | str]], opts: JobOptions
+    ) -> list[Enqueued | EchoMQError]:
+        """``enqueue_many`` with every job's options as one checked record (``Task``)."""
+        return await self._x.run(
+            _p.enqueue_many(
+                self._k, items, opts, replay_ms=replay_ms(self._x.retry_for), minter=self._x.minter
             )
         )
 

@@ -396,7 +396,7 @@ def check_dedup(did: object) -> str:
 
 
 def dedup_args(did: str | None, ttl_ms: int | None, mode: str) -> tuple[Arg, ...]:
-    """The enqueue script's dedup arguments (ARGV[9..11]); () without a dedup id."""
+    """A dedup's options checked (D20): (did, mode, ttl), () without a dedup id."""
     if mode not in DEDUP_MODES:
         raise InvalidArgument(f"dedup_mode must be one of {', '.join(DEDUP_MODES)}, got {mode!r}")
     if did is None:

@@ -47,7 +47,7 @@ __all__ = [
 MODULE_NAME = "trafikey"
 # The module's integer version as MODULE LIST reports it; a server with another version is
 # not used (its commands may take other arguments or reply differently).
-MODULE_VERSION = 3
+MODULE_VERSION = 4
 
 # Script name -> native command, derived from the scripts' headers (their ``Native:`` line,
 # _scripts.TWINS): a script without one (reap, promote, the admin verbs ...) runs as Lua.

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from echomq import ids, keyspace
+from echomq._joboptions import NO_OPTIONS, OPT_TAIL, JobOptions
 from echomq._kernel import (
     Arg,
     Enqueued,
@@ -20,15 +21,11 @@ from echomq._kernel import (
     Plan,
     Replay,
     _call,
-    _group,
     _iterable,
     _payload,
-    _priority,
     _s,
     _str_list,
-    _ttl,
     _when,
-    dedup_args,
 )
 from echomq.errors import (
     EchoMQError,
@@ -152,45 +149,39 @@ def mint(minter: ids.Minter | None) -> Plan[str]:
 def enqueue(
     k: Keys,
     payload: bytes | str,
+    opts: JobOptions = NO_OPTIONS,
+    /,
     *,
-    id: str | None = None,
-    group: str | None = None,
-    delay_ms: int | None = None,
-    at_ms: int | None = None,
     replay_ms: int = 0,
-    dedup: str | None = None,
-    dedup_ttl_ms: int | None = None,
-    dedup_mode: str = "simple",
-    priority: int = 0,
-    ttl_ms: int | None = None,
     minter: ids.Minter | None = None,
+    **options: Any,
 ) -> Plan[Enqueued]:
-    """``priority``: 0..2^21, lower runs first (ARGV[14], sent when not 0 or with a ttl).
-    ``replay_ms``: how long the server remembers this call for its resends (a resend
-    after a lost reply then finds its first copy even once that job has completed: it is
-    never admitted twice); 0 when the caller never resends. ``dedup*``: D20, see _control.
-    ``ttl_ms``: the job expires that long after this call (server clock) unless claimed
-    (ARGV[15]). ``minter``: where a minted id comes from (see ``mint``)."""
+    """``opts``: the job's options, checked (``JobOptions``; ``options``: its fields as
+    keywords, for a plan made by hand), sent as the script's named option tail after the
+    fixed arguments (none when there is none: the lean call). ``replay_ms``: how long the
+    server remembers this call for its resends (a resend after a lost reply then finds its
+    first copy even once that job has completed: it is never admitted twice); 0 when the
+    caller never resends. ``minter``: where a minted id comes from (see ``mint``)."""
     data = _payload(payload, k.max_payload)
-    g = _group(group)
-    mode, value = _when(delay_ms, at_ms)
-    pri = _priority(priority)
-    ttl = _ttl(ttl_ms)
-    extra: tuple[Arg, ...] = ()
-    if dedup is not None or dedup_ttl_ms is not None or dedup_mode != "simple":
-        extra = dedup_args(dedup, dedup_ttl_ms, dedup_mode)
+    if options:
+        opts = JobOptions(**options)
+    g = opts.group or ""
+    mode, value = _when(opts.delay_ms, opts.at_ms)
+    id = opts.id
     minted = id is None
-    jid = (yield from mint(minter)) if id is None else keyspace.check_id(id)
+    jid = (yield from mint(minter)) if id is None else id
     # A nonce (and a marker) only where the id cannot stand for the call (see ID_REPLAY_MS).
     by_id = minted and mode == "now" and 0 < replay_ms <= ID_REPLAY_MS
     nonce = _nonce() if replay_ms and not by_id else ""
     scope = f"{k.base}{replay_ms}"
+    plain = opts is NO_OPTIONS
 
     for _ in range(_REMINT_TRIES):
         # flags: 'f' the id was minted here (never handed out: the script skips the retired
         # record), 'r' a resend, 'x' set the replay marker key's TTL (see _needs_ttl).
         flags = "f" if minted else ""
         second = 0
+        tail: tuple[Arg, ...]
         if nonce:
             # The marker's key is named by this second of our clock (the same on every
             # resend): the script reads no clock for it and a resend reads one field.
@@ -198,17 +189,9 @@ def enqueue(
             nonce = _bucket(scope, second) + nonce[2:]
             if _needs_ttl(k, replay_ms, second, nonce[:2]):
                 flags += "x"
-            tail: tuple[Arg, ...] = (*(extra or ("", "simple", 0)), second)
+            tail = opts.tail(second)
         else:
-            tail = extra
-        if pri or ttl:
-            # ARGV[14] (priority) and ARGV[15] (ttl) follow the optional ARGV[8..13]: fill
-            # the ones this call left out (the second is read only with a nonce; the
-            # priority 0 when only a ttl is sent).
-            head = ("", "simple", 0) if not tail else tail[:3]
-            tail = (*head, tail[3] if len(tail) > 3 else 0, pri)
-            if ttl:
-                tail = (*tail, ttl)
+            tail = () if plain else opts.tail()
         args = (k.base, jid, data, g, mode, value, flags, replay_ms, nonce, *tail)
         # The id is a checked one (minted here, or check_id above): its key needs no check.
         keys = (k.base + "job:" + jid, k.meta)
@@ -274,19 +257,27 @@ def _flat(jobs: list[tuple[str, bytes, bool]], span: list[int]) -> list[Arg]:
 def enqueue_many(
     k: Keys,
     items: Iterable[bytes | str | tuple[str, bytes | str]],
+    opts: JobOptions = NO_OPTIONS,
+    /,
     *,
-    group: str | None = None,
-    delay_ms: int | None = None,
-    at_ms: int | None = None,
     replay_ms: int = 0,
-    priority: int = 0,
-    ttl_ms: int | None = None,
     minter: ids.Minter | None = None,
+    **options: Any,
 ) -> Plan[list[Enqueued | EchoMQError]]:
-    g = _group(group)
-    mode, value = _when(delay_ms, at_ms)
-    pri = _priority(priority)  # one priority for every job of the call (ARGV[8])
-    ttl = _ttl(ttl_ms)  # one expiry for every job of the call (ARGV[9])
+    """``opts``: every job's options (the lane, run time, priority and expiry; ``options``:
+    its fields as keywords), as ``enqueue``'s."""
+    if options:
+        opts = JobOptions(**options)
+    g = opts.group or ""
+    mode, value = _when(opts.delay_ms, opts.at_ms)
+    # One priority and one expiry for every job of the call: the option tail's ('+opt', the
+    # number of pairs, the pairs; ('+opt', 0) when none: enqueue_many.lua).
+    named: list[Arg] = []
+    if opts.priority:
+        named += ("priority", opts.priority)
+    if opts.ttl_ms is not None:
+        named += ("ttl_ms", opts.ttl_ms)
+    tail = (OPT_TAIL, len(named) // 2, *named)
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")
     jobs: list[tuple[str, bytes, bool]] = []
@@ -327,7 +318,7 @@ def enqueue_many(
         # retired record), 'r' on a resend.
         fresh = ["f" if all(jobs[i][2] for i in span) else "" for span in spans]
         calls = [
-            _call("enqueue_many", (k.meta,), (*head, f, pri, ttl, *_flat(jobs, span)), _str_list)
+            _call("enqueue_many", (k.meta,), (*head, f, *tail, *_flat(jobs, span)), _str_list)
             for head, f, span in zip(heads, fresh, spans, strict=True)
         ]
         while True:
@@ -342,7 +333,7 @@ def enqueue_many(
                     _call(
                         "enqueue_many",
                         (k.meta,),
-                        (*head, f + "r", pri, ttl, *_flat(jobs, span)),
+                        (*head, f + "r", *tail, *_flat(jobs, span)),
                         _str_list,
                     )
                     for head, f, span in zip(heads, fresh, spans, strict=True)

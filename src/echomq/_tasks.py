@@ -14,6 +14,8 @@ from echomq import _compose, _envelope, keyspace
 from echomq._appface import HostApp, SignedTask
 from echomq._binding import _UNSUPPORTED, _Params
 from echomq._isolatable import check_isolatable
+from echomq._joboptions import NO_OPTIONS, JobOptions
+from echomq._joboptions import budget as _budget
 from echomq._kernel import MAX_ARG, MAX_MS, Enqueued, Keys, _priority
 from echomq._workflows import Signature
 from echomq.backoff import Backoff
@@ -21,35 +23,6 @@ from echomq.errors import BadArguments, EchoMQError, InvalidArgument
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """Job options for one enqueue: ``task.options(delay_ms=..., group=..., id=...)``."""
-
-    delay_ms: int | None = None
-    at_ms: int | None = None
-    group: str | None = None
-    id: str | None = None
-    dedup: str | None = None  # D20: see Queue.enqueue
-    dedup_ttl_ms: int | None = None
-    dedup_mode: str = "simple"
-    priority: int | None = None  # None: the task's own (``@app.task(priority=)``)
-    # Issue 24: this job's attempt budget (in its envelope) and its expiry (Queue.enqueue).
-    max_attempts: int | None = None
-    ttl_ms: int | None = None
-
-
-def _budget(max_attempts: object) -> dict[str, Any] | None:
-    """The envelope's ``opts`` for a per-job attempt budget (None: the task's), checked as
-    ``@app.task(max_attempts=)`` is, before anything is sent."""
-    if max_attempts is None:
-        return None
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-    if not 1 <= max_attempts <= MAX_ARG:
-        raise InvalidArgument(f"max_attempts must be in [1, {MAX_ARG}], got {max_attempts}")
-    return {"max_attempts": max_attempts}
 
 
 class Task(Generic[P, R]):
@@ -137,7 +110,8 @@ class Task(Generic[P, R]):
         self.__wrapped__ = fn
         self._params: _Params | None = None  # the handler's signature, compiled on first use
         # The task without options, built once: enqueue is the producer's hot path.
-        self._plain: BoundTask[P, R] = BoundTask(self, Options())
+        plain = NO_OPTIONS if not self.priority else JobOptions(priority=self.priority)
+        self._plain: BoundTask[P, R] = BoundTask(self, plain)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -234,17 +208,10 @@ class Task(Generic[P, R]):
         priority (0..2**21, lower runs first; None: the task's), this job's own attempt
         budget (``max_attempts``, overriding the task's) and its expiry (``ttl_ms``: not
         claimed within that long, it is dead-lettered ``expired``)."""
-        from echomq._control import dedup_args
-        from echomq._kernel import _ttl
-
-        dedup_args(dedup, dedup_ttl_ms, dedup_mode)  # bad options fail here, not at enqueue
-        if priority is not None:
-            _priority(priority)
-        _budget(max_attempts)
-        _ttl(ttl_ms)
+        # The record checks every option here (a bad one fails now, not at enqueue).
         return BoundTask(
             self,
-            Options(
+            JobOptions(
                 delay_ms,
                 at_ms,
                 group,
@@ -252,9 +219,9 @@ class Task(Generic[P, R]):
                 dedup,
                 dedup_ttl_ms,
                 dedup_mode,
-                priority=priority,
-                max_attempts=max_attempts,
-                ttl_ms=ttl_ms,
+                self.priority if priority is None else priority,
+                max_attempts,
+                ttl_ms,
             ),
         )
 
@@ -279,24 +246,25 @@ class Task(Generic[P, R]):
         """Enqueue many calls, each ``(args, kwargs)``, in few round trips (``priority``:
         for every call, None: the task's; ``max_attempts`` and ``ttl_ms``: every job's, as
         ``options``)."""
-        pri = self.priority if priority is None else _priority(priority)
-        opts = _budget(max_attempts)
+        job = JobOptions(
+            group=group,
+            priority=self.priority if priority is None else priority,
+            max_attempts=max_attempts,
+            ttl_ms=ttl_ms,
+        )
+        opts = _budget(job.max_attempts)
         otel = self.app._otel
         if otel is not None:
             span, payloads = otel.start_send(self, self._wire_calls(calls), opts, batch=True)
             try:
-                found = self.app.queue(self.queue).enqueue_many(
-                    payloads, group=group, priority=pri, ttl_ms=ttl_ms
-                )
+                found = self.app.queue(self.queue)._enqueue_many_job(payloads, job)
             except BaseException as exc:
                 otel.end_send(span, None, exc)
                 raise
             otel.end_send(span, None, None)
             return found
         payloads = _each_call(calls, lambda a, k: self.payload(a, k, opts))
-        return self.app.queue(self.queue).enqueue_many(
-            payloads, group=group, priority=pri, ttl_ms=ttl_ms
-        )
+        return self.app.queue(self.queue)._enqueue_many_job(payloads, job)
 
     def _wire_calls(
         self, calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
@@ -333,7 +301,7 @@ class BoundTask(Generic[P, R]):
     """A task with job options bound; made by ``Task.options``."""
 
     task: Task[P, R]
-    opts: Options = field(default_factory=Options)
+    opts: JobOptions = NO_OPTIONS
 
     def _wire(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, Any]:
         """The call's payload and, when the app traces (echomq.otel), its "<task> send" span,
@@ -345,21 +313,6 @@ class BoundTask(Generic[P, R]):
         span, (payload,) = otel.start_send(self.task, [self.task.to_wire(args, kwargs)], opts)
         return payload, span
 
-    def _options(self) -> dict[str, Any]:
-        """The queue's enqueue options these bound options stand for."""
-        o = self.opts
-        return {
-            "id": o.id,
-            "group": o.group,
-            "delay_ms": o.delay_ms,
-            "at_ms": o.at_ms,
-            "dedup": o.dedup,
-            "dedup_ttl_ms": o.dedup_ttl_ms,
-            "dedup_mode": o.dedup_mode,
-            "priority": self.task.priority if o.priority is None else o.priority,
-            "ttl_ms": o.ttl_ms,
-        }
-
     def _sent(self, span: Any, e: Enqueued | None, exc: BaseException | None) -> None:
         otel = self.task.app._otel
         if otel is not None:
@@ -368,7 +321,7 @@ class BoundTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         payload, span = self._wire(args, kwargs)
         try:
-            e = self.task.app.queue(self.task.queue).enqueue(payload, **self._options())
+            e = self.task.app.queue(self.task.queue)._enqueue_job(payload, self.opts)
         except BaseException as exc:
             self._sent(span, None, exc)
             raise
@@ -378,7 +331,7 @@ class BoundTask(Generic[P, R]):
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskEnqueued:
         payload, span = self._wire(args, kwargs)
         try:
-            e = await self.task.app.aqueue(self.task.queue).enqueue(payload, **self._options())
+            e = await self.task.app.aqueue(self.task.queue)._enqueue_job(payload, self.opts)
         except BaseException as exc:
             self._sent(span, None, exc)
             raise

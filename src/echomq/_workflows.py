@@ -28,6 +28,7 @@ from echomq import _compose, _envelope, keyspace
 from echomq import _protocol as _p
 from echomq import ids as _ids
 from echomq._appface import HostApp, SignedTask
+from echomq._joboptions import JobOptions
 from echomq._kernel import MAX_MS, Keys, Plan, _priority
 from echomq._produce import mint
 from echomq._workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
@@ -236,13 +237,8 @@ class Group:
         payloads = self._payloads()  # BadArguments (unserializable) before any write
         ids = yield from _minted(slots, minter)
         for s, jid, payload in zip(slots, ids, payloads, strict=True):
-            yield from _p.enqueue(
-                _keys(self.app, s.queue),
-                payload,
-                id=jid,
-                group=s.sig.group,
-                priority=_priority_of(s.sig),
-            )
+            opts = JobOptions(group=s.sig.group, id=jid, priority=_priority_of(s.sig))
+            yield from _p.enqueue(_keys(self.app, s.queue), payload, opts)
         return GroupReceipt(self.app, ids, [s.queue for s in slots])
 
     def enqueue(self) -> GroupReceipt:

@@ -227,17 +227,22 @@ def test_retry_is_a_failed_process_span_then_a_linked_second_one(
 
 def test_a_failed_enqueue_records_error_type(make_app, qname, spans) -> None:
     provider, exporter = spans
-    app = make_app()
+    app = make_app(max_payload=64)
     echomq.otel.instrument(app, tracer_provider=provider)
 
     @app.task(queue=qname, name="t")
-    def t(n: int) -> None: ...
+    def t(s: str) -> None: ...
 
+    # A bad option fails where the options are made (issue 38: the JobOptions record), before
+    # any send; a payload over the app's bound fails in the send.
     with pytest.raises(echomq.InvalidArgument):
-        t.options(delay_ms=-5).enqueue(1)
+        t.options(delay_ms=-5)
+    assert not named(exporter, f"send {qname}")
+    with pytest.raises(echomq.PayloadTooLarge):
+        t.enqueue("x" * 100)
     [send] = named(exporter, f"send {qname}")
     assert send.status.status_code is StatusCode.ERROR
-    assert send.attributes["error.type"] == "echomq.errors.InvalidArgument"
+    assert send.attributes["error.type"] == "echomq.errors.PayloadTooLarge"
     assert "messaging.message.id" not in send.attributes
 
 

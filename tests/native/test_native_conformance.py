@@ -21,6 +21,7 @@ from echomq import _native
 from echomq.server import EmbeddedServer
 from native_fixtures import (
     Pair,
+    SettlePair,
     assert_replicated,
     base,
     build,
@@ -208,6 +209,77 @@ def test_dedup(pair: Pair, both: Any, events: bool) -> None:
     # A simple key whose holder's row is gone is free again.
     pair.r.delete(base(QA) + "job:" + jid(1), base(QB) + "job:" + jid(1))
     assert enq(pair, jid(9), dedup="s1") == ("ok", b"enqueued")
+
+
+def test_the_named_option_tail(pair: Pair) -> None:
+    """Issue 38: the options after the fixed arguments travel as '+opt' name value ...
+    (enqueue.lua's header), parsed once by both executors; the positional form of 0.6 is
+    still taken (every other test here sends it), and a malformed tail writes nothing."""
+
+    clocked = SettlePair(pair.r, QA, QB)  # forgives each executor's own `expires`
+
+    def raw(id: str, *tail: str) -> Any:
+        args: list[str | bytes] = ["@", id, "p", "", "now", "0", "f", "0", "", *tail]
+        return clocked.run("enqueue", ["@job:" + id, "@meta"], args)
+
+    assert raw(jid(1)) == ("ok", b"enqueued")  # the lean call: 9 args, no tail
+    assert raw(jid(2), "+opt", "ttl_ms", "60000", "priority", "5") == ("ok", b"enqueued")
+    row = pair.r.hgetall(base(QA) + "job:" + jid(2))
+    assert row[b"priority"] == b"5" and b"expires" in row
+    assert pair.r.zscore(base(QA) + "pending", jid(2)) == 5
+    # The same dedup by name and by position: the same holder answers both.
+    tail = ("+opt", "dedup", "k1", "dedup_mode", "throttle", "dedup_ttl_ms", "60000")
+    assert raw(jid(3), *tail) == ("ok", b"enqueued")
+    held = ("ok", b"deduplicated:" + jid(3).encode())
+    assert raw(jid(4), "k1", "throttle", "60000") == held
+    assert raw(jid(5), "+opt", "dedup_mode", "throttle", "dedup_ttl_ms", "1", "dedup", "k1") == held
+    # Refused before anything is written (pair.run compares both keyspaces too).
+    unknown = ("err", "EMQARG unknown option in the tail (see PROTOCOL §6)")
+    assert raw(jid(6), "+opt", "priority", "5", "delay", "9") == unknown
+    assert raw(jid(6), "+opt", "priority", "5", "priority", "6") == (
+        "err",
+        "EMQARG an option named twice in the tail",
+    )
+    arity = (  # redis-py drops the ERR
+        "err",
+        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) "
+        "and 9 + 2n args (enqueue_many)",
+    )
+    assert raw(jid(6), "+opt", "priority") == arity  # a name without its value
+    assert raw(jid(6), "", "simple", "0", "0", "5", "", "x") == arity  # positional: 15 at most
+    assert raw(jid(6), "+opt", "priority", "x")[0] == "err"  # a value is checked as before
+    assert not pair.r.exists(base(QA) + "job:" + jid(6), base(QB) + "job:" + jid(6))
+
+
+def test_the_named_option_tail_of_enqueue_many(pair: Pair) -> None:
+    """enqueue_many's options: '+opt', the number of pairs, the pairs, then the jobs; the
+    positional priority, ttl_ms of 0.6 still taken (enq_many sends it too)."""
+    clocked = SettlePair(pair.r, QA, QB)
+
+    def raw(*tail: str | bytes) -> Any:
+        return clocked.run("enqueue_many", ["@meta"], ["@", "", "now", "0", "0", "", "f", *tail])
+
+    assert raw("+opt", "0", jid(1), "a") == ("ok", [b"enqueued"])  # the lean call
+    both = ("+opt", "2", "ttl_ms", "60000", "priority", "7")
+    assert raw(*both, jid(2), "b", jid(3), "c") == ("ok", [b"enqueued", b"enqueued"])
+    assert pair.r.hget(base(QA) + "job:" + jid(3), "priority") == b"7"
+    assert pair.r.hexists(base(QA) + "job:" + jid(3), "expires")
+    assert raw("3", "", jid(4), "d") == ("ok", [b"enqueued"])  # 0.6's positional form
+    assert pair.r.zscore(base(QA) + "pending", jid(4)) == 3
+    # A job id may look like a name: only the counted pairs are options.
+    assert raw("+opt", "1", "priority", "2", "priority", "x") == ("ok", [b"kind"])
+    assert raw("+opt", "1", "lifo", "1", jid(5), "e") == (
+        "err",
+        "EMQARG unknown option in the tail (see PROTOCOL §6)",
+    )
+    arity = (
+        "err",
+        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) "
+        "and 9 + 2n args (enqueue_many)",
+    )
+    assert raw("+opt", "3", "priority", "2", jid(5), "e") == arity  # more pairs than sent
+    assert raw("+opt", "-1", jid(5), "e") == arity
+    assert not pair.r.exists(base(QA) + "job:" + jid(5), base(QB) + "job:" + jid(5))
 
 
 def test_readmission_of_retired_id(pair: Pair, both: Any) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from echomq import _produce, ids
 from echomq import _protocol as _p
+from echomq._joboptions import NO_OPTIONS, JobOptions, job_options
 from echomq._kernel import Call, Enqueued, Keys, Replay
 from echomq.errors import InvalidArgument, InvalidId
 
@@ -202,6 +203,33 @@ def test_a_settle_plan_refuses_to_be_resent() -> None:
     assert call.script.name == "settle" and call.replay is False
     with pytest.raises(Replay):
         plan.throw(Replay(ConnectionError("reply lost")))
+
+
+JID = ids.mint()
+
+
+def test_enqueue_options_travel_as_a_named_tail() -> None:
+    """Issue 38: the lean enqueue sends its 9 fixed arguments and no tail; each option set
+    travels by name after '+opt' (enqueue.lua), never padded to its position."""
+    lean = next(_p.enqueue(K, b"x"))
+    assert len(lean.args) == 9
+    call = next(_p.enqueue(K, b"x", JobOptions(priority=5, ttl_ms=60_000)))
+    assert call.args[9:] == ("+opt", "priority", 5, "ttl_ms", 60_000)
+    call = next(_p.enqueue(K, b"x", dedup="d", dedup_mode="throttle", dedup_ttl_ms=9))
+    assert call.args[9:] == ("+opt", "dedup", "d", "dedup_mode", "throttle", "dedup_ttl_ms", 9)
+    # A record is checked when it is made, with each keyword's error as before.
+    with pytest.raises(InvalidArgument):
+        JobOptions(priority=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        JobOptions(dedup_ttl_ms=5)
+    with pytest.raises(InvalidId):
+        JobOptions(id="nope")
+    assert job_options(None, None, None, None, None, None, "simple", 0, None) is NO_OPTIONS
+    # enqueue_many: '+opt', the number of pairs, the pairs, then the jobs.
+    (call,) = next(_p.enqueue_many(K, [(JID, b"x")]))
+    assert call.args[7:] == ("+opt", 0, JID, b"x")
+    (call,) = next(_p.enqueue_many(K, [(JID, b"x")], JobOptions(priority=3, ttl_ms=9)))
+    assert call.args[7:] == ("+opt", 2, "priority", 3, "ttl_ms", 9, JID, b"x")
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ ROOMS: dict[str, str] = {
     "echomq._kernel": PROTOCOL,
     "echomq._protocol": PROTOCOL,
     "echomq._produce": PROTOCOL,
+    "echomq._joboptions": PROTOCOL,
     "echomq._reads": PROTOCOL,
     "echomq._compose": PROTOCOL,
     "echomq._repeats": PROTOCOL,

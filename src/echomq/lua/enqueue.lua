@@ -16,22 +16,27 @@
   ARGV[9] nonce           optional: the call's nonce, the same on every resend ('' : none;
                           a minted id due now with 0 < replay_ms <= 70000 sends none: its id
                           is its marker, include/admit.lua)
-  ARGV[10] dedup          optional: a dedup id (D20, include/control.lua); '' : none
-  ARGV[11] dedup_mode     simple | throttle | debounce
-  ARGV[12] dedup_ttl_ms   the key's TTL (throttle, debounce); 0 for simple
-  ARGV[13] second         optional: the client's unix second that names the replay marker's
-                          key (the same on every resend); absent: the server's, and the TTL
-                          is always set
-  ARGV[14] priority       optional: 0..2097152 (2^21), lower runs first; absent or 0: the
-                          default, no row field (include/admit.lua). Needs ARGV[10..13]
-  ARGV[15] ttl_ms         optional: > 0, the job expires ttl_ms after this call on the server
-                          clock (row field `expires`, issue 24); '' or absent: never. Needs
-                          ARGV[10..14] (priority 0 when the job has none)
+  ARGV[10..] the option tail, optional: '+opt' then name, value pairs (include/args.lua
+                          opt_pairs; PROTOCOL §6), each name at most once, any order; a
+                          name not below is refused (EMQARG), nothing written:
+    dedup          a dedup id (D20, include/control.lua); '' : none
+    dedup_mode     simple | throttle | debounce
+    dedup_ttl_ms   the key's TTL (throttle, debounce); 0 for simple. Needed with a dedup
+    second         the client's unix second that names the replay marker's key (the same
+                   on every resend); absent: the server's, and the TTL is always set
+    priority       0..2097152 (2^21), lower runs first; absent or 0: the default, no row
+                   field (include/admit.lua)
+    ttl_ms         > 0, the job expires ttl_ms after this call on the server clock (row
+                   field `expires`, issue 24); '' or absent: never
+    A call with no option sends no tail (the lean call: 7..9 args). The positional form of
+    0.6 and before (ARGV[10] dedup, [11] dedup_mode, [12] dedup_ttl_ms, [13] second, [14]
+    priority, [15] ttl_ms, each optional from the end; ARGV[10] never '+opt') is still
+    taken, as EMQ.ENQUEUE takes it from a 0.6 client.
   Returns 'enqueued' | 'scheduled' | 'duplicate' | 'replayed' / 'replayed:scheduled' (a
     resend whose first copy landed, and what that copy answered) | 'deduplicated:<holder id>'
     | error EMQKIND
   Flags: writes once
-  Native: EMQ.ENQUEUE args=6..15 deny-oom
+  Native: EMQ.ENQUEUE args=6..22 deny-oom
 ]]
 -- The plain enqueue first (issue 28, "a lean enqueue"): a minted id, due now, no lane, no
 -- dedup, priority or expiry, no nonce (its id is its replay marker, include/admit.lua), not
@@ -71,24 +76,38 @@ end
 -- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named, or a resend's).
 --@cold sync retired_last unretire
-shape(2, 6, 15, 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..15 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)')
+local ARITY = 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)'
+shape(2, 6, 22, ARITY)
+-- The options, parsed once: the named tail, or the positional form (0.6), or none.
+local o
+if ARGV[10] == OPT_TAIL then
+  if #ARGV % 2 ~= 0 then refuse(ARITY) end  -- a name without its value
+  o = opt_pairs(11, #ARGV, {dedup = 1, dedup_mode = 1, dedup_ttl_ms = 1, second = 1,
+    priority = 1, ttl_ms = 1})
+else
+  if #ARGV > 15 then refuse(ARITY) end
+  o = {}
+  for i, name in ipairs({'dedup', 'dedup_mode', 'dedup_ttl_ms', 'second', 'priority', 'ttl_ms'}) do
+    o[name] = ARGV[9 + i]
+  end
+end
 if ARGV[8] then int_arg(ARGV[8]) end
-if (ARGV[10] or '') ~= '' then int_arg(ARGV[12]) end
+local did = o.dedup or ''
+if did ~= '' then int_arg(o.dedup_ttl_ms) end
 if ARGV[5] == 'in' or ARGV[5] == 'at' then int_arg(ARGV[6]) end
 local pri = 0
-if ARGV[14] then pri = priority_arg(ARGV[14]) end
-local ttl = ARGV[15] or ''
+if o.priority then pri = priority_arg(o.priority) end
+local ttl = o.ttl_ms or ''
 if ttl ~= '' then int_arg(ttl) end
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end
 local flags = ARGV[7] or ''
 local replay_ms, nonce = tonumber(ARGV[8] or '0'), ARGV[9] or ''
-local did = ARGV[10] or ''
 local resend = string.find(flags, 'r', 1, true) ~= nil
 -- The clock is read only when the job has a run time (D10: server clock for 'in'), a dedup
 -- key, or a replay marker whose client named no second (admit.lua).
-local second = ARGV[13]
+local second = o.second
 local now = 0
 if ARGV[5] ~= 'now' or did ~= '' or ttl ~= '' or (nonce ~= '' and not second) then now = now_ms() end
 local expires = nil
@@ -122,7 +141,7 @@ if nonce ~= '' and replay_ms > 0 then
 end
 local run_at = run_time(ARGV[5], ARGV[6], now)
 if did ~= '' then
-  local holder, other, lane = dedup_holder(base, did, ARGV[11], ARGV[3], run_at, now, g, pri,
+  local holder, other, lane = dedup_holder(base, did, o.dedup_mode, ARGV[3], run_at, now, g, pri,
     expires)
   if other then
     if lane == '' then lane = 'no lane' else lane = 'lane ' .. lane end
@@ -138,7 +157,7 @@ end
 local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri, expires)
 if verdict == 'kind' then return redis.error_reply(KIND) end
 if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end
-if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(ARGV[12])) end
+if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(o.dedup_ttl_ms)) end
 if verdict == 'enqueued' then touch(base, g, 1) end
 -- After the admission: the call's first write is the row's HSET (see admit.lua).
 if mk and verdict ~= 'duplicate' then

@@ -43,6 +43,23 @@ local function priority_arg(s)
   return p
 end
 
+-- The named option tail (PROTOCOL §6, "The option tail"): a marker, '+opt' (never a dedup
+-- id, an id or a number: a '+' is none of them), then name, value pairs. opt_pairs parses
+-- ARGV[from..to] (names at from, from + 2, ...) once into {name = value}; a name the script
+-- does not take (`known`), or one named twice, is refused before anything is read or
+-- written. The caller checks the span's bounds and parity (its arity text).
+local OPT_TAIL = '+opt'
+local function opt_pairs(from, to, known)
+  local o = {}
+  for i = from, to, 2 do
+    local name = ARGV[i]
+    if not known[name] then refuse('EMQARG unknown option in the tail (see PROTOCOL §6)') end
+    if o[name] then refuse('EMQARG an option named twice in the tail') end
+    o[name] = ARGV[i + 1]
+  end
+  return o
+end
+
 -- Lua '^(%d+):?(%d*)$' (settle's 'c' / 'c:r' counts, a retry's 'max' / 'max:keep_ms'), each
 -- number of at most 15 digits: the two numbers (the second nil when empty), or the refusal.
 local function count_pair(text, err)
