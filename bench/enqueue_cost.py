@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CELL = r"""
 import json, sys
 import redis
-from echomq import _protocol as _p
-from echomq._scripts import SCRIPTS
+from echomq.protocol import calls as _p
+from echomq.protocol.scripts import SCRIPTS
 url, executor, replay_ms, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 named = sys.argv[5] == "named"  # a caller-chosen id: the call keeps a nonce and a marker
 from echomq import ids

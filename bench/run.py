@@ -417,8 +417,8 @@ class Bench:
             self.put(name, "lifecycle", rnd, attempt("lifecycle", lambda: self.lifecycle(name)))
 
     def evalsha(self) -> float | None:
-        from echomq import _protocol
-        from echomq._scripts import SCRIPTS
+        from echomq.protocol import calls as _protocol
+        from echomq.protocol.scripts import SCRIPTS
 
         tool = shutil.which("redis-benchmark")
         if tool is None:
@@ -888,7 +888,7 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
             ),
             "",
             f"redis-benchmark command: `{getattr(b, 'evalsha_cmd', 'n/a')}` (after SCRIPT LOAD "
-            "of `echomq._scripts.SCRIPTS['claim'].source`).",
+            "of `echomq.protocol.scripts.SCRIPTS['claim'].source`).",
             "",
             "### echomq verification",
             "",

@@ -21,9 +21,9 @@ import gc
 import time
 
 import echomq
-from echomq import _kernel as _k
-from echomq import _protocol as _p
-from echomq._queueloop import QueueLoop
+from echomq.protocol import calls as _p
+from echomq.protocol import kernel as _k
+from echomq.runtime.queueloop import QueueLoop
 from echomq.worker import Worker
 
 STEPS = ("decode", "start", "run", "build", "verdicts")

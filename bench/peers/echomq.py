@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import echomq
-from echomq import _protocol
+from echomq.protocol import calls as _protocol
 from peers._common import QUEUE, WARMUP, bench_url, paced, record, timed, wait_warm
 
 LABEL = "echomq"

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from echomq._kernel import Keys, Plan
 from echomq.backoff import Backoff
 from echomq.errors import BadArguments
+from echomq.protocol.kernel import Keys, Plan
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer
 
@@ -25,7 +25,7 @@ __all__ = ["AppFace", "HostApp", "SignedTask", "TaskFace"]
 
 
 class TaskFace(Protocol):
-    """A registered handler as the runtime runs it (``echomq._tasks.Task``)."""
+    """A registered handler as the runtime runs it (``echomq.tasks.task.Task``)."""
 
     @property
     def fn(self) -> Callable[..., Any]: ...
@@ -100,7 +100,7 @@ class HostApp(Protocol):
 
 class SignedTask(Protocol):
     """A task as a signature (``task.s(...)``) calls it and a receipt waits for it
-    (``echomq._tasks.Task``)."""
+    (``echomq.tasks.task.Task``)."""
 
     @property
     def app(self) -> HostApp: ...

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from echomq._observe import Event
 from echomq.errors import InvalidArgument
+from echomq.protocol.observe import Event
 from echomq.queue import AsyncQueue, Queue
 
 __all__ = ["AsyncEventListener", "Event", "EventListener"]

@@ -116,7 +116,7 @@ def decode_time_ms(s: str) -> int:
 
 
 # The low 22 bits of a minted id (D2): bit 21 set (the minted space: a repeat's occurrence
-# ids keep it clear, _repeats.py), a 13-bit node, an 8-bit sequence (256 ids a ms a minter).
+# ids keep it clear, protocol/repeats.py), a 13-bit node, an 8-bit sequence (256 ids a ms a minter).
 MINTED_BIT = 1 << 21
 NODES = 1 << _NODE_BITS
 LEASE_MS = 60_000  # a node lease on the server clock (lua/node_lease.lua)

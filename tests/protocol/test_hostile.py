@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import echomq
 from conftest import SyncOverAsync, server_ms, snapshot, wait_for
 from echomq import EchoMQError, Enqueued, Job, ids
-from echomq._kernel import MAX_ARG, MAX_INT, MAX_MS
+from echomq.protocol.kernel import MAX_ARG, MAX_INT, MAX_MS
 from procs import Spawner, wait_log
 from reliability import payload, read_books
 

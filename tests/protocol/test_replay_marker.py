@@ -12,11 +12,12 @@ import pytest
 import redis
 
 import echomq
-from echomq import _kernel as _k
-from echomq import _produce, ids
-from echomq import _protocol as _p
-from echomq._kernel import Replay
-from echomq._scripts import SCRIPTS
+from echomq import ids
+from echomq.protocol import calls as _p
+from echomq.protocol import kernel as _k
+from echomq.protocol import produce as _produce
+from echomq.protocol.kernel import Replay
+from echomq.protocol.scripts import SCRIPTS
 
 pytestmark = pytest.mark.executors
 

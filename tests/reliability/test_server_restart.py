@@ -19,7 +19,7 @@ import pytest
 
 import echomq
 from conftest import wait_for
-from echomq import _connect
+from echomq.client import connect as _connect
 from echomq.errors import ServerNotRunning
 from procs import Proc, Spawner, pid_gone, wait_log
 

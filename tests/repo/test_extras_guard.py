@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -148,7 +148,7 @@ def test_a_missing_extra_is_one_line_when_its_feature_is_used() -> None:
         import json
         from click.testing import CliRunner
         import echomq
-        from echomq import _console
+        from echomq.ops import console as _console
         from echomq.cli import main
         from echomq.serializers import MsgPack, resolve_serializer
 

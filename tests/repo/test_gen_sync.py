@@ -22,7 +22,11 @@ def _gen() -> ModuleType:
 
 
 def _copy(tmp: Path) -> Path:
-    for rel in ("src/echomq/_async_queue.py", "src/echomq/_sync_queue.py", "pyproject.toml"):
+    for rel in (
+        "src/echomq/client/async_queue.py",
+        "src/echomq/client/sync_queue.py",
+        "pyproject.toml",
+    ):
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp / rel)
     return tmp
@@ -36,7 +40,7 @@ def test_check_fails_on_a_hand_edit_of_the_twin(tmp_path: Path) -> None:
     gen = _gen()
     gen.ROOT = _copy(tmp_path)
     assert gen.main(["gen-sync", "--check"]) == 0  # the copy checks as the repo does
-    out = tmp_path / "src/echomq/_sync_queue.py"
+    out = tmp_path / "src/echomq/client/sync_queue.py"
     text = out.read_text()
     assert "    def claim(" in text
     out.write_text(text.replace("    def claim(", "    def claim_edited(", 1))
@@ -49,7 +53,7 @@ def test_check_fails_when_the_source_moves_on(tmp_path: Path) -> None:
     gen = _gen()
     gen.ROOT = _copy(tmp_path)
     assert gen.main(["gen-sync", "--check"]) == 0
-    src = tmp_path / "src/echomq/_async_queue.py"
+    src = tmp_path / "src/echomq/client/async_queue.py"
     src.write_text(src.read_text() + "\n\nasync def planted() -> None:\n    await planted()\n")
     assert gen.main(["gen-sync", "--check"]) == 1
 

@@ -13,11 +13,6 @@ from typing import Any
 
 import click
 
-from echomq import (
-    _connect,
-    _native,
-)
-from echomq._records import _hold_lock, _lock_holder, _record_server
 from echomq.cli._common import (
     _errors,
     _fail,
@@ -29,6 +24,9 @@ from echomq.cli._common import (
     _url,
     main,
 )
+from echomq.client import connect as _connect
+from echomq.client import native as _native
+from echomq.ops.records import _hold_lock, _lock_holder, _record_server
 from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, state_dir
 
 

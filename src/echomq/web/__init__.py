@@ -63,7 +63,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 # The web extra's own feature (its submodules import starlette and jinja2 too, after this):
 # without the extra, importing it is one line naming what to install (MissingExtra).
@@ -78,12 +78,8 @@ try:
 except ImportError as exc:
     raise _extras.missing("web", "the dashboard (echomq.web)", exc) from exc
 
-from echomq import _backlog, _console, _inspect, _registry
-from echomq import _control as _ctl
-from echomq import _kernel as _k
-from echomq import _protocol as _p
-from echomq._connect import TRANSIENT
-from echomq._executor import sync_client
+from echomq.client.connect import TRANSIENT
+from echomq.client.executor import sync_client
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
@@ -91,6 +87,13 @@ from echomq.errors import (
     JobGone,
     StateError,
 )
+from echomq.ops import backlog as _backlog
+from echomq.ops import console as _console
+from echomq.ops import snapshots as _inspect
+from echomq.protocol import calls as _p
+from echomq.protocol import control as _ctl
+from echomq.protocol import kernel as _k
+from echomq.protocol import registry as _registry
 from echomq.web._session import (
     _CSRF,
     _FLASH,
@@ -308,7 +311,7 @@ def create_app(
         )
 
     def api_backlog(request: Request) -> Response:
-        # The autoscaling signal (echomq._backlog) for KEDA's metrics-api scaler.
+        # The autoscaling signal (echomq.ops.backlog) for KEDA's metrics-api scaler.
         found = _backlog.backlogs(st.x, [_queue_name(request)])[0]
         return JSONResponse(found.as_dict())
 
@@ -328,7 +331,7 @@ def create_app(
         return JSONResponse({"queue": data["queue"], "workers": shown, "warning": data["spread"]})
 
     def repeats_data(request: Request) -> dict[str, Any]:
-        from echomq import _compose
+        from echomq.protocol import compose as _compose
 
         name = _queue_name(request)
         found = st.x.run(_compose.repeats(_p.Keys(name)))

@@ -16,11 +16,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from echomq import _inspect, keyspace
-from echomq._executor import SyncExecutor
+from echomq import keyspace
+from echomq.client.executor import SyncExecutor
 from echomq.errors import (
     InvalidArgument,
 )
+from echomq.ops import snapshots as _inspect
 
 _SESSION = "echomq_session"
 

@@ -14,7 +14,9 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from echomq import _console, _envelope, ids
+from echomq import ids
+from echomq.ops import console as _console
+from echomq.protocol import envelope as _envelope
 
 HERE = Path(__file__).parent
 

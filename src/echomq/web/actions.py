@@ -11,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from echomq import _console, _envelope
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     JobGone,
     StateError,
 )
+from echomq.ops import console as _console
+from echomq.protocol import envelope as _envelope
 from echomq.web._session import MAX_FORM
 
 QUEUE_ACTIONS = (

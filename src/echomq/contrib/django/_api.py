@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 try:
     import django  # noqa: F401  (a missing Django names the extra, like the backport's)

@@ -1,0 +1,5 @@
+"""The runtime: what ``echomq.worker`` runs (queue loops, the runner, pools, the supervisor).
+
+Internal: nothing here is API. The API is the names ``echomq`` exports and the public modules
+at the top of the package (docs/API.md); these modules move and change without notice.
+"""
