@@ -10,7 +10,7 @@ time, in a new random order each turn, so a shared machine's load drifts over al
 alike; each cell's figure is its server's usec / calls at the end. "marker on" is what
 ``Queue`` sends by default (``retry_for`` > 0: a nonce and a replay marker), "off" is
 ``retry_for=0``. The figure is the median batch's µs per call (the mean beside it). Each
-revision's own ``_protocol`` builds its calls (run in a subprocess per revision), so what is
+revision's own ``protocol.calls`` builds its calls (run in a subprocess per revision), so what is
 measured is what that revision's client sends.
 """
 

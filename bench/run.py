@@ -878,7 +878,7 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
             f"-n {a.evalsha_n} -P 16) | {fmt(med(e.get('evalsha')))} | "
             f"{', '.join(fmt(x) for x in e.get('evalsha', []))} |",
             f"| one-process lifecycle limit, lifecycles/s (enqueue → claim → complete from "
-            f"`_protocol` Calls, pipelined 100 at a time, N={a.lifecycle_n}) | "
+            f"`protocol.calls` Calls, pipelined 100 at a time, N={a.lifecycle_n}) | "
             f"{fmt(med(e.get('lifecycle')))} | "
             f"{', '.join(fmt(x) for x in e.get('lifecycle', []))} |",
             *(

@@ -5,7 +5,7 @@
     PYTHONPATH=/tmp/other/src python bench/worker_micro.py   # another tree, to compare
 
 Per batch of ``--batch`` jobs, as one turn of the worker at ``-c 2*batch``: decode a claim
-reply (``_protocol.settle``'s decoder, on a reply built here), start each job
+reply (``protocol.calls.settle``'s decoder, on a reply built here), start each job
 (``Worker._start``: the run's records, the envelope, the handler's Task), let the loop run
 the async no-op handlers to their settle, build the next ``settle`` call, and count its
 verdicts. CPU time of this thread (``time.thread_time``), per job, the best of ``--repeat``

@@ -1,13 +1,13 @@
 """What an app and its tasks are to the code that holds them, as ``typing.Protocol``\\ s.
 
-The runtime (``worker``, ``_runner``, ``_queueloop``, ``_pool``, ``_isolate``) runs what the
-application layer (``app``, ``_tasks``) declares: it sees an app as :class:`AppFace` and a
-task as :class:`TaskFace`. Inside the application layer a task holds its app
-(:class:`HostApp`) and a signature or receipt holds a task or an app (:class:`SignedTask`),
-while ``app`` builds them all. Naming :class:`echomq.App` or :class:`echomq.Task` there would
-close a circle of imports (even under ``TYPE_CHECKING`` an import is an edge of the import
-picture: tests/repo/test_layering.py). ``App`` and ``Task`` satisfy these structurally; mypy
-checks it where each is passed.
+The runtime (``worker``, ``runtime.runner``, ``runtime.queueloop``, ``runtime.pool``,
+``runtime.isolate``) runs what the application layer (``app``, ``tasks.task``) declares: it
+sees an app as :class:`AppFace` and a task as :class:`TaskFace`. Inside the application layer
+a task holds its app (:class:`HostApp`) and a signature or receipt holds a task or an app
+(:class:`SignedTask`), while ``app`` builds them all. Naming :class:`echomq.App` or
+:class:`echomq.Task` there would close a circle of imports (even under ``TYPE_CHECKING`` an
+import is an edge of the import picture: tests/repo/test_layering.py). ``App`` and ``Task``
+satisfy these structurally; mypy checks it where each is passed.
 """
 
 from __future__ import annotations

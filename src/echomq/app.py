@@ -1,4 +1,6 @@
-"""The application layer: ``App`` (the tasks, their queues and the server they run on),
+"""App: the tasks, their queues and server, @app.task, @app.periodic.
+
+The application layer: ``App`` (the tasks, their queues and the server they run on),
 ``@app.task`` and ``@app.periodic``, flows of tasks, and kept-history settings for an app's
 queues.
 

@@ -1,4 +1,6 @@
-"""OpenTelemetry spans for task calls (optional extra ``echomq[otel]``), named and attributed
+"""OpenTelemetry spans for task calls (extra ``otel``).
+
+OpenTelemetry spans for task calls (optional extra ``echomq[otel]``), named and attributed
 by the OpenTelemetry messaging semantic conventions.
 
 Opt in once per app, before enqueueing or starting a worker::

@@ -1,4 +1,4 @@
-"""``Queue`` and ``AsyncQueue``: one-line forwarders over the sans-I/O core in ``_protocol``.
+"""``Queue`` and ``AsyncQueue``: one-line forwarders over the sans-I/O core in ``protocol.calls``.
 
 ``AsyncQueue`` is written by hand (``client/async_queue.py``); ``Queue`` is generated from it by
 ``scripts/gen-sync`` (``client/sync_queue.py``), so the two differ only where the source marks it.

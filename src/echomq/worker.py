@@ -5,19 +5,20 @@ free slots into one ``claim_batch``, both in one ``settle`` script call (a *turn
 queue runs dry it parks on a blocking pop of its ``wake`` list (an idle worker only speaks on
 its beat). A *heartbeat* extends every held lease in one ``extend_many`` every lease/3; a run
 whose extend fails was recovered by someone else and is cancelled, never settled. The *beat*
-runs the idempotent sweeps. Running one job is the runner's (``_runner``), one queue's
-bookkeeping ``_queueloop``'s (runs keyed by ``(id, token)``), capacity one ``Slots``.
+runs the idempotent sweeps. Running one job is the runner's (``runtime.runner``), one queue's
+bookkeeping ``runtime.queueloop``'s (runs keyed by ``(id, token)``), capacity one ``Slots``.
 
 Every turn that fails — a dropped connection or any error reply (BUSY, OOM, NOPERM, MISCONF,
 a script error) — returns the slots it reserved and re-queues its settles (fenced: resending
 is safe), then backs off. In durable mode a settle that applied but too few replicas
 acknowledged (``DurabilityError``) still runs what it claimed.
 
-Each worker process registers itself on its beat (``_worker_registry``: who it is, what it holds),
-never per job. Several processes run under ``echomq worker -p N`` (``_supervisor``).
+Each worker process registers itself on its beat (``runtime.worker_registry``: who it is,
+what it holds), never per job. Several processes run under ``echomq worker -p N``
+(``runtime.supervisor``).
 
 Async handlers run as tasks on the loop; sync handlers in a thread pool, or for
-``@app.task(pool="process")`` in the worker's process pool (``_pool``). SIGTERM/SIGINT stop
+``@app.task(pool="process")`` in the worker's process pool (``runtime.pool``). SIGTERM/SIGINT stop
 claiming, let in-flight jobs finish within ``grace_s``, then hand the rest back to pending at
 once (``push_back(id, token, 0)``: no attempt spent, the fence still moves); a second
 signal exits immediately.

@@ -36,7 +36,7 @@ def test_job_counts_attempts_from_the_floor(url: str, q: echomq.Queue, qname: st
 
 
 def test_job_lists_count_attempts_from_the_floor(url: str, q: echomq.Queue, qname: str) -> None:
-    """The lists (``echomq browse``, the dashboard's, ``_console.rows``) show the same count
+    """The lists (``echomq browse``, the dashboard's, ``ops.console.rows``) show the same count
     as ``echomq job``: a handed-back run is not an attempt."""
     from echomq.ops import console as _console
     from echomq.ops import snapshots as _inspect

@@ -210,8 +210,8 @@ def _module(requirement: str) -> str:
 
 
 def test_the_extras_are_pyprojects() -> None:
-    """``_extras.EXTRAS`` (what the blocker refuses and ``require`` imports) is each extra of
-    pyproject.toml with a module per requirement; the web extra's ``rich`` is a base
+    """``protocol.extras.EXTRAS`` (what the blocker refuses and ``require`` imports) is each
+    extra of pyproject.toml with a module per requirement; the web extra's ``rich`` is a base
     dependency as well, so a base install has it."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]

@@ -1,4 +1,6 @@
-"""What every ``echomq`` command shares: the ``main`` group and its options, the server a
+"""What every command shares: the main group, its server, its errors.
+
+What every ``echomq`` command shares: the ``main`` group and its options, the server a
 command talks to (``--url``, or a private embedded one), one clear line for each failure."""
 
 from __future__ import annotations

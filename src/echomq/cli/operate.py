@@ -1,4 +1,6 @@
-"""Operating a queue: cancel, run now, reschedule, remove, lanes, reprocess, priorities,
+"""Operating a queue: cancel, retry, remove, lanes, limits, pause.
+
+Operating a queue: cancel, run now, reschedule, remove, lanes, reprocess, priorities,
 limits, pause and resume, sweep, unrepeat."""
 
 from __future__ import annotations

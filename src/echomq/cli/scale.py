@@ -1,4 +1,6 @@
-"""``echomq backlog``: the autoscaling signal of queues, for scripts and scalers
+"""``echomq backlog``: the autoscaling signal, for scripts and scalers.
+
+``echomq backlog``: the autoscaling signal of queues, for scripts and scalers
 (``echomq.ops.backlog`` says what counts)."""
 
 from __future__ import annotations

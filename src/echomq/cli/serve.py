@@ -1,4 +1,6 @@
-"""Servers and what runs beside them: ``echomq server``, ``demo``, ``module``,
+"""``echomq server``, ``demo``, ``module``, ``dashboard`` and ``metrics``.
+
+Servers and what runs beside them: ``echomq server``, ``demo``, ``module``,
 ``dashboard`` and ``metrics``."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Seeing a queue: ``stats``, ``workers``, ``browse``, ``job``, ``check``, ``events``,
+"""Seeing a queue: ``stats``, ``workers``, ``browse``, ``job``, ``events``, ``top``...
+
+Seeing a queue: ``stats``, ``workers``, ``browse``, ``job``, ``check``, ``events``,
 ``repeats`` and ``top``."""
 
 from __future__ import annotations

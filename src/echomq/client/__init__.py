@@ -1,4 +1,4 @@
-"""The client: the executors (the only I/O), connections, the queues, the version fence.
+"""The client: executors (the only I/O), connections, queues, the fence.
 
 Internal: nothing here is API. The API is the names ``echomq`` exports and the public modules
 at the top of the package (docs/API.md); these modules move and change without notice.

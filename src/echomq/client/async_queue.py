@@ -1,7 +1,9 @@
-"""``AsyncQueue``: one-line forwarders over the sans-I/O core in ``_protocol``, and the
+"""AsyncQueue, by hand: the source scripts/gen-sync derives Queue from.
+
+``AsyncQueue``: one-line forwarders over the sans-I/O core in ``protocol.calls``, and the
 source ``scripts/gen-sync`` derives ``Queue`` (``client/sync_queue.py``) from.
 
-Every verb validates, builds keys and decodes in ``_protocol``; this class only runs the
+Every verb validates, builds keys and decodes in ``protocol.calls``; this class only runs the
 result with ``await``. What differs in the sync twin is marked here (``# sync:``,
 ``# async-only``, ``# sync-only:``); a parity test checks both classes expose the same verbs
 with the same signatures.

@@ -1,4 +1,6 @@
-"""Auto-pipelining for asyncio producers: the single calls that concurrent coroutines make on
+"""Auto-pipelining: concurrent asyncio enqueues coalesced into one write.
+
+Auto-pipelining for asyncio producers: the single calls that concurrent coroutines make on
 one :class:`~echomq.client.executor.AsyncExecutor` in the same event-loop turn go out as one
 pipeline write, each caller still getting its own reply or its own typed error.
 
@@ -13,7 +15,7 @@ reply is read.
 
 The exactly-once rule is the executor's own: a batch whose connection fails gives every
 caller the transient error, and each caller's plan resends its call flagged as a resend with
-its own nonce (``_protocol.enqueue``), so a call whose first copy landed answers
+its own nonce (``protocol.calls.enqueue``), so a call whose first copy landed answers
 ``replayed`` and is never admitted twice, and one that did not land is admitted now.
 Durable mode keeps one call at a time (each write waits for its replicas on the connection
 that made it), so there the executor runs the plan itself.

@@ -558,7 +558,7 @@ def map_error(exc: ResponseError) -> Exception:
 def script_args(call: Call[Any], use_eval: bool, native: bool = False) -> tuple[Any, ...]:
     """A script call on the wire: EVALSHA, or EVAL with the source (which caches it); with
     ``native``, a script that has a twin in the trafikey module goes as its command, with
-    the same numkeys, keys and args (``_native.TWINS``)."""
+    the same numkeys, keys and args (``client.native.TWINS``)."""
     script = call.script
     assert script is not None
     twin = _native.TWINS.get(script.name) if native else None

@@ -1,10 +1,12 @@
-"""The native executor: which transitions the ``trafikey`` server module runs, whether a
+"""The trafikey module: which verbs it runs, detecting it, building it.
+
+The native executor: which transitions the ``trafikey`` server module runs, whether a
 server has it, and how to build it.
 
 ``trafikey`` (C, ``native/`` of the repository, shipped in the wheel as ``echomq/native/``)
 registers ``EMQ.*`` commands that take a script's keys and arguments with EVAL's convention
 (``EMQ.<VERB> numkeys key... arg...``) and reply byte-identically, so the decoders of
-``_protocol`` serve both executors. This module is the one place that knows:
+``protocol.calls`` serve both executors. This module is the one place that knows:
 
 - :data:`TWINS`: the scripts that have a native twin (every other script runs as Lua);
 - :func:`resolve_executor`: which executor a queue asked for (argument, URL, env, ``auto``);

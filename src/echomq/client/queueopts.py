@@ -1,4 +1,6 @@
-"""A queue's connection options, checked once for both queue classes: how long the server
+"""A queue's replay window and replica count, checked once.
+
+A queue's connection options, checked once for both queue classes: how long the server
 remembers an enqueue for its resends, and how many replicas every write waits for."""
 
 from __future__ import annotations

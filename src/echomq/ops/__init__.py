@@ -1,4 +1,4 @@
-"""Operating it: the console's job lists and snapshots, records, backlog, migrations.
+"""Operating it: console lists, snapshots, records, backlog, migrations.
 
 Internal: nothing here is API. The API is the names ``echomq`` exports and the public modules
 at the top of the package (docs/API.md); these modules move and change without notice.

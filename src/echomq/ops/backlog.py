@@ -1,4 +1,6 @@
-"""The autoscaling signal: per queue, the work a new worker could take now and how long the
+"""The autoscaling signal: waiting and due jobs, the oldest wait.
+
+The autoscaling signal: per queue, the work a new worker could take now and how long the
 oldest of it has waited (``echomq backlog``, the ``echomq_backlog*`` gauges of
 ``echomq.prometheus``).
 

@@ -1,4 +1,6 @@
-"""The operator console's job lists, finds, flow trees and bulk actions, shared by the
+"""Job lists, finds, flow trees and bulk actions (dashboard and CLI).
+
+The operator console's job lists, finds, flow trees and bulk actions, shared by the
 dashboard (``echomq.web``) and the CLI (``echomq browse``), so both show the same columns.
 
 Reads are bounded: a list reads one page of a state's set by rank (O(log N) however deep

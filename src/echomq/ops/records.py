@@ -1,5 +1,7 @@
-"""The ``server.json`` writer (its reader is ``_connect.read_record``): an ``echomq server``
-or a worker's embedded server is recorded in the state dir (``_connect.state_dir``: the
+"""server.json and the data-dir lock, written by ``echomq server``/worker.
+
+The ``server.json`` writer (its reader is ``client.connect.read_record``): an ``echomq server``
+or a worker's embedded server is recorded in the state dir (``client.connect.state_dir``: the
 nearest ``.echomq/`` at or above the current directory, else ``./.echomq/``) so clients
 started there or below find it, and a lock file keeps two servers from sharing one data
 directory."""

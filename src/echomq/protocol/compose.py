@@ -1,7 +1,9 @@
-"""Sans-I/O calls that compose jobs: flows (D18) -- a parent that runs after its children,
+"""Sans-I/O flows (D18) and the pump (promote, repeats, flow outbox).
+
+Sans-I/O calls that compose jobs: flows (D18) -- a parent that runs after its children,
 on one queue or across queues --, and the pump (``beat``/``pump``: promote, fire due repeats,
-deliver the flow outbox). The repeat verbs (D19) live in ``_repeats`` and are re-exported
-here, so ``_compose`` stays the one name for both.
+deliver the flow outbox). The repeat verbs (D19) live in ``protocol.repeats`` and are re-exported
+here, so ``protocol.compose`` stays the one name for both.
 
 Like :mod:`echomq.protocol.calls`, every function validates first and returns a :class:`Call` or a
 plan; nothing here touches the network, so bad input raises before any write.

@@ -1,4 +1,6 @@
-"""Sans-I/O calls for the controls a caller steers jobs with: kept results (D17), dedup keys
+"""Sans-I/O kept results (D17), dedup keys (D20) and cancel (D22).
+
+Sans-I/O calls for the controls a caller steers jobs with: kept results (D17), dedup keys
 (D20) and cooperative cancel (D22).
 
 Like :mod:`echomq.protocol.calls`, every function validates first and returns a :class:`Call` or a

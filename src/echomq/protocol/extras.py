@@ -1,4 +1,6 @@
-"""The optional extras (pyproject's ``[project.optional-dependencies]``) and the one check a
+"""The optional extras: imported only by the feature that uses one.
+
+The optional extras (pyproject's ``[project.optional-dependencies]``) and the one check a
 feature of one makes before it uses it.
 
 A base install (``pip install echomq``) has none of them, so no module that a base install

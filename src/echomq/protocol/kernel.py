@@ -3,9 +3,9 @@
 :class:`Call` (one round trip), :data:`Plan` (a multi-call verb), :class:`Keys` (a queue's key
 names), the records a reply decodes to (:class:`Job`, :class:`Enqueued`, :class:`Settled`),
 the argument checks every verb runs before its first call (``_int``, ``_payload``, the dedup
-id...), and the decoders. ``_protocol``, ``_control``, ``_compose``, ``_observe``,
-``_inspect`` and ``_waiters`` import from here and never from each other's cores, so the verb
-modules form no import cycle (tests/repo/test_import_graph.py).
+id...), and the decoders. ``protocol.calls``, ``protocol.control``, ``protocol.compose``,
+``protocol.observe``, ``ops.snapshots`` and ``client.waiters`` import from here and never from
+each other's cores, so the verb modules form no import cycle (tests/repo/test_import_graph.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The producer's path, sans I/O: ``enqueue`` and ``enqueue_many`` as plans, with the replay
+"""Sans-I/O enqueue and enqueue_many as plans, with the replay marker.
+
+The producer's path, sans I/O: ``enqueue`` and ``enqueue_many`` as plans, with the replay
 marker that makes a resent enqueue land once (docs/RELIABILITY.md, "The replay marker's
-cost"). ``_protocol`` re-exports both verbs; this module holds what only they need: the
+cost"). ``protocol.calls`` re-exports both verbs; this module holds what only they need: the
 replay nonces, the marker keys' buckets and TTL bookkeeping, the batch chunking.
 """
 

@@ -1,5 +1,7 @@
-"""The read plane, sans I/O: which set a state names, ``browse``, ``counts``, ``pending_size``
-and the consistency ``check`` (check.lua, in bounded slices). ``_protocol`` re-exports the
+"""The sans-I/O read plane: browse, counts, pending_size, check.
+
+The read plane, sans I/O: which set a state names, ``browse``, ``counts``, ``pending_size``
+and the consistency ``check`` (check.lua, in bounded slices). ``protocol.calls`` re-exports the
 verbs."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The worker registry as it is read and written: which worker processes serve a queue,
+"""The worker registry's keys, calls and entries (Queue.workers).
+
+The worker registry as it is read and written: which worker processes serve a queue,
 where they run, what they hold.
 
 Each worker process writes one entry per queue it serves on its beat (``worker_beat.lua``),
@@ -15,7 +17,7 @@ A job's ``since`` is when the worker's beat first saw it running, so it is withi
 the run's start (timing each claim would put a clock read in the job's hot path).
 
 This module is the read side and the calls (a queue lists workers from it); the worker's own
-entries are built and beaten by ``_worker_registry.Registry``.
+entries are built and beaten by ``runtime.worker_registry.Registry``.
 """
 
 from __future__ import annotations

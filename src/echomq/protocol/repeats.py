@@ -1,4 +1,4 @@
-"""Sans-I/O calls for repeatable / cron jobs (D19); ``_compose`` re-exports them.
+"""Sans-I/O calls for repeatable / cron jobs (D19); ``protocol.compose`` re-exports them.
 
 Like :mod:`echomq.protocol.calls`, every function validates first and returns a :class:`Call` or a
 plan; nothing here touches the network, so bad input raises before any write.

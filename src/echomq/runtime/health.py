@@ -1,4 +1,6 @@
-"""Health probes of a worker process (``echomq worker --health-port P``) and of the
+"""The worker's /livez and /readyz (``--health-port``), a supervisor's too.
+
+Health probes of a worker process (``echomq worker --health-port P``) and of the
 supervisor of ``-p N``: ``/livez`` and ``/readyz`` over plain HTTP (stdlib only).
 
 Liveness cannot be judged by the loop it judges: a blocked event loop answers nothing. So the

@@ -1,4 +1,6 @@
-"""One queue's state inside the worker — its runs in flight, its settles waiting for a turn,
+"""One queue's state inside the worker: runs, settles, its pump.
+
+One queue's state inside the worker — its runs in flight, its settles waiting for a turn,
 the two events that drive its pump, the calls it makes — and the worker's counters.
 
 Runs are keyed by ``(id, token)``, and the newest run of each id is known: when the worker

@@ -1,4 +1,6 @@
-"""How a worker process answers SIGTERM and SIGINT: the first stops it gracefully (claiming
+"""SIGTERM and SIGINT: the first stops gracefully, a second at once.
+
+How a worker process answers SIGTERM and SIGINT: the first stops it gracefully (claiming
 stops, in-flight jobs get ``grace_s`` to finish, the rest are handed back to pending at once);
 a second exits immediately, as promised — held leases lapse and any worker's stall sweep
 recovers those jobs."""

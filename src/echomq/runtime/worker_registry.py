@@ -1,4 +1,6 @@
-"""One worker process's registry entries (``_registry`` holds the keys, calls and parsers):
+"""A worker's own registry entries, written on its beat.
+
+One worker process's registry entries (``protocol.registry`` holds the keys, calls and parsers):
 built on its beat from what its queues hold, removed at a graceful stop.
 
 The worker's connections are named ``echomq-worker:<id>`` (``CLIENT SETNAME``) so that

@@ -1,4 +1,6 @@
-"""Batches (issue 42, Sidekiq Pro's): a named set of jobs, open while producers (and the
+"""Batches: Batch, BatchStatus, their verbs over lua/batch_*.
+
+Batches (issue 42, Sidekiq Pro's): a named set of jobs, open while producers (and the
 batch's own jobs) keep adding to it, with callbacks that each fire exactly once.
 
 A batch is a flow whose parent stays open: its *anchor* row (the batch id) is a flow parent

@@ -1,4 +1,6 @@
-"""Argument binding: a task handler's signature, compiled once, checks a call where it is
+"""A handler's arguments checked where called, converted in the worker.
+
+Argument binding: a task handler's signature, compiled once, checks a call where it is
 made and converts each decoded argument back by the handler's annotation in the worker.
 
 Arguments travel as builtins (``msgspec.to_builtins``: a datetime as ISO text, a UUID or

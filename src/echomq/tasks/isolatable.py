@@ -1,4 +1,6 @@
-"""Whether a handler can run in another process (``@app.task(isolate=True)`` or
+"""Whether a handler can run in another process (checked at declaration).
+
+Whether a handler can run in another process (``@app.task(isolate=True)`` or
 ``pool="process"``): checked when the task is declared, so a bad handler fails at import, not
 on its first job. The child imports the handler by module and qualified name."""
 

@@ -1,4 +1,6 @@
-"""Tasks: ``@app.task`` handlers as enqueueable objects (``Task``), a call with its options
+"""Task, a call with its options (Signature), what an enqueue answers.
+
+Tasks: ``@app.task`` handlers as enqueueable objects (``Task``), a call with its options
 (``Signature``, ``BoundTask``), and what an enqueue or a flow of tasks answers
 (``TaskEnqueued``, ``TaskFlow``). ``App`` (``echomq.app``) registers them.
 """

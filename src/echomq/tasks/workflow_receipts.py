@@ -1,6 +1,8 @@
-"""What a workflow's ``enqueue`` answers (issue 42, ``echomq.tasks.workflows``): the receipts of a
+"""What a workflow's enqueue answers: wait for values, name the dead job.
+
+What a workflow's ``enqueue`` answers (issue 42, ``echomq.tasks.workflows``): the receipts of a
 group, a chord and a chain, which wait for values and say which job died. They read kept
-outcomes only (``_control.outcome``): a receipt made from ids alone works in another
+outcomes only (``protocol.control.outcome``): a receipt made from ids alone works in another
 process too.
 """
 

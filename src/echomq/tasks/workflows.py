@@ -1,4 +1,6 @@
-"""Workflows of tasks (issue 42): ``chain`` (steps in sequence, each given the previous
+"""Signature's workflows: chain, group and chord, built as flows.
+
+Workflows of tasks (issue 42): ``chain`` (steps in sequence, each given the previous
 step's value), ``group`` (calls in parallel, their values in order) and ``chord`` (a group,
 then a callback given the group's values). No new transition: each maps onto flows (D18).
 

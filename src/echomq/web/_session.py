@@ -1,4 +1,6 @@
-"""The dashboard's sessions and forms: the shared state (sessions with a TTL, revoked on
+"""The dashboard's sessions, forms and cookies.
+
+The dashboard's sessions and forms: the shared state (sessions with a TTL, revoked on
 sign-out; the queue names; the sampled series), the form reader that refuses a body past
 :data:`MAX_FORM` before buffering it, and the cookie names."""
 

@@ -1,4 +1,6 @@
-"""What the dashboard's pages show and how: the templates' environment and filters (human
+"""The dashboard's template helpers: filters, payloads, page sizes.
+
+What the dashboard's pages show and how: the templates' environment and filters (human
 times with the raw value on hover, thousands separators, sparklines and bars), a decoded
 payload, and the page sizes and list states."""
 
