@@ -41,12 +41,12 @@ from echomq._appface import AppFace
 from echomq.client.connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
-    _redacted_text,
     async_client,
     backoff_delay,
     parse_url,
 )
 from echomq.client.executor import AsyncExecutor
+from echomq.client.locate import _redacted_text
 from echomq.client.native import resolve_executor
 from echomq.errors import (
     DurabilityError,

@@ -158,7 +158,7 @@ def test_occurrence_id_matches_the_script(r: redis.Redis) -> None:
     exact ints, including the largest fire times and the 2^41 ms wrap."""
     src = echomq.protocol.scripts._expand(
         "--@include common\n--@include admit\n--@include compose\n",
-        echomq.protocol.scripts.Path(echomq.protocol.scripts.__file__).parent / "lua",
+        echomq.protocol.scripts._LUA,
     )
     body = src + "\nreturn occurrence_id(tonumber(ARGV[1]), tonumber(ARGV[2]))"
     cases = [(0, 1_700_000_000_000), (1, 4_000_000_000_000), ((1 << 22) - 1, 0)]

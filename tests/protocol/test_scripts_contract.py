@@ -33,7 +33,7 @@ from echomq.protocol.scripts import (
 )
 from echomq.tasks import batches as _batches
 
-LUA = Path(_p.__file__).parent / "lua"
+LUA = Path(_p.__file__).parents[1] / "lua"  # src/echomq/lua, beside protocol/
 JOB_STATES = {"pending", "active", "scheduled", "dead", "completed", "awaiting_children"}
 
 K = _p.Keys("contract")
@@ -155,7 +155,13 @@ def test_every_protocol_verb_is_sampled_and_exported() -> None:
         for name, obj in vars(_p).items()
         if name[:1].islower()
         and isinstance(obj, types.FunctionType)
-        and obj.__module__ in {_p.__name__, "echomq.protocol.produce", "echomq.protocol.reads"}
+        and obj.__module__
+        in {
+            _p.__name__,
+            "echomq.protocol.produce",
+            "echomq.protocol.reads",
+            "echomq.protocol.admin",
+        }
     }
     assert defined == set(VERBS)
     exported = {name for name in _p.__all__ if name[:1].islower()}

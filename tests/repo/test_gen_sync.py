@@ -25,6 +25,8 @@ def _copy(tmp: Path) -> Path:
     for rel in (
         "src/echomq/client/async_queue.py",
         "src/echomq/client/sync_queue.py",
+        "src/echomq/client/async_flows.py",
+        "src/echomq/client/sync_flows.py",
         "pyproject.toml",
     ):
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ import redis.exceptions
 from echomq import __version__, keyspace
 from echomq.app import App
 from echomq.client import connect as _connect
+from echomq.client.locate import _redacted_text
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
@@ -84,7 +85,7 @@ def _url(ctx: click.Context) -> str:
 
 def _shown(url: str) -> str:
     """``url`` as printed: any password masked."""
-    return _connect._redacted_text(url)
+    return _redacted_text(url)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ def _record_server(srv: EmbeddedServer, by: str) -> Path:
         "owner": os.getpid(),
         "by": by,
         # For a reader in another PID namespace (a container), to which the pid means
-        # nothing: it asks the server for its run_id instead (_connect._live).
+        # nothing: it asks the server for its run_id instead (client.locate._live).
         "pidns": _connect.pid_namespace(),
         "run_id": _connect.run_id(str(srv.socket_path), srv.url),
     }

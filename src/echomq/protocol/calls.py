@@ -4,7 +4,9 @@ A verb returns a :class:`Call` (one script or command) or a :data:`Plan` (a gene
 yields calls, or lists of calls to pipeline, and returns the verb's result). ``Queue`` and
 ``AsyncQueue`` drive the same objects, so validation, keys, decoding and error mapping exist
 once and the two classes differ only by ``await``. Nothing here touches the network: all
-validation happens before the first call is yielded, so bad input never writes.
+validation happens before the first call is yielded, so bad input never writes. The
+producer's verbs are ``protocol.produce``'s, the reads ``protocol.reads``', the queue-wide
+admin and lane verbs ``protocol.admin``'s; this module re-exports them all.
 """
 
 from __future__ import annotations
@@ -17,6 +19,22 @@ from echomq.errors import (
     InvalidArgument,
     JobGone,
     from_reply,
+)
+from echomq.protocol.admin import (
+    drain,
+    get_limit,
+    is_paused,
+    lane_depth,
+    lanes,
+    limit,
+    limit_lane,
+    obliterate,
+    pause,
+    pause_lane,
+    reassign,
+    resume,
+    resume_lane,
+    weight_lane,
 )
 from echomq.protocol.kernel import (
     DEFAULT_MAX_PAYLOAD,
@@ -41,10 +59,8 @@ from echomq.protocol.kernel import (
     _iterable,
     _job,
     _lease,
-    _none,
     _payload,
     _priority,
-    _resent,
     _s,
     _str_list,
     _text,
@@ -440,105 +456,6 @@ def get_job(k: Keys, id: str) -> Call[dict[str, str | bytes] | None]:
 
 def job_state(k: Keys, id: str) -> Call[str]:
     return _call("job_state", (k.job(id),), (k.base, id), _s)
-
-
-# --------------------------------------------------------------------------- queue admin
-
-
-def pause(k: Keys) -> Call[None]:
-    return _call("pause", (k.meta,), (), _none)
-
-
-def resume(k: Keys) -> Call[None]:
-    return _call("resume", (k.meta, k.ring), (k.base,), _none)
-
-
-def is_paused(k: Keys) -> Call[bool]:
-    return _cmd(("HEXISTS", k.meta, "paused"), bool)
-
-
-def drain(k: Keys, include_schedule: bool = False, budget: int = 1000) -> Plan[int]:
-    """Delete the waiting jobs in slices: each script call deletes at most ``budget`` jobs and
-    visits one SSCAN page of lanes, so none holds the server long however many lanes exist."""
-    flag = "1" if include_schedule else "0"
-    _int("budget", budget, 1, 100_000)
-    total = 0
-    cursor = ""
-    while True:
-        # Resent after a lost reply (issue 37): a second copy of a slice drains what is
-        # still waiting, so the total may come out short after an outage, never the effect.
-        deleted, cursor = yield from _resent(
-            _call(
-                "drain",
-                (k.pending, k.lanes),
-                (k.base, flag, budget, cursor),
-                lambda r: (int(r[0]), _s(r[1])),
-            )
-        )
-        total += int(deleted)
-        if not cursor:
-            return total
-
-
-def obliterate(k: Keys, force: bool = False, budget: int = 1000) -> Plan[None]:
-    flag = "1" if force else "0"
-    cursor = "0"
-    while True:
-        cursor = yield _call(
-            "obliterate", (k.meta, k.active), (k.base, flag, cursor, budget), lambda r: _s(r[0])
-        )
-        if cursor == "0":
-            return
-
-
-# --------------------------------------------------------------------------- lanes
-
-
-def pause_lane(k: Keys, group: str) -> Call[None]:
-    return _call("pause_lane", (k.paused,), (k.base, keyspace.check_lane(group)), _none)
-
-
-def resume_lane(k: Keys, group: str) -> Call[None]:
-    return _call("resume_lane", (k.paused,), (k.base, keyspace.check_lane(group)), _none)
-
-
-def limit_lane(k: Keys, group: str, n: int | None) -> Call[None]:
-    limit = "" if n is None else _int("n", n, 1)
-    return _call("limit_lane", (k.glimit,), (k.base, keyspace.check_lane(group), limit), _none)
-
-
-def limit(k: Keys, n: int | None) -> Call[None]:
-    """limit.lua: at most ``n`` jobs of the queue active at once, lanes included (None: no
-    limit). Every claim path takes no more than the room left."""
-    value = "" if n is None else _int("n", n, 1)
-    return _call("limit", (k.meta,), (k.base, value), _none)
-
-
-def get_limit(k: Keys) -> Call[int | None]:
-    return _cmd(("HGET", k.meta, "limit"), lambda r: None if r is None else int(r))
-
-
-def weight_lane(k: Keys, group: str, w: int) -> Call[None]:
-    return _call(
-        "weight_lane", (k.gweight,), (keyspace.check_lane(group), _int("w", w, 1, 1_000_000)), _none
-    )
-
-
-def reassign(k: Keys, id: str, group: str) -> Call[str]:
-    def decode(reply: Any) -> str:
-        if reply == 0:
-            raise JobGone(id)
-        return _s(reply)
-
-    return _call("reassign", (k.job(id),), (k.base, id, keyspace.check_lane(group)), decode)
-
-
-def lane_depth(k: Keys, group: str) -> Call[int]:
-    return _cmd(("ZCARD", k.lane(group)), _int_reply)
-
-
-def lanes(k: Keys) -> Call[list[str]]:
-    return _cmd(("SMEMBERS", k.lanes), lambda r: sorted(_str_list(r)))
 
 
 __all__ += [
