@@ -187,6 +187,7 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
     "obliterate": [("force", KW, False)],
     "add_log": [("id", POS, EMPTY), ("line", POS, EMPTY), ("keep", KW, 0)],
     "logs": [("id", POS, EMPTY)],
+    "clear_logs": [("id", POS, EMPTY), ("keep", KW, 0)],
     "repeat": [
         ("name", POS, EMPTY),
         ("payload", POS, EMPTY),

@@ -83,6 +83,8 @@ TOUR: list[tuple[str, dict[str, Any]]] = [
     ("add_chain", {"qi": 0, "steps": 3, "cross": [0, 1, 0, 0, 0], "lane": None}),
     ("annotate", {"qi": 0, "n": 1, "what": "log", "keep": 0}),
     ("annotate", {"qi": 0, "n": 1, "what": "progress", "keep": 0}),
+    ("annotate", {"qi": 0, "n": 1, "what": "log", "keep": 0}),
+    ("annotate", {"qi": 0, "n": 1, "what": "clear", "keep": 1}),
     ("claim", {"qi": 0, "lease": LONG}),
     ("claim_batch", {"qi": 0, "n": 3, "lease": LONG}),
     ("settle", {"n": 0, "verb": "extend", **RETRY}),

@@ -4,10 +4,11 @@
 Writes: ``enqueue_many`` (minted and named ids, duplicates in the call and against the
 queue, re-admissions, a refused non-JOB id, lanes, delays, a priority), ``complete_many``
 and ``extend_many`` (each pair fenced in turn: a stale token refused), ``reprocess_all``,
-``reassign``, ``weight_lane``, ``add_log`` / ``update_progress`` (their side state is in the
-model's keyspace check: `:logs` and `progress`, PROTOCOL §2.4), and ``enable_events`` /
-``disable_events`` (an enqueue records nothing while they are off), and ``forge``: a settle
-verb with a token derived from the row's count rather than handed out by a claim.
+``reassign``, ``weight_lane``, ``add_log`` / ``clear_logs`` / ``update_progress`` (their side
+state is in the model's keyspace check: `:logs` and `progress`, PROTOCOL §2.4), and
+``enable_events`` / ``disable_events`` (an enqueue records nothing while they are off), and
+``forge``: a settle verb with a token derived from the row's count rather than handed out by
+a claim.
 
 Reads: ``look`` checks the read plane against the model on one queue: ``browse`` of every
 state, ``pending_size``, ``lane_depth``, ``logs``, ``errors``, ``result``, ``get_job``,
@@ -244,19 +245,27 @@ class VerbRules:
     @rule(
         qi=QI,
         n=PICK,
-        what=st.sampled_from(("log", "log", "progress")),
+        what=st.sampled_from(("log", "log", "progress", "clear")),
         keep=st.sampled_from((0, 0, 2)),
     )
     def annotate(self: Any, qi: int, n: int, what: str, keep: int) -> None:
         """A handler's notes on a job of any state: a log line (``keep`` > 0: only the newest
-        kept) or its progress; no row: JobGone, nothing written."""
+        kept), its progress, or ``clear_logs`` (all lines but the newest ``keep`` dropped,
+        answering how many); no row: JobGone, nothing written."""
         m = self.m(qi)
         jid = _pick(self.live(qi), n) if n % 4 else _pick(sorted(m.seen), n)
         if jid is None:
             return
         j = m.jobs.get(jid)
         text = f"{what}{n}"
-        if what == "log":
+        if what == "clear":
+            if j is None:
+                self.expect(JobGone, self.q(qi).clear_logs, jid, keep=keep)
+                return
+            removed = max(0, len(j.logs) - keep)
+            j.logs = j.logs[-keep:] if keep else []
+            assert self.q(qi).clear_logs(jid, keep=keep) == removed
+        elif what == "log":
             if j is None:
                 self.expect(JobGone, self.q(qi).add_log, jid, text, keep=keep)
                 return

@@ -289,7 +289,10 @@ def exercise(url: str, qname: str) -> None:
     q.extend(job.id, job.token, lease_ms=60_000)
     q.extend_many([(job.id, job.token)], lease_ms=60_000)
     q.add_log(job.id, "a line")
+    q.add_log(job.id, "another line")
     q.logs(job.id)
+    q.clear_logs(job.id, keep=1)  # LLEN, LTRIM
+    q.clear_logs(job.id)  # DEL
     q.update_progress(job.id, "50")  # a progress event
     q.get_job(job.id)
     q.job_state(job.id)

@@ -111,6 +111,7 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "update_progress": lambda q, i: q.update_progress(i, "1"),
     "add_log": lambda q, i: q.add_log(i, "line"),
     "logs": lambda q, i: q.logs(i),
+    "clear_logs": lambda q, i: q.clear_logs(i, keep=1),
     "reassign": lambda q, i: q.reassign(i, LANE),
     "enqueue": lambda q, i: q.enqueue(b"x", id=i),
     "enqueue_many": lambda q, i: q.enqueue_many([b"ok", (ABSENT, b"ok"), (i, b"x")]),
@@ -279,6 +280,9 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
     ("sweep-limit-0", lambda q, j: q.sweep_stalled(limit=0), InvalidArgument),
     ("sweep-max-0", lambda q, j: q.sweep_stalled(max_stalled=0), InvalidArgument),
     ("add_log-keep-neg", lambda q, j: q.add_log(j["pending"], "x", keep=-1), InvalidArgument),
+    ("clear_logs-keep-neg", lambda q, j: q.clear_logs(j["pending"], keep=-1), InvalidArgument),
+    ("clear_logs-keep-big", lambda q, j: q.clear_logs(j["pending"], keep=2**63), InvalidArgument),
+    ("clear_logs-keep-str", lambda q, j: q.clear_logs(j["pending"], keep="1"), InvalidArgument),
     # delays
     ("delay_ms-neg", lambda q, j: q.enqueue(b"x", delay_ms=-1), InvalidArgument),
     ("at_ms-neg", lambda q, j: q.enqueue(b"x", at_ms=-1), InvalidArgument),

@@ -263,6 +263,7 @@ VERBS: dict[str, Builder] = {
         _kw(d, keep=num(st.integers(0, 3))),
     ),
     "logs": lambda w, d: ((w.job_id(d),), {}),
+    "clear_logs": lambda w, d: ((w.job_id(d),), _kw(d, keep=num(st.integers(0, 3)))),
     "add_flow": lambda w, d: ((_flow(w, d, depth=2),), {}),
     "cancel": lambda w, d: (
         (w.job_id(d),),
@@ -444,6 +445,9 @@ def _observe(w: World, verb: str, args: tuple[Any, ...], kwargs: dict[str, Any],
     elif verb == "add_log":
         assert isinstance(out, int) and out >= 1
         assert q.logs(args[0])[-1] == args[1].encode()
+    elif verb == "clear_logs":
+        assert isinstance(out, int) and out >= 0
+        assert len(q.logs(args[0])) <= kwargs.get("keep", 0)  # the newest keep, 0: none
     elif verb == "obliterate":
         assert q.counts()["pending"] == q.counts()["active"] == 0
     elif verb in ("promote", "reap", "drain", "pending_size", "lane_depth"):

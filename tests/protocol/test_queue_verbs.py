@@ -18,6 +18,7 @@ from conftest import SyncOverAsync, server_ms, snapshot, wait_for
 from echomq import ids
 from echomq.errors import (
     InvalidArgument,
+    InvalidId,
     JobGone,
     KindError,
     Locked,
@@ -1343,6 +1344,71 @@ def test_add_log_and_logs(anyq: Any, r: redis.Redis, qname: str) -> None:
     with pytest.raises(JobGone):
         anyq.logs(gone)
     assert r.exists(K(qname, f"job:{gone}:logs")) == 0
+    assert anyq.check() == []
+
+
+def test_clear_logs_keeps_the_newest_and_answers_how_many_went(
+    anyq: Any, r: redis.Redis, qname: str
+) -> None:
+    """Issue 38 item 6: ``clear_logs(id, keep=)`` (BullMQ's ``job.clearLogs(keepLogs)``)."""
+    jid = anyq.enqueue(b"x").id
+    logs_key = K(qname, f"job:{jid}:logs")
+    assert anyq.clear_logs(jid) == 0  # no lines yet: nothing removed, nothing written
+    assert r.exists(logs_key) == 0
+    for line in ("one", "two", "three", "four"):
+        anyq.add_log(jid, line)
+    assert anyq.clear_logs(jid, keep=2) == 2
+    assert anyq.logs(jid) == [b"three", b"four"]
+    assert anyq.clear_logs(jid, keep=2) == 0  # a second copy: the same newest two
+    assert anyq.clear_logs(jid, keep=5) == 0
+    assert anyq.logs(jid) == [b"three", b"four"]
+    assert anyq.clear_logs(jid) == 2
+    assert anyq.logs(jid) == [] and r.exists(logs_key) == 0  # the LIST key is gone
+    assert anyq.add_log(jid, "again") == 1  # the log starts over
+    before = snapshot(r, qname)
+    for bad in (-1, 2**63, 1.5, "2", True, None):
+        with pytest.raises(InvalidArgument):
+            anyq.clear_logs(jid, keep=bad)
+    for bad_id in ("", "a:b", "x" * 300, "job0khtownGLuC"):
+        with pytest.raises(InvalidId):
+            anyq.clear_logs(bad_id)
+    assert snapshot(r, qname) == before  # bad input writes nothing
+    gone = ids.mint()
+    with pytest.raises(JobGone):
+        anyq.clear_logs(gone)
+    assert r.exists(K(qname, f"job:{gone}:logs")) == 0
+    assert anyq.check() == []
+
+
+def test_clear_logs_composes_with_the_lifecycle(anyq: Any, r: redis.Redis, qname: str) -> None:
+    """The composition rule (PROTOCOL §2.4): clear_logs against a held job, a reap, a
+    reprocess, a removal, a cancel and a re-admission of the id."""
+    readmit = ids.encode("JOB", 38)
+    anyq.enqueue(b"x", id=readmit)
+    job = anyq.claim(lease_ms=60_000)
+    anyq.add_log(job.id, "run 1")
+    anyq.add_log(job.id, "run 1 again")
+    assert anyq.clear_logs(job.id, keep=1) == 1  # a held job: its lease is untouched
+    assert anyq.job_state(job.id) == "active"
+    assert anyq.retry(job.id, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
+    assert anyq.job_state(job.id) == "dead" and anyq.logs(job.id) == [b"run 1 again"]
+    anyq.reprocess(job.id)  # logs survive a reprocess; clearing them starts the rerun clean
+    assert anyq.clear_logs(job.id) == 1
+    rerun = anyq.claim(lease_ms=40)
+    anyq.add_log(rerun.id, "run 2")
+    assert wait_for(anyq.reap) == 1  # reaped: pending again, still clearable
+    assert anyq.clear_logs(rerun.id) == 1
+    anyq.add_log(rerun.id, "before remove")
+    anyq.remove(rerun.id)  # the row and its logs go together
+    with pytest.raises(JobGone):
+        anyq.clear_logs(rerun.id)
+    assert r.exists(K(qname, f"job:{rerun.id}:logs")) == 0
+    anyq.enqueue(b"y", id=readmit)  # a re-admission starts with no lines
+    assert anyq.logs(readmit) == [] and anyq.clear_logs(readmit) == 0
+    anyq.add_log(readmit, "waiting")
+    assert anyq.cancel(readmit) == "removed"  # a cancel of a waiting job removes it
+    with pytest.raises(JobGone):
+        anyq.clear_logs(readmit)
     assert anyq.check() == []
 
 

@@ -67,6 +67,7 @@ VERBS: dict[str, Callable[[], Any]] = {
     "update_progress": lambda: _p.update_progress(K, JID, "50"),
     "add_log": lambda: _p.add_log(K, JID, "line", 2),
     "logs": lambda: _p.logs(K, JID),
+    "clear_logs": lambda: _p.clear_logs(K, JID, 2),
     "errors": lambda: _p.errors(K, JID),
     "get_job": lambda: _p.get_job(K, JID),
     "job_state": lambda: _p.job_state(K, JID),

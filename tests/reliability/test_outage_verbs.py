@@ -197,6 +197,15 @@ def test_a_flow_whose_reply_was_lost_is_not_added_twice(gq: Queue, qname: str) -
     assert gq.counts()["pending"] == 1
 
 
+def test_clear_logs_rides_out_an_outage(gate: Gate, gq: Queue) -> None:
+    """Resent (``Flags: replay``): a second copy leaves the same newest lines."""
+    jid = gq.enqueue(b"x").id
+    for line in ("a", "b", "c"):
+        gq.add_log(jid, line)
+    assert through_outage(gate, lambda: gq.clear_logs(jid, keep=1)) in (0, 2)
+    assert gq.logs(jid) == [b"c"]
+
+
 def test_cancel_rides_out_an_outage(gate: Gate, gq: Queue) -> None:
     jid = gq.enqueue(b"x").id
     assert through_outage(gate, lambda: gq.cancel(jid)) in ("removed", "absent")

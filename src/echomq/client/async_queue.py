@@ -477,6 +477,11 @@ class AsyncQueue(AsyncFlowVerbs):
         """Append a log line; returns how many lines are kept."""
         return await self._x.run(_p.add_log(self._k, id, line, keep))
 
+    async def clear_logs(self, id: str, *, keep: int = 0) -> int:
+        """Drop the job's log lines, keeping the newest ``keep`` (0: all go); returns how
+        many were removed."""
+        return await self._x.run(_p.clear_logs(self._k, id, keep))
+
     async def logs(self, id: str) -> list[bytes]:
         """The job's log lines, oldest first."""
         return await self._x.run(_p.logs(self._k, id))

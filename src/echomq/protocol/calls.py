@@ -413,6 +413,20 @@ def add_log(k: Keys, id: str, line: str, keep: int = 0) -> Call[int]:
     )
 
 
+def clear_logs(k: Keys, id: str, keep: int = 0) -> Call[int]:
+    """Drop the job's log lines but the newest ``keep``; the number removed. JobGone
+    without a row. Resent after a lost reply: a second copy leaves the same newest ``keep``
+    lines (the count it answers may then be short)."""
+
+    def decode(reply: Any) -> int:
+        if reply == -1:
+            raise JobGone(id)
+        return int(reply)
+
+    jk = k.job(id)
+    return _call("clear_logs", (jk, jk + ":logs"), (_int("keep", keep, 0),), decode)
+
+
 def logs(k: Keys, id: str) -> Call[list[bytes]]:
     def decode(reply: Any) -> list[bytes]:
         if reply is None:
@@ -465,6 +479,7 @@ __all__ += [
     "check",
     "claim",
     "claim_batch",
+    "clear_logs",
     "complete",
     "counts",
     "delay",
