@@ -28,8 +28,8 @@ pytestmark = pytest.mark.executors("lua", "native")
 # Run by echomq 0.5.0: its own worker's registry entry for queue argv[2], one beat.
 V05_BEAT = """
 import sys, echomq
-from echomq.protocol import registry as _registry
-from echomq.protocol.kernel import Keys
+from echomq import _registry  # 0.5.0's own module path (move-rewrite: keep)
+from echomq._kernel import Keys  # 0.5.0's own module path (move-rewrite: keep)
 url, name = sys.argv[1], sys.argv[2]
 q = echomq.Queue(name, url=url)
 reg = _registry.Registry([name], 2, 60_000)
