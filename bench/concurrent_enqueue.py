@@ -1,5 +1,5 @@
 """Concurrent asyncio enqueue (issue 28): jobs/s of ``await task.aenqueue(i)`` from 100
-coroutines in flight on one App (auto-pipelined, src/echomq/_autopipe.py), against the same
+coroutines in flight on one App (auto-pipelined, src/echomq/client/autopipe.py), against the same
 coroutines with auto-pipelining off (each enqueue its own round trip, as before), one
 coroutine awaiting one enqueue at a time, the sync ``task.enqueue``, and BullMQ Node's
 ``queue.add`` from 100 concurrent promises and one at a time (when ``bench/node`` has its
@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 import echomq
-from echomq import _native
+from echomq.client import native as _native
 from echomq.server import EmbeddedServer
 
 Row = Callable[[str, int, int], float]  # (url, n, concurrency) -> jobs/s

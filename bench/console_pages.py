@@ -39,7 +39,7 @@ def main() -> None:
     import httpx
 
     import echomq
-    from echomq import _envelope
+    from echomq.protocol import envelope as _envelope
     from echomq.serializers import JSON
     from echomq.server import EmbeddedServer
     from echomq.web import create_app

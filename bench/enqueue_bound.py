@@ -30,7 +30,7 @@ from typing import Any
 from huey import RedisHuey
 
 import echomq
-from echomq._scripts import SCRIPTS
+from echomq.protocol.scripts import SCRIPTS
 from echomq.server import EmbeddedServer
 
 LEAN = """local base, id = ARGV[1], ARGV[2]

@@ -10,7 +10,7 @@ time, in a new random order each turn, so a shared machine's load drifts over al
 alike; each cell's figure is its server's usec / calls at the end. "marker on" is what
 ``Queue`` sends by default (``retry_for`` > 0: a nonce and a replay marker), "off" is
 ``retry_for=0``. The figure is the median batch's µs per call (the mean beside it). Each
-revision's own ``_protocol`` builds its calls (run in a subprocess per revision), so what is
+revision's own ``protocol.calls`` builds its calls (run in a subprocess per revision), so what is
 measured is what that revision's client sends.
 """
 
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CELL = r"""
 import json, sys
 import redis
-from echomq import _protocol as _p
-from echomq._scripts import SCRIPTS
+from echomq.protocol import calls as _p
+from echomq.protocol.scripts import SCRIPTS
 url, executor, replay_ms, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 named = sys.argv[5] == "named"  # a caller-chosen id: the call keeps a nonce and a marker
 # --options: every call has a priority and an expiry (issue 38: the named option tail)

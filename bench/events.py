@@ -33,8 +33,8 @@ from typing import Any
 import redis
 
 import echomq
-from echomq import _protocol
-from echomq._scripts import SCRIPTS
+from echomq.protocol import calls as _protocol
+from echomq.protocol.scripts import SCRIPTS
 from echomq.server import EmbeddedServer
 
 BENCH = Path(__file__).resolve().parent

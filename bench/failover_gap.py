@@ -24,7 +24,8 @@ from typing import Any
 import redis
 
 import echomq
-from echomq import _native, keyspace
+from echomq import keyspace
+from echomq.client import native as _native
 from echomq.server import EmbeddedServer, free_port
 from echomq.testing import EmbeddedCluster
 

@@ -32,7 +32,7 @@ import redis
 import redis.asyncio.connection as aconn
 
 import echomq
-from echomq._scripts import SCRIPTS
+from echomq.protocol.scripts import SCRIPTS
 from echomq.server import EmbeddedServer
 
 

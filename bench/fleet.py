@@ -165,8 +165,9 @@ def noop_run(url: str, processes: int, concurrency: int, jobs: int, log: Path) -
 def beat_cost(url: str, calls: int = 2000) -> float:
     """Server µs per worker_beat call, an entry holding 50 jobs (the registry's bound: 100)."""
     import echomq
-    from echomq import _registry, _worker_registry
-    from echomq._kernel import Keys
+    from echomq.protocol import registry as _registry
+    from echomq.protocol.kernel import Keys
+    from echomq.runtime import worker_registry as _worker_registry
 
     r = redis.Redis.from_url(url)
     r.flushdb()

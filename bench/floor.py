@@ -35,7 +35,8 @@ import redis
 from servertime import usec_of
 
 import echomq
-from echomq import _native, _protocol
+from echomq.client import native as _native
+from echomq.protocol import calls as _protocol
 from echomq.server import EmbeddedServer
 
 

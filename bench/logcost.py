@@ -26,10 +26,10 @@ import timeit
 from typing import Any
 
 import echomq
-from echomq._kernel import Job
-from echomq._runner import Runner, Running, Settle
 from echomq.context import JobContext
 from echomq.hooks import Hooks
+from echomq.protocol.kernel import Job
+from echomq.runtime.runner import Runner, Running, Settle
 from echomq.server import EmbeddedServer
 
 

@@ -77,16 +77,16 @@ LANES = 1000
 GIB = 1 << 30
 CHUNK = 10_000  # the peers' bulk calls: what a user would send per call
 # echomq's replay-marker retention: retry_for (its default, 10 s) + the 60 s slack, see
-# echomq._queueopts.replay_ms; read from there so the figure follows the code.
+# echomq.client.queueopts.replay_ms; read from there so the figure follows the code.
 try:
-    from echomq._connect import DEFAULT_RETRY_FOR
-    from echomq._queueopts import replay_ms as _replay_ms
+    from echomq.client.connect import DEFAULT_RETRY_FOR
+    from echomq.client.queueopts import replay_ms as _replay_ms
 
     RETENTION_S = _replay_ms(DEFAULT_RETRY_FOR) / 1000
 except Exception:  # an older or newer tree: fall back to today's value
     RETENTION_S = 70.0
 try:
-    from echomq._connect import DEFAULT_RETRY_FOR as RETRY_DEFAULT
+    from echomq.client.connect import DEFAULT_RETRY_FOR as RETRY_DEFAULT
 except Exception:  # an older or newer tree
     RETRY_DEFAULT = 10.0
 

@@ -24,7 +24,7 @@ import redis
 from servertime import top_level_usec
 
 import echomq
-from echomq._connect import DEFAULT_RETRY_FOR
+from echomq.client.connect import DEFAULT_RETRY_FOR
 from echomq.server import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -417,8 +417,8 @@ class Bench:
             self.put(name, "lifecycle", rnd, attempt("lifecycle", lambda: self.lifecycle(name)))
 
     def evalsha(self) -> float | None:
-        from echomq import _protocol
-        from echomq._scripts import SCRIPTS
+        from echomq.protocol import calls as _protocol
+        from echomq.protocol.scripts import SCRIPTS
 
         tool = shutil.which("redis-benchmark")
         if tool is None:
@@ -878,7 +878,7 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
             f"-n {a.evalsha_n} -P 16) | {fmt(med(e.get('evalsha')))} | "
             f"{', '.join(fmt(x) for x in e.get('evalsha', []))} |",
             f"| one-process lifecycle limit, lifecycles/s (enqueue → claim → complete from "
-            f"`_protocol` Calls, pipelined 100 at a time, N={a.lifecycle_n}) | "
+            f"`protocol.calls` Calls, pipelined 100 at a time, N={a.lifecycle_n}) | "
             f"{fmt(med(e.get('lifecycle')))} | "
             f"{', '.join(fmt(x) for x in e.get('lifecycle', []))} |",
             *(
@@ -888,7 +888,7 @@ def report(b: Bench, names: list[str], command: str, started: float, out: Path) 
             ),
             "",
             f"redis-benchmark command: `{getattr(b, 'evalsha_cmd', 'n/a')}` (after SCRIPT LOAD "
-            "of `echomq._scripts.SCRIPTS['claim'].source`).",
+            "of `echomq.protocol.scripts.SCRIPTS['claim'].source`).",
             "",
             "### echomq verification",
             "",

@@ -31,7 +31,7 @@ from typing import Any
 import redis
 
 import echomq
-from echomq import _protocol
+from echomq.protocol import calls as _protocol
 from echomq.server import EmbeddedServer
 
 VERBS = ("enqueue", "claim", "complete", "claim_batch", "lifecycle")

@@ -5,7 +5,7 @@
     PYTHONPATH=/tmp/other/src python bench/worker_micro.py   # another tree, to compare
 
 Per batch of ``--batch`` jobs, as one turn of the worker at ``-c 2*batch``: decode a claim
-reply (``_protocol.settle``'s decoder, on a reply built here), start each job
+reply (``protocol.calls.settle``'s decoder, on a reply built here), start each job
 (``Worker._start``: the run's records, the envelope, the handler's Task), let the loop run
 the async no-op handlers to their settle, build the next ``settle`` call, and count its
 verdicts. CPU time of this thread (``time.thread_time``), per job, the best of ``--repeat``
@@ -21,9 +21,9 @@ import gc
 import time
 
 import echomq
-from echomq import _kernel as _k
-from echomq import _protocol as _p
-from echomq._queueloop import QueueLoop
+from echomq.protocol import calls as _p
+from echomq.protocol import kernel as _k
+from echomq.runtime.queueloop import QueueLoop
 from echomq.worker import Worker
 
 STEPS = ("decode", "start", "run", "build", "verdicts")

@@ -10,7 +10,7 @@
  * ("deny-oom": nothing written; a header's `Native: ... deny-oom`). Every other command
  * settles, moves or frees jobs and must never be refused for memory (completing is what
  * frees it): the scripts' first write there does not grow memory (ZPOPMIN, ZREM, HDEL), so
- * the server lets them run, and the heartbeats run with allow-oom (_scripts.py). */
+ * the server lets them run, and the heartbeats run with allow-oom (protocol/scripts.py). */
 #define EMQ_GROWS "write deny-oom getkeys-api"
 #define EMQ_FREES "write getkeys-api"
 

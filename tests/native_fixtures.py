@@ -21,7 +21,7 @@ import pytest
 import redis
 
 import echomq
-from echomq._scripts import SCRIPTS, TWINS
+from echomq.protocol.scripts import SCRIPTS, TWINS
 from echomq.server import EmbeddedServer, find_binary, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

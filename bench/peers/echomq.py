@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import echomq
-from echomq import _protocol
+from echomq.protocol import calls as _protocol
 from peers._common import QUEUE, WARMUP, bench_url, paced, record, timed, wait_warm
 
 LABEL = "echomq"
@@ -118,7 +118,7 @@ def latency_send(url: str, r: Any, rate: float, seconds: float) -> int:
 
 
 def lifecycle_loop(url: str, n: int, batch: int = 100) -> tuple[float, str]:
-    """enqueue -> claim -> complete built from ``_protocol`` Calls, pipelined ``batch`` at a
+    """enqueue -> claim -> complete built from ``protocol.calls`` Calls, pipelined ``batch`` at a
     time (three round trips per batch); returns (lifecycles/s, verification text)."""
     q = echomq.Queue(QUEUE, url=_with_executor(url))
     k = _protocol.Keys(QUEUE)

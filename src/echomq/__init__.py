@@ -18,13 +18,6 @@ private.
 from __future__ import annotations
 
 from echomq import ids, keyspace
-from echomq._batches import Batch, BatchStatus
-from echomq._compose import FlowAdded, FlowJob, Repeat
-from echomq._kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
-from echomq._observe import Event
-from echomq._registry import HeldJob, WorkerInfo
-from echomq._workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
-from echomq._workflows import Chain, Chord, Group
 from echomq.app import App, Task
 from echomq.backoff import exponential, fixed, jitter
 from echomq.context import JobContext, current_job
@@ -56,7 +49,14 @@ from echomq.errors import (
 )
 from echomq.hooks import Hooks
 from echomq.outcomes import Discard, RateLimit, Retry
+from echomq.protocol.compose import FlowAdded, FlowJob, Repeat
+from echomq.protocol.kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
+from echomq.protocol.observe import Event
+from echomq.protocol.registry import HeldJob, WorkerInfo
 from echomq.queue import AsyncQueue, Queue
+from echomq.tasks.batches import Batch, BatchStatus
+from echomq.tasks.workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
+from echomq.tasks.workflows import Chain, Chord, Group
 from echomq.worker import Worker
 
 __version__ = "0.6.0"
@@ -125,10 +125,16 @@ __all__ = [
     "keyspace",
 ]
 
-# The exports defined in private modules name the public path, so reprs, help(), copies by
-# reference and tracebacks say echomq.Queue, not echomq._sync_queue.Queue (issue 38).
+# The exports defined in internal modules (the folders by role, private modules) name the
+# public path, so reprs, help(), copies by reference and tracebacks say echomq.Queue, not
+# echomq.client.sync_queue.Queue (issue 38).
+_INTERNAL = ("protocol", "client", "tasks", "runtime", "ops")
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").rsplit(".", 1)[-1].startswith("_"):
+    _home = getattr(_obj, "__module__", "")
+    _parts = _home.split(".") if isinstance(_home, str) else []
+    if _parts[:1] == ["echomq"] and (
+        _parts[-1].startswith("_") or (len(_parts) > 2 and _parts[1] in _INTERNAL)
+    ):
         setattr(_obj, "__module__", __name__)  # noqa: B010 (mypy: a type's __module__)
-del _name, _obj
+del _name, _obj, _home, _parts

@@ -1,13 +1,13 @@
 """What an app and its tasks are to the code that holds them, as ``typing.Protocol``\\ s.
 
-The runtime (``worker``, ``_runner``, ``_queueloop``, ``_pool``, ``_isolate``) runs what the
-application layer (``app``, ``_tasks``) declares: it sees an app as :class:`AppFace` and a
-task as :class:`TaskFace`. Inside the application layer a task holds its app
-(:class:`HostApp`) and a signature or receipt holds a task or an app (:class:`SignedTask`),
-while ``app`` builds them all. Naming :class:`echomq.App` or :class:`echomq.Task` there would
-close a circle of imports (even under ``TYPE_CHECKING`` an import is an edge of the import
-picture: tests/repo/test_layering.py). ``App`` and ``Task`` satisfy these structurally; mypy
-checks it where each is passed.
+The runtime (``worker``, ``runtime.runner``, ``runtime.queueloop``, ``runtime.pool``,
+``runtime.isolate``) runs what the application layer (``app``, ``tasks.task``) declares: it
+sees an app as :class:`AppFace` and a task as :class:`TaskFace`. Inside the application layer
+a task holds its app (:class:`HostApp`) and a signature or receipt holds a task or an app
+(:class:`SignedTask`), while ``app`` builds them all. Naming :class:`echomq.App` or
+:class:`echomq.Task` there would close a circle of imports (even under ``TYPE_CHECKING`` an
+import is an edge of the import picture: tests/repo/test_layering.py). ``App`` and ``Task``
+satisfy these structurally; mypy checks it where each is passed.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from echomq._kernel import Keys, Plan
 from echomq.backoff import Backoff
 from echomq.errors import BadArguments
+from echomq.protocol.kernel import Keys, Plan
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer
 
@@ -25,7 +25,7 @@ __all__ = ["AppFace", "HostApp", "SignedTask", "TaskFace"]
 
 
 class TaskFace(Protocol):
-    """A registered handler as the runtime runs it (``echomq._tasks.Task``)."""
+    """A registered handler as the runtime runs it (``echomq.tasks.task.Task``)."""
 
     @property
     def fn(self) -> Callable[..., Any]: ...
@@ -100,7 +100,7 @@ class HostApp(Protocol):
 
 class SignedTask(Protocol):
     """A task as a signature (``task.s(...)``) calls it and a receipt waits for it
-    (``echomq._tasks.Task``)."""
+    (``echomq.tasks.task.Task``)."""
 
     @property
     def app(self) -> HostApp: ...

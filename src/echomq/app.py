@@ -1,12 +1,14 @@
-"""The application layer: ``App`` (the tasks, their queues and the server they run on),
+"""App: the tasks, their queues and server, @app.task, @app.periodic.
+
+The application layer: ``App`` (the tasks, their queues and the server they run on),
 ``@app.task`` and ``@app.periodic``, flows of tasks, and kept-history settings for an app's
 queues.
 
-The task objects live in ``echomq._tasks`` (``Task``, ``Signature``, ``TaskEnqueued``), the
-argument binding in ``echomq._binding``, the handler's outcomes (``Retry``, ``Discard``,
+The task objects live in ``echomq.tasks.task`` (``Task``, ``Signature``, ``TaskEnqueued``), the
+argument binding in ``echomq.tasks.binding``, the handler's outcomes (``Retry``, ``Discard``,
 ``RateLimit``) in ``echomq.outcomes``, and ``current_job``/``JobContext`` in
 ``echomq.context``; this module re-exports them. A task call travels as one payload, the
-task envelope (``echomq._envelope``), encoded by the app's serializer
+task envelope (``echomq.protocol.envelope``), encoded by the app's serializer
 (JSON by default, never pickle): the queue below sees only opaque bytes.
 """
 
@@ -19,11 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, overload
 
-from echomq import _batches, _compose, _native, _repeats, keyspace
-from echomq import _control as _ctl
-from echomq import _protocol as _p
-from echomq._batches import Batch
-from echomq._connect import (
+from echomq import keyspace
+from echomq.backoff import BackoffLike, exponential, resolve_backoff
+from echomq.client import native as _native
+from echomq.client.connect import (
     AsyncClient,
     Resolved,
     SyncClient,
@@ -32,10 +33,6 @@ from echomq._connect import (
     resolve_url,
     sync_client,
 )
-from echomq._kernel import Keys, Plan
-from echomq._tasks import P, R, Task, TaskEnqueued, TaskFlow
-from echomq._workflows import DEFAULT_KEEP_MS, Chain, Chord, Group, Signature
-from echomq.backoff import BackoffLike, exponential, resolve_backoff
 from echomq.context import JobContext, current_job
 from echomq.errors import (
     EchoMQError,
@@ -45,8 +42,17 @@ from echomq.errors import (
     ResultNotReady,
 )
 from echomq.outcomes import Discard, RateLimit, Retry
+from echomq.protocol import calls as _p
+from echomq.protocol import compose as _compose
+from echomq.protocol import control as _ctl
+from echomq.protocol import repeats as _repeats
+from echomq.protocol.kernel import Keys, Plan
 from echomq.queue import AsyncQueue, Queue
 from echomq.serializers import Serializer, resolve_serializer
+from echomq.tasks import batches as _batches
+from echomq.tasks.batches import Batch
+from echomq.tasks.task import P, R, Task, TaskEnqueued, TaskFlow
+from echomq.tasks.workflows import DEFAULT_KEEP_MS, Chain, Chord, Group, Signature
 
 __all__ = [
     "App",
@@ -134,7 +140,7 @@ class App:
         self.keep_completed = _keep_pair("keep_completed", keep_completed)
         self.keep_dead = _keep_pair("keep_dead", keep_dead)
         self.periodics: dict[tuple[str, str], Periodic] = {}
-        self._url = url  # App(url=...): step 2 of echomq._connect.resolve_url
+        self._url = url  # App(url=...): step 2 of echomq.client.connect.resolve_url
         self._resolved: Resolved | None = None
         self._client = client
         self._owns_client = False
@@ -155,7 +161,7 @@ class App:
 
     @property
     def url(self) -> str:
-        """The server URL, resolved once on first use as :func:`echomq._connect.resolve_url`
+        """The server URL, resolved once on first use as :func:`echomq.client.connect.resolve_url`
         does for every entry point: ``App(url=...)``, ``ECHOMQ_URL``, a live recorded
         ``echomq server``, the local default. No network I/O."""
         if self._resolved is None:

@@ -16,14 +16,14 @@ atomically, or through your ``save`` callable), so delivery to callbacks is at-l
 a crash between a callback and the save replays that batch. A callback that raises is
 logged and the listener moves on: one bad event never wedges the stream.
 ``AsyncEventListener`` is the same over an :class:`~echomq.AsyncQueue`; its callbacks may
-be ``async def``. ``EventListener`` is generated from it (``_async_events.py``, by
+be ``async def``. ``EventListener`` is generated from it (``ops/async_events.py``, by
 scripts/gen-sync).
 """
 
 from __future__ import annotations
 
-from echomq._async_events import AsyncEventListener
-from echomq._observe import Event
-from echomq._sync_events import EventListener
+from echomq.ops.async_events import AsyncEventListener
+from echomq.ops.sync_events import EventListener
+from echomq.protocol.observe import Event
 
 __all__ = ["AsyncEventListener", "Event", "EventListener"]

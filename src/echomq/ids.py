@@ -2,7 +2,7 @@
 
 The integer is ``(ms since 2023-01-01T00:00:00Z) << 22 | 1 << 21 | node << 8 | seq`` for a
 minted id (13-bit node, 8-bit sequence; before 0.6: ``node << 12 | seq``, 10 and 12 bits);
-a repeat's occurrence ids keep bit 21 clear (``_repeats.occurrence_id``). The base62
+a repeat's occurrence ids keep bit 21 clear (``protocol.repeats.occurrence_id``). The base62
 alphabet is in ASCII order and the width is fixed, so byte order == numeric order == mint
 order: the pending set (score 0, lexical order) is FIFO without a second index.
 
@@ -116,7 +116,7 @@ def decode_time_ms(s: str) -> int:
 
 
 # The low 22 bits of a minted id (D2): bit 21 set (the minted space: a repeat's occurrence
-# ids keep it clear, _repeats.py), a 13-bit node, an 8-bit sequence (256 ids a ms a minter).
+# ids keep it clear, protocol/repeats.py), a 13-bit node, an 8-bit sequence (256 ids a ms a minter).
 MINTED_BIT = 1 << 21
 NODES = 1 << _NODE_BITS
 LEASE_MS = 60_000  # a node lease on the server clock (lua/node_lease.lua)

@@ -36,7 +36,8 @@ __all__ = [
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 VERSION_KEY = "{emq}:version"
-# The data layout (issue 39, echomq._layout) and the migrations' progress (echomq._migrate).
+# The data layout (issue 39, echomq.client.layout) and the migrations' progress
+# (echomq.ops.migrate).
 LAYOUT_KEY = "{emq}:layout"
 MIGRATIONS_KEY = "{emq}:migrations"
 # The mint nodes leased to the deployment's minters (D2, lua/node_lease.lua).

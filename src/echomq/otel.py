@@ -1,4 +1,6 @@
-"""OpenTelemetry spans for task calls (optional extra ``echomq[otel]``), named and attributed
+"""OpenTelemetry spans for task calls (extra ``otel``).
+
+OpenTelemetry spans for task calls (optional extra ``echomq[otel]``), named and attributed
 by the OpenTelemetry messaging semantic conventions.
 
 Opt in once per app, before enqueueing or starting a worker::
@@ -35,7 +37,7 @@ from collections.abc import Iterable
 from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 # Importing this module is turning tracing on: without the otel extra it says which extra to
 # install (MissingExtra, an ImportError), and nothing else in echomq imports it.
@@ -46,13 +48,13 @@ try:
 except ImportError as exc:
     raise _extras.missing("otel", "tracing (echomq.otel)", exc) from exc
 
-from echomq import _envelope
 from echomq.hooks import Hooks
+from echomq.protocol import envelope as _envelope
 
 if TYPE_CHECKING:
-    from echomq._kernel import Enqueued
     from echomq.app import App, Task
     from echomq.context import JobContext
+    from echomq.protocol.kernel import Enqueued
 
 __all__ = ["LEGACY_ENV", "instrument", "uninstrument"]
 
@@ -125,7 +127,7 @@ class _Tracing:
         batch: bool = False,
     ) -> tuple[trace.Span, list[bytes]]:
         """Open the send span and build the payloads carrying its context (``opts``: the
-        jobs' options, see ``echomq._envelope``; ``batch``: an ``enqueue_many``, whose span
+        jobs' options, see ``echomq.protocol.envelope``; ``batch``: an ``enqueue_many``, whose span
         counts its messages even when there is one)."""
         name, operation = self._names("send", task.queue, task.name)
         span = self.tracer.start_span(

@@ -1,4 +1,6 @@
-"""The outcomes a handler raises to steer its job: :class:`Retry`, :class:`RateLimit` and
+"""Retry, RateLimit, Discard: what a handler raises to steer its job.
+
+The outcomes a handler raises to steer its job: :class:`Retry`, :class:`RateLimit` and
 :class:`Discard`. They live apart from ``echomq.app`` so that the code that runs handlers (the
 worker's runner, an isolated child, the process pool) can read them without importing the
 application layer. ``echomq.app`` and ``echomq`` re-export them."""

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 # The web extra's own feature: imported only by what serves metrics (echomq metrics, the
 # dashboard's /metrics, a worker's --metrics-port); without the extra, one line saying so.
@@ -47,9 +47,11 @@ try:
 except ImportError as exc:
     raise _extras.missing("web", "Prometheus metrics (echomq.prometheus)", exc) from exc
 
-from echomq import _backlog, _inspect, ids
-from echomq._executor import SyncExecutor, sync_client
+from echomq import ids
+from echomq.client.executor import SyncExecutor, sync_client
 from echomq.hooks import Hooks
+from echomq.ops import backlog as _backlog
+from echomq.ops import snapshots as _inspect
 
 __all__ = [
     "DEFAULT_LANES",
@@ -208,7 +210,7 @@ def families(views: Iterable[_inspect.QueueView], *, lanes: int | None = None) -
 
 
 def backlog_families(found: Iterable[_backlog.Backlog]) -> Iterator[Metric]:
-    """The autoscaling signal (``echomq._backlog``), one series per queue: what KEDA's
+    """The autoscaling signal (``echomq.ops.backlog``), one series per queue: what KEDA's
     prometheus scaler or an HPA on an external metric reads."""
     backlog = GaugeMetricFamily(
         "echomq_backlog",

@@ -1,13 +1,13 @@
-"""``Queue`` and ``AsyncQueue``: one-line forwarders over the sans-I/O core in ``_protocol``.
+"""``Queue`` and ``AsyncQueue``: one-line forwarders over the sans-I/O core in ``protocol.calls``.
 
-``AsyncQueue`` is written by hand (``_async_queue.py``); ``Queue`` is generated from it by
-``scripts/gen-sync`` (``_sync_queue.py``), so the two differ only where the source marks it.
+``AsyncQueue`` is written by hand (``client/async_queue.py``); ``Queue`` is generated from it by
+``scripts/gen-sync`` (``client/sync_queue.py``), so the two differ only where the source marks it.
 A parity test checks both classes expose the same verbs with the same signatures.
 """
 
 from __future__ import annotations
 
-from echomq._async_queue import AsyncQueue
-from echomq._sync_queue import Queue
+from echomq.client.async_queue import AsyncQueue
+from echomq.client.sync_queue import Queue
 
 __all__ = ["AsyncQueue", "Queue"]

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 __all__ = ["JSON", "MsgPack", "Serializer", "resolve_serializer"]
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from echomq import _connect
+from echomq.client import connect as _connect
 
 __all__ = [
     "EmbeddedServer",
@@ -270,7 +270,7 @@ class EmbeddedServer:
 def state_dir() -> Path:
     """Where the embedded server keeps its data and ``echomq server`` records itself:
     ``ECHOMQ_HOME``, else the nearest ``.echomq/`` at or above the current directory, else
-    ``./.echomq`` (see :func:`echomq._connect.state_dir`)."""
+    ``./.echomq`` (see :func:`echomq.client.connect.state_dir`)."""
     return _connect.state_dir()
 
 
@@ -280,13 +280,13 @@ def _pid_alive(pid: int) -> bool:
 
 def recorded_url(directory: Path | None = None) -> str | None:
     """The URL of a live ``echomq server`` recorded in the state dir, if one is running
-    (:func:`echomq._connect.recorded_url`: the record read, its pid checked, no network)."""
+    (:func:`echomq.client.connect.recorded_url`: the record read, its pid checked, no network)."""
     return _connect.recorded_url(directory)
 
 
 def configured_url(explicit: str | None) -> str | None:
     """The server the user configured: an explicit URL, ``ECHOMQ_URL``, or a running
     ``echomq server`` recorded in the state dir; None when nothing is configured (the
-    order of :func:`echomq._connect.resolve_url`)."""
+    order of :func:`echomq.client.connect.resolve_url`)."""
     found = _connect.configured(explicit)
     return found.url if found is not None else None

@@ -19,8 +19,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from echomq import _console, _inspect
-from echomq._executor import SyncExecutor, sync_client
+from echomq.client.executor import SyncExecutor, sync_client
+from echomq.ops import console as _console
+from echomq.ops import snapshots as _inspect
 
 __all__ = ["render", "run_top"]
 

@@ -5,19 +5,20 @@ free slots into one ``claim_batch``, both in one ``settle`` script call (a *turn
 queue runs dry it parks on a blocking pop of its ``wake`` list (an idle worker only speaks on
 its beat). A *heartbeat* extends every held lease in one ``extend_many`` every lease/3; a run
 whose extend fails was recovered by someone else and is cancelled, never settled. The *beat*
-runs the idempotent sweeps. Running one job is the runner's (``_runner``), one queue's
-bookkeeping ``_queueloop``'s (runs keyed by ``(id, token)``), capacity one ``Slots``.
+runs the idempotent sweeps. Running one job is the runner's (``runtime.runner``), one queue's
+bookkeeping ``runtime.queueloop``'s (runs keyed by ``(id, token)``), capacity one ``Slots``.
 
 Every turn that fails — a dropped connection or any error reply (BUSY, OOM, NOPERM, MISCONF,
 a script error) — returns the slots it reserved and re-queues its settles (fenced: resending
 is safe), then backs off. In durable mode a settle that applied but too few replicas
 acknowledged (``DurabilityError``) still runs what it claimed.
 
-Each worker process registers itself on its beat (``_worker_registry``: who it is, what it holds),
-never per job. Several processes run under ``echomq worker -p N`` (``_supervisor``).
+Each worker process registers itself on its beat (``runtime.worker_registry``: who it is,
+what it holds), never per job. Several processes run under ``echomq worker -p N``
+(``runtime.supervisor``).
 
 Async handlers run as tasks on the loop; sync handlers in a thread pool, or for
-``@app.task(pool="process")`` in the worker's process pool (``_pool``). SIGTERM/SIGINT stop
+``@app.task(pool="process")`` in the worker's process pool (``runtime.pool``). SIGTERM/SIGINT stop
 claiming, let in-flight jobs finish within ``grace_s``, then hand the rest back to pending at
 once (``push_back(id, token, 0)``: no attempt spent, the fence still moves); a second
 signal exits immediately.
@@ -36,38 +37,45 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from echomq import _control as _ctl
-from echomq import _gcpolicy
-from echomq import _protocol as _p
 from echomq._appface import AppFace
-from echomq._connect import (
+from echomq.client.connect import (
     DEFAULT_RETRY_FOR,
     TRANSIENT,
-    _redacted_text,
     async_client,
     backoff_delay,
     parse_url,
 )
-from echomq._executor import AsyncExecutor
-from echomq._kernel import MAX_ARG, Job, Keys
-from echomq._logfmt import log_startup, repeats_reset, stop_line, warn_repeated
-from echomq._native import resolve_executor
-from echomq._pool import ProcessPool, default_size
-from echomq._queueloop import QueueLoop, WorkerStats, applied, cancel_tasks, first_fence, quiet
-from echomq._runner import Runner, Running, Settle
-from echomq._signals import run_with_signals
-from echomq._slots import Slots
-from echomq._strands import Strands, check_limit
-from echomq._worker_registry import Registry, client_name, name_connections
+from echomq.client.executor import AsyncExecutor
+from echomq.client.locate import _redacted_text
+from echomq.client.native import resolve_executor
 from echomq.errors import (
     DurabilityError,
     InvalidArgument,
     VersionFenceError,
 )
 from echomq.hooks import Hooks
+from echomq.protocol import calls as _p
+from echomq.protocol import control as _ctl
+from echomq.protocol.kernel import MAX_ARG, Job, Keys
+from echomq.runtime import gcpolicy as _gcpolicy
+from echomq.runtime.logfmt import log_startup, repeats_reset, stop_line, warn_repeated
+from echomq.runtime.pool import ProcessPool, default_size
+from echomq.runtime.queueloop import (
+    QueueLoop,
+    WorkerStats,
+    applied,
+    cancel_tasks,
+    first_fence,
+    quiet,
+)
+from echomq.runtime.runner import Runner, Running, Settle
+from echomq.runtime.signals import run_with_signals
+from echomq.runtime.slots import Slots
+from echomq.runtime.strands import Strands, check_limit
+from echomq.runtime.worker_registry import Registry, client_name, name_connections
 
 if TYPE_CHECKING:
-    from echomq._health import WorkerHealth
+    from echomq.runtime.health import WorkerHealth
 
 __all__ = ["Hooks", "Worker", "WorkerStats"]
 
@@ -106,7 +114,7 @@ class Worker:
             and is counted in ``stats.stranded_threads``; while that many are stranded the
             worker claims nothing more. Default: ``concurrency``.
         pool_size: the children of the worker's process pool, started with it when a task
-            it serves has ``pool="process"`` (``echomq._pool``). Default: one per CPU.
+            it serves has ``pool="process"`` (``echomq.runtime.pool``). Default: one per CPU.
         max_jobs: claim at most this many jobs, then stop gracefully (``echomq worker
             --max-jobs-per-child``: the supervisor starts a fresh process). Default: no limit.
     """
@@ -171,22 +179,22 @@ class Worker:
         self.max_jobs = max_jobs
         self._budget = max_jobs  # claims left (None: no limit); turns in flight hold theirs
         pooled = any(t.pool for t in app.tasks.values() if t.queue in self.queue_names)
-        # The registry entry (echomq._worker_registry): written on the beat, never per job.
+        # The registry entry (echomq.runtime.worker_registry): written on the beat, never per job.
         self.registry = Registry(
             self.queue_names, concurrency, beat_ms, self.pool_size if pooled else 0
         )
         self.id = self.registry.id
         self._down_since: float | None = None  # the first failed call of an outage
         self.fenced = False  # the version fence passed (a readiness condition)
-        # Health probes (echomq._health.WorkerHealth, --health-port): attached on the loop.
+        # Health probes (echomq.runtime.health.WorkerHealth, --health-port): attached on the loop.
         self.health: WorkerHealth | None = None
 
     # ------------------------------------------------------------------ entry points
 
     def run(self) -> WorkerStats:
-        """Run until SIGTERM/SIGINT (installs the signal handlers, ``echomq._signals``);
+        """Run until SIGTERM/SIGINT (installs the signal handlers, ``echomq.runtime.signals``);
         returns the stats. The process is the worker's: its garbage collector runs the
-        worker's policy meanwhile (``echomq._gcpolicy``)."""
+        worker's policy meanwhile (``echomq.runtime.gcpolicy``)."""
         with _gcpolicy.serving():
             return asyncio.run(run_with_signals(self))
 
@@ -533,7 +541,8 @@ class Worker:
             await asyncio.sleep(self.beat_ms / 1000)
 
     async def _announce(self) -> None:
-        """The worker's registry entries, renewed every beat (``echomq._worker_registry``)."""
+        """The worker's registry entries, renewed every beat
+        (``echomq.runtime.worker_registry``)."""
         assert self._x is not None
         while True:
             try:

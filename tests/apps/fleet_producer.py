@@ -19,7 +19,7 @@ import time
 import traceback
 
 import echomq
-from echomq import _produce
+from echomq.protocol import produce as _produce
 
 
 def produce(queue: str, p: int, count: int, start_ms: int, out: str) -> None:

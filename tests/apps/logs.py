@@ -1,4 +1,4 @@
-"""An app for the worker's log lines (tests/worker/test_worker_logs.py): one task per line the
+"""An app for the worker's log lines (tests/runtime/test_worker_logs.py): one task per line the
 worker writes at a job's end. Its queue comes from ``EMQ_TEST_QUEUE``. Retries wait a minute,
 so each job runs once while the test reads the lines."""
 

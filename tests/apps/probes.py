@@ -1,4 +1,4 @@
-"""An app for the health-probe tests (tests/worker/test_health_probes.py): one handler that
+"""An app for the health-probe tests (tests/runtime/test_health_probes.py): one handler that
 blocks the worker's event loop, one that holds a slot politely. Its queue and lease come
 from the environment (``EMQ_TEST_QUEUE``, ``EMQ_TEST_LEASE_MS``), as apps.basic's do."""
 

@@ -15,7 +15,8 @@ from redis.cluster import RedisCluster
 
 import echomq
 from conftest import wait_for
-from echomq import _layout, keyspace
+from echomq import keyspace
+from echomq.client import layout as _layout
 from echomq.testing import EmbeddedCluster
 
 pytestmark = pytest.mark.cluster
@@ -205,7 +206,9 @@ def test_repeats_and_flows_on_cluster(rc: RedisCluster, qname: str) -> None:
         now = int(rc.time()[0]) * 1000
         rc.zadd(keyspace.queue_key(name, "repeat"), {"tick": now - 1, "night": now - 1})
         assert q.fire_due() == 2 and q.fire_due() == 0
-        added = q.add_flow(echomq._compose.FlowJob(b"p", children=[echomq._compose.FlowJob(b"c")]))
+        added = q.add_flow(
+            echomq.protocol.compose.FlowJob(b"p", children=[echomq.protocol.compose.FlowJob(b"c")])
+        )
         while (job := q.claim(lease_ms=5_000)) is not None:
             q.complete(job.id, job.token, result=b"r")
             if job.id == added.child_ids[0]:

@@ -207,8 +207,8 @@ async def test_native_clients_outlive_their_default_node(
     client's default node: when that node's primary dies, the client's queues on live
     primaries go on at once, and its queue on the dead shard once the replica took over."""
     url = cluster.url + "?executor=native"
-    rc = echomq._connect.sync_client(url)
-    ac = echomq._connect.async_client(url)
+    rc = echomq.client.connect.sync_client(url)
+    ac = echomq.client.connect.async_client(url)
     try:
         await ac.initialize()
         default = rc.get_default_node().port

@@ -13,7 +13,7 @@ import redis
 
 import echomq
 from conftest import wait_for
-from echomq import _batches
+from echomq.tasks import batches as _batches
 from procs import Spawner, wait_log
 
 pytestmark = pytest.mark.executors

@@ -11,7 +11,7 @@ import redis
 import echomq
 from conftest import snapshot, wait_for
 from echomq import ids
-from echomq._compose import MAX_FLOW_DEPTH, FlowAdded, FlowJob
+from echomq.protocol.compose import MAX_FLOW_DEPTH, FlowAdded, FlowJob
 
 
 def _base(q: Any) -> str:
@@ -324,7 +324,7 @@ def test_delivering_twice_applies_once(q: echomq.Queue, q2: echomq.Queue, r: red
     """Two pumps that read the same outbox head (or a pump that crashed before its trim)
     deliver the same entries again: HSETNX makes that a no-op, and the trim removes only
     entries still at the head."""
-    from echomq import _compose
+    from echomq.protocol import compose as _compose
 
     added = q.add_flow(
         FlowJob(b"p", children=[FlowJob(b"a", queue=q2.name), FlowJob(b"b", queue=q2.name)])

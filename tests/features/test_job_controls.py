@@ -212,7 +212,7 @@ def test_bad_max_attempts_is_refused(url: str, qname: str, r: redis.Redis, bad: 
 
 
 def test_envelope_carries_the_budget_and_old_readers_agree() -> None:
-    from echomq import _envelope
+    from echomq.protocol import envelope as _envelope
     from echomq.serializers import JSON
 
     s = JSON()
@@ -303,7 +303,7 @@ def test_update_payload_ends_a_reaped_lease(q: echomq.Queue, r: redis.Redis) -> 
 
 
 def test_cancel_all_removes_waiting_and_signals_active(anyq: Any, r: redis.Redis) -> None:
-    from echomq import _control
+    from echomq.protocol import control as _control
 
     dead = anyq.enqueue(b"x").id
     d = anyq.claim()
@@ -438,7 +438,7 @@ def test_bad_repeat_limits_are_refused(q: echomq.Queue, r: redis.Redis, bad: Any
 
 
 def test_periodic_limit_reaches_the_registry(url: str, qname: str, r: redis.Redis) -> None:
-    from echomq import _compose
+    from echomq.protocol import compose as _compose
 
     app = echomq.App(url=url)
 

@@ -12,9 +12,9 @@ import redis
 
 import echomq
 from conftest import blocked_clients, wait_for
-from echomq import _observe
-from echomq._observe import Event, decode_metrics
-from echomq._scripts import include_text
+from echomq.protocol import observe as _observe
+from echomq.protocol.observe import Event, decode_metrics
+from echomq.protocol.scripts import include_text
 
 
 def _xadd(r: redis.Redis, queue: str, event: str, job: str | None = None, **extras: Any) -> str:

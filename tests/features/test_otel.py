@@ -23,7 +23,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import echomq.otel
 from conftest import wait_for
-from echomq import App, Worker, _envelope
+from echomq import App, Worker
+from echomq.protocol import envelope as _envelope
 from echomq.serializers import JSON
 
 pytestmark = pytest.mark.executors

@@ -14,8 +14,8 @@ from test_worker import InProcWorker
 
 import echomq
 from conftest import wait_for
-from echomq import _control as _ctl
 from echomq.errors import JobGone, StateError
+from echomq.protocol import control as _ctl
 
 pytestmark = pytest.mark.executors
 
@@ -191,7 +191,7 @@ def test_flow_priorities(q: echomq.Queue, r: redis.Redis, qname: str) -> None:
 
 
 def test_browse_and_page_follow_claim_order(q: echomq.Queue) -> None:
-    from echomq import _inspect
+    from echomq.ops import snapshots as _inspect
 
     ids = [q.enqueue(b"x", priority=p).id for p in (2, 0, 1, 0)]
     claim_order = [ids[1], ids[3], ids[2], ids[0]]
@@ -300,7 +300,8 @@ def test_limited_worker_does_not_spin(url: str, qname: str, r: redis.Redis) -> N
 def test_oldest_waiting_sees_past_the_head(q: echomq.Queue) -> None:
     """The dashboard's and top's "oldest waiting": the head of a prioritised set is the next
     to run, not the oldest; the oldest is found in whichever band holds it (flat and lane)."""
-    from echomq import _inspect, ids
+    from echomq import ids
+    from echomq.ops import snapshots as _inspect
 
     for group in (None, LANE_A):
         old = q.enqueue(b"old", group=group, priority=9).id

@@ -66,8 +66,8 @@ def test_a_settle_at_the_limit_with_nothing_waiting_is_not_held(q: echomq.Queue)
 def test_a_settle_reply_without_held_decodes_as_not_held() -> None:
     """A server whose settle answers four elements (0.6's trafikey, loaded beside this
     client) is read as never held: the worker parks and takes wake tokens, as before."""
-    from echomq import _protocol as _p
-    from echomq._kernel import Keys
+    from echomq.protocol import calls as _p
+    from echomq.protocol.kernel import Keys
 
     call = _p.settle(Keys("q"), n=2)
     assert call.decode([[], [], [], 0]).at_limit is False

@@ -18,8 +18,9 @@ import redis
 
 import echomq
 from conftest import server_ms, snapshot, wait_for
-from echomq import _compose, ids
-from echomq._compose import Repeat, cron_next, occurrence_id
+from echomq import ids
+from echomq.protocol import compose as _compose
+from echomq.protocol.compose import Repeat, cron_next, occurrence_id
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -143,7 +144,7 @@ def test_a_stale_compare_and_set_fires_nothing(q: echomq.Queue, r: redis.Redis) 
     old = server_ms(r) - 1_000
     r.zadd(base + "repeat", {"c": old})
     nxt = cron_next("*/5 * * * *", "UTC", server_ms(r))
-    script = echomq._scripts.SCRIPTS["repeat_fire"]
+    script = echomq.protocol.scripts.SCRIPTS["repeat_fire"]
     keys = [base + "repeat", base + "meta"]
     first = r.eval(script.source, 2, *keys, base, 100, 0, 1, "c", old, nxt)
     second = r.eval(script.source, 2, *keys, base, 100, 0, 1, "c", old, nxt + 300_000)
@@ -155,9 +156,9 @@ def test_a_stale_compare_and_set_fires_nothing(q: echomq.Queue, r: redis.Redis) 
 def test_occurrence_id_matches_the_script(r: redis.Redis) -> None:
     """The Lua computes the id with two-limb float arithmetic: check it against Python's
     exact ints, including the largest fire times and the 2^41 ms wrap."""
-    src = echomq._scripts._expand(
+    src = echomq.protocol.scripts._expand(
         "--@include common\n--@include admit\n--@include compose\n",
-        echomq._scripts.Path(echomq._scripts.__file__).parent / "lua",
+        echomq.protocol.scripts._LUA,
     )
     body = src + "\nreturn occurrence_id(tonumber(ARGV[1]), tonumber(ARGV[2]))"
     cases = [(0, 1_700_000_000_000), (1, 4_000_000_000_000), ((1 << 22) - 1, 0)]
@@ -641,7 +642,7 @@ def test_resume_of_a_spent_repeat_stays_spent(q: echomq.Queue, r: redis.Redis) -
 
 def test_resume_refuses_a_spec_changed_in_between(q: echomq.Queue, r: redis.Redis) -> None:
     """The cron the client computed from must be the spec's: else nothing is written."""
-    from echomq._scripts import SCRIPTS
+    from echomq.protocol.scripts import SCRIPTS
 
     base = f"emq:{{{q.name}}}:"
     q.repeat("nightly", b"x", cron="0 3 * * *")

@@ -13,8 +13,8 @@ import redis
 
 import echomq
 from conftest import blocked_clients, snapshot, wait_for
-from echomq import _control as _ctl
-from echomq._kernel import Call, Keys
+from echomq.protocol import control as _ctl
+from echomq.protocol.kernel import Call, Keys
 
 
 def _p(queue: str) -> str:
@@ -43,7 +43,7 @@ def test_complete_keeps_result_with_ttl(anyq: Any, r: redis.Redis) -> None:
 
 
 def echomq_result(id: str, value: bytes, attempts: int, finished: int) -> Any:
-    from echomq._control import Result
+    from echomq.protocol.control import Result
 
     return Result(id, value, attempts, finished)
 
@@ -576,7 +576,7 @@ def test_a_limited_claim_answers_the_ms_until_its_window_reopens(
 ) -> None:
     """D21: a claim held back by a rate limit answers empty plus the wait: on the wire
     ``{ms}`` from claim and claim_batch, and ``Settled.rate_limited_ms`` from settle."""
-    from echomq._scripts import SCRIPTS
+    from echomq.protocol.scripts import SCRIPTS
 
     for i in range(3):
         q.enqueue(f"j{i}")

@@ -15,7 +15,7 @@ from test_worker import InProcWorker, make_app, run_worker  # fixtures, re-expor
 import echomq
 from conftest import blocked_clients, wait_for
 from echomq import App
-from echomq import _control as _ctl
+from echomq.protocol import control as _ctl
 
 __all__ = ["make_app", "run_worker"]
 

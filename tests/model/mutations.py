@@ -256,12 +256,12 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
     ],
     "marker-ttl": [  # f8a8794: Python only; the old bookkeeping, one per queue name
         (
-            "src/echomq/_kernel.py",
+            "src/echomq/protocol/kernel.py",
             "        self.marker_ttls: dict[int, tuple[int, set[str]]] = {}\n",
             "        self.marker_ttls = _MARKER_TTLS.setdefault(self.base, {})\n",
         ),
         (
-            "src/echomq/_kernel.py",
+            "src/echomq/protocol/kernel.py",
             "\nclass Keys:\n",
             "\n_MARKER_TTLS: dict = {}\n\n\nclass Keys:\n",
         ),
@@ -289,7 +289,7 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
     ],
     "handback-floor": [  # 73a8645: Python only (the worker's verb)
         (
-            "src/echomq/_queueloop.py",
+            "src/echomq/runtime/queueloop.py",
             "        calls = [_ctl.push_back(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
             "        calls = [_p.delay(self.keys, r.job.id, r.job.token, 0) for r in left]\n",
         ),
@@ -325,11 +325,11 @@ EXTRA: dict[str, list[str]] = {
     "fold-ttl": ["tests/protocol/test_seams_37.py"],
     "fold-lane": ["tests/protocol/test_seams_37.py"],
     "limit-wake": ["tests/protocol/test_seams_37.py"],
-    "moved": ["tests/operate/test_dashboard_moved.py"],
+    "moved": ["tests/ops/test_dashboard_moved.py"],
     "marker-ttl": ["tests/protocol/test_memory_bounds.py"],
     "retired-ttl": ["tests/protocol/test_memory_bounds.py"],
     "retired-bytesum": ["tests/protocol/test_memory_bounds.py"],
-    "handback-floor": ["tests/worker/test_handback.py"],
+    "handback-floor": ["tests/runtime/test_handback.py"],
 }
 
 # test_model.py's check that every PATCHES anchor is in the tree: a patch fails it by design.

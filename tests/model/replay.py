@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for test
 
 import redis
 
-from echomq import _native
+from echomq.client import native as _native
 from echomq.server import EmbeddedServer
 from model import test_model
 

@@ -83,17 +83,9 @@ from hypothesis.stateful import (
 )
 
 import echomq
-from echomq import (
-    Enqueued,
-    FlowJob,
-    JobFailed,
-    JobGone,
-    StaleToken,
-    StateError,
-    _protocol,
-    keyspace,
-)
+from echomq import Enqueued, FlowJob, JobFailed, JobGone, StaleToken, StateError, keyspace
 from echomq import ids as emq_ids
+from echomq.protocol import calls as _protocol
 from echomq.server import EmbeddedServer
 from model.core import KEEP_MS, LANES, LONG, SHORT, Flow, Job, QueueModel, World
 from model.recording import recording
@@ -606,7 +598,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
         lane=GROUPS,
     )
     def add_chain(self, qi: int, steps: int, cross: list[int], lane: str | None) -> None:
-        """Issue 42: a chain (``app.chain``, echomq._workflows) is this nested flow: the last
+        """Issue 42: a chain (``app.chain``, echomq.tasks.workflows) is this nested flow: the last
         step the root, each step the only child of the next, ``fail_parent`` on every step
         (a dead step kills the rest), steps flipping between the two queues. Its values and
         the ``keep_ms``/``prev`` options travel in the payloads, which the model does not

@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 )
 
 import echomq
-from echomq import _batches
+from echomq.tasks import batches as _batches
 
 pytestmark = pytest.mark.executors
 

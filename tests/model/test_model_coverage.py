@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # calls it: checked below).
 NOT_MODELLED: dict[str, str] = {
     "workers": "the worker registry needs live worker processes, not a model step: "
-    "tests/worker/test_fleet.py",
+    "tests/runtime/test_fleet.py",
     "metrics": "per-minute buckets of the server clock; the model never reads a minute "
     "boundary (no timing-dependent verdict): tests/features/test_observe.py",
     "events": "the model reads the stream raw to check each enqueue's events; the verb's "

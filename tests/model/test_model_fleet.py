@@ -46,9 +46,9 @@ from hypothesis.stateful import (
 from tests.model.core import Job, QueueModel
 
 import echomq
-from echomq import _protocol as _p
 from echomq import ids, keyspace
-from echomq._kernel import Call, Replay
+from echomq.protocol import calls as _p
+from echomq.protocol.kernel import Call, Replay
 
 pytestmark = pytest.mark.executors
 

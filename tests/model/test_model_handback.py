@@ -30,7 +30,7 @@ import redis
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 import echomq
-from echomq import _control as _ctl
+from echomq.protocol import control as _ctl
 from model.core import LONG, Job
 from model.test_model import (  # noqa: F401  (module_server, session_url: the servers)
     PICK,

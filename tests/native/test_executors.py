@@ -35,9 +35,10 @@ from test_proxy import Proxy
 
 import echomq
 from conftest import server_ms, wait_for
-from echomq import _native, keyspace
-from echomq._scripts import SCRIPTS
+from echomq import keyspace
+from echomq.client import native as _native
 from echomq.errors import StaleToken
+from echomq.protocol.scripts import SCRIPTS
 from echomq.server import EmbeddedServer
 from echomq.testing import EmbeddedCluster
 from procs import TESTS_DIR, Proc, Spawner, wait_log

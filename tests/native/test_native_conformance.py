@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from echomq import _native
+from echomq.client import native as _native
 from echomq.server import EmbeddedServer
 from native_fixtures import (
     Pair,

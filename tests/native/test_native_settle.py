@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import echomq
-from echomq._compose import FlowJob
+from echomq.protocol.compose import FlowJob
 from echomq.server import EmbeddedServer
 from native_fixtures import (
     Both,
@@ -91,7 +91,7 @@ def sweep(pair: Pair, max_stalled: int = 1, limit: int = 100) -> Reply:
 
 
 def want(r: redis.Redis, id: str) -> None:
-    """What a waiter does before it blocks (echomq._control.want): the marker want:<id>."""
+    """What a waiter does before it blocks (echomq.protocol.control.want): the marker want:<id>."""
     for q in (QA, QB):
         r.set(base(q) + "want:" + id, "1", px=60000)
 

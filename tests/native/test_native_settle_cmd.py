@@ -19,7 +19,7 @@ import pytest
 import redis
 
 import echomq
-from echomq._compose import FlowJob
+from echomq.protocol.compose import FlowJob
 from echomq.server import EmbeddedServer
 from native_fixtures import (
     TOLERANCE_MS,

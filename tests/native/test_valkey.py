@@ -35,14 +35,14 @@ FILES = [
     "tests/protocol/test_queue_verbs.py",
     "tests/protocol/test_bad_input.py",
     "tests/features/test_fairness.py",
-    "tests/protocol/test_parity.py",
+    "tests/client/test_parity.py",
     "tests/protocol/test_scripts_contract.py",
     "tests/native/test_native_conformance.py",
     "tests/native/test_native_claim.py",
     "tests/native/test_native_settle.py",
     "tests/native/test_native_settle_cmd.py",
     "tests/native/test_native_keyapi.py",
-    "tests/native/test_native_select.py",
+    "tests/client/test_native_select.py",
 ]
 DESELECT = "not valgrind"
 

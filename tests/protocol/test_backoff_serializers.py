@@ -212,7 +212,7 @@ def test_no_pickle_anywhere_in_the_public_surface() -> None:
 
 
 def test_envelope_round_trips_through_every_serializer() -> None:
-    from echomq import _envelope
+    from echomq.protocol import envelope as _envelope
 
     for serializer in (JSON(), MsgPack()):
         data = _envelope.build(serializer, "t", (1, b"x" if serializer.name == "msgpack" else "x"))
@@ -225,7 +225,7 @@ def test_envelope_round_trips_through_every_serializer() -> None:
 def test_a_non_json_worker_reads_a_json_envelope() -> None:
     """The CLI always sends JSON: a msgpack (or custom) app reads it; a msgpack map never
     starts with ``{``, so its own envelopes are never mistaken for JSON."""
-    from echomq import _envelope
+    from echomq.protocol import envelope as _envelope
 
     cli = _envelope.build(JSON(), "t", [1], {"a": "b"})
     assert _envelope.parse(MsgPack(), cli) == ("t", [1], {"a": "b"})
@@ -260,7 +260,7 @@ def test_a_non_json_worker_reads_a_json_envelope() -> None:
     ],
 )
 def test_what_is_not_an_envelope(serializer: Any, payload: bytes, message: str) -> None:
-    from echomq import _envelope
+    from echomq.protocol import envelope as _envelope
 
     with pytest.raises(_envelope.EnvelopeError, match=message):
         _envelope.parse(serializer, payload)

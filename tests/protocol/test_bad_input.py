@@ -138,7 +138,8 @@ LANE_PARAMS = {"lane", "group"}
 def _verbs_taking(params: set[str]) -> set[str]:
     return {
         name
-        for name, fn in vars(echomq.Queue).items()
+        for klass in echomq.Queue.__mro__[:-1]  # its base class FlowVerbs too, not object
+        for name, fn in vars(klass).items()
         if not name.startswith("_")
         and inspect.isfunction(fn)
         and params & set(inspect.signature(fn).parameters)

@@ -18,7 +18,7 @@ import redis
 
 import echomq
 from echomq import keyspace
-from echomq._renamed import renamed
+from echomq.client.renamed import renamed
 from echomq.errors import InvalidId
 
 pytestmark = pytest.mark.executors

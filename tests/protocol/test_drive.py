@@ -1,4 +1,4 @@
-"""The one plan driver (:class:`echomq._drive.Drive`, issue 38) without a server: what it asks
+"""The one plan driver (:class:`echomq.client.drive.Drive`, issue 38) without a server: what it asks
 the caller to send next, and what it does with a result or a lost reply. Every executor (sync,
 asyncio, the autopipe, a plan resumed after its first step) only sends what it holds.
 """
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from echomq._connect import Budget
-from echomq._drive import Drive
-from echomq._kernel import Call, Plan, _resent
+from echomq.client.connect import Budget
+from echomq.client.drive import Drive
 from echomq.errors import ServerUnreachable
+from echomq.protocol.kernel import Call, Plan, _resent
 
 LOST = RedisConnectionError("the reply was lost")
 
@@ -76,7 +76,7 @@ def test_a_replay_safe_pipeline_is_resent_as_it_is() -> None:
 def test_a_resumed_plan_gets_the_reply_and_its_own_replay() -> None:
     """A plan whose first step went out in another pipeline (the worker's beat): the reply is
     sent in, and a later lost reply is thrown into the plan itself, which resends. (The hand
-    driver it replaces, ``_queueloop._resume``, wrapped the plan: the Replay stopped at the
+    driver it replaces, ``runtime.queueloop._resume``, wrapped the plan: the Replay stopped at the
     wrapper and the beat raised instead.)"""
     plan = _two_steps()
     next(plan)  # its first call was sent elsewhere

@@ -14,8 +14,9 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from echomq import App, _envelope
+from echomq import App
 from echomq.cli import main
+from echomq.protocol import envelope as _envelope
 from echomq.serializers import JSON, MsgPack
 from echomq.testing import drain
 

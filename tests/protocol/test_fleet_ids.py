@@ -15,10 +15,11 @@ import redis
 
 import echomq
 from conftest import server_ms
-from echomq import _compose as _c
-from echomq import _produce, ids, keyspace
-from echomq import _protocol as _p
-from echomq._kernel import Call, Replay
+from echomq import ids, keyspace
+from echomq.protocol import calls as _p
+from echomq.protocol import compose as _c
+from echomq.protocol import produce as _produce
+from echomq.protocol.kernel import Call, Replay
 
 pytestmark = pytest.mark.executors
 

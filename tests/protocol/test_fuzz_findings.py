@@ -18,8 +18,9 @@ import redis
 
 import echomq
 from conftest import snapshot
-from echomq import InvalidArgument, _produce, ids
-from echomq._kernel import MAX_ARG
+from echomq import InvalidArgument, ids
+from echomq.protocol import produce as _produce
+from echomq.protocol.kernel import MAX_ARG
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors

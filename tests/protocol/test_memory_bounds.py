@@ -14,7 +14,8 @@ import pytest
 import redis
 
 import echomq
-from echomq import _produce, ids
+from echomq import ids
+from echomq.protocol import produce as _produce
 
 pytestmark = pytest.mark.executors
 

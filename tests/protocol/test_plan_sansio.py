@@ -1,6 +1,6 @@
-"""The sans-I/O core without a server: enqueue's replay :data:`~echomq._protocol.Plan` driven by
-a scripted fake, the way the executor drives it (``send`` a decoded reply, ``throw`` a
-:class:`~echomq._protocol.Replay` when a reply was lost).
+"""The sans-I/O core without a server: enqueue's replay :data:`~echomq.protocol.calls.Plan`
+driven by a scripted fake, the way the executor drives it (``send`` a decoded reply, ``throw`` a
+:class:`~echomq.protocol.calls.Replay` when a reply was lost).
 
 The fake models just enough of ``enqueue.lua`` to answer as the server would: a row per
 admitted id, and the ``<id>:<nonce>`` replay marker an admission leaves when the caller may
@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from echomq import _produce, ids
-from echomq import _protocol as _p
-from echomq._joboptions import NO_OPTIONS, JobOptions, job_options
-from echomq._kernel import Call, Enqueued, Keys, Replay
+from echomq import ids
 from echomq.errors import InvalidArgument, InvalidId
+from echomq.protocol import calls as _p
+from echomq.protocol import produce as _produce
+from echomq.protocol.joboptions import NO_OPTIONS, JobOptions, job_options
+from echomq.protocol.kernel import Call, Enqueued, Keys, Replay
 
 LOST = object()  # the server applied the call, its reply never came back
 DROPPED = object()  # the request never reached the server

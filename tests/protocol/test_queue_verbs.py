@@ -16,7 +16,6 @@ import redis
 import echomq
 from conftest import SyncOverAsync, server_ms, snapshot, wait_for
 from echomq import ids
-from echomq._scripts import SCRIPTS
 from echomq.errors import (
     InvalidArgument,
     InvalidId,
@@ -27,6 +26,7 @@ from echomq.errors import (
     StateError,
     VersionFenceError,
 )
+from echomq.protocol.scripts import SCRIPTS
 from echomq.server import EmbeddedServer
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).

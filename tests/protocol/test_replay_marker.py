@@ -12,11 +12,12 @@ import pytest
 import redis
 
 import echomq
-from echomq import _kernel as _k
-from echomq import _produce, ids
-from echomq import _protocol as _p
-from echomq._kernel import Replay
-from echomq._scripts import SCRIPTS
+from echomq import ids
+from echomq.protocol import calls as _p
+from echomq.protocol import kernel as _k
+from echomq.protocol import produce as _produce
+from echomq.protocol.kernel import Replay
+from echomq.protocol.scripts import SCRIPTS
 
 pytestmark = pytest.mark.executors
 
@@ -117,7 +118,7 @@ def test_a_resent_minted_enqueue_lands_once_after_complete_and_remove(
 def test_id_replay_ms_is_one_number_on_every_side() -> None:
     from pathlib import Path
 
-    root = Path(_produce.__file__).parent
+    root = Path(_produce.__file__).parents[1]  # src/echomq, above protocol/
     lua = (root / "lua" / "include" / "common.lua").read_text()
     c = (root.parent.parent / "native" / "emq.h").read_text()
     assert f"local ID_REPLAY_MS = {_produce.ID_REPLAY_MS}\n" in lua

@@ -23,8 +23,9 @@ import pytest
 import redis
 
 import echomq
-from echomq import Enqueued, JobGone, StaleToken, _protocol, ids, keyspace
-from echomq._kernel import Replay
+from echomq import Enqueued, JobGone, StaleToken, ids, keyspace
+from echomq.protocol import calls as _protocol
+from echomq.protocol.kernel import Replay
 from echomq.server import EmbeddedServer, find_binary, free_port
 from reliability import raw_violations
 

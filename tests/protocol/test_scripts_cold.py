@@ -1,4 +1,4 @@
-"""``--@cold`` (src/echomq/_scripts.py, issue 28): a script's functions that only its cold
+"""``--@cold`` (src/echomq/protocol/scripts.py, issue 28): a script's functions that only its cold
 roots (or a lazy group) reach are built on first use, not as a closure on every call."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import redis
 
 import echomq
-from echomq._scripts import SCRIPTS, _chill
+from echomq.protocol.scripts import SCRIPTS, _chill
 
 pytestmark = pytest.mark.executors
 

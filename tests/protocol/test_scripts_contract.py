@@ -14,19 +14,15 @@ import pytest
 import redis
 
 from conftest import server_ms
-from echomq import (
-    _batches,
-    _compose,
-    _control,
-    _migrate,
-    _native,
-    _produce,
-    _registry,
-    ids,
-    keyspace,
-)
-from echomq import _protocol as _p
-from echomq._scripts import (
+from echomq import ids, keyspace
+from echomq.client import native as _native
+from echomq.ops import migrate as _migrate
+from echomq.protocol import calls as _p
+from echomq.protocol import compose as _compose
+from echomq.protocol import control as _control
+from echomq.protocol import produce as _produce
+from echomq.protocol import registry as _registry
+from echomq.protocol.scripts import (
     SCRIPTS,
     TWINS,
     Arity,
@@ -35,8 +31,9 @@ from echomq._scripts import (
     parse_native,
     twin_forms,
 )
+from echomq.tasks import batches as _batches
 
-LUA = Path(_p.__file__).parent / "lua"
+LUA = Path(_p.__file__).parents[1] / "lua"  # src/echomq/lua, beside protocol/
 JOB_STATES = {"pending", "active", "scheduled", "dead", "completed", "awaiting_children"}
 
 K = _p.Keys("contract")
@@ -159,7 +156,13 @@ def test_every_protocol_verb_is_sampled_and_exported() -> None:
         for name, obj in vars(_p).items()
         if name[:1].islower()
         and isinstance(obj, types.FunctionType)
-        and obj.__module__ in {_p.__name__, "echomq._produce", "echomq._reads"}
+        and obj.__module__
+        in {
+            _p.__name__,
+            "echomq.protocol.produce",
+            "echomq.protocol.reads",
+            "echomq.protocol.admin",
+        }
     }
     assert defined == set(VERBS)
     exported = {name for name in _p.__all__ if name[:1].islower()}

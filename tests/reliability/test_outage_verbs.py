@@ -182,8 +182,8 @@ def test_add_flow_rides_out_an_outage_and_lands_once(gate: Gate, gq: Queue) -> N
 def test_a_flow_whose_reply_was_lost_is_not_added_twice(gq: Queue, qname: str) -> None:
     """The resend rule itself: a flow_add that landed, answered by a resend, is found by its
     mark (a lost reply is a plan thrown ``Replay``; here the first copy is sent by hand)."""
-    from echomq import _compose
-    from echomq._kernel import Keys, Replay
+    from echomq.protocol import compose as _compose
+    from echomq.protocol.kernel import Keys, Replay
 
     flow = FlowJob(b"parent", children=[FlowJob(b"a")])
     plan = _compose.add_flow(Keys(qname), flow)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from echomq import _connect
-from echomq._records import _record_server
+from echomq.client import connect as _connect
+from echomq.ops.records import _record_server
 from echomq.server import EmbeddedServer
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
@@ -54,7 +54,7 @@ CLIENT = textwrap.dedent(
     """
     import json, os, sys
     import echomq
-    from echomq import _connect
+    from echomq.client import connect as _connect
 
     pid = int(sys.argv[1])
     out = {"pid_visible": os.path.exists(f"/proc/{pid}/cmdline")}

@@ -33,8 +33,8 @@ from redis.retry import Retry
 
 import echomq
 from conftest import wait_for
-from echomq import _protocol as _p
-from echomq._scripts import SCRIPTS
+from echomq.protocol import calls as _p
+from echomq.protocol.scripts import SCRIPTS
 from procs import TESTS_DIR, Spawner, wait_log
 from reliability import leftover_keys, payload, read_books, verify
 

@@ -19,7 +19,8 @@ import pytest
 
 import echomq
 from conftest import wait_for
-from echomq import _connect
+from echomq.client import connect as _connect
+from echomq.client import locate as _locate
 from echomq.errors import ServerNotRunning
 from procs import Proc, Spawner, pid_gone, wait_log
 
@@ -228,7 +229,7 @@ def test_a_worker_replaces_the_record_of_its_own_dead_server(spawn: Spawner, pro
 def nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("ECHOMQ_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("ECHOMQ_URL", raising=False)
-    monkeypatch.setattr(_connect, "_logged", set())
+    monkeypatch.setattr(_locate, "_logged", set())
     return tmp_path / "state"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import echomq
-from echomq import _connect
+from echomq.client import connect as _connect
 from echomq.errors import ServerNotRunning
 from echomq.server import EmbeddedServer
 from procs import Spawner, wait_log

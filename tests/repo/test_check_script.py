@@ -52,7 +52,7 @@ def test_no_test_that_needs_chromium_or_valgrind_runs_under_fast() -> None:
         for p in (ROOT / "tests").rglob("test_*.py")
         if re.search(r"valgrind_server\(|webdriver", p.read_text())
     )
-    assert "tests/operate/test_browser.py" in needs and len(needs) >= 5, needs
+    assert "tests/ops/test_browser.py" in needs and len(needs) >= 5, needs
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow", *needs],
         cwd=ROOT,
@@ -64,7 +64,7 @@ def test_no_test_that_needs_chromium_or_valgrind_runs_under_fast() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     nodes = [x for x in done.stdout.splitlines() if "::" in x]
     assert nodes  # the other tests of those files still run
-    assert not [x for x in nodes if x.startswith("tests/operate/test_browser.py")], nodes
+    assert not [x for x in nodes if x.startswith("tests/ops/test_browser.py")], nodes
     assert not [x for x in nodes if x.split("::")[1].startswith("test_valgrind")], nodes
 
 

@@ -17,8 +17,9 @@ import pytest
 import yaml
 from docblocks import parse
 
-from echomq import _backlog, prometheus
+from echomq import prometheus
 from echomq.cli import main
+from echomq.ops import backlog as _backlog
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -27,8 +27,8 @@ import pytest
 from docblocks import parse
 
 import echomq
-from echomq._tasks import Signature
 from echomq.cli import main as cli
+from echomq.tasks.task import Signature
 
 ROOT = Path(__file__).resolve().parents[2]
 # contributing-docs.md describes these checks with placeholders (`echomq.X`, `echomq COMMAND`).

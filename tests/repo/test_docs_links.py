@@ -202,22 +202,6 @@ def test_the_changelog_names_the_packages_version() -> None:
     assert releases[0] == echomq.__version__
 
 
-def test_the_readmes_layout_names_every_module() -> None:
-    """The README's Layout lists every module of the package by role: a new module that is
-    not placed there fails here (web/ and lua/ are named as folders)."""
-    text = _text(ROOT / "README.md")
-    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
-    named = set(re.findall(r"[\w/]+\.py|\w+/", layout))
-    package = ROOT / "src" / "echomq"
-    missing = [p.name for p in sorted(package.glob("*.py")) if p.name not in named]
-    missing += [
-        f"{d.name}/"
-        for d in sorted(package.iterdir())
-        if d.is_dir() and d.name != "__pycache__" and f"{d.name}/" not in named
-    ]
-    assert not missing, f"README's Layout does not name {missing}"
-
-
 def test_the_twin_tables_are_generated_and_current() -> None:
     """Issue 23: the Lua -> EMQ.* twin tables of PROTOCOL §6 and native/README.md are written
     by scripts/gen-native from the scripts' headers (marked blocks), not kept by hand."""

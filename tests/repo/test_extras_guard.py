@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -148,7 +148,7 @@ def test_a_missing_extra_is_one_line_when_its_feature_is_used() -> None:
         import json
         from click.testing import CliRunner
         import echomq
-        from echomq import _console
+        from echomq.ops import console as _console
         from echomq.cli import main
         from echomq.serializers import MsgPack, resolve_serializer
 
@@ -210,8 +210,8 @@ def _module(requirement: str) -> str:
 
 
 def test_the_extras_are_pyprojects() -> None:
-    """``_extras.EXTRAS`` (what the blocker refuses and ``require`` imports) is each extra of
-    pyproject.toml with a module per requirement; the web extra's ``rich`` is a base
+    """``protocol.extras.EXTRAS`` (what the blocker refuses and ``require`` imports) is each
+    extra of pyproject.toml with a module per requirement; the web extra's ``rich`` is a base
     dependency as well, so a base install has it."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]

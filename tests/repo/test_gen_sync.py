@@ -37,7 +37,7 @@ def test_check_fails_on_a_hand_edit_of_the_twin(tmp_path: Path) -> None:
     gen = _gen()
     gen.ROOT = _copy(tmp_path)
     assert gen.main(["gen-sync", "--check"]) == 0  # the copy checks as the repo does
-    out = tmp_path / "src/echomq/_sync_queue.py"
+    out = tmp_path / "src/echomq/client/sync_queue.py"
     text = out.read_text()
     assert "    def claim(" in text
     out.write_text(text.replace("    def claim(", "    def claim_edited(", 1))
@@ -50,7 +50,7 @@ def test_check_fails_when_the_source_moves_on(tmp_path: Path) -> None:
     gen = _gen()
     gen.ROOT = _copy(tmp_path)
     assert gen.main(["gen-sync", "--check"]) == 0
-    src = tmp_path / "src/echomq/_async_queue.py"
+    src = tmp_path / "src/echomq/client/async_queue.py"
     src.write_text(src.read_text() + "\n\nasync def planted() -> None:\n    await planted()\n")
     assert gen.main(["gen-sync", "--check"]) == 1
 
@@ -100,9 +100,9 @@ def test_the_event_listener_is_generated_with_its_twins_surface() -> None:
     from echomq.events import AsyncEventListener, EventListener
 
     pairs = {(source, output) for source, output, _ in _gen().PAIRS}
-    assert ("src/echomq/_async_events.py", "src/echomq/_sync_events.py") in pairs
-    assert EventListener.__module__ == "echomq._sync_events"
-    assert AsyncEventListener.__module__ == "echomq._async_events"
+    assert ("src/echomq/ops/async_events.py", "src/echomq/ops/sync_events.py") in pairs
+    assert EventListener.__module__ == "echomq.ops.sync_events"
+    assert AsyncEventListener.__module__ == "echomq.ops.async_events"
 
     def public(cls: type) -> set[str]:
         return {n for n in vars(cls) if not n.startswith("_")}

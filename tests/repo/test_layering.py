@@ -15,7 +15,9 @@ down the rooms:
     client   -> protocol                                 (queues, executors, connections)
     protocol -> nothing above it                         (keys, ids, scripts, plans: sans-I/O)
 
-A new module fails ``test_every_module_has_a_room`` until it is placed in ``ROOMS``.
+A module in a folder by role (``protocol/``, ``client/``, ``tasks/``, ``runtime/``, ``ops/``)
+sits in that folder's room (``FOLDERS``); a new module at the top of the package fails
+``test_every_module_has_a_room`` until it is placed in ``ROOMS``.
 ``TYPE_CHECKING`` imports are counted: an annotation-only edge is where a circle hides, so
 their number may only go down (``MAX_TYPE_CHECKING``).
 """
@@ -39,42 +41,27 @@ ALLOWED: dict[str, set[str]] = {
     OPS: {OPS, APP, RUNTIME, FACE, CLIENT, PROTOCOL},
 }
 
-# Every module of the package by role (a package's submodules may be placed by the prefix).
+# The folders by role: every module in one sits in the folder's room (one rule per folder, so
+# a module added to a folder is placed by where it is).
+FOLDERS: dict[str, str] = {
+    "echomq.protocol": PROTOCOL,  # sans-I/O: scripts, the kernel, each verb as a Call/Plan
+    "echomq.client": CLIENT,  # the I/O and the queues
+    "echomq.tasks": APP,  # the application's objects: tasks, workflows, batches
+    "echomq.runtime": RUNTIME,  # the worker and what it runs
+    "echomq.ops": OPS,  # operating it: the console, snapshots, records, migrations
+}
+
+# The public modules at the top of the package (and the private _appface), each by role; a
+# package's submodules are placed by its prefix (cli/, web/, contrib/).
 ROOMS: dict[str, str] = {
+    **FOLDERS,
     # the protocol: sans-I/O
     "echomq.ids": PROTOCOL,
     "echomq.keyspace": PROTOCOL,
     "echomq.errors": PROTOCOL,
-    "echomq._scripts": PROTOCOL,
-    "echomq._kernel": PROTOCOL,
-    "echomq._protocol": PROTOCOL,
-    "echomq._produce": PROTOCOL,
-    "echomq._joboptions": PROTOCOL,
-    "echomq._reads": PROTOCOL,
-    "echomq._compose": PROTOCOL,
-    "echomq._repeats": PROTOCOL,
-    "echomq._control": PROTOCOL,
-    "echomq._observe": PROTOCOL,
-    "echomq._registry": PROTOCOL,
-    "echomq._envelope": PROTOCOL,
     "echomq.serializers": PROTOCOL,
-    "echomq._extras": PROTOCOL,
-    # the client: the I/O and the queues
-    "echomq._executor": CLIENT,
-    "echomq._drive": CLIENT,
-    "echomq._native": CLIENT,
-    "echomq._connect": CLIENT,
-    "echomq._redispy": CLIENT,
-    "echomq._fence": CLIENT,
-    "echomq._durable": CLIENT,
-    "echomq._layout": CLIENT,
-    "echomq._autopipe": CLIENT,
-    "echomq._waiters": CLIENT,
+    # the client
     "echomq.queue": CLIENT,
-    "echomq._async_queue": CLIENT,
-    "echomq._sync_queue": CLIENT,
-    "echomq._queueopts": CLIENT,
-    "echomq._renamed": CLIENT,
     # what the application and the runtime share
     "echomq._appface": FACE,
     "echomq.context": FACE,
@@ -83,26 +70,8 @@ ROOMS: dict[str, str] = {
     "echomq.backoff": FACE,
     # the application: declaring tasks and sending them
     "echomq.app": APP,
-    "echomq._tasks": APP,
-    "echomq._binding": APP,
-    "echomq._isolatable": APP,
-    "echomq._workflows": APP,
-    "echomq._workflow_receipts": APP,
-    "echomq._batches": APP,
-    # the runtime: the worker and what it runs
+    # the runtime
     "echomq.worker": RUNTIME,
-    "echomq._queueloop": RUNTIME,
-    "echomq._runner": RUNTIME,
-    "echomq._slots": RUNTIME,
-    "echomq._strands": RUNTIME,
-    "echomq._isolate": RUNTIME,
-    "echomq._pool": RUNTIME,
-    "echomq._signals": RUNTIME,
-    "echomq._supervisor": RUNTIME,
-    "echomq._worker_registry": RUNTIME,
-    "echomq._logfmt": RUNTIME,
-    "echomq._health": RUNTIME,
-    "echomq._gcpolicy": RUNTIME,
     # operating it
     "echomq.__main__": OPS,
     "echomq.cli": OPS,
@@ -111,13 +80,6 @@ ROOMS: dict[str, str] = {
     "echomq.prometheus": OPS,
     "echomq.otel": OPS,
     "echomq.events": OPS,
-    "echomq._async_events": OPS,
-    "echomq._sync_events": OPS,
-    "echomq._console": OPS,
-    "echomq._inspect": OPS,
-    "echomq._records": OPS,
-    "echomq._backlog": OPS,
-    "echomq._migrate": OPS,
     "echomq.top": OPS,
     "echomq.demo": OPS,
     "echomq.server": OPS,
@@ -290,14 +252,16 @@ def test_the_checks_see_planted_faults() -> None:
     assert any("echomq.ids" in c and "echomq.worker" in c for c in cycles(graph))
     assert cycles({"a": {"b"}, "b": set()}) == set()
     assert "echomq.ids (protocol) -> echomq.worker (runtime)" in against_the_rooms(graph)
-    assert "echomq._runner (runtime) -> echomq.app (app)" in against_the_rooms(
-        {"echomq._runner": {"echomq.app"}}
+    assert "echomq.runtime.runner (runtime) -> echomq.app (app)" in against_the_rooms(
+        {"echomq.runtime.runner": {"echomq.app"}}
     )
     assert room_of("echomq.cli.work") == OPS and room_of("echomq.not_placed") is None
+    assert room_of("echomq.runtime.not_yet_written") == RUNTIME  # placed by its folder
+    assert room_of("echomq._not_placed") is None  # a private module at the top is not
     tree = ast.parse(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from echomq.app import App\n"
-        "def f():\n    from echomq import _kernel\n"
+        "def f():\n    from echomq.protocol import kernel\n"
     )
-    modules = {"echomq.app", "echomq._kernel", "echomq"}
+    modules = {"echomq.app", "echomq.protocol.kernel", "echomq"}
     found, typing_only = _imports(tree, "echomq", modules)
-    assert found == {"echomq.app", "echomq._kernel", "echomq"} and typing_only == {"echomq.app"}
+    assert found == {"echomq.app", "echomq.protocol.kernel"} and typing_only == {"echomq.app"}

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from echomq import _extras
+from echomq.protocol import extras as _extras
 from echomq.server import EmbeddedServer, free_port
 
 # A wheel build and four pip installs: the first test to need a venv waits for its install

@@ -1,4 +1,6 @@
-"""What every ``echomq`` command shares: the ``main`` group and its options, the server a
+"""What every command shares: the main group, its server, its errors.
+
+What every ``echomq`` command shares: the ``main`` group and its options, the server a
 command talks to (``--url``, or a private embedded one), one clear line for each failure."""
 
 from __future__ import annotations
@@ -17,15 +19,10 @@ import click
 import redis
 import redis.exceptions
 
-from echomq import (
-    __version__,
-    _connect,
-    _extras,
-    _inspect,
-    keyspace,
-)
-from echomq._records import _record_server, _unrecord
+from echomq import __version__, keyspace
 from echomq.app import App
+from echomq.client import connect as _connect
+from echomq.client.locate import _redacted_text
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
@@ -33,6 +30,9 @@ from echomq.errors import (
     ServerNotRunning,
     ServerUnreachable,
 )
+from echomq.ops import snapshots as _inspect
+from echomq.ops.records import _record_server, _unrecord
+from echomq.protocol import extras as _extras
 from echomq.queue import Queue
 from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, state_dir
 
@@ -64,7 +64,7 @@ def _checked_url(url: str) -> str:
 
 
 def _resolved(ctx: click.Context, app_url: str | None = None) -> _connect.Resolved:
-    """``echomq._connect.resolve_url`` for a command: a recorded server that is gone is one
+    """``echomq.client.connect.resolve_url`` for a command: a recorded server that is gone is one
     ``error:`` line; with ``-v`` the server and where it came from are printed (once)."""
     try:
         found = _connect.resolve_url(ctx.obj.get("url"), app_url)
@@ -78,14 +78,14 @@ def _resolved(ctx: click.Context, app_url: str | None = None) -> _connect.Resolv
 
 
 def _url(ctx: click.Context) -> str:
-    """The server of an operator command (``echomq._connect.resolve_url``: ``--url``,
+    """The server of an operator command (``echomq.client.connect.resolve_url``: ``--url``,
     ``ECHOMQ_URL``, a recorded ``echomq server``, the local default)."""
     return _checked_url(_resolved(ctx).url)
 
 
 def _shown(url: str) -> str:
     """``url`` as printed: any password masked."""
-    return _connect._redacted_text(url)
+    return _redacted_text(url)
 
 
 @contextlib.contextmanager
@@ -273,7 +273,7 @@ def main(ctx: click.Context, url: str | None, verbose: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     # Only a --url typed on the command line is "explicit": ECHOMQ_URL is found (and its
-    # place in the order kept, after App(url=...)) by echomq._connect.resolve_url.
+    # place in the order kept, after App(url=...)) by echomq.client.connect.resolve_url.
     source = ctx.get_parameter_source("url")
     ctx.obj["url"] = url if source is click.core.ParameterSource.COMMANDLINE else None
 

@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from echomq import _batches
 from echomq.cli._common import _fail, _queue, _run, main
 from echomq.errors import StateError
+from echomq.tasks import batches as _batches
 
 
 @main.command()

@@ -1,4 +1,6 @@
-"""Operating a queue: cancel, run now, reschedule, remove, lanes, reprocess, priorities,
+"""Operating a queue: cancel, retry, remove, lanes, limits, pause.
+
+Operating a queue: cancel, run now, reschedule, remove, lanes, reprocess, priorities,
 limits, pause and resume, sweep, unrepeat."""
 
 from __future__ import annotations
@@ -8,12 +10,7 @@ from typing import Any
 
 import click
 
-from echomq import (
-    _inspect,
-    keyspace,
-)
-from echomq import _kernel as _k
-from echomq import _protocol as _p
+from echomq import keyspace
 from echomq.cli._common import (
     _CREATE,
     _existing,
@@ -30,6 +27,9 @@ from echomq.errors import (
     JobGone,
     StateError,
 )
+from echomq.ops import snapshots as _inspect
+from echomq.protocol import calls as _p
+from echomq.protocol import kernel as _k
 
 
 @main.command()

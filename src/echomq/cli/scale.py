@@ -1,5 +1,7 @@
-"""``echomq backlog``: the autoscaling signal of queues, for scripts and scalers
-(``echomq._backlog`` says what counts)."""
+"""``echomq backlog``: the autoscaling signal, for scripts and scalers.
+
+``echomq backlog``: the autoscaling signal of queues, for scripts and scalers
+(``echomq.ops.backlog`` says what counts)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,12 @@ import json
 
 import click
 
-from echomq import _backlog, _executor, _native, keyspace
+from echomq import keyspace
 from echomq.cli._common import _errors, _existing, _fail, _url, main
+from echomq.client import executor as _executor
+from echomq.client import native as _native
 from echomq.errors import EchoMQError
+from echomq.ops import backlog as _backlog
 
 
 @main.command()

@@ -1,4 +1,6 @@
-"""Servers and what runs beside them: ``echomq server``, ``demo``, ``module``,
+"""``echomq server``, ``demo``, ``module``, ``dashboard`` and ``metrics``.
+
+Servers and what runs beside them: ``echomq server``, ``demo``, ``module``,
 ``dashboard`` and ``metrics``."""
 
 from __future__ import annotations
@@ -13,11 +15,6 @@ from typing import Any
 
 import click
 
-from echomq import (
-    _connect,
-    _native,
-)
-from echomq._records import _hold_lock, _lock_holder, _record_server
 from echomq.cli._common import (
     _errors,
     _fail,
@@ -29,6 +26,9 @@ from echomq.cli._common import (
     _url,
     main,
 )
+from echomq.client import connect as _connect
+from echomq.client import native as _native
+from echomq.ops.records import _hold_lock, _lock_holder, _record_server
 from echomq.server import EmbeddedServer, NoServerBinary, ServerStartError, state_dir
 
 

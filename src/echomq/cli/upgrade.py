@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
-from echomq import _executor, _layout, _migrate, _native
 from echomq.cli._common import _checked_queues, _errors, _url, main
+from echomq.client import executor as _executor
+from echomq.client import layout as _layout
+from echomq.client import native as _native
+from echomq.ops import migrate as _migrate
 
 
 @main.command()

@@ -1,4 +1,6 @@
-"""Seeing a queue: ``stats``, ``workers``, ``browse``, ``job``, ``check``, ``events``,
+"""Seeing a queue: ``stats``, ``workers``, ``browse``, ``job``, ``events``, ``top``...
+
+Seeing a queue: ``stats``, ``workers``, ``browse``, ``job``, ``check``, ``events``,
 ``repeats`` and ``top``."""
 
 from __future__ import annotations
@@ -13,18 +15,7 @@ from typing import Any
 
 import click
 
-from echomq import (
-    _connect,
-    _console,
-    _executor,
-    _inspect,
-    _native,
-    _registry,
-    ids,
-    keyspace,
-)
-from echomq import _kernel as _k
-from echomq import _protocol as _p
+from echomq import ids, keyspace
 from echomq.cli._common import (
     _checked_queues,
     _errors,
@@ -39,9 +30,17 @@ from echomq.cli._common import (
     main,
     state_choice,
 )
+from echomq.client import connect as _connect
+from echomq.client import executor as _executor
+from echomq.client import native as _native
 from echomq.errors import (
     EchoMQError,
 )
+from echomq.ops import console as _console
+from echomq.ops import snapshots as _inspect
+from echomq.protocol import calls as _p
+from echomq.protocol import kernel as _k
+from echomq.protocol import registry as _registry
 
 _STATS = ("pending", "active", "schedule", "dead", "completed", "failed")
 _BROWSE_STATES = ("pending", "active", "scheduled", "schedule", "dead", "completed")

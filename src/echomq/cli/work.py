@@ -14,9 +14,6 @@ from typing import Any
 
 import click
 
-from echomq import (
-    _envelope,
-)
 from echomq.cli._common import (
     _errors,
     _fail,
@@ -30,6 +27,7 @@ from echomq.cli._common import (
 from echomq.errors import (
     EchoMQError,
 )
+from echomq.protocol import envelope as _envelope
 from echomq.serializers import JSON
 
 
@@ -169,8 +167,9 @@ def worker(
     """Run the tasks of MODULE:APP (e.g. myproject.tasks:app)."""
     import logging
 
-    from echomq import _health, _supervisor
-    from echomq._logfmt import formatter
+    from echomq.runtime import health as _health
+    from echomq.runtime import supervisor as _supervisor
+    from echomq.runtime.logfmt import formatter
     from echomq.worker import Worker
 
     level = _log_level(log_level)
@@ -297,8 +296,8 @@ def _supervise(
     run_one: Callable[[int, int], int],
     **o: Any,
 ) -> int:
-    """``echomq worker -p N``: the supervisor (``echomq._supervisor``); its exit status."""
-    from echomq import _supervisor
+    """``echomq worker -p N``: the supervisor (``echomq.runtime.supervisor``); its exit status."""
+    from echomq.runtime import supervisor as _supervisor
 
     def spawn_argv(index: int) -> list[str]:
         # The same options; the URL by the environment (not on a command line ps shows)
@@ -329,7 +328,7 @@ def _supervise(
             n, run_child=run_one, spawn_argv=spawn_argv, grace_s=o["grace_s"]
         )
         return sup.run()
-    from echomq import _health
+    from echomq.runtime import health as _health
 
     # The children stamp files here (forked ones inherit the variable, spawned ones get it
     # in their environment); the supervisor serves the probes from them.
@@ -352,8 +351,8 @@ def _supervise(
 
 
 def _serve_health(probe: Any, host: str, port: int) -> Any:
-    """The probes' HTTP server (``echomq._health``), or exit 2 naming the port."""
-    from echomq import _health
+    """The probes' HTTP server (``echomq.runtime.health``), or exit 2 naming the port."""
+    from echomq.runtime import health as _health
 
     try:
         server = _health.serve(probe, host, port)
@@ -437,7 +436,7 @@ def enqueue(
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             _fail("--args is a JSON list and --kwargs a JSON object")
         # Always JSON: a worker whose app uses another serializer reads a JSON envelope too
-        # (see echomq._envelope), so the CLI need not know the app.
+        # (see echomq.protocol.envelope), so the CLI need not know the app.
         try:
             data: bytes = _envelope.build(JSON(), task_name, args, kwargs)
         except (TypeError, ValueError) as exc:  # e.g. an integer past 64 bits

@@ -73,7 +73,7 @@ end
 --@include args
 --@include admit
 --@include control
--- Built on first use (_scripts.py): a ring resync (the first job into an empty set or lane)
+-- Built on first use (protocol/scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named, or a resend's).
 --@cold sync retired_last unretire
 local ARITY = 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)'

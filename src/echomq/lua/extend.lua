@@ -6,7 +6,7 @@
   ARGV[3] token
   ARGV[4] lease_ms        > 0
   Returns 1 | 0 when gone | error EMQSTALE
-  A heartbeat is never refused for memory (allow-oom, _scripts.py): it only moves scores.
+  A heartbeat is never refused for memory (allow-oom, protocol/scripts.py): it only moves scores.
   Flags: writes replay allow-oom
   Native: EMQ.EXTEND args=4
 ]]

@@ -5,7 +5,7 @@
   ARGV[3..] id, token, id, token, ...
   Returns {id, ...}: the ids whose extend failed (gone, stale or settled), then '!' .. id for
     each extended job whose cancel flag is set (D22; '!' is never part of an id)
-  A heartbeat is never refused for memory (allow-oom, _scripts.py): it only moves scores.
+  A heartbeat is never refused for memory (allow-oom, protocol/scripts.py): it only moves scores.
   Flags: writes replay allow-oom
   Native: EMQ.EXTEND args=2..
 ]]

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hmac
 import json
 import os
 import secrets
@@ -63,7 +62,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 # The web extra's own feature (its submodules import starlette and jinja2 too, after this):
 # without the extra, importing it is one line naming what to install (MissingExtra).
@@ -72,34 +71,33 @@ try:
     import prometheus_client  # noqa: F401 - /metrics
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 except ImportError as exc:
     raise _extras.missing("web", "the dashboard (echomq.web)", exc) from exc
 
-from echomq import _backlog, _console, _inspect, _registry
-from echomq import _control as _ctl
-from echomq import _kernel as _k
-from echomq import _protocol as _p
-from echomq._connect import TRANSIENT
-from echomq._executor import sync_client
+from echomq.client.connect import TRANSIENT
+from echomq.client.executor import sync_client
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     InvalidId,
-    JobGone,
-    StateError,
 )
+from echomq.ops import backlog as _backlog
+from echomq.ops import console as _console
+from echomq.ops import flowtree as _flowtree
+from echomq.ops import snapshots as _inspect
+from echomq.protocol import calls as _p
+from echomq.protocol import control as _ctl
+from echomq.protocol import kernel as _k
+from echomq.protocol import registry as _registry
 from echomq.web._session import (
     _CSRF,
     _FLASH,
     _SESSION,
-    MAX_FORM,
-    _form,
     _https,
     _State,
-    _TooLarge,
 )
 from echomq.web._views import (
     _PAGE,
@@ -113,24 +111,16 @@ from echomq.web._views import (
     _env,
     fold_events,
 )
+from echomq.web._writes import _FLASH_MAX, _Writes
 from echomq.web.actions import (
     ACTIONS,
-    DESTRUCTIVE,
     JOB_ACTIONS,
     JOB_TABLE,
-    QUEUE_ACTIONS,
     SELECTION,
     JobAction,
-    _NoSuchRepeat,
-    describe,
-    perform,
 )
 
 __all__ = ["ACTIONS", "JOB_ACTIONS", "JobAction", "create_app"]
-
-
-# A flash message's length at most (a cookie is a few KiB at most).
-_FLASH_MAX = 500
 
 
 # How long the overview rides out a failover (the cluster's slot map re-read, the reads
@@ -201,12 +191,6 @@ def create_app(
             return st.signed_in(request.cookies.get(_SESSION))
         except TRANSIENT:
             return False  # the server is down: the page (an error page) renders signed out
-
-    def _bearer(request: Request) -> bool:
-        auth = request.headers.get("authorization", "")
-        if not st.token or not auth.lower().startswith("bearer "):
-            return False
-        return hmac.compare_digest(auth[7:].strip().encode(), st.token.encode())
 
     def error(request: Request, status: int, message: str, api: bool) -> Response:
         if api:
@@ -308,7 +292,7 @@ def create_app(
         )
 
     def api_backlog(request: Request) -> Response:
-        # The autoscaling signal (echomq._backlog) for KEDA's metrics-api scaler.
+        # The autoscaling signal (echomq.ops.backlog) for KEDA's metrics-api scaler.
         found = _backlog.backlogs(st.x, [_queue_name(request)])[0]
         return JSONResponse(found.as_dict())
 
@@ -328,7 +312,7 @@ def create_app(
         return JSONResponse({"queue": data["queue"], "workers": shown, "warning": data["spread"]})
 
     def repeats_data(request: Request) -> dict[str, Any]:
-        from echomq import _compose
+        from echomq.protocol import compose as _compose
 
         name = _queue_name(request)
         found = st.x.run(_compose.repeats(_p.Keys(name)))
@@ -344,7 +328,7 @@ def create_app(
 
     def flows_data(request: Request) -> dict[str, Any]:
         name = _queue_name(request)
-        view = _console.flows(st.x, st.client, _p.Keys(name), serializer=_serializer())
+        view = _flowtree.flows(st.x, st.client, _p.Keys(name), serializer=_serializer())
         return {"queue": name, "flows": view}
 
     def flows_page(request: Request) -> Response:
@@ -472,134 +456,6 @@ def create_app(
         )
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    # ------------------------------------------------------------------ sign-in
-
-    async def login(request: Request) -> Response:
-        base = request.scope.get("root_path", "")
-        if request.method == "GET":
-            return render(request, "login.html", failed=False)
-        csrf_refused = "the form's CSRF token does not match: reload and retry"
-        if not request.cookies.get(_CSRF):
-            # No form of ours was served to this client: refused before its body is read.
-            return error(request, 403, csrf_refused, False)
-        try:
-            form = await _form(request)
-        except _TooLarge:
-            return error(request, 413, f"a request body is at most {MAX_FORM} bytes", False)
-        except InvalidArgument as exc:
-            return error(request, 400, str(exc), False)
-        if not _csrf_ok(request, form):
-            return error(request, 403, csrf_refused, False)
-        given = str(form.get("token", ""))
-        if not st.token or not hmac.compare_digest(given.encode(), st.token.encode()):
-            return render(request, "login.html", status=403, failed=True)
-        try:
-            sid = st.sign_in()
-        except TRANSIENT as exc:
-            return _unreachable(request, exc, False)
-        response = RedirectResponse(base + "/", status_code=303)
-        response.set_cookie(_SESSION, sid, httponly=True, samesite="strict", secure=_https(request))
-        return response
-
-    async def logout(request: Request) -> Response:
-        # Revoked on the server: the cookie (or a copy of it) signs nobody in any more.
-        try:
-            st.sign_out(request.cookies.get(_SESSION))
-        except TRANSIENT as exc:
-            return _unreachable(request, exc, False)
-        response = RedirectResponse(request.scope.get("root_path", "") + "/", status_code=303)
-        response.delete_cookie(_SESSION)
-        return response
-
-    def _csrf_ok(request: Request, form: Any) -> bool:
-        cookie = request.cookies.get(_CSRF)
-        sent = str(form.get("csrf", ""))
-        return bool(cookie and sent and hmac.compare_digest(cookie.encode(), sent.encode()))
-
-    # ------------------------------------------------------------------ actions
-
-    async def act(request: Request) -> Response:
-        api = request.url.path.startswith(request.scope.get("root_path", "") + "/api/")
-        queue = request.path_params["queue"]
-        job_id = request.path_params.get("id")
-        action = request.path_params["action"]
-        allowed = JOB_ACTIONS if job_id else QUEUE_ACTIONS
-        if action not in allowed:
-            return error(request, 404, f"unknown action {action!r}", api)
-        if st.read_only:
-            return error(request, 403, "the dashboard is read-only", api)
-        if not st.token:
-            return error(request, 403, "actions need ECHOMQ_DASHBOARD_TOKEN on the server", api)
-        # Authenticated before the body is read: an anonymous client never gets it buffered.
-        bearer = _bearer(request)
-        if not bearer and not _signed_in(request):
-            return error(request, 401, "sign in with the dashboard token first", api)
-        try:
-            form = await _form(request)
-        except _TooLarge:
-            return error(request, 413, f"a request body is at most {MAX_FORM} bytes", api)
-        except InvalidArgument as exc:
-            return error(request, 400, str(exc), api)
-        # A script with the token sends no cookie, so it has no CSRF to guard against.
-        if not bearer and not _csrf_ok(request, form):
-            return error(
-                request, 403, "the form's CSRF token does not match: reload and retry", api
-            )
-        fields = {k: str(v) for k, v in form.items()}
-        selected = form.every("ids")
-        destructive = action in DESTRUCTIVE or (
-            action == "selected" and fields.get("verb") in ("remove", "cancel")
-        )
-        if destructive and fields.get("confirm") != "yes":
-            if api:
-                return error(request, 409, f"{action} is destructive: send confirm=yes", api)
-            return render(
-                request,
-                "confirm.html",
-                queue=queue,
-                job_id=job_id,
-                action=action,
-                fields={k: v for k, v in fields.items() if k not in ("csrf", "confirm", "ids")},
-                selected=selected,
-            )
-        try:
-            if not st.exists(queue):
-                return error(request, 404, f"no such queue: {queue!r}", api)
-            result = perform(st.client, st.app, queue, job_id, action, fields, selected)
-        except (InvalidId, InvalidArgument) as exc:
-            return error(request, 400, str(exc), api)
-        except JobGone as exc:
-            return error(request, 404, f"no such job: {exc}", api)
-        except _NoSuchRepeat as exc:
-            return error(request, 404, str(exc), api)
-        except StateError as exc:
-            return error(request, 409, str(exc), api)
-        except TRANSIENT as exc:
-            return _unreachable(request, exc, api)
-        st.forget()
-        if api:
-            return JSONResponse({"ok": True, "action": action, "result": result})
-        said = describe(action, job_id, fields, selected, result)
-        base = request.scope.get("root_path", "")
-        target = f"{base}/queues/{queue}" + (f"/jobs/{job_id}" if job_id else "")
-        if action in {"remove", "selected"} or action.endswith("_dead"):
-            back = fields.get("back", "")
-            # Only a path of this dashboard's queue page: never an open redirect.
-            target = f"{base}/queues/{queue}" + (back if back.startswith("?") else "")
-        elif action in ("unrepeat", "pause_repeat", "resume_repeat"):
-            target = f"{base}/queues/{queue}/repeats"
-        moved = RedirectResponse(target, status_code=303)
-        # The page it lands on says what was done (a cookie: nothing in the URL to forge).
-        moved.set_cookie(
-            _FLASH,
-            urllib.parse.quote(said[:_FLASH_MAX]),
-            max_age=60,
-            httponly=True,
-            samesite="strict",
-            secure=_https(request),
-        )
-        return moved
-
     # ------------------------------------------------------------------ errors
 
     def guard(fn: Any, api: bool) -> Any:
@@ -629,13 +485,14 @@ def create_app(
         response.headers["Retry-After"] = "2"
         return response
 
+    writes = _Writes(st, render, error, _unreachable, _signed_in)
     routes = [
         Route("/", guard(overview, False)),
         Route("/api/queues", guard(api_overview, True)),
         Route("/metrics", guard(metrics, True)),
         Route("/healthz", healthz),
-        Route("/login", login, methods=["GET", "POST"]),
-        Route("/logout", logout, methods=["POST"]),
+        Route("/login", writes.login, methods=["GET", "POST"]),
+        Route("/logout", writes.logout, methods=["POST"]),
         Route("/queues/{queue}", guard(queue_page, False)),
         Route("/api/queues/{queue}", guard(api_queue, True)),
         Route("/api/queues/{queue}/backlog", guard(api_backlog, True)),
@@ -649,10 +506,10 @@ def create_app(
         Route("/api/queues/{queue}/charts", guard(api_charts, True)),
         Route("/queues/{queue}/jobs/{id}", guard(job_page, False)),
         Route("/api/queues/{queue}/jobs/{id}", guard(api_job, True)),
-        Route("/queues/{queue}/jobs/{id}/{action}", act, methods=["POST"]),
-        Route("/api/queues/{queue}/jobs/{id}/{action}", act, methods=["POST"]),
-        Route("/queues/{queue}/{action}", act, methods=["POST"]),
-        Route("/api/queues/{queue}/{action}", act, methods=["POST"]),
+        Route("/queues/{queue}/jobs/{id}/{action}", writes.act, methods=["POST"]),
+        Route("/api/queues/{queue}/jobs/{id}/{action}", writes.act, methods=["POST"]),
+        Route("/queues/{queue}/{action}", writes.act, methods=["POST"]),
+        Route("/api/queues/{queue}/{action}", writes.act, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
 

@@ -1,4 +1,6 @@
-"""The dashboard's sessions and forms: the shared state (sessions with a TTL, revoked on
+"""The dashboard's sessions, forms and cookies.
+
+The dashboard's sessions and forms: the shared state (sessions with a TTL, revoked on
 sign-out; the queue names; the sampled series), the form reader that refuses a body past
 :data:`MAX_FORM` before buffering it, and the cookie names."""
 
@@ -16,11 +18,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from echomq import _inspect, keyspace
-from echomq._executor import SyncExecutor
+from echomq import keyspace
+from echomq.client.executor import SyncExecutor
 from echomq.errors import (
     InvalidArgument,
 )
+from echomq.ops import snapshots as _inspect
 
 _SESSION = "echomq_session"
 

@@ -1,4 +1,6 @@
-"""What the dashboard's pages show and how: the templates' environment and filters (human
+"""The dashboard's template helpers: filters, payloads, page sizes.
+
+What the dashboard's pages show and how: the templates' environment and filters (human
 times with the raw value on hover, thousands separators, sparklines and bars), a decoded
 payload, and the page sizes and list states."""
 
@@ -14,7 +16,9 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from echomq import _console, _envelope, ids
+from echomq import ids
+from echomq.ops import console as _console
+from echomq.protocol import envelope as _envelope
 
 HERE = Path(__file__).parent
 

@@ -1,4 +1,6 @@
-"""The dashboard's actions: one :class:`JobAction` per verb on one job (the job page, a list's
+"""The dashboard's actions: one per verb on a job, and the queue-wide ones.
+
+The dashboard's actions: one :class:`JobAction` per verb on one job (the job page, a list's
 row buttons and a selection are all drawn from :data:`JOB_TABLE`), and the queue-wide ones
 (:data:`QUEUE_ACTIONS`). Each runs one script verb; the destructive ones ask first."""
 
@@ -11,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from echomq import _console, _envelope
 from echomq.errors import (
     EchoMQError,
     InvalidArgument,
     JobGone,
     StateError,
 )
+from echomq.ops import console as _console
+from echomq.protocol import envelope as _envelope
 from echomq.web._session import MAX_FORM
 
 QUEUE_ACTIONS = (
@@ -207,7 +210,7 @@ JOB_TABLE: dict[str, JobAction] = {
 JOB_ACTIONS = tuple(JOB_TABLE)
 
 
-# The verbs a list's selection can apply (the names of `_console.bulk`), the harmless ones
+# The verbs a list's selection can apply (the names of `ops.console.bulk`), the harmless ones
 # first; the list's select starts on none of them (a destructive pick is an explicit one).
 SELECTION = {"reprocess": "reprocess", "retry": "run_now", "cancel": "cancel", "remove": "remove"}
 

@@ -1,4 +1,6 @@
-"""A backend for Django's task framework (``django.tasks`` on Django >= 6.0, or the
+"""A backend for Django's task framework (extra ``django``).
+
+A backend for Django's task framework (``django.tasks`` on Django >= 6.0, or the
 ``django-tasks`` backport on Django 5.2) that runs Django tasks as echomq jobs: extra
 ``echomq[django]``, guide docs/guides/django.md.
 

@@ -1,4 +1,6 @@
-"""Django's task framework, wherever it comes from: ``django.tasks`` (Django >= 6.0, Python
+"""Django's task framework: ``django.tasks`` or the ``django_tasks`` backport.
+
+Django's task framework, wherever it comes from: ``django.tasks`` (Django >= 6.0, Python
 >= 3.12) when present, else the backport ``django_tasks`` (PyPI ``django-tasks``, Django
 5.2 on Python 3.10+). The two have the same classes and behaviour; only the module path and
 the name of the invalid-task error differ, so the rest of ``echomq.contrib.django`` imports
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echomq import _extras
+from echomq.protocol import extras as _extras
 
 try:
     import django  # noqa: F401  (a missing Django names the extra, like the backport's)

@@ -149,7 +149,7 @@ class EchoMQBackend(_api.BaseTaskBackend):
         return None
 
     def _call(self, row: dict[str, Any]) -> tuple[str, list[Any]]:
-        from echomq import _envelope
+        from echomq.protocol import envelope as _envelope
 
         name, args, _kwargs = _envelope.parse(self.app.serializer, row["payload"])
         return name, list(args)

@@ -1,4 +1,4 @@
--- common: helpers every transition shares. Inlined by _scripts.py where a script says
+-- common: helpers every transition shares. Inlined by protocol/scripts.py where a script says
 -- "--@include common"; never loaded on its own.
 local rcall = redis.call
 -- The flat pending set's token in the ring. '*' is not a legal lane name (D3), so the token

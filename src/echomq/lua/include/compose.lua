@@ -126,7 +126,7 @@ end
 
 -- A child whose parent is on another queue cannot touch the parent's keys (another cluster
 -- slot): its settle appends an entry to its OWN queue's outbox, in the same script, and the
--- pump delivers it to the parent's queue (echomq/_compose.py deliver). Entries:
+-- pump delivers it to the parent's queue (echomq/protocol/compose.py deliver). Entries:
 --   done: parent_queue \0 parent \0 child_id \0 result (the rest, may hold NULs)
 --   fail: '' \0 'fail' \0 parent_queue \0 parent \0 child_id \0 policy \0 error
 -- (a queue name is never empty, so the two kinds never collide). parent is the parent's id,

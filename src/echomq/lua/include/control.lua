@@ -1,5 +1,5 @@
 -- control: what a caller steers a job with: kept results (D17), dedup keys (D20) and the
--- cancel flag (D22). Needs common. See echomq/_control.py for the keys' layout.
+-- cancel flag (D22). Needs common. See echomq/protocol/control.py for the keys' layout.
 
 -- D17: keep a finished job's outcome for keep_ms (field 'result' for a completion, 'error'
 -- for a dead-letter) and wake its waiters. Nothing is written when keep_ms is 0.

@@ -6,7 +6,7 @@
 -- below), never a write.
 --
 -- D16 metrics: per-minute counts of completions and dead-letters, newest first, each element
--- "<minute>:<count>" (minute = floor(server unix seconds / 60)); see echomq/_observe.py.
+-- "<minute>:<count>" (minute = floor(server unix seconds / 60)); see echomq/protocol/observe.py.
 local events_bound = nil  -- nil: not read yet; false: off; else the MAXLEN bound
 
 local function emit(base, event, id, ...)

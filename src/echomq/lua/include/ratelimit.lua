@@ -1,5 +1,5 @@
 -- ratelimit: D21, max jobs per window_ms counted inside the claim (claim_n in lease.lua), on
--- the server clock. Inlined by common.lua (serviceable needs it); see echomq/_control.py.
+-- the server clock. Inlined by common.lua (serviceable needs it); see echomq/protocol/control.py.
 --   queue-wide: meta fields rate_max / rate_window_ms, counter p..limiter (STRING, PX window)
 --   per lane:   p..grate HASH lane -> '<max>:<window_ms>', counter p..limiter:<lane>
 --   p..ratewait ZSET lane -> the server ms its window reopens: a lane that spent its window

@@ -1,0 +1,5 @@
+"""The protocol, sans-I/O: scripts, the kernel, each verb as a Call or Plan.
+
+Internal: nothing here is API. The API is the names ``echomq`` exports and the public modules
+at the top of the package (docs/API.md); these modules move and change without notice.
+"""
