@@ -138,8 +138,10 @@ def test_the_limit_holds_under_worker_processes_of_this_release_and_the_last(
     spawn: Spawner, qname: str, url: str, r: redis.Redis, tmp_path: Path
 ) -> None:
     """Three ``echomq worker -c 4`` processes on one queue at ``limit(3)``: two of this tree
-    and one of v0.6.0 (its own client code, on the native leg the same module, whose settle
-    now answers a fifth element it ignores). Replaying the event stream, never more than
+    and one of v0.6.0 (its own client code). On the native leg the 0.6 worker asks for
+    ``executor=auto``: it needs trafikey 3 and the server loads 4 (the option tail), so it
+    runs the Lua scripts beside this tree's native workers, both on one limited queue, as in
+    a rolling upgrade. Replaying the event stream, never more than
     three jobs are active at once, and every job runs once."""
     old = materialise("v0.6.0", tmp_path / "releases")
     q = echomq.Queue(qname, url=url)
@@ -159,7 +161,15 @@ def test_the_limit_holds_under_worker_processes_of_this_release_and_the_last(
         spawn.start("worker", "apps.basic:app", "-c", "4", env=spawn.env(**env)) for _ in range(2)
     ]
     workers.append(
-        spawn.start("worker", "apps.basic:app", "-c", "4", env=old.env(spawn.env(**env)))
+        spawn.start(
+            "worker",
+            "apps.basic:app",
+            "-c",
+            "4",
+            env=old.env(
+                spawn.env(**env, ECHOMQ_URL=url.replace("executor=native", "executor=auto"))
+            ),
+        )
     )
     for w in workers:
         wait_log(w, "serving")
