@@ -45,7 +45,7 @@ class JobOptions:
     """One job's options, checked when the record is made (the same typed errors each
     keyword raised before it): a delay or an absolute run time, a lane (``group``), an id,
     a dedup key (D20), a priority (0..2**21, lower runs first; ``Task.options`` puts the
-    task's own when it names none), an attempt budget (the envelope's; None: the task's)
+    task's own when it names none), an attempt budget (the envelope's; None: the task's),
     an expiry (``ttl_ms``) and a log bound (``keep_logs``: the job keeps its newest N log
     lines, row field ``keep_logs``; None: every line)."""
 
