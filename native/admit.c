@@ -14,7 +14,8 @@ int emq_is_job(emq_sv id) { return id.n >= 3 && memcmp(id.p, "JOB", 3) == 0; }
 /* admit.lua admit(): policy (kind) before existence (duplicate) before write. has_run_at = 0
  * is Lua's run_at == nil. The row's HSET is the first write (deny-oom, see admit.lua). */
 const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_at,
-                      long long run_at, long long now, int fresh, emq_sv pri, emq_sv expires) {
+                      long long run_at, long long now, int fresh, emq_sv pri, emq_sv expires,
+                      emq_sv keep) {
     if (!emq_is_job(id)) return "kind";
     emq_sv jk = emq_key2(e, EMQ_KP_JOB, id);
     /* EXISTS, then the row's HSET below, on one write handle (one key lookup). */
@@ -26,7 +27,7 @@ const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_a
     if (!fresh) attempts = emq_retired_last(e, id, &was);
     int carried = !emq_eqs(attempts, "0");
     int prioritized = !emq_eqs(pri, "0");
-    emq_sv f[16];
+    emq_sv f[18];
     int n = 0;
     f[n++] = jk;
     f[n++] = EMQ_LIT("state");
@@ -50,6 +51,10 @@ const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_a
     if (expires.p) { /* issue 24: the claim that meets it past this dead-letters it */
         f[n++] = EMQ_LIT("expires");
         f[n++] = expires;
+    }
+    if (keep.p) { /* the option keep_logs: add_log.lua trims to it */
+        f[n++] = EMQ_LIT("keep_logs");
+        f[n++] = keep;
     }
     emq_hrow_hsetv(e, &row, n, f);
     if (was) emq_unretire(e, id);

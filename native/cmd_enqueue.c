@@ -9,11 +9,11 @@
  * name, value pairs, args.lua opt_tail), or the positional form of 0.6 (ARGV[10..15]), parsed
  * once. An absent option has p == NULL, as emq_arg past the end. */
 typedef struct {
-    emq_sv dedup, dedup_mode, dedup_ttl_ms, second, priority, ttl_ms;
+    emq_sv dedup, dedup_mode, dedup_ttl_ms, second, priority, ttl_ms, keep_logs;
 } enqueue_opts;
 
 #define ENQUEUE_ARITY                                                                        \
-    "ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and " \
+    "ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..24 args (enqueue) or 1 key (meta) and " \
     "9 + 2n args (enqueue_many)"
 
 static void parse_opts(emq *e, enqueue_opts *o) {
@@ -28,6 +28,7 @@ static void parse_opts(emq *e, enqueue_opts *o) {
             else if (emq_eqs(name, "second")) slot = &o->second;
             else if (emq_eqs(name, "priority")) slot = &o->priority;
             else if (emq_eqs(name, "ttl_ms")) slot = &o->ttl_ms;
+            else if (emq_eqs(name, "keep_logs")) slot = &o->keep_logs;
             else emq_fail(e, "EMQARG unknown option in the tail (see PROTOCOL §6)");
             if (slot->p) emq_fail(e, "EMQARG an option named twice in the tail");
             *slot = emq_arg(e, i + 1);
@@ -66,6 +67,7 @@ void emq_cmd_enqueue(emq *e) {
     emq_sv ttl = o.ttl_ms;
     long long ttl_ms = 0;
     if (ttl.p && ttl.n) ttl_ms = emq_need_ll(e, ttl);
+    emq_sv keep = o.keep_logs.p ? emq_keep_logs_arg(e, o.keep_logs) : EMQ_NONE;
     int resend = emq_has_char(flags, 'r');
     emq_sv second = o.second;
     long long now = 0;
@@ -116,7 +118,7 @@ void emq_cmd_enqueue(emq *e) {
     if (did.n) {
         emq_sv lane = EMQ_NONE;
         emq_sv holder = emq_dedup_holder(e, did, o.dedup_mode, payload, has_run_at, run_at,
-                                         now, g, pri, expires, &lane);
+                                         now, g, pri, expires, keep, &lane);
         if (lane.p) {
             emq_sv text = emq_cat(e, 5, EMQ_LIT("EMQSTATE debounce holder "), holder,
                                   EMQ_LIT(" waits in "),
@@ -137,7 +139,7 @@ void emq_cmd_enqueue(emq *e) {
         }
     }
     const char *verdict =
-        emq_admit(e, id, payload, g, has_run_at, run_at, now, fresh, pri, expires);
+        emq_admit(e, id, payload, g, has_run_at, run_at, now, fresh, pri, expires, keep);
     int dup = strcmp(verdict, "duplicate") == 0;
     if (dup) emq_emit_in(e, "duplicate", id, g, 0, NULL);
     if (did.n && !dup) emq_take_dedup(e, id, did, dedup_ttl_ms);

@@ -13,7 +13,7 @@ static const char *code_of(const char *v) {
 }
 
 #define ENQUEUE_ARITY                                                                        \
-    "ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and " \
+    "ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..24 args (enqueue) or 1 key (meta) and " \
     "9 + 2n args (enqueue_many)"
 
 /* enqueue_many.lua: KEYS meta; ARGV base group mode value replay_ms nonce flags, then the
@@ -23,7 +23,7 @@ void emq_cmd_enqueue_many(emq *e) {
     emq_sv g = emq_arg(e, 2), mode = emq_arg(e, 3), value = emq_arg(e, 4);
     if (emq_eqs(g, "")) g = EMQ_NONE;
     /* The options, parsed once (the Lua's order of checks). */
-    emq_sv pri_arg = EMQ_NONE, ttl = EMQ_NONE;
+    emq_sv pri_arg = EMQ_NONE, ttl = EMQ_NONE, keep_arg = EMQ_NONE;
     int first = 10; /* the first job's id */
     if (emq_eqs(emq_arg(e, 8), "+opt")) {
         long long m = emq_need_ll(e, emq_arg(e, 9));
@@ -32,6 +32,7 @@ void emq_cmd_enqueue_many(emq *e) {
             emq_sv name = emq_arg(e, i), *slot;
             if (emq_eqs(name, "priority")) slot = &pri_arg;
             else if (emq_eqs(name, "ttl_ms")) slot = &ttl;
+            else if (emq_eqs(name, "keep_logs")) slot = &keep_arg;
             else emq_fail(e, "EMQARG unknown option in the tail (see PROTOCOL §6)");
             if (slot->p) emq_fail(e, "EMQARG an option named twice in the tail");
             *slot = emq_arg(e, i + 1);
@@ -46,6 +47,7 @@ void emq_cmd_enqueue_many(emq *e) {
     emq_sv pri = pri_arg.p ? emq_priority_arg(e, pri_arg) : EMQ_LIT("0");
     if (!ttl.p) ttl = EMQ_LIT("");
     long long ttl_ms = ttl.n ? emq_need_ll(e, ttl) : 0;
+    emq_sv keep = keep_arg.p ? emq_keep_logs_arg(e, keep_arg) : EMQ_NONE;
     if (emq_eqs(mode, "in") || emq_eqs(mode, "at")) (void)emq_need_ll(e, value);
     int marked = replay_ms > 0 && !emq_eqs(nonce, "");
     emq_sv rk = emq_key2(e, EMQ_KP_RECENT, nonce);
@@ -77,7 +79,7 @@ void emq_cmd_enqueue_many(emq *e) {
     emq_zadd_defer(e); /* the admissions' ZADDs: one per key, before the touch reads the set */
     for (int j = 0; j < jobs; j++) {
         const char *v = emq_admit(e, emq_arg(e, first + 2 * j), emq_arg(e, first + 1 + 2 * j), g,
-                                  has_run_at, run_at, now, fresh, pri, expires);
+                                  has_run_at, run_at, now, fresh, pri, expires, keep);
         if (strcmp(v, "enqueued") == 0) added++;
         if (strcmp(v, "enqueued") == 0 || strcmp(v, "scheduled") == 0) admitted++;
         if (strcmp(v, "duplicate") == 0)

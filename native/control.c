@@ -32,7 +32,7 @@ void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did) {
  * caller refuses the call (EMQSTATE), nothing written. */
 emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
                         long long run_at, long long now, emq_sv g, emq_sv pri, emq_sv expires,
-                        emq_sv *lane_out) {
+                        emq_sv keep, emq_sv *lane_out) {
     *lane_out = EMQ_NONE;
     emq_sv dk = emq_key2(e, EMQ_KP_DE, did);
     emq_sv holder = emq_str(e, emq_call(e, "GET", 1, dk));
@@ -42,9 +42,10 @@ emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has
         emq_int(e, emq_call(e, "PTTL", 1, dk)) == -1)
         return EMQ_NONE;
     if (!emq_eqs(mode, "debounce")) return holder;
-    static const char *fields[5] = {"state", "group", "lease_epoch", "priority", "expires"};
-    emq_sv row[5];
-    if (!emq_hmget(e, jk, 5, fields, row)) return holder;
+    static const char *fields[6] = {"state",    "group",   "lease_epoch",
+                                    "priority", "expires", "keep_logs"};
+    emq_sv row[6];
+    if (!emq_hmget(e, jk, 6, fields, row)) return holder;
     if (!emq_eqs(row[0], "pending") && !emq_eqs(row[0], "scheduled")) return holder;
     emq_sv had = row[1].p ? row[1] : EMQ_LIT("");
     if (!emq_eq(had, g.p ? g : EMQ_LIT(""))) {
@@ -69,6 +70,10 @@ emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has
         emq_hset(e, 3, jk, EMQ_LIT("expires"), expires);
     else if (row[4].p)
         emq_call(e, "HDEL", 2, jk, EMQ_LIT("expires"));
+    if (keep.p)
+        emq_hset(e, 3, jk, EMQ_LIT("keep_logs"), keep);
+    else if (row[5].p)
+        emq_call(e, "HDEL", 2, jk, EMQ_LIT("keep_logs"));
     int due = !has_run_at || run_at <= now;
     if (emq_eqs(row[0], "scheduled")) {
         emq_zadd(e, 3, emq_key(e, EMQ_K_SCHEDULE), emq_fmt_ll(e, has_run_at ? run_at : now),

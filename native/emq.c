@@ -155,6 +155,14 @@ emq_sv emq_priority_arg(emq *e, emq_sv s) {
     return emq_fmt_ll(e, p);
 }
 
+/* args.lua keep_logs_arg: an integer argument in 1..MAX_ARG (15 digits), as canonical text
+ * (the Lua stores string.format('%d', n)). */
+emq_sv emq_keep_logs_arg(emq *e, emq_sv s) {
+    long long n = emq_need_ll(e, s);
+    if (n < 1) emq_fail(e, "ERR keep_logs must be 1..999999999999999");
+    return emq_fmt_ll(e, n);
+}
+
 emq_sv emq_fmt_ll(emq *e, long long v) {
     char *buf = RedisModule_PoolAlloc(e->ctx, 24);
     int n = snprintf(buf, 24, "%lld", v);

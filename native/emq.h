@@ -98,6 +98,7 @@ int emq_is_digits(emq_sv s); /* Lua '^[0-9]+$' */
 int emq_parse_ll(emq_sv s, long long *out); /* a strict decimal integer that fits 64 bits */
 long long emq_need_ll(emq *e, emq_sv s); /* emq_parse_ll or fail with ERR */
 emq_sv emq_priority_arg(emq *e, emq_sv s); /* args.lua priority_arg: 0..2^21, canonical */
+emq_sv emq_keep_logs_arg(emq *e, emq_sv s); /* args.lua keep_logs_arg: 1..MAX_ARG */
 emq_sv emq_fmt_ll(emq *e, long long v);
 emq_sv emq_sub(emq_sv s, long i, long j); /* Lua string.sub(s, i, j) */
 emq_sv emq_cat(emq *e, int n, ...);        /* join n emq_sv */
@@ -248,7 +249,8 @@ int emq_is_job(emq_sv id);
 /* admit(): policy (kind) before existence (duplicate) before write; the verdict. has_run_at
  * = 0 is Lua's run_at == nil. */
 const char *emq_admit(emq *e, emq_sv id, emq_sv payload, emq_sv g, int has_run_at,
-                      long long run_at, long long now, int fresh, emq_sv pri, emq_sv expires);
+                      long long run_at, long long now, int fresh, emq_sv pri, emq_sv expires,
+                      emq_sv keep);
 int emq_run_time(emq *e, emq_sv mode, emq_sv value, long long now, long long *run_at);
 long long emq_floor_div(long long a, long long b);
 emq_sv emq_marker_key(emq *e, emq_sv nonce, emq_sv rm, emq_sv second);
@@ -260,7 +262,7 @@ const char *emq_find_one(emq *e, emq_sv key, emq_sv field);
 /* ---- control.lua (control.c) ---- */
 emq_sv emq_dedup_holder(emq *e, emq_sv did, emq_sv mode, emq_sv payload, int has_run_at,
                         long long run_at, long long now, emq_sv g, emq_sv pri, emq_sv expires,
-                        emq_sv *lane_out);
+                        emq_sv keep, emq_sv *lane_out);
 void emq_take_dedup(emq *e, emq_sv id, emq_sv did, long long ttl_ms);
 int emq_cancel_flagged(emq *e, emq_sv jk);
 void emq_release_dedup_of(emq *e, emq_sv id, emq_sv did);

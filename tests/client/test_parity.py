@@ -124,6 +124,7 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
         ("dedup_mode", KW, "simple"),
         ("priority", KW, 0),
         ("ttl_ms", KW, None),
+        ("keep_logs", KW, None),
     ],
     "change_priority": [("id", POS, EMPTY), ("priority", POS, EMPTY)],
     "limit": [("n", POS, EMPTY)],
@@ -185,7 +186,7 @@ API_SIGNATURES: dict[str, list[tuple[str, Any, Any]]] = {
     "lanes": [],
     "drain": [("include_scheduled", KW, False)],
     "obliterate": [("force", KW, False)],
-    "add_log": [("id", POS, EMPTY), ("line", POS, EMPTY), ("keep", KW, 0)],
+    "add_log": [("id", POS, EMPTY), ("line", POS, EMPTY), ("keep", KW, None)],
     "logs": [("id", POS, EMPTY)],
     "clear_logs": [("id", POS, EMPTY), ("keep", KW, 0)],
     "repeat": [

@@ -49,6 +49,10 @@ class Job:
     # in its waiting set. Only an enqueue or change_priority sets it; every way back to
     # waiting (promote, reap, stall, delay, reprocess, run_now) keeps it.
     priority: int = 0
+    # issue 38's option keep_logs: the row field `keep_logs` (absent: None), the bound an
+    # add_log without its own keep trims to. Set at admission, taken by a debounce fold (the
+    # newest call's, None drops it), kept by a reprocess.
+    keep_logs: int | None = None
     # ---- issue 24 (budgets, expiry, controls) ----
     expires: int | None = None  # the row's `expires` (ttl_ms) until the first claim
     expired: bool = False  # the machine waited past `expires`: a claim dead-letters it

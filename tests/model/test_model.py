@@ -138,6 +138,7 @@ PAYLOADS = st.binary(max_size=4)
 # Which item of a list (tickets: counted from the most recent): mostly one of the last few.
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 255))
 QI = st.sampled_from((0, 0, 0, 0, 1))
+KEEP_LOGS = st.sampled_from((None, None, 1, 3))  # issue 38: the option keep_logs
 PRIORITIES = st.sampled_from((0, 1, 5, 2**21))  # issue 24: the default, low, the maximum
 # D3's grammar: a dedup id is [A-Za-z0-9._-]{1,255}; the long one is past the old 128 cap.
 DIDS = ("d1", "d2", "L" * 200)
@@ -311,6 +312,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
         mode=MODES,
         ttl=TTLS,
         budget=st.sampled_from((99, 1, 2)),
+        keep_logs=KEEP_LOGS,
     )
     def enqueue(
         self,
@@ -322,8 +324,9 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
         mode: str,
         ttl: int | None = None,
         budget: int = 99,
+        keep_logs: int | None = None,
     ) -> None:
-        self.admit_one(qi, None, payload, group, delay, did, mode, ttl, budget)
+        self.admit_one(qi, None, payload, group, delay, did, mode, ttl, budget, keep_logs=keep_logs)
 
     @rule(
         qi=QI,
@@ -404,6 +407,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
         ttl: int | None = None,
         budget: int = 99,
         priority: int = 0,
+        keep_logs: int | None = None,
     ) -> None:
         m = self.m(qi)
         kw: dict[str, Any] = {}
@@ -416,6 +420,8 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
             self.dids_used.add((qi, did))
         if ttl is not None:
             kw["ttl_ms"] = ttl
+        if keep_logs is not None:  # issue 38: sent with a dedup too (the named tail)
+            kw["keep_logs"] = keep_logs
         sent_priority = kw.get("priority", 0)  # a dedup call sends none: the default, 0
         before = self.last_event(qi)
         holder = m.dedup.get(did) if did is not None else None
@@ -442,6 +448,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
                 self.debounced(qi, holder, h, payload, delay, t0, t1, old)
                 if h.payload == payload:  # folded (issue 37): the newest call's ttl too
                     h.priority = sent_priority  # and its priority (F28)
+                    h.keep_logs = keep_logs  # and its log bound (issue 38; None drops it)
                     if ttl is not None:
                         h.expired = False
                         self.expiry(qi, holder, h, ttl, t0, t1)
@@ -452,7 +459,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
             assert e == Enqueued(jid, "duplicate")
             assert "duplicate" in new or not m.events or not strict("events"), new
             return
-        j = Job(payload, group, priority=priority)
+        j = Job(payload, group, priority=priority, keep_logs=keep_logs)
         if delay:
             assert e.status == "scheduled", e
             j.state = "scheduled"
@@ -1655,6 +1662,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
             "priority",  # issue 24: absent for 0
             "expires",
             "progress",  # issue 38: update_progress
+            "keep_logs",  # issue 38: the option
             "kids",  # last: compared as a set of ids below
         )
         jobs = sorted(m.jobs.items())
@@ -1714,6 +1722,7 @@ class ModelMachine(VerbRules, RuleBasedStateMachine):
                 str(j.priority) if j.priority else None,
                 str(j.expires) if j.expires is not None else None,
                 j.progress,
+                str(j.keep_logs) if j.keep_logs is not None else None,
                 _kids(j.kids),
             ]
             got = [

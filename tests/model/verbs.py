@@ -56,6 +56,7 @@ class VerbRules:
         group=st.sampled_from((None, *LANES)),
         delay=st.sampled_from((None, None, SHORT, LONG)),
         priority=st.sampled_from((0, 0, 3)),
+        keep_logs=st.sampled_from((None, None, 2)),
     )
     def enqueue_many(
         self: Any,
@@ -65,6 +66,7 @@ class VerbRules:
         group: str | None,
         delay: int | None,
         priority: int,
+        keep_logs: int | None = None,
     ) -> None:
         """One verdict per item in input order; minted ids increase in it; an id named
         twice in the call is a duplicate the second time; a non-JOB id is refused
@@ -85,6 +87,8 @@ class VerbRules:
         kw: dict[str, Any] = {"group": group, "delay_ms": delay}
         if priority:
             kw["priority"] = priority
+        if keep_logs is not None:
+            kw["keep_logs"] = keep_logs
         t0 = self.now()
         out = self.q(qi).enqueue_many(sent, **kw)
         t1 = self.now()
@@ -103,7 +107,7 @@ class VerbRules:
                 assert got == Enqueued(jid, "duplicate"), (item, got)
                 continue
             assert got.id == jid and got.status == ("scheduled" if delay else "enqueued"), got
-            self.admitted_many(qi, jid, payload, group, delay, priority, t0, t1)
+            self.admitted_many(qi, jid, payload, group, delay, priority, t0, t1, keep_logs)
         assert minted == sorted(minted), f"minted ids out of input order: {minted}"
         if "bad" in items:  # and alone: refused before anything is written
             with pytest.raises(KindError):
@@ -120,8 +124,9 @@ class VerbRules:
         priority: int,
         t0: int,
         t1: int,
+        keep_logs: int | None = None,
     ) -> None:
-        j = Job(payload, group, priority=priority)
+        j = Job(payload, group, priority=priority, keep_logs=keep_logs)
         if delay:
             j.state = "scheduled"
             j.score = self.score(qi, "schedule", jid, t0 + delay, t1 + delay)
@@ -246,12 +251,13 @@ class VerbRules:
         qi=QI,
         n=PICK,
         what=st.sampled_from(("log", "log", "progress", "clear")),
-        keep=st.sampled_from((0, 0, 2)),
+        keep=st.sampled_from((0, 0, 2, None)),
     )
-    def annotate(self: Any, qi: int, n: int, what: str, keep: int) -> None:
+    def annotate(self: Any, qi: int, n: int, what: str, keep: int | None) -> None:
         """A handler's notes on a job of any state: a log line (``keep`` > 0: only the newest
-        kept), its progress, or ``clear_logs`` (all lines but the newest ``keep`` dropped,
-        answering how many); no row: JobGone, nothing written."""
+        kept; None: the job's ``keep_logs``, issue 38), its progress, or ``clear_logs`` (all
+        lines but the newest ``keep`` dropped, answering how many); no row: JobGone, nothing
+        written."""
         m = self.m(qi)
         jid = _pick(self.live(qi), n) if n % 4 else _pick(sorted(m.seen), n)
         if jid is None:
@@ -259,6 +265,7 @@ class VerbRules:
         j = m.jobs.get(jid)
         text = f"{what}{n}"
         if what == "clear":
+            keep = keep or 0  # clear_logs has no row default
             if j is None:
                 self.expect(JobGone, self.q(qi).clear_logs, jid, keep=keep)
                 return
@@ -270,7 +277,8 @@ class VerbRules:
                 self.expect(JobGone, self.q(qi).add_log, jid, text, keep=keep)
                 return
             lines = [*j.logs, text]
-            j.logs = lines[-keep:] if keep else lines
+            bound = keep if keep is not None else j.keep_logs  # None: the row's (issue 38)
+            j.logs = lines[-bound:] if bound else lines
             assert self.q(qi).add_log(jid, text, keep=keep) == len(j.logs)
         elif j is None:
             self.expect(JobGone, self.q(qi).update_progress, jid, text)

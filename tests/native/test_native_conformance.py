@@ -66,8 +66,18 @@ def enq(
     ttl: str = "0",
     second: str | None = None,
     priority: str | None = None,
+    keep_logs: str | None = None,
 ) -> Any:
     args: list[str | bytes] = ["@", id, payload, group, mode, value, flags, replay_ms, nonce]
+    if keep_logs is not None:  # issue 38: the named tail (the positional form has no slot)
+        args += ["+opt", "keep_logs", keep_logs]
+        if dedup:
+            args += ["dedup", dedup, "dedup_mode", dedup_mode, "dedup_ttl_ms", ttl]
+        if second is not None:
+            args += ["second", second]
+        if priority is not None:
+            args += ["priority", priority]
+        return pair.run("enqueue", ["@job:" + id, "@meta"], args)
     args += [dedup, dedup_mode, ttl]
     if second is not None or priority is not None:
         args.append(second or "0")
@@ -87,8 +97,11 @@ def enq_many(
     nonce: str = "",
     flags: str = "",
     priority: str = "0",
+    keep_logs: str | None = None,
 ) -> Any:
     args: list[str | bytes] = ["@", group, mode, value, replay_ms, nonce, flags, priority, ""]
+    if keep_logs is not None:  # issue 38: the named tail
+        args[7:] = ["+opt", "2", "keep_logs", keep_logs, "priority", priority]
     for i, p in items:
         args += [i, p]
     return pair.run("enqueue_many", ["@meta"], args)
@@ -137,6 +150,24 @@ def test_enqueue_modes(pair: Pair, both: Any, r: redis.Redis, events: bool) -> N
     assert kind[0] == "err" and kind[1].startswith("EMQKIND")
     assert enq(pair, "JO")[0] == "err"
     assert enq(pair, jid(8), flags="f") == ("ok", b"enqueued")
+    # Issue 38: keep_logs is the row field both write, and the bound add_log reads.
+    assert enq(pair, jid(9), keep_logs="3") == ("ok", b"enqueued")
+    assert enq(pair, jid(10), group="g1", keep_logs="999999999999999", priority="2") == (
+        "ok",
+        b"enqueued",
+    )
+    assert enq(pair, jid(11), mode="in", value="60000", keep_logs="007") == ("ok", b"scheduled")
+    assert pair.r.hget(base(QB) + "job:" + jid(11), "keep_logs") == b"7"
+    assert pair.r.hget(base(QB) + "job:" + jid(10), "keep_logs") == b"999999999999999"
+    for bad in ("0", "-1", "1000000000000000", "x", ""):
+        assert enq(pair, jid(12), keep_logs=bad)[0] == "err"
+    assert not pair.r.exists(base(QA) + "job:" + jid(12), base(QB) + "job:" + jid(12))
+    assert enq_many(pair, [(jid(13), "a"), (jid(14), "b")], keep_logs="2") == (
+        "ok",
+        [b"enqueued", b"enqueued"],
+    )
+    assert pair.r.hget(base(QB) + "job:" + jid(14), "keep_logs") == b"2"
+    assert enq_many(pair, [(jid(15), "a")], keep_logs="0")[0] == "err"
 
 
 def test_enqueue_many_wakes_past_64(pair: Pair) -> None:
@@ -206,6 +237,16 @@ def test_dedup(pair: Pair, both: Any, events: bool) -> None:
         pair, jid(7), "v3", mode="in", value="40000", dedup="d1", dedup_mode="debounce", ttl="60000"
     )
     enq(pair, jid(8), "v4", dedup="d1", dedup_mode="debounce", ttl="60000")
+    # Issue 38: a fold takes the newest call's keep_logs, and drops the holder's when the
+    # newest call names none.
+    kl = {"dedup": "d2", "dedup_mode": "debounce", "ttl": "60000"}
+    assert enq(pair, jid(10), "k1", keep_logs="4", **kl) == ("ok", b"enqueued")
+    enq(pair, jid(11), "k2", keep_logs="9", **kl)
+    assert pair.r.hget(base(QB) + "job:" + jid(10), "keep_logs") == b"9"
+    enq(pair, jid(12), "k3", **kl)
+    assert not pair.r.hexists(base(QB) + "job:" + jid(10), "keep_logs")
+    enq(pair, jid(13), "k4", keep_logs="2", **kl)
+    assert pair.r.hget(base(QB) + "job:" + jid(10), "keep_logs") == b"2"
     # A simple key whose holder's row is gone is free again.
     pair.r.delete(base(QA) + "job:" + jid(1), base(QB) + "job:" + jid(1))
     assert enq(pair, jid(9), dedup="s1") == ("ok", b"enqueued")
@@ -242,7 +283,7 @@ def test_the_named_option_tail(pair: Pair) -> None:
     )
     arity = (  # redis-py drops the ERR
         "err",
-        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) "
+        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..24 args (enqueue) or 1 key (meta) "
         "and 9 + 2n args (enqueue_many)",
     )
     assert raw(jid(6), "+opt", "priority") == arity  # a name without its value
@@ -274,7 +315,7 @@ def test_the_named_option_tail_of_enqueue_many(pair: Pair) -> None:
     )
     arity = (
         "err",
-        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) "
+        "EMQ.ENQUEUE takes 2 keys (row, meta) and 6..24 args (enqueue) or 1 key (meta) "
         "and 9 + 2n args (enqueue_many)",
     )
     assert raw("+opt", "3", "priority", "2", jid(5), "e") == arity  # more pairs than sent
@@ -411,6 +452,8 @@ def test_randomized(pair: Pair, both: Any) -> None:
             if rng.random() < 0.4 and "nonce" not in kw:
                 # (With a nonce, the "0" second it would need names another marker key.)
                 kw["priority"] = rng.choice(["0", "1", "7", "2097152"])
+            if rng.random() < 0.3 and "nonce" not in kw:  # (the named tail: no "0" second)
+                kw["keep_logs"] = rng.choice(["1", "5"])  # issue 38
             enq(pair, i, f"p{step}", **kw)
         elif roll < 0.4:
             items = [(rng.choice(ids), f"m{step}") for _ in range(rng.randrange(4))]
@@ -426,6 +469,7 @@ def test_randomized(pair: Pair, both: Any) -> None:
                 replay_ms="60000",
                 flags=rng.choice(["", "r"]),
                 priority=rng.choice(["0", "3"]),
+                keep_logs=rng.choice([None, None, "2"]),
             )
         elif roll < 0.55:
             ext(pair, i, tokens.get(i, rng.randrange(3)), rng.choice([1, 30000]))

@@ -193,6 +193,7 @@ VERBS: dict[str, Builder] = {
             delay_ms=st.one_of(st.none(), DELAY),
             at_ms=st.one_of(st.none(), NUMBERS),
             priority=NUMBERS,  # issue 24
+            keep_logs=st.one_of(st.none(), COUNT),  # issue 38
         ),
     ),
     "enqueue_many": lambda w, d: (
@@ -202,6 +203,7 @@ VERBS: dict[str, Builder] = {
             group=st.one_of(st.none(), LANE),
             delay_ms=st.one_of(st.none(), DELAY),
             priority=NUMBERS,
+            keep_logs=st.one_of(st.none(), COUNT),
         ),
     ),
     "claim": lambda w, d: ((), _kw(d, lease_ms=LEASE)),

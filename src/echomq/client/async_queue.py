@@ -154,19 +154,30 @@ class AsyncQueue(AsyncFlowVerbs):
         dedup_mode: str = "simple",
         priority: int = 0,
         ttl_ms: int | None = None,
+        keep_logs: int | None = None,
     ) -> Enqueued:
         """Enqueue one job: idempotent by ``id``; ``group`` is a lane; delay_ms/at_ms schedule.
         ``dedup``: a dedup id (D20; ``dedup_mode`` simple, throttle or debounce, the last two
         with ``dedup_ttl_ms``): a refused enqueue answers ``deduplicated`` with the holder's id.
         ``priority``: 0..2**21, lower runs first (FIFO within one priority).
         ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
-        ``expired`` by the claim that meets it."""
+        ``expired`` by the claim that meets it. ``keep_logs``: the job keeps its newest
+        ``keep_logs`` log lines (``add_log`` trims to it unless it names its own ``keep``)."""
         return await self._pipe.run(  # sync: return self._x.run(
             _p.enqueue(
                 self._k,
                 payload,
                 job_options(
-                    delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, priority, ttl_ms
+                    delay_ms,
+                    at_ms,
+                    group,
+                    id,
+                    dedup,
+                    dedup_ttl_ms,
+                    dedup_mode,
+                    priority,
+                    ttl_ms,
+                    keep_logs=keep_logs,
                 ),
                 replay_ms=replay_ms(self._x.retry_for),
                 minter=self._x.minter,
@@ -194,15 +205,27 @@ class AsyncQueue(AsyncFlowVerbs):
         at_ms: int | None = None,
         priority: int = 0,
         ttl_ms: int | None = None,
+        keep_logs: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many jobs in few round trips; one verdict per item, in input order.
-        ``priority``: one priority for every job (0..2**21, lower runs first); ``ttl_ms``:
-        every job's expiry, as ``enqueue``."""
+        ``priority``: one priority for every job (0..2**21, lower runs first); ``ttl_ms``
+        and ``keep_logs``: every job's expiry and log bound, as ``enqueue``."""
         return await self._x.run(
             _p.enqueue_many(
                 self._k,
                 items,
-                job_options(delay_ms, at_ms, group, None, None, None, "simple", priority, ttl_ms),
+                job_options(
+                    delay_ms,
+                    at_ms,
+                    group,
+                    None,
+                    None,
+                    None,
+                    "simple",
+                    priority,
+                    ttl_ms,
+                    keep_logs=keep_logs,
+                ),
                 replay_ms=replay_ms(self._x.retry_for),
                 minter=self._x.minter,
             )
@@ -486,8 +509,9 @@ class AsyncQueue(AsyncFlowVerbs):
         """Set the job's progress and publish a progress event."""
         return await self._x.run(_p.update_progress(self._k, id, value))
 
-    async def add_log(self, id: str, line: str, *, keep: int = 0) -> int:
-        """Append a log line; returns how many lines are kept."""
+    async def add_log(self, id: str, line: str, *, keep: int | None = None) -> int:
+        """Append a log line; returns how many lines are kept. ``keep``: keep the newest
+        ``keep`` lines (0: all); None: the job's ``keep_logs`` (all when it has none)."""
         return await self._x.run(_p.add_log(self._k, id, line, keep))
 
     async def clear_logs(self, id: str, *, keep: int = 0) -> int:

@@ -28,6 +28,8 @@
                    field (include/admit.lua)
     ttl_ms         > 0, the job expires ttl_ms after this call on the server clock (row
                    field `expires`, issue 24); '' or absent: never
+    keep_logs      1..MAX_ARG: the job keeps its newest keep_logs log lines (row field
+                   `keep_logs`, read by add_log.lua); absent: every line, no row field
     A call with no option sends no tail (the lean call: 7..9 args). The positional form of
     0.6 and before (ARGV[10] dedup, [11] dedup_mode, [12] dedup_ttl_ms, [13] second, [14]
     priority, [15] ttl_ms, each optional from the end; ARGV[10] never '+opt') is still
@@ -36,7 +38,7 @@
     resend whose first copy landed, and what that copy answered) | 'deduplicated:<holder id>'
     | error EMQKIND
   Flags: writes once
-  Native: EMQ.ENQUEUE args=6..22 deny-oom
+  Native: EMQ.ENQUEUE args=6..24 deny-oom
 ]]
 -- The plain enqueue first (issue 28, "a lean enqueue"): a minted id, due now, no lane, no
 -- dedup, priority or expiry, no nonce (its id is its replay marker, include/admit.lua), not
@@ -76,14 +78,14 @@ end
 -- Built on first use (protocol/scripts.py): a ring resync (the first job into an empty set or lane)
 -- and the retired record (an id the caller named, or a resend's).
 --@cold sync retired_last unretire
-local ARITY = 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)'
-shape(2, 6, 22, ARITY)
+local ARITY = 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..24 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)'
+shape(2, 6, 24, ARITY)
 -- The options, parsed once: the named tail, or the positional form (0.6), or none.
 local o
 if ARGV[10] == OPT_TAIL then
   if #ARGV % 2 ~= 0 then refuse(ARITY) end  -- a name without its value
   o = opt_pairs(11, #ARGV, {dedup = 1, dedup_mode = 1, dedup_ttl_ms = 1, second = 1,
-    priority = 1, ttl_ms = 1})
+    priority = 1, ttl_ms = 1, keep_logs = 1})
 else
   if #ARGV > 15 then refuse(ARITY) end
   o = {}
@@ -99,6 +101,8 @@ local pri = 0
 if o.priority then pri = priority_arg(o.priority) end
 local ttl = o.ttl_ms or ''
 if ttl ~= '' then int_arg(ttl) end
+local keep = nil
+if o.keep_logs then keep = keep_logs_arg(o.keep_logs) end
 local base, id = ARGV[1], ARGV[2]
 local g = ARGV[4]
 if g == '' then g = false end
@@ -142,7 +146,7 @@ end
 local run_at = run_time(ARGV[5], ARGV[6], now)
 if did ~= '' then
   local holder, other, lane = dedup_holder(base, did, o.dedup_mode, ARGV[3], run_at, now, g, pri,
-    expires)
+    expires, keep)
   if other then
     if lane == '' then lane = 'no lane' else lane = 'lane ' .. lane end
     return redis.error_reply('EMQSTATE debounce holder ' .. other .. ' waits in ' .. lane
@@ -154,7 +158,7 @@ if did ~= '' then
     return 'deduplicated:' .. holder
   end
 end
-local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri, expires)
+local verdict = admit(base, id, ARGV[3], g, run_at, now, fresh, pri, expires, nil, keep)
 if verdict == 'kind' then return redis.error_reply(KIND) end
 if verdict == 'duplicate' then emit_in(base, 'duplicate', id, g) end
 if did ~= '' and verdict ~= 'duplicate' then take_dedup(base, id, did, tonumber(o.dedup_ttl_ms)) end

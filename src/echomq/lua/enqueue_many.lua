@@ -16,6 +16,8 @@
                    0: the default, no row field (include/admit.lua)
     ttl_ms         > 0: every job of the call expires ttl_ms after it on the server clock
                    (row field `expires`, issue 24); '' or absent: never
+    keep_logs      1..MAX_ARG: every job of the call keeps its newest keep_logs log lines
+                   (row field `keep_logs`, add_log.lua); absent: every line, no field
   ARGV[10..] the m pairs, then id, payload, id, payload, ...
     The positional form of 0.6 and before (ARGV[8] priority, ARGV[9] ttl_ms, the jobs from
     ARGV[10]; ARGV[8] never '+opt') is still taken, as EMQ.ENQUEUE takes it from 0.6.
@@ -29,7 +31,7 @@
 --@include common
 --@include args
 --@include admit
-local ARITY = 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..22 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)'
+local ARITY = 'ERR EMQ.ENQUEUE takes 2 keys (row, meta) and 6..24 args (enqueue) or 1 key (meta) and 9 + 2n args (enqueue_many)'
 shape(1, 9, nil, ARITY)
 if (#ARGV - 9) % 2 ~= 0 then refuse(ARITY) end
 -- The options, parsed once: the named tail, or the positional form (0.6).
@@ -37,7 +39,7 @@ local o, first = nil, 10  -- first: the first job's id
 if ARGV[8] == OPT_TAIL then
   local m = int_arg(ARGV[9])
   if m < 0 or 9 + 2 * m > #ARGV then refuse(ARITY) end
-  o = opt_pairs(10, 8 + 2 * m, {priority = 1, ttl_ms = 1})
+  o = opt_pairs(10, 8 + 2 * m, {priority = 1, ttl_ms = 1, keep_logs = 1})
   first = 10 + 2 * m
 else
   o = {priority = ARGV[8], ttl_ms = ARGV[9]}
@@ -47,6 +49,8 @@ local pri = 0
 if o.priority then pri = priority_arg(o.priority) end
 local ttl = o.ttl_ms or ''
 if ttl ~= '' then int_arg(ttl) end
+local keep = nil
+if o.keep_logs then keep = keep_logs_arg(o.keep_logs) end
 if ARGV[3] == 'in' or ARGV[3] == 'at' then int_arg(ARGV[4]) end
 local base = ARGV[1]
 local g = ARGV[2]
@@ -67,7 +71,8 @@ local added, admitted = 0, 0
 local fresh = string.find(flags, 'f', 1, true) ~= nil
 local due_list = {}  -- the due jobs' (score, id): one ZADD after the rows (include/admit.lua)
 for i = first, #ARGV, 2 do
-  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, pri, expires, due_list)
+  local verdict = admit(base, ARGV[i], ARGV[i + 1], g, run_at, now, fresh, pri, expires, due_list,
+    keep)
   if verdict == 'enqueued' then added = added + 1 end
   if verdict == 'enqueued' or verdict == 'scheduled' then admitted = admitted + 1 end
   if verdict == 'duplicate' then emit_in(base, 'duplicate', ARGV[i], g) end

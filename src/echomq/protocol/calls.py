@@ -402,16 +402,20 @@ def update_progress(k: Keys, id: str, value: str) -> Call[None]:
     return _call("update_progress", (k.job(id),), args, _gone_if_zero(id))
 
 
-def add_log(k: Keys, id: str, line: str, keep: int = 0) -> Call[int]:
+def add_log(k: Keys, id: str, line: str, keep: int | None = None) -> Call[int]:
+    """add_log.lua: ``keep`` None sends none, so the job's own bound (its ``keep_logs``
+    row field) trims; 0 keeps every line; N the newest N."""
+
     def decode(reply: Any) -> int:
         if reply == -1:
             raise JobGone(id)
         return int(reply)
 
     jk = k.job(id)
-    return _call(
-        "add_log", (jk, jk + ":logs"), (_text("line", line), _int("keep", keep, 0)), decode
-    )
+    args: tuple[str, ...] = (_text("line", line),)
+    if keep is not None:
+        args += (str(_int("keep", keep, 0)),)
+    return _call("add_log", (jk, jk + ":logs"), args, decode)
 
 
 def clear_logs(k: Keys, id: str, keep: int = 0) -> Call[int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from echomq import keyspace
 from echomq.errors import InvalidArgument
-from echomq.protocol.kernel import MAX_ARG, Arg, _group, _priority, _ttl, _when, dedup_args
+from echomq.protocol.kernel import MAX_ARG, Arg, _group, _int, _priority, _ttl, _when, dedup_args
 
 # The marker that opens the option tail (include/args.lua OPT_TAIL, native/cmd_enqueue.c):
 # never a dedup id, a job id or a number, so a server tells it from the positional form.
@@ -33,13 +33,21 @@ def budget(max_attempts: object) -> dict[str, Any] | None:
     return {"max_attempts": max_attempts}
 
 
+def _keep_logs(keep_logs: object) -> None:
+    """A job's log bound (BullMQ's ``keepLogs``): None (every line) or an int in
+    [1, MAX_ARG]."""
+    if keep_logs is not None:
+        _int("keep_logs", keep_logs, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class JobOptions:
     """One job's options, checked when the record is made (the same typed errors each
     keyword raised before it): a delay or an absolute run time, a lane (``group``), an id,
     a dedup key (D20), a priority (0..2**21, lower runs first; ``Task.options`` puts the
-    task's own when it names none), an attempt budget (the envelope's; None: the task's)
-    and an expiry (``ttl_ms``)."""
+    task's own when it names none), an attempt budget (the envelope's; None: the task's),
+    an expiry (``ttl_ms``) and a log bound (``keep_logs``: the job keeps its newest N log
+    lines, row field ``keep_logs``; None: every line)."""
 
     delay_ms: int | None = None
     at_ms: int | None = None
@@ -51,6 +59,7 @@ class JobOptions:
     priority: int = 0
     max_attempts: int | None = None
     ttl_ms: int | None = None
+    keep_logs: int | None = None
 
     def __post_init__(self) -> None:
         _when(self.delay_ms, self.at_ms)
@@ -61,6 +70,7 @@ class JobOptions:
         _priority(self.priority)
         budget(self.max_attempts)
         _ttl(self.ttl_ms)
+        _keep_logs(self.keep_logs)
 
     def tail(self, second: int | None = None) -> tuple[Arg, ...]:
         """The enqueue script's named option tail, () when there is nothing to send (the
@@ -75,6 +85,8 @@ class JobOptions:
             out += ("priority", self.priority)
         if self.ttl_ms is not None:
             out += ("ttl_ms", self.ttl_ms)
+        if self.keep_logs is not None:
+            out += ("keep_logs", self.keep_logs)
         return (OPT_TAIL, *out) if out else ()
 
 
@@ -93,6 +105,7 @@ def job_options(
     priority: int,
     ttl_ms: int | None,
     max_attempts: int | None = None,
+    keep_logs: int | None = None,
 ) -> JobOptions:
     """The record of an enqueue's keywords: :data:`NO_OPTIONS` when none is set (the lean
     call makes and checks no record), else a checked new one."""
@@ -108,8 +121,19 @@ def job_options(
         and priority == 0
         and ttl_ms is None
         and max_attempts is None
+        and keep_logs is None
     ):
         return NO_OPTIONS
     return JobOptions(
-        delay_ms, at_ms, group, id, dedup, dedup_ttl_ms, dedup_mode, priority, max_attempts, ttl_ms
+        delay_ms,
+        at_ms,
+        group,
+        id,
+        dedup,
+        dedup_ttl_ms,
+        dedup_mode,
+        priority,
+        max_attempts,
+        ttl_ms,
+        keep_logs,
     )

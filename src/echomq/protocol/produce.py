@@ -274,6 +274,8 @@ def enqueue_many(
         named += ("priority", opts.priority)
     if opts.ttl_ms is not None:
         named += ("ttl_ms", opts.ttl_ms)
+    if opts.keep_logs is not None:
+        named += ("keep_logs", opts.keep_logs)
     tail = (OPT_TAIL, len(named) // 2, *named)
     if isinstance(items, (str, bytes)):
         raise InvalidArgument("enqueue_many takes an iterable of payloads, not one payload")

@@ -206,12 +206,14 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         max_attempts: int | None = None,
         ttl_ms: int | None = None,
+        keep_logs: int | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options: a delay, an absolute run time, a lane, an id, a dedup
         key (D20: ``dedup_mode`` simple, throttle or debounce, the last two with a TTL), a
         priority (0..2**21, lower runs first; None: the task's), this job's own attempt
         budget (``max_attempts``, overriding the task's) and its expiry (``ttl_ms``: not
-        claimed within that long, it is dead-lettered ``expired``)."""
+        claimed within that long, it is dead-lettered ``expired``) and its log bound
+        (``keep_logs``: ``add_log`` keeps its newest N lines)."""
         # The record checks every option here (a bad one fails now, not at enqueue).
         return BoundTask(
             self,
@@ -226,6 +228,7 @@ class Task(Generic[P, R]):
                 self.priority if priority is None else priority,
                 max_attempts,
                 ttl_ms,
+                keep_logs,
             ),
         )
 
@@ -246,15 +249,17 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         max_attempts: int | None = None,
         ttl_ms: int | None = None,
+        keep_logs: int | None = None,
     ) -> list[Enqueued | EchoMQError]:
         """Enqueue many calls, each ``(args, kwargs)``, in few round trips (``priority``:
-        for every call, None: the task's; ``max_attempts`` and ``ttl_ms``: every job's, as
-        ``options``)."""
+        for every call, None: the task's; ``max_attempts``, ``ttl_ms`` and ``keep_logs``:
+        every job's, as ``options``)."""
         job = JobOptions(
             group=group,
             priority=self.priority if priority is None else priority,
             max_attempts=max_attempts,
             ttl_ms=ttl_ms,
+            keep_logs=keep_logs,
         )
         opts = _budget(job.max_attempts)
         otel = self.app._otel

@@ -8,11 +8,13 @@
 -- serve it by priority, then mint order; 0 writes no field, so a default job pays no byte.
 -- expires (optional, issue 24): the server-clock ms past which a claim dead-letters the job
 -- "expired" instead of leasing it (include/lease.lua); nil: no deadline, no field.
+-- keep (optional): the job's log bound (the option keep_logs, 1..MAX_ARG), the row field
+-- `keep_logs` that add_log trims to; nil: every line, no field.
 -- due (optional): a batch caller's list of the due jobs' (score, id) pairs: a due job is
 -- appended there instead of its own ZADD, and the caller adds them all with due_flush before
 -- anything reads the waiting set (one ZADD per call instead of one per job).
 -- Returns the verdict: 'enqueued' | 'scheduled' | 'duplicate' | 'kind'.
-local function admit(base, id, payload, g, run_at, now, fresh, pri, expires, due_list)
+local function admit(base, id, payload, g, run_at, now, fresh, pri, expires, due_list, keep)
   if string.sub(id, 1, 3) ~= 'JOB' then return 'kind' end
   local jk = base .. 'job:' .. id
   if rcall('EXISTS', jk) == 1 then return 'duplicate' end
@@ -26,7 +28,7 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri, expires, due
   if not fresh then attempts, was = retired_last(base, id) end
   pri = pri or 0
   -- The common row (flat, first incarnation, default priority, no ttl): no table to build.
-  local plain = not g and attempts == '0' and pri == 0 and not expires
+  local plain = not g and attempts == '0' and pri == 0 and not expires and not keep
   local fields = nil
   if not plain then
     fields = {'state', state, 'attempts', attempts, 'payload', payload}
@@ -45,6 +47,10 @@ local function admit(base, id, payload, g, run_at, now, fresh, pri, expires, due
     if expires then
       fields[#fields + 1] = 'expires'
       fields[#fields + 1] = expires
+    end
+    if keep then
+      fields[#fields + 1] = 'keep_logs'
+      fields[#fields + 1] = keep
     end
   end
   -- The row's HSET is the admission's first write, on purpose: it is a deny-oom command, so

@@ -43,6 +43,13 @@ local function priority_arg(s)
   return p
 end
 
+-- A job's log bound (the enqueue option keep_logs, read by add_log): 1..MAX_ARG (15 digits).
+local function keep_logs_arg(s)
+  local n = int_arg(s)
+  if n < 1 then refuse('ERR keep_logs must be 1..999999999999999') end
+  return string.format('%d', n)  -- as text: a Lua number is written "%.14g" (1e+15)
+end
+
 -- The named option tail (PROTOCOL §6, "The option tail"): a marker, '+opt' (never a dedup
 -- id, an id or a number: a '+' is none of them), then name, value pairs. opt_pairs parses
 -- ARGV[from..to] (names at from, from + 2, ...) once into {name = value}; a name the script

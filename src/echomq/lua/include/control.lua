@@ -54,15 +54,15 @@ end
 
 -- D20: the holder of dedup id `did`, or false when the key is free. A debounce key whose
 -- holder still waits (pending or scheduled) has the holder take this enqueue's payload, run
--- time (run_at nil: now), priority (pri, 0 = the default) and expiry (expires nil: none) in
--- place: the refused enqueue is folded into the held job, and the folded job is the newest
+-- time (run_at nil: now), priority (pri, 0 = the default), expiry (expires nil: none) and
+-- log bound (keep: keep_logs, nil: none) in place: the refused enqueue is folded into the held job, and the folded job is the newest
 -- call's in every setting, so it is neither dead-lettered `expired` on the holder's older
 -- deadline nor served at the holder's priority (issue 37). A lane cannot be folded (the
 -- holder would have to move between waiting sets mid-debounce): a call for another lane
 -- than the waiting holder's returns nil, the holder, its lane ('' none): the caller refuses
 -- it (EMQSTATE), nothing written.
 --@lazy dedup_holds
-local function dedup_holder(base, did, mode, payload, run_at, now, g, pri, expires)
+local function dedup_holder(base, did, mode, payload, run_at, now, g, pri, expires, keep)
   local holder = rcall('GET', base .. 'de:' .. did)
   if not holder then return false end
   local jk = base .. 'job:' .. holder
@@ -72,7 +72,7 @@ local function dedup_holder(base, did, mode, payload, run_at, now, g, pri, expir
     return false
   end
   if mode ~= 'debounce' then return holder end
-  local row = hmget(jk, 'state', 'group', 'lease_epoch', 'priority', 'expires')
+  local row = hmget(jk, 'state', 'group', 'lease_epoch', 'priority', 'expires', 'keep_logs')
   if not row or (row[1] ~= 'pending' and row[1] ~= 'scheduled') then return holder end
   if (row[2] or '') ~= (g or '') then return nil, holder, row[2] or '' end
   rcall('HSET', jk, 'payload', payload)
@@ -89,6 +89,11 @@ local function dedup_holder(base, did, mode, payload, run_at, now, g, pri, expir
     rcall('HSET', jk, 'expires', expires)
   elseif row[5] then
     rcall('HDEL', jk, 'expires')
+  end
+  if keep then
+    rcall('HSET', jk, 'keep_logs', keep)
+  elseif row[6] then
+    rcall('HDEL', jk, 'keep_logs')
   end
   local due = run_at == nil or run_at <= now
   if row[1] == 'scheduled' then
