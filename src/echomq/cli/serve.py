@@ -91,6 +91,16 @@ def server(port: int | None, directory: str | None, native: bool) -> None:
     except ServerStartError as exc:  # the server refused to start (e.g. the module failed to load)
         _fail(str(exc))
         return
+    stopping = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+
+    # SIGHUP too: a closed terminal stops the server cleanly (its AOF flushed). Installed
+    # before the URL is printed: whoever reads it may signal at once, and a signal that
+    # came before the handler would kill this process with the server left to die alone.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     _record_server(srv, "server")
     if moved:
         click.echo(moved, err=True)
@@ -100,14 +110,6 @@ def server(port: int | None, directory: str | None, native: bool) -> None:
     click.echo(f"  export ECHOMQ_URL={srv.url}")
     if native:
         click.echo(f"  native executor: trafikey loaded from {args[1]}")
-    stopping = []
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping.append(signum)
-
-    # SIGHUP too: a closed terminal stops the server cleanly (its AOF flushed).
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
     try:
         while not stopping and srv.proc is not None and srv.proc.poll() is None:
             time.sleep(0.2)
