@@ -371,7 +371,7 @@ def test_a_worker_fleet_rides_out_a_failover(
     the primary that is also their clients' default node, SIGKILLed mid-run, one on a primary
     that lives (with work left through the whole failover). Every job of both is settled
     once."""
-    from test_worker import InProcWorker
+    from worker_support import InProcWorker
 
     slot0 = next(int(p[1]) for start, _, p, *_ in _slots(cluster) if start == 0)
     live_port = next(n.port for n in cluster.primaries() if n.port != slot0)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from test_worker import InProcWorker, make_app, run_worker  # fixtures, re-exported below
+from worker_support import InProcWorker, make_app, run_worker  # fixtures, re-exported below
 
 import echomq
 from conftest import command_calls, wait_for

@@ -334,7 +334,7 @@ def test_a_dead_row_scored_0_before_d25_is_still_sound(
 
 
 def test_app_sets_kept_history_for_its_queues_when_a_worker_starts(url: str, qname: str) -> None:
-    from test_worker import InProcWorker
+    from worker_support import InProcWorker
 
     from conftest import wait_for
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 from release import materialise
-from test_worker import InProcWorker
+from worker_support import InProcWorker
 
 import echomq
 from conftest import wait_for

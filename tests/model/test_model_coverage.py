@@ -26,9 +26,9 @@ import redis
 from hypothesis.stateful import INITIALIZE_RULE_MARKER, RULE_MARKER
 
 from model.core import LONG, SHORT
+from model.draws import ADMIN
 from model.recording import public_verbs
 from model.test_model import (  # noqa: F401  (module_server, session_url: the servers)
-    ADMIN,
     ModelMachine,
     Steps,
     module_server,

@@ -32,13 +32,11 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 import echomq
 from echomq.protocol import control as _ctl
 from model.core import LONG, Job
+from model.draws import PICK, budget, note
 from model.test_model import (  # noqa: F401  (module_server, session_url: the servers)
-    PICK,
     ModelMachine,
     Steps,
-    budget,
     module_server,
-    note,
     session_url,
 )
 

@@ -3,33 +3,37 @@
 Every differential test runs the same inputs through the script (EVAL, queue A) and through
 EMQ.SETTLE (queue B) of one server, then compares the replies (the `wait` element, a time,
 within native_fixtures.TOLERANCE_MS) and every key of both queues (names normalised;
-clock-derived scores and a kept outcome's finished_ms within the same tolerance)."""
+clock-derived scores and a kept outcome's finished_ms within the same tolerance).
+
+The randomized, fuzz, replica and valgrind legs are in test_native_settle_cmd_fuzz.py.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import random
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
+from native_settle_cmd_support import (
+    QA,
+    QB,
+    SETTLE_KEYS,
+    enq,
+    enq_many,
+    held_of,
+    run_settle,
+    settle,
+    settle_args,
+    want,
+)
 
-import echomq
 from echomq.protocol.compose import FlowJob
-from echomq.server import EmbeddedServer
 from native_fixtures import (
-    TOLERANCE_MS,
     Both,
     Pair,
     Reply,
     SettlePair,
-    assert_replicated,
     base,
-    build,
     call_native,
     call_script,
     command,
@@ -38,96 +42,18 @@ from native_fixtures import (
     expand,
     expand_args,
     jid,
-    replica_of,
     snapshot,
-    valgrind_server,
 )
-
-QA, QB = "stlA", "stlB"
-SETTLE_KEYS = ["@meta", "@ring", "@active", "@schedule", "@dead"]
-
-# (id, token) of a held job; a retry is (id, token, delay_ms, max_attempts['max:keep'], error).
-Held = tuple[str, int | str]
-Retry = tuple[str, int | str, int | str, str, str]
-
 
 module_path, nserver, r, pair, both = differential_fixtures(
     QA, QB, tmp_name="nsettle", pair_class=SettlePair
 )
 
 
-# ---- the transitions' KEYS/ARGV ('@' = the queue's base) --------------------------------
-
-
-def enq(pair: Pair, id: str, *, group: str = "", dedup: str = "") -> Reply:
-    args: list[str | bytes] = ["@", id, "p" + id, group, "now", "0", "", "0", "", dedup, "simple"]
-    return pair.run("enqueue", ["@job:" + id, "@meta"], [*args, "0"])
-
-
-def enq_many(pair: Pair, ids: list[str], *, group: str = "") -> Reply:
-    args: list[str | bytes] = ["@", group, "now", "0", "0", "", "", "0", ""]
-    for i in ids:
-        args += [i, "p" + i]
-    return pair.run("enqueue_many", ["@meta"], args)
-
-
-def settle_args(
-    n: int | str,
-    completes: Sequence[Held] = (),
-    kept: Sequence[tuple[str | bytes, int | str]] = (),
-    retries: Sequence[Retry] = (),
-    lease: int | str = 30000,
-) -> list[str | bytes]:
-    """settle.lua's ARGV: the last len(kept) completes keep a result ('c:r')."""
-    spec = f"{len(completes)}:{len(kept)}" if kept else str(len(completes))
-    args: list[str | bytes] = ["@", str(lease), str(n), spec]
-    for i, t in completes:
-        args += [i, str(t)]
-    for res, keep in kept:
-        args += [res, str(keep)]
-    for i, t, d, m, err in retries:
-        args += [i, str(t), str(d), m, err]
-    return args
-
-
-def run_settle(pair: Pair, args: list[str | bytes]) -> Reply:
-    """One settle on both queues: replies equal (wait within the tolerance), keyspaces equal."""
-    ra = call_script(pair.r, "settle", expand(SETTLE_KEYS, pair.a), expand_args(args, pair.a))
-    rb = call_native(pair.r, "settle", expand(SETTLE_KEYS, pair.b), expand_args(args, pair.b))
-    pair.calls += 1
-    if ra[0] == rb[0] == "ok":
-        assert ra[1][:3] == rb[1][:3], f"settle {args}: script {ra!r} != native {rb!r}"
-        assert abs(ra[1][3] - rb[1][3]) <= TOLERANCE_MS, (ra, rb)
-        assert (ra[1][3] == 0) == (rb[1][3] == 0), (ra, rb)
-    else:
-        assert ra == rb, f"settle {args}: script {ra!r} != native {rb!r}"
-    pair.check(f"after settle {args[:12]!r}")
-    return ra
-
-
-def settle(pair: Pair, n: int | str, **kw: Any) -> Any:
-    kind, value = run_settle(pair, settle_args(n, **kw))
-    assert kind == "ok", value
-    return value
-
-
-def held_of(value: Any) -> list[Held]:
-    return [(j[0].decode(), j[2]) for j in value[2]]
-
-
 def plant(pair: Pair, *cmd: str) -> None:
     """The same raw command on both queues ('@' in an argument = the queue's base)."""
     for q in (pair.a, pair.b):
         command(pair.r, *[base(q) + c[1:] if c.startswith("@") else c for c in cmd])
-
-
-def want(r: redis.Redis, id: str) -> None:
-    """What a waiter does before it blocks: the marker want:<id>."""
-    for q in (QA, QB):
-        r.set(base(q) + "want:" + id, "1", px=60000)
-
-
-# ---- differential tests ----------------------------------------------------------------
 
 
 def enq_p(pair: Pair, id: str, priority: str, *, group: str = "", mode: str = "now") -> Reply:
@@ -453,219 +379,6 @@ def test_non_hash_meta_fails_like_the_script(pair: Pair) -> None:
     kb, mb = call_native(pair.r, "settle", expand(SETTLE_KEYS, QB), expand_args(args, QB))
     assert ka == kb == "err" and ma.startswith(mb) and mb.startswith("WRONGTYPE"), (ma, mb)
     pair.check()
-
-
-@pytest.mark.timeout(1200)
-def test_randomized(pair: Pair, both: Both) -> None:
-    """A seeded mix of worker settles (completes, retries, dead-letters, kept outcomes,
-    stale and gone pairs) with enqueues, lanes, pauses, rate limits, reaps and promotes."""
-    rng = random.Random(4242)
-    # A bound the test never reaches: an approximate (~) trim cuts at stream node boundaries,
-    # which depend on the entries' byte sizes, i.e. on their timestamps, so two queues fed
-    # at slightly different times could trim differently.
-    both(lambda q: q.enable_events(100000))
-    held: dict[str, int | str] = {}
-    nxt = 0
-    seen = {"jobs": 0, "wait": 0, "stale": 0, "dead": 0, "kept": 0}
-    # Counted, not timed: the seed's early steps set a queue-wide rate limit that the walk
-    # clears only after ~100 steps, so a time bound (7 s once, then a 120 s "hang guard"
-    # that a load of 10-27 hit at step 333, issue 36) left a loaded machine with a short
-    # walk. The 400 steps always run; a hang is the test timeout's (the mark above).
-    step = 0
-    while step < 400:
-        step += 1
-        roll = rng.random()
-        if roll < 0.25:
-            g = rng.choice(["", "", "a", "b", "c"])
-            m = rng.randrange(1, 8)
-            enq_many(pair, [jid(nxt + i) for i in range(m)], group=g)
-            nxt += m
-        elif roll < 0.85:
-            ids = list(held)
-            rng.shuffle(ids)
-            cut = rng.randrange(0, len(ids) + 1)
-            comps: list[Held] = [(i, held[i]) for i in ids[:cut]]
-            rets: list[Retry] = []
-            for i in ids[cut:]:
-                if rng.random() < 0.5:
-                    mx = rng.choice(["1", "1", "2", "3", "1:5000", "2:"])
-                    rets.append((i, held[i], rng.choice([0, 0, 5, 40]), mx, f"err{step}"))
-            if rng.random() < 0.2 and comps:
-                comps.append((comps[0][0], rng.choice([held[comps[0][0]], 99])))
-            if rng.random() < 0.1:
-                comps.append((jid(10**6 + step), 1))
-                seen["stale"] += 1
-            nk = rng.randrange(0, min(len(comps), 3) + 1)
-            kept = [(f"res{step}-{j}", rng.choice([0, 2000])) for j in range(nk)]
-            seen["kept"] += nk
-            n = rng.choice([0, 1, 3, 8])
-            lease = rng.choice([30000, 30000, 1])
-            value = settle(pair, n, completes=comps, kept=kept, retries=rets, lease=lease)
-            for i, _t in comps:
-                held.pop(i, None)
-            for ret in rets:
-                held.pop(ret[0], None)
-            seen["dead"] += value[1].count(b"dead")
-            seen["jobs"] += len(value[2])
-            seen["wait"] += value[3] > 0
-            held.update(dict(held_of(value)))
-        elif roll < 0.93:
-            admin = rng.randrange(5)
-            g = rng.choice(["a", "b", "c"])
-            if admin == 0:
-                both(lambda q, g=g: q.pause_lane(g))
-            elif admin == 1:
-                both(lambda q, g=g: q.resume_lane(g))
-            # Windows outlast the test (a window that expires between the two queues' calls
-            # would make their counters differ); clearing a limit stands in for reopening.
-            elif admin == 2:
-                if rng.random() < 0.5:
-                    both(lambda q, g=g: q.rate_limit_lane(g, 2, 60000))
-                else:
-                    both(lambda q, g=g: q.clear_rate_limit(g))
-            elif admin == 3:
-                qmax = rng.choice([3, 50, 50, 0, 0])
-                if qmax:
-                    both(lambda q, m=qmax: q.rate_limit(m, 60000))
-                else:
-                    both(lambda q: q.clear_rate_limit())
-            else:
-                pause = rng.random() < 0.2
-                both(lambda q, pause=pause: q.pause() if pause else q.resume())
-        else:
-            time.sleep(0.005)
-            both(lambda q: (q.reap(), q.promote()))
-        if not 0.25 <= roll < 0.85:  # a settle (and an enqueue) checked itself already
-            pair.check(f"step {step}")
-    assert step == 400, f"the walk hit its hang guard at step {step}"
-    assert pair.calls > 60
-    assert seen["jobs"] > 25 and seen["dead"] > 1 and seen["kept"] > 5, seen
-
-
-# ---- fuzz, replica, valgrind -------------------------------------------------------------
-
-
-def test_fuzz(r: redis.Redis) -> None:
-    rng = random.Random(17)
-    b = base(QB)
-    for n in range(1, 30):
-        command(r, "EMQ.ENQUEUE", 2, f"{b}job:{jid(n)}", b + "meta", b, jid(n), "p",
-                rng.choice(["", "g"]), "now", "0")  # fmt: skip
-    keys = [(b + k).encode() for k in ("meta", "ring", "active", "schedule", "dead")]
-    pool: list[bytes] = [
-        b"-1", b"0", b"1", b"2", b"3", b"1:1", b"2:1", b"1:", b"3:5000", b"50",
-        b"99999999999999999999", b"9223372036854775807", b"x", b"", b"1.5", b"cancelled",
-        jid(1).encode(), jid(2).encode(), jid(3).encode(), b.encode(),
-    ]  # fmt: skip
-    n = 0
-    while n < 1500:  # counted, not timed (it ran "5 s or 3000", issue 36)
-        n += 1
-        argc = rng.randrange(0, 22)
-        args: list[bytes] = []
-        for _ in range(argc):
-            pick = rng.random()
-            if pick < 0.7:
-                args.append(rng.choice(pool))
-            else:
-                args.append(os.urandom(rng.randrange(0, 20)))
-        if rng.random() < 0.8 and len(args) > 9:
-            args[0:6] = [b"5", *keys]
-            args[6] = b.encode()
-        with contextlib.suppress(redis.ResponseError):
-            command(r, "EMQ.SETTLE", *args)
-        if n % 150 == 0:
-            command(r, "EMQ.ENQUEUE", 2, f"{b}job:{jid(n)}", b + "meta", b, jid(n), "p", "",
-                    "now", "0")  # fmt: skip
-            command(r, "HSET", f"{b}job:{jid(n % 7)}", "attempts", rng.choice(["x", "1", "2"]))
-    assert r.ping()
-
-
-def test_replica_without_module(
-    nserver: EmbeddedServer, pair: Pair, both: Both, tmp_path: Path
-) -> None:
-    with replica_of(nserver, tmp_path / "replica") as rr:
-        both(lambda q: q.enable_events(100))
-        both(lambda q: q.rate_limit_lane("b", 2, 60000))
-        enq_many(pair, [jid(n) for n in range(1, 8)], group="a")
-        enq_many(pair, [jid(n) for n in range(8, 12)], group="b")
-        enq(pair, jid(12), dedup="d")
-        held = held_of(settle(pair, 6))
-        want(pair.r, held[0][0])
-        value = settle(
-            pair,
-            20,
-            completes=held[:3],
-            kept=[("kept", 60000)],
-            retries=[(i, t, 0, "1:60000", "e") for i, t in held[3:]],
-        )
-        settle(pair, 5, completes=held_of(value))
-        assert command(pair.r, "WAIT", 1, 5000) == 1
-        assert_replicated(pair.r, rr, (QA, QB))
-
-
-@pytest.mark.slow  # valgrind: scripts/check --fast neither runs nor installs it
-def test_valgrind(tmp_path: Path) -> None:
-    with valgrind_server(tmp_path, build("debug")) as (r, url):
-        # Queue B only, no keyspace comparison (the differential tests do that): the point is
-        # a few hundred EMQ.SETTLE calls through every path under valgrind, quickly.
-        b = base(QB)
-        keys = expand(SETTLE_KEYS, QB)
-        qb = echomq.Queue(QB, url=url)
-        qb.enable_events(100000)
-        qb.weight_lane("a", 3)
-        qb.rate_limit_lane("c", 30, 60000)
-        for lane in ("", "a", "c"):
-            ids = [jid(1000 * len(lane) + 100 * ord(lane[:1] or "x") + n) for n in range(60)]
-            command(r, "EMQ.ENQUEUE", 1, b + "meta", b, lane, "now", "0", "0", "", "", "0", "",
-                    *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
-        # jid(1) with a priority (ARGV[14]) and a 1 ms ttl (ARGV[15]): a later claim meets it
-        # expired and dead-letters it (expire_job: its dedup key, its waiter, the keep_dead
-        # trim) under valgrind too.
-        qb.keep_dead(5)
-        command(r, "EMQ.ENQUEUE", 2, b + "job:" + jid(1), b + "meta", b, jid(1), "p", "", "now",
-                "0", "", "0", "", "d", "simple", "0", "0", "3", "1")  # fmt: skip
-        want(r, jid(1))
-        time.sleep(0.005)
-
-        def vsettle(args: list[str | bytes]) -> Any:
-            return command(r, "EMQ.SETTLE", 5, *keys, *[b if a == "@" else a for a in args])
-
-        held = held_of(vsettle(settle_args(5)))
-        calls, fresh = 1, 0
-        while calls < 300:
-            if not held:
-                qb.promote()
-                held = held_of(vsettle(settle_args(5)))
-                calls += 1
-                if not held:
-                    fresh += 1
-                    ids = [jid(500000 + 100 * fresh + n) for n in range(20)]
-                    command(r, "EMQ.ENQUEUE", 1, b + "meta", b, "", "now", "0", "0", "", "",
-                            "0", "", *[x for i in ids for x in (i, "p" + i)])  # fmt: skip
-                    continue
-            half = len(held) // 2 + 1
-            comps, rets = held[:half], held[half:]
-            value = vsettle(
-                settle_args(
-                    (calls % 7) + 1,
-                    completes=[*comps, (jid(999999), 1), (comps[0][0], 99)],
-                    kept=[("k", 1000)] if calls % 3 == 0 else [],
-                    retries=[(i, t, 0, "2:1000" if calls % 2 else "1", "e") for i, t in rets],
-                )
-            )
-            calls += 1
-            held = held_of(value)
-        assert calls >= 300
-        assert r.hget(b + "job:" + jid(1), "last_error") in (b"expired", None)  # None: trimmed
-        # Malformed calls, refused before any write.
-        for bad in (settle_args("x"), settle_args(1, completes=[(jid(2), 1)], kept=[("r", "y")])):
-            with contextlib.suppress(redis.ResponseError):
-                vsettle(bad)
-        junk = ["5", "{x}a", "{x}b", "{x}c", "{x}d", "{x}e", "{x}", "1", "1", "2:1"]
-        for args in ([], ["x"], ["5", "a", "b", "c", "d", "e"], junk):
-            with contextlib.suppress(redis.ResponseError):
-                command(r, "EMQ.SETTLE", *args)
-        qb.close()
 
 
 def test_priority_text_is_canonical_on_both(pair: Pair) -> None:

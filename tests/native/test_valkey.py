@@ -33,14 +33,22 @@ ROOT = Path(__file__).resolve().parents[2]
 # slowest file; the cross-executor random walk of test_native_* stands in).
 FILES = [
     "tests/protocol/test_queue_verbs.py",
+    "tests/protocol/test_queue_verbs_settle.py",
+    "tests/protocol/test_queue_verbs_admin.py",
+    "tests/protocol/test_queue_verbs_fences.py",
     "tests/protocol/test_bad_input.py",
+    "tests/protocol/test_bad_input_construction.py",
     "tests/features/test_fairness.py",
     "tests/client/test_parity.py",
     "tests/protocol/test_scripts_contract.py",
+    "tests/protocol/test_scripts_eval.py",
     "tests/native/test_native_conformance.py",
+    "tests/native/test_native_conformance_fuzz.py",
     "tests/native/test_native_claim.py",
     "tests/native/test_native_settle.py",
+    "tests/native/test_native_settle_flows.py",
     "tests/native/test_native_settle_cmd.py",
+    "tests/native/test_native_settle_cmd_fuzz.py",
     "tests/native/test_native_keyapi.py",
     "tests/client/test_native_select.py",
 ]

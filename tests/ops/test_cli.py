@@ -131,7 +131,7 @@ def test_enqueue_invalid_input_is_one_line(cli, qname: str, q: echomq.Queue, arg
 def test_enqueue_task_runs_on_a_msgpack_app(cli, url: str, q: echomq.Queue, qname: str) -> None:
     """The CLI sends a JSON envelope; a worker whose app uses msgpack runs it (it used to
     dead-letter it as an undecodable payload)."""
-    from test_worker import InProcWorker
+    from worker_support import InProcWorker
 
     pytest.importorskip("msgpack")
     app = echomq.App(url=url, serializer="msgpack")

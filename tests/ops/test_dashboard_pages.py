@@ -10,7 +10,7 @@ import re
 import threading
 import time
 
-from test_console import _call, _client, _kill, _post
+from console_support import _call, _client, _kill, _post
 from test_dashboard import TOKEN, _sign_in
 
 import echomq

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
-from test_console import _client
+from console_support import _client
 
 import echomq
 import releases

@@ -1,9 +1,12 @@
 """Bad input: every malformed argument raises its typed error and leaves the queue's keyspace
-byte-identical, on a queue that already holds jobs in every state (Queue and AsyncQueue)."""
+byte-identical, on a queue that already holds jobs in every state (Queue and AsyncQueue).
+
+Payload limits, queue names and constructor arguments are in
+test_bad_input_construction.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,66 +14,26 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from bad_input_support import (
+    ABSENT,
+    LANE,
+    Case,
+    populate,
+)
 
 import echomq
-from conftest import SyncOverAsync, snapshot
+from conftest import snapshot
 from echomq import ids
 from echomq.errors import (
     InvalidArgument,
     InvalidId,
     JobGone,
     KindError,
-    PayloadTooLarge,
     StateError,
 )
 
 # Every test that reaches a server runs on both executors (tests/conftest.py).
 pytestmark = pytest.mark.executors
-
-LANE = "PRT0KHTOWnGLuC"
-LANE_B = "tenant-b"
-ABSENT = "JOB0KHTOWnGLuC"  # well-formed, never enqueued
-
-
-def populate(q: Any) -> dict[str, Any]:
-    """Jobs in every state: completed, dead (flat and lane), active (flat and lane), scheduled,
-    pending (flat and lane), plus logs, progress and lane settings."""
-    out: dict[str, Any] = {}
-    done = q.enqueue(b"done")
-    job = q.claim(lease_ms=60_000)
-    q.complete(job.id, job.token)
-    out["done"] = done.id
-    for key, group in (("dead", None), ("dead_lane", LANE_B)):
-        jid = q.enqueue(b"dead", group=group).id
-        job = q.claim(lease_ms=60_000)
-        assert job.id == jid
-        assert q.retry(jid, job.token, delay_ms=0, max_attempts=1, error="boom") == "dead"
-        out[key] = jid
-    out["active"] = q.enqueue(b"active").id
-    held = q.claim(lease_ms=60_000)
-    assert held.id == out["active"]
-    out["token"] = held.token
-    q.enqueue(b"active-lane", group=LANE)
-    out["active_lane"] = q.claim(lease_ms=60_000).id
-    out["scheduled"] = q.enqueue(b"later", delay_ms=600_000).id
-    out["pending"] = q.enqueue(b"pending").id
-    out["lane"] = q.enqueue(b"lane", group=LANE).id
-    q.enqueue(b"lane-b", group=LANE_B)
-    q.add_log(out["pending"], "a line")
-    q.update_progress(out["pending"], "5")
-    q.weight_lane(LANE, 2)
-    q.limit_lane(LANE_B, 3)
-    q.pause_lane(LANE_B)
-    assert q.counts() == {
-        "pending": 3,
-        "active": 2,
-        "schedule": 1,
-        "dead": 2,
-        "completed": 1,
-        "failed": 2,
-        "kept": 0,
-    }
-    return out
 
 
 @pytest.fixture
@@ -95,6 +58,7 @@ BAD_IDS: list[Any] = [
     None,
     b"JOB0KHTOWnGLuC",
 ]
+
 
 ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "complete": lambda q, i: q.complete(i, 1),
@@ -128,10 +92,13 @@ ID_VERBS: dict[str, Callable[[Any, Any], Any]] = {
     "dependencies": lambda q, i: q.dependencies(i),
 }
 
+
 # The parameters that carry job ids, and those that carry a lane name: every Queue verb
 # taking one is in ID_VERBS / LANE_VERBS (test_every_id_and_lane_verb_is_tried), derived
 # from the signatures so that a new verb is tried without anyone listing it.
 ID_PARAMS = {"id", "parent_id", "pairs", "items"}
+
+
 LANE_PARAMS = {"lane", "group"}
 
 
@@ -158,6 +125,7 @@ def test_malformed_ids(loaded: tuple[Any, dict[str, Any]], verb: str) -> None:
 
 BAD_LANES: list[Any] = ["", "*", "a b", "a{b}", "a:b", "x" * 129, "caf\u00e9", 5]
 
+
 LANE_VERBS: dict[str, Callable[[Any, Any, dict[str, Any]], Any]] = {
     "enqueue": lambda q, g, j: q.enqueue(b"x", group=g),
     "enqueue_many": lambda q, g, j: q.enqueue_many([b"x"], group=g),
@@ -174,6 +142,8 @@ LANE_VERBS: dict[str, Callable[[Any, Any, dict[str, Any]], Any]] = {
     "rate_limit_ttl": lambda q, g, j: q.rate_limit_ttl(g),
     "repeat": lambda q, g, j: q.repeat("r", b"x", every_ms=1_000, group=g),
 }
+
+
 # Where None means "no lane" (the queue as a whole), not a bad name.
 LANE_OPTIONAL = {
     "enqueue",
@@ -200,8 +170,6 @@ def test_bad_lane_names(loaded: tuple[Any, dict[str, Any]], verb: str) -> None:
         with pytest.raises(InvalidId):
             LANE_VERBS[verb](q, None, jobs)
 
-
-Case = Callable[[Any, dict[str, Any]], Any]
 
 # (label, call, error): each one must raise before any write.
 CASES: list[tuple[str, Case, type[Exception]]] = [
@@ -453,164 +421,3 @@ def test_errors_are_value_errors(loaded: tuple[Any, dict[str, Any]]) -> None:
         q.complete("nope", 1)
     with pytest.raises(ValueError):
         q.claim(lease_ms=0)
-
-
-# --------------------------------------------------------------------------- max_payload
-
-
-@pytest.fixture(params=["sync", "async"])
-def smallq(
-    request: pytest.FixtureRequest, url: str, qname: str, r: redis.Redis
-) -> Iterator[tuple[Any, dict[str, Any]]]:
-    if request.param == "sync":
-        queue: Any = echomq.Queue(qname, url=url, max_payload=1024)
-    else:
-        queue = SyncOverAsync(echomq.AsyncQueue(qname, url=url, max_payload=1024))
-    jobs = populate(queue)
-    before = snapshot(r, qname)
-    yield queue, jobs
-    assert snapshot(r, qname) == before
-    assert queue.check() == []
-    queue.close()
-
-
-BIG = b"x" * 1025
-SMALL = b"x" * 1024
-
-PAYLOAD_CASES: list[tuple[str, Case]] = [
-    ("enqueue", lambda q, j: q.enqueue(BIG)),
-    ("enqueue-str", lambda q, j: q.enqueue("x" * 1025)),
-    # 513 characters, 1026 bytes once UTF-8 encoded: measured in bytes.
-    ("enqueue-utf8", lambda q, j: q.enqueue("\u00e9" * 513)),
-    ("enqueue-bytearray", lambda q, j: q.enqueue(bytearray(BIG))),
-    ("enqueue-lane", lambda q, j: q.enqueue(BIG, group=LANE)),
-    ("enqueue-delayed", lambda q, j: q.enqueue(BIG, delay_ms=10)),
-    ("enqueue-id", lambda q, j: q.enqueue(BIG, id=ABSENT)),
-    ("many-first", lambda q, j: q.enqueue_many([BIG, SMALL])),
-    ("many-last", lambda q, j: q.enqueue_many([SMALL, b"a", b"b", BIG])),
-    ("many-pair", lambda q, j: q.enqueue_many([SMALL, (ABSENT, BIG)])),
-    ("many-lane", lambda q, j: q.enqueue_many([SMALL, BIG], group=LANE)),
-    ("complete-result", lambda q, j: q.complete(j["active"], j["token"], result=BIG)),
-]
-
-
-@pytest.mark.parametrize(("label", "call"), PAYLOAD_CASES, ids=[c[0] for c in PAYLOAD_CASES])
-def test_payload_too_large(smallq: tuple[Any, dict[str, Any]], label: str, call: Case) -> None:
-    q, jobs = smallq
-    with pytest.raises(PayloadTooLarge) as info:
-        call(q, jobs)
-    assert info.value.limit == 1024
-    assert info.value.size > 1024
-
-
-def test_payload_at_the_limit_is_accepted(url: str, qname: str, r: redis.Redis) -> None:
-    with echomq.Queue(qname, url=url, max_payload=1024) as q:
-        e = q.enqueue(SMALL)
-        assert e.status == "enqueued"
-        assert q.get_job(e.id)["payload"] == SMALL
-        assert [v.status for v in q.enqueue_many([SMALL, "\u00e9" * 512])] == [
-            "enqueued",
-            "enqueued",
-        ]
-
-
-# --------------------------------------------------------------------------- construction
-
-
-BAD_QUEUE_NAMES: list[Any] = [
-    "",
-    "emq",
-    "x" * 129,
-    "a b",
-    "a{b}",
-    "{a}",
-    "a:b",
-    "a*b",
-    "caf\u00e9",
-    None,
-    123,
-    b"orders",
-]
-
-
-@pytest.mark.parametrize("name", BAD_QUEUE_NAMES, ids=repr)
-def test_bad_queue_names(url: str, name: Any) -> None:
-    with pytest.raises(InvalidId):
-        echomq.Queue(name, url=url)
-    with pytest.raises(InvalidId):
-        echomq.AsyncQueue(name, url=url)
-
-
-def test_longest_queue_name_is_legal(url: str, r: redis.Redis) -> None:
-    name = "q" * 127 + "1"
-    with echomq.Queue(name, url=url) as q:
-        e = q.enqueue(b"x")
-        assert r.exists("emq:{" + name + "}:job:" + e.id) == 1
-        q.remove(e.id)
-
-
-@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "1024", None])
-def test_bad_max_payload(url: str, bad: Any) -> None:
-    with pytest.raises(InvalidArgument):
-        echomq.Queue("ok", url=url, max_payload=bad)
-    with pytest.raises(InvalidArgument):
-        echomq.AsyncQueue("ok", url=url, max_payload=bad)
-
-
-def test_url_and_client_together(url: str) -> None:
-    client = redis.Redis.from_url(url)
-    aclient = redis.asyncio.Redis.from_url(url)
-    try:
-        with pytest.raises(InvalidArgument):
-            echomq.Queue("ok", url=url, client=client)
-        with pytest.raises(InvalidArgument):
-            echomq.AsyncQueue("ok", url=url, client=aclient)
-    finally:
-        client.close()
-        asyncio.run(aclient.aclose())
-
-
-def test_decoding_clients_are_refused(url: str) -> None:
-    # Payloads are bytes: a client that decodes replies would corrupt them.
-    client = redis.Redis.from_url(url, decode_responses=True)
-    aclient = redis.asyncio.Redis.from_url(url, decode_responses=True)
-    try:
-        with pytest.raises(InvalidArgument):
-            echomq.Queue("ok", client=client)
-        with pytest.raises(InvalidArgument):
-            echomq.AsyncQueue("ok", client=aclient)
-    finally:
-        client.close()
-        asyncio.run(aclient.aclose())
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"completed": [("not-an-id", 1)]},
-        {"completed": [(ids.mint(), 0)]},
-        {"completed": [(ids.mint(),)]},
-        {"retried": [(ids.mint(), 1, -1, 3, "e")]},
-        {"retried": [(ids.mint(), 1, 0, 0, "e")]},
-        {"retried": [(ids.mint(), 1, 0, 3)]},
-        {"retried": [(ids.mint(), 1, 0, 3, 7)]},
-        {"n": -1},
-        {"lease_ms": 0},
-    ],
-)
-def test_settle_rejects_bad_input_before_any_write(
-    anyq: Any, r: redis.Redis, qname: str, kwargs: dict[str, Any]
-) -> None:
-    anyq.enqueue(b"x")
-    before = snapshot(r, qname)
-    with pytest.raises((InvalidId, InvalidArgument)):
-        anyq.settle(**kwargs)
-    assert snapshot(r, qname) == before
-
-
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, "10", True])
-def test_retry_for_is_validated(url: str, value: Any) -> None:
-    with pytest.raises(InvalidArgument):
-        echomq.Queue("q", url=url, retry_for=value)
-    with pytest.raises(InvalidArgument):
-        echomq.AsyncQueue("q", url=url, retry_for=value)

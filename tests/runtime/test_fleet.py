@@ -1,7 +1,10 @@
 """The worker fleet (issue 25): ``echomq worker -p N`` (a supervisor and its worker children,
 as real processes, pids checked), the worker registry (``Queue.workers()``, ``echomq
 workers``), the process pool (``@app.task(pool="process")``) and metrics without double
-counting. Short beats and leases keep each test to seconds."""
+counting. Short beats and leases keep each test to seconds.
+
+The process pool tests are in test_fleet_pool.py.
+"""
 
 from __future__ import annotations
 
@@ -12,20 +15,25 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import fleet_support
 import pytest
 import redis
-from test_worker import InProcWorker
+from worker_support import InProcWorker
 
 import echomq
 from conftest import server_ms, wait_for
-from echomq import App, InvalidArgument, Worker
+from echomq import App, Worker
 from echomq.client import layout as _layout
 from echomq.protocol.registry import WorkerInfo
 from procs import Proc, Spawner, pid_gone, wait_log
+
+# Shared fixtures (bound here so pytest finds them in this module).
+inproc = fleet_support.inproc
+
 
 pytestmark = pytest.mark.executors
 
@@ -69,9 +77,6 @@ def fleet(q: echomq.Queue, n: int, timeout: float = 120.0) -> list[WorkerInfo]:
 
     wait_for(ready, timeout=timeout)
     return found
-
-
-# --------------------------------------------------------------------------- supervisor
 
 
 def test_sigkilled_child_is_restarted_and_its_jobs_come_back_once(
@@ -342,33 +347,6 @@ def test_bad_processes_are_refused(spawn: Spawner, qname: str) -> None:
         assert "-p/--processes must be a count >= 1 or 'auto'" in p.text()
 
 
-# --------------------------------------------------------------------------- registry
-
-
-@pytest.fixture
-def inproc(url: str) -> Iterator[Callable[..., Any]]:
-    apps: list[App] = []
-    handles: list[InProcWorker] = []
-
-    def start(app: App, **kw: Any) -> InProcWorker:
-        kw.setdefault("beat_ms", 100)
-        handle = InProcWorker(Worker(app, **kw))
-        handles.append(handle)
-        return handle
-
-    def make_app() -> App:
-        app = App(url=url)
-        apps.append(app)
-        return app
-
-    start.make_app = make_app  # type: ignore[attr-defined]
-    yield start
-    for handle in handles:
-        handle.stop()
-    for app in apps:
-        app.close()
-
-
 def test_registry_entry_lists_held_jobs_and_goes_at_stop(
     inproc: Callable[..., Any], q: echomq.Queue, qname: str, r: redis.Redis, url: str
 ) -> None:
@@ -544,136 +522,6 @@ def test_echomq_workers_and_stats_show_the_fleet(
         assert re.search(r"\bworkers 2\b", stats.text()), stats.text()
     sup.signal(signal.SIGTERM)
     assert sup.wait(60) == 0
-
-
-# --------------------------------------------------------------------------- process pool
-
-
-def pool_pid(n: int) -> dict[str, int]:
-    """CPU-bound work in a pool child: the child's pid and a result."""
-    total = 0
-    for i in range(n):
-        total += i * i % 7
-    return {"pid": os.getpid(), "total": total}
-
-
-def pool_hang(pid_file: str) -> None:
-    Path(pid_file).write_text(str(os.getpid()))
-    time.sleep(60)
-
-
-def pool_crash_once() -> int:
-    import echomq as _e
-
-    job = _e.current_job()
-    assert job is not None
-    if job.token == 1:
-        os._exit(3)  # the child dies mid-job (a segfault, the OOM killer)
-    return os.getpid()
-
-
-def test_a_pool_child_that_dies_fails_its_run_and_is_replaced(
-    inproc: Callable[..., Any], qname: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    app: App = inproc.make_app()  # type: ignore[attr-defined]
-    task = app.task(name="crash", queue=qname, pool="process", keep_result_ms=60_000, backoff=10)(
-        pool_crash_once
-    )
-    handle = inproc(app, concurrency=1, pool_size=1)
-    job = task.enqueue()
-    with caplog.at_level("WARNING", logger="echomq.worker.jobs"):
-        pid = job.wait(30.0)  # the first attempt died with its child; the retry, in a new one
-    assert "attempt 1/3) failed: ChildDied: the pool's child exited" in caplog.text
-    assert "(exit code 3)" in caplog.text
-    assert handle.worker.pool is not None and handle.worker.pool.pids() == [pid]
-
-
-def test_pool_runs_cpu_bound_jobs_on_persistent_children(
-    inproc: Callable[..., Any], qname: str
-) -> None:
-    app: App = inproc.make_app()  # type: ignore[attr-defined]
-    task = app.task(name="cpu", queue=qname, pool="process", keep_result_ms=60_000)(pool_pid)
-    handle = inproc(app, concurrency=4, pool_size=2)
-    jobs = [task.enqueue(20_000) for _ in range(12)]
-    results = [j.wait(30.0) for j in jobs]
-    pool = handle.worker.pool
-    assert pool is not None and len(pool.pids()) == 2
-    used = {res["pid"] for res in results}
-    # Persistent: 12 jobs ran on the pool's two children, none of them the worker itself.
-    assert used <= set(pool.pids()) and os.getpid() not in used
-    assert {res["total"] for res in results} == {pool_pid(20_000)["total"]}
-
-
-def test_pool_timeout_kills_the_child_and_replaces_it(
-    inproc: Callable[..., Any], q: echomq.Queue, qname: str, tmp_path: Path
-) -> None:
-    app: App = inproc.make_app()  # type: ignore[attr-defined]
-    hang = app.task(name="hang", queue=qname, pool="process", timeout=1.0, max_attempts=1)(
-        pool_hang
-    )
-    cpu = app.task(name="cpu", queue=qname, pool="process", keep_result_ms=60_000)(pool_pid)
-    handle = inproc(app, concurrency=2, pool_size=1)
-    # The child imports this module on its first job (seconds on a loaded machine): that
-    # first job is not the one whose 1 s timeout is under test.
-    hung = cpu.enqueue(10).wait(30.0)["pid"]
-    pid_file = tmp_path / "child.pid"
-    job = hang.enqueue(str(pid_file))
-    wait_for(pid_file.exists, 60)
-    assert int(pid_file.read_text()) == hung  # the same, persistent child
-    wait_for(lambda: q.job_state(job.id) == "dead", timeout=60)
-    assert q.errors(job.id)[-1].endswith("TimeoutError: the run took longer than 1.0s")
-    wait_for(lambda: pid_gone(hung), timeout=60)  # killed
-    replacement = cpu.enqueue(10).wait(20.0)["pid"]
-    assert replacement != hung and handle.worker.pool is not None
-    assert handle.worker.pool.pids() == [replacement]
-    assert handle.worker.stats.stranded_threads == 0
-
-
-def test_cancel_reaches_the_pool_child(
-    inproc: Callable[..., Any], q: echomq.Queue, qname: str, tmp_path: Path
-) -> None:
-    app: App = inproc.make_app()  # type: ignore[attr-defined]
-    hang = app.task(name="hang", queue=qname, pool="process", lease_ms=600)(pool_hang)
-    handle = inproc(app, concurrency=1, pool_size=1)
-    pid_file = tmp_path / "child.pid"
-    job = hang.enqueue(str(pid_file))
-    wait_for(pid_file.exists, 60)
-    child = int(pid_file.read_text())
-    assert q.cancel(job.id) == "signalled"
-    wait_for(lambda: pid_gone(child), timeout=60)  # the cancel killed the child
-    wait_for(lambda: q.job_state(job.id) == "dead", timeout=60)
-    assert (q.get_job(job.id) or {}).get("last_error") == "cancelled"
-    assert handle.worker.pool is not None
-    wait_for(lambda: handle.worker.pool.pids() not in ([], [child]), timeout=60)
-
-
-def test_pool_options_are_checked(url: str) -> None:
-    app = App(url=url)
-    try:
-
-        async def coro() -> None:
-            return None
-
-        def local() -> None:
-            return None
-
-        with pytest.raises(InvalidArgument, match="pool must be None or 'process'"):
-            app.task(name="a", pool="thread")(pool_pid)
-        with pytest.raises(InvalidArgument, match="pool='process' is for sync"):
-            app.task(name="b", pool="process")(coro)
-        with pytest.raises(InvalidArgument, match="pool='process' is for sync"):
-            app.task(name="c", pool="process", isolate=True)(pool_pid)
-        with pytest.raises(InvalidArgument, match="not importable"):
-            app.task(name="d", pool="process")(local)
-        app.task(name="ok", pool="process")(pool_pid)
-        with pytest.raises(InvalidArgument, match="pool_size"):
-            Worker(app, pool_size=0)
-        assert app.tasks == {"ok": app.tasks["ok"]}  # nothing registered by a refusal
-    finally:
-        app.close()
-
-
-# --------------------------------------------------------------------------- metrics
 
 
 def test_lane_labels_are_bounded_and_server_gauges_optional(

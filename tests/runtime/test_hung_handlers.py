@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_worker import InProcWorker
+from worker_support import InProcWorker
 
 from conftest import wait_for
 from echomq import App, InvalidArgument, Worker

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from test_worker import InProcWorker
+from worker_support import InProcWorker
 
 import echomq
 from conftest import tmp_server, wait_for
