@@ -182,7 +182,11 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "  do return false end\n",
         ),
     ],
-    "marker-ttl": [  # f8a8794: Python only; the old bookkeeping, one per queue name
+    # f8a8794: the old bookkeeping, one per queue name. Since issue 37 the scripts also time
+    # a marker key found without a TTL (mark_one's PTTL read, in Lua and C), which repairs
+    # the client's mistake on its own: alone, the client's patch is an equivalent mutant, so
+    # the server's repair is undone with it (both halves of the fix regress together).
+    "marker-ttl": [
         (
             "src/echomq/protocol/kernel.py",
             "        self.marker_ttls: dict[int, tuple[int, set[str]]] = {}\n",
@@ -192,6 +196,16 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "src/echomq/protocol/kernel.py",
             "\nclass Keys:\n",
             "\n_MARKER_TTLS: dict = {}\n\n\nclass Keys:\n",
+        ),
+        (
+            "src/echomq/lua/include/admit.lua",
+            "  if ttl or rcall('PTTL', key) == -1 then rcall('PEXPIRE', key, replay_ms + 2000) end\n",
+            "  if ttl then rcall('PEXPIRE', key, replay_ms + 2000) end\n",
+        ),
+        (
+            "native/admit.c",
+            '    if (ttl || emq_int(e, emq_call(e, "PTTL", 1, key)) == -1)\n',
+            "    if (ttl)\n",
         ),
     ],
     "retired-ttl": [  # 2e6bfda: the held-back generation's PEXPIRE
