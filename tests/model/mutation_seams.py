@@ -199,7 +199,8 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
         ),
         (
             "src/echomq/lua/include/admit.lua",
-            "  if ttl or rcall('PTTL', key) == -1 then rcall('PEXPIRE', key, replay_ms + 2000) end\n",
+            "  if ttl or rcall('PTTL', key) == -1 then "
+            "rcall('PEXPIRE', key, replay_ms + 2000) end\n",
             "  if ttl then rcall('PEXPIRE', key, replay_ms + 2000) end\n",
         ),
         (
