@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 import redis
-from sharded_support import N, holder, key_for_shard, shard_queues, sq  # noqa: F401  (sq)
+import sharded_support
+from sharded_support import N, holder, key_for_shard, shard_queues
 
 import echomq
 from conftest import SyncOverAsync, snapshot
 
 pytestmark = pytest.mark.executors
+
+sq = sharded_support.sq  # the fixture: a ShardedQueue, or an AsyncShardedQueue adapted
 
 
 def _fill(sq: Any) -> list[str]:

@@ -7,17 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sharded_support import N, holder, key_for_shard, shard_queues, sq  # noqa: F401  (sq)
+import sharded_support
+from sharded_support import N, holder, key_for_shard, shard_queues
 
 import echomq
 from echomq.client.shards import shard_of
 
 pytestmark = pytest.mark.executors
 
+sq = sharded_support.sq  # the fixture: a ShardedQueue, or an AsyncShardedQueue adapted
 
-def test_the_layout_is_stored_and_shard_0_is_the_base_queue(
-    sq: Any, qname: str, url: str
-) -> None:
+
+def test_the_layout_is_stored_and_shard_0_is_the_base_queue(sq: Any, qname: str, url: str) -> None:
     names = sq.shards()
     assert len(names) == N and names[0] == qname
     assert all(name.startswith(f"{qname}.shard{i}.") for i, name in enumerate(names) if i)

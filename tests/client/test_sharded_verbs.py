@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import redis
-from sharded_support import N, key_for_shard, shard_queues, sq  # noqa: F401  (sq: a fixture)
+import sharded_support
+from sharded_support import N, key_for_shard, shard_queues
 
 import echomq
 from conftest import snapshot
@@ -20,6 +21,8 @@ from echomq.client.shards import MAX_SHARDS
 from echomq.client.sync_shardfan import ShardFanout
 
 pytestmark = pytest.mark.executors
+
+sq = sharded_support.sq  # the fixture: a ShardedQueue, or an AsyncShardedQueue adapted
 
 _JOB = re.compile(r"JOB[0-9A-Za-z]{11}")
 _NONCE = re.compile(r":[0-9a-f]{12}$")  # an enqueue's replay marker, by its nonce
@@ -123,9 +126,7 @@ def test_refused_verbs_raise_shards_error_and_write_nothing(
     assert sq.get_limit() is None
 
 
-def test_bad_input_to_sharded_verbs_is_typed_and_writes_nothing(
-    sq: Any, r: redis.Redis
-) -> None:
+def test_bad_input_to_sharded_verbs_is_typed_and_writes_nothing(sq: Any, r: redis.Redis) -> None:
     sq.enqueue(b"x")
     names = sq.shards()
     before = {name: snapshot(r, name) for name in names}

@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import Any
 
 from echomq import keyspace
-from echomq.client import shards as _shards
 from echomq.client.async_flows import AsyncFlowVerbs
 from echomq.client.autopipe import AutoPipe  # async-only
 from echomq.client.connect import (
@@ -30,6 +29,8 @@ from echomq.client.executor import AsyncExecutor
 from echomq.client.native import resolve_executor
 from echomq.client.queueopts import durable_replicas, replay_ms
 from echomq.client.renamed import renamed, respelled
+from echomq.client.shardkit import SHARDED
+from echomq.client.shards import _check
 from echomq.client.waiters import ResultWaiters  # async-only
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 from echomq.protocol import calls as _p
@@ -78,11 +79,11 @@ class AsyncQueue(AsyncFlowVerbs):
     """
 
     def __new__(cls, name: str = "", *args: Any, shards: int | None = None, **kw: Any) -> Any:
-        if shards is None or cls is not AsyncQueue or _shards._check(name, shards) == 1:
+        # shards=N > 1: the sharded twin, registered by client/async_sharded.py (no import
+        # cycle: echomq.queue imports both before any queue is made).
+        if shards is None or cls not in SHARDED or _check(name, shards) == 1:
             return super().__new__(cls)
-        from echomq.client.async_sharded import AsyncShardedQueue
-
-        return super().__new__(AsyncShardedQueue)
+        return super().__new__(SHARDED[cls])
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ from echomq.client.async_queue import AsyncQueue
 from echomq.client.async_shardfan import AsyncShardFanout
 from echomq.client.queueopts import replay_ms
 from echomq.client.renamed import renamed
-from echomq.client.shardkit import Minted, check_items, order
+from echomq.client.shardkit import SHARDED, Minted, check_items, order
 from echomq.client.shards import shard_of
 from echomq.errors import EchoMQError, ShardsError
 from echomq.protocol import calls as _p
@@ -378,3 +378,6 @@ class AsyncShardedQueue(AsyncShardFanout):
                 "never moves between shards (remove it and enqueue it again with group=)"
             )
         return await home.reassign(id, lane)
+
+
+SHARDED[AsyncQueue] = AsyncShardedQueue  # AsyncQueue(name, shards=N) makes one (its __new__)

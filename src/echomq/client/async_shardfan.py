@@ -11,6 +11,7 @@ says how each verb is served. The source ``scripts/gen-sync`` derives ``ShardFan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from echomq.client.async_queue import AsyncQueue
@@ -79,7 +80,7 @@ class AsyncShardFanout(AsyncQueue):
         await self._resolve()
         return [q.name for q in self._adopt(await AsyncQueue.shards(self))]
 
-    async def propose_shards(self, names: list[str]) -> list[str]:
+    async def propose_shards(self, names: Sequence[str]) -> list[str]:
         """Shard 0's ``propose_shards``; the cache follows the stored list it returns."""
         return [q.name for q in self._adopt(await AsyncQueue.propose_shards(self, names))]
 

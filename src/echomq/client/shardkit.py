@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from echomq import ids, keyspace
 from echomq.client.shards import _check
@@ -21,6 +21,7 @@ from echomq.protocol.reads import _state_key
 from echomq.protocol.registry import WorkerInfo
 
 __all__ = [
+    "SHARDED",
     "VERBS",
     "Minted",
     "app_shards",
@@ -36,7 +37,10 @@ __all__ = [
     "union_workers",
 ]
 
-T = TypeVar("T")
+
+# A queue class -> its sharded twin (AsyncQueue -> AsyncShardedQueue, Queue -> ShardedQueue):
+# filled by client/async_sharded.py and sync_sharded.py, read by the queues' __new__.
+SHARDED: dict[type, type] = {}
 
 # Every public member of AsyncQueue (and AsyncFlowVerbs): how the sharded queue serves it.
 # "inherited" members are not overridden (they hold for the logical queue as they are).

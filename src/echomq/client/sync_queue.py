@@ -9,7 +9,6 @@ from types import TracebackType
 from typing import Any
 
 from echomq import keyspace
-from echomq.client import shards as _shards
 from echomq.client.connect import (
     DEFAULT_RETRY_FOR,
     SyncClient,
@@ -20,6 +19,8 @@ from echomq.client.executor import SyncExecutor
 from echomq.client.native import resolve_executor
 from echomq.client.queueopts import durable_replicas, replay_ms
 from echomq.client.renamed import renamed, respelled
+from echomq.client.shardkit import SHARDED
+from echomq.client.shards import _check
 from echomq.client.sync_flows import FlowVerbs
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 from echomq.protocol import calls as _p
@@ -64,15 +65,15 @@ class Queue(FlowVerbs):
             primary loads it (read once, at the first connect), else Lua; ``native``
             raises ``ExecutorUnavailable`` at the first call on a server without it.
             Default: the URL's ``executor=`` option, else ``ECHOMQ_EXECUTOR``, else auto.
-        shards: N > 1: an ``ShardedQueue`` of at least N shards (API.md "Sharded queues").
+        shards: N > 1 returns a sharded queue of at least N shards (API.md "Sharded queues").
     """
 
     def __new__(cls, name: str = "", *args: Any, shards: int | None = None, **kw: Any) -> Any:
-        if shards is None or cls is not Queue or _shards._check(name, shards) == 1:
+        # shards=N > 1: the sharded twin, registered by client/sync_sharded.py (no import
+        # cycle: echomq.queue imports both before any queue is made).
+        if shards is None or cls not in SHARDED or _check(name, shards) == 1:
             return super().__new__(cls)
-        from echomq.client.sync_sharded import ShardedQueue
-
-        return super().__new__(ShardedQueue)
+        return super().__new__(SHARDED[cls])
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from typing import Any
 
 from echomq.client.queueopts import replay_ms
 from echomq.client.renamed import renamed
-from echomq.client.shardkit import Minted, check_items, order
+from echomq.client.shardkit import SHARDED, Minted, check_items, order
 from echomq.client.shards import shard_of
 from echomq.client.sync_queue import Queue
 from echomq.client.sync_shardfan import ShardFanout
@@ -366,3 +366,6 @@ class ShardedQueue(ShardFanout):
                 "never moves between shards (remove it and enqueue it again with group=)"
             )
         return home.reassign(id, lane)
+
+
+SHARDED[Queue] = ShardedQueue  # Queue(name, shards=N) makes one (its __new__)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from echomq.client.renamed import renamed, respelled
@@ -69,7 +70,7 @@ class ShardFanout(Queue):
         self._resolve()
         return [q.name for q in self._adopt(Queue.shards(self))]
 
-    def propose_shards(self, names: list[str]) -> list[str]:
+    def propose_shards(self, names: Sequence[str]) -> list[str]:
         """Shard 0's ``propose_shards``; the cache follows the stored list it returns."""
         return [q.name for q in self._adopt(Queue.propose_shards(self, names))]
 
