@@ -48,7 +48,7 @@ from echomq.protocol import compose as _compose
 from echomq.protocol import control as _ctl
 from echomq.protocol import repeats as _repeats
 from echomq.protocol.kernel import Keys, Plan
-from echomq.queue import AsyncQueue, Queue
+from echomq.queue import AsyncQueue, AsyncShardedQueue, Queue, ShardedQueue
 from echomq.serializers import Serializer, resolve_serializer
 from echomq.tasks import batches as _batches
 from echomq.tasks.batches import Batch
@@ -510,11 +510,13 @@ class App:
         none, the value expired, or no such job). ``queue``: the job's queue; default the
         one queue of the app's tasks (``InvalidArgument`` when they use several)."""
         q = self.queue(self._result_queue(queue))
+        q = q._holder(id) if isinstance(q, ShardedQueue) else q  # the job's shard
         return self._decoded(id, q._x.run(_ctl.outcome(q._k, id)))
 
     async def aresult(self, id: str, *, queue: str | None = None) -> Any:
         """:meth:`result` for asyncio code."""
         q = self.aqueue(self._result_queue(queue))
+        q = await q._holder(id) if isinstance(q, AsyncShardedQueue) else q
         return self._decoded(id, await q._x.run(_ctl.outcome(q._k, id)))
 
     def wait_result(self, id: str, *, timeout_s: float, queue: str | None = None) -> Any:

@@ -172,3 +172,19 @@ def test_reshard_grows_and_keeps_every_job(sq: Any, url: str) -> None:
     while batch := sq.claim_batch(16):
         claimed += [j.id for j in batch]
     assert sorted(claimed) == sorted(before + after)  # each job once, none lost
+
+
+def test_a_client_follows_a_reshard_made_by_another(url: str, qname: str) -> None:
+    with echomq.Queue(qname, url=url, shards=2) as old, echomq.Queue(qname, url=url) as base:
+        assert len(old.shards()) == 2
+        with echomq.Queue(qname, url=url, shards=2) as other:
+            grown = other.reshard(6)
+            lane = key_for_shard(5, 6, "late")
+            late = other.enqueue(b"on a new shard", group=lane).id
+        with shard_queues(url, grown) as shards:
+            assert holder(shards, late) == 5
+        # A verb by id that finds the job on no shard it knows reads the list again.
+        assert old.get_job(late)["payload"] == b"on a new shard"
+        assert old.counts()["pending"] == 1
+        assert old.shards() == grown == base.shards()
+

@@ -4,6 +4,7 @@ refusals writing nothing, ``shards=1`` being today's queue key for key, the App'
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 from typing import Any
@@ -213,3 +214,35 @@ def test_app_routes_a_sharded_queue_s_tasks(url: str, qname: str, r: redis.Redis
     finally:
         app.close()
     assert type(echomq.App(url=url).queue(qname)) is echomq.Queue
+
+
+def test_app_results_are_read_from_the_job_s_shard(url: str, qname: str) -> None:
+    app = echomq.App(url=url, shards={qname: N})
+
+    @app.task(queue=qname, name="double", keep_result_ms=60_000)
+    def double(x: int) -> int:
+        return 2 * x
+
+    try:
+        q = app.queue(qname)
+        lane = key_for_shard(3, N)
+        sent = double.options(group=lane).enqueue(21).id
+        job = q.claim()
+        assert job is not None and job.id == sent
+        q.complete(job.id, job.token, result=app.serializer.dumps(42), keep_result_ms=60_000)
+        with shard_queues(url, q.shards()) as shards:
+            assert shards[3].result(sent) is not None and shards[0].result(sent) is None
+        assert app.result(sent, queue=qname) == 42
+        assert app.wait_result(sent, queue=qname, timeout_s=5) == 42
+
+        async def from_asyncio() -> tuple[Any, Any]:
+            try:
+                got = await app.aresult(sent, queue=qname)
+                return got, await app.await_result(sent, queue=qname, timeout_s=5)
+            finally:
+                await app.aclose()
+
+        assert asyncio.run(from_asyncio()) == (42, 42)
+    finally:
+        app.close()
+

@@ -341,16 +341,19 @@ class AsyncShardedQueue(AsyncShardFanout):
                 return found
         return None
 
-    async def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
-        """``wait`` on the shard holding the job or its outcome (the id's when none does yet)."""
+    async def _holder(self, id: str) -> AsyncQueue:
+        """The shard holding the job or its kept outcome (the id's own when none does yet);
+        ``App.result`` reads the outcome there."""
         subs = await self._resolve()
-        home = subs[shard_of(id, len(subs))]
         for i in order(shard_of(id, len(subs)), len(subs)):
             q = subs[i]
             if await q.job_state(id) != "absent" or await q.result(id) is not None:
-                home = q
-                break
-        return await home.wait(id, timeout_s=timeout_s)
+                return q
+        return subs[shard_of(id, len(subs))]
+
+    async def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
+        """``wait`` on the shard holding the job or its outcome (the id's when none does yet)."""
+        return await (await self._holder(id)).wait(id, timeout_s=timeout_s)
 
     async def children_values(self, parent_id: str) -> dict[str, bytes]:
         """``children_values`` on the parent's shard."""

@@ -11,6 +11,7 @@ says how each verb is served. The source ``scripts/gen-sync`` derives ``ShardFan
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,9 @@ from echomq.protocol import compose as _c
 from echomq.protocol import observe as _o
 from echomq.protocol import registry as _reg
 
-__all__ = ["AsyncShardFanout"]
+__all__ = ["REFRESH_S", "AsyncShardFanout"]
+
+REFRESH_S = 5.0  # a sharded queue reads the stored list again at most this often
 
 
 class AsyncShardFanout(AsyncQueue):
@@ -47,6 +50,7 @@ class AsyncShardFanout(AsyncQueue):
         super().__init__(name, **options)
         self._subs: list[AsyncQueue] | None = None
         self._next = 0  # the shard the next claim starts at
+        self._fresh_until = 0.0  # monotonic: the cached list is read again after it
         self._held: dict[str, int] = {}  # ids claimed here -> their shard
 
     # -- the layout
@@ -61,13 +65,15 @@ class AsyncShardFanout(AsyncQueue):
         return q
 
     def _adopt(self, names: list[str]) -> list[AsyncQueue]:
+        self._fresh_until = time.monotonic() + REFRESH_S
         old = {q.name: q for q in self._subs or ()}
         subs = self._subs = [old.get(s) or self._sub(s) for s in names]
         return subs
 
     async def _resolve(self) -> list[AsyncQueue]:
-        """The shards: the cached list, else the stored one (grown to N when shorter)."""
-        if self._subs is not None:
+        """The shards: the cached list, read again once it is REFRESH_S old (another client
+        may have grown it), else the stored one (grown to N when shorter)."""
+        if self._subs is not None and time.monotonic() < self._fresh_until:
             return self._subs
         stored = await AsyncQueue.shards(self)
         if len(stored) < self._want:

@@ -329,16 +329,19 @@ class ShardedQueue(ShardFanout):
                 return found
         return None
 
-    def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
-        """``wait`` on the shard holding the job or its outcome (the id's when none does yet)."""
+    def _holder(self, id: str) -> Queue:
+        """The shard holding the job or its kept outcome (the id's own when none does yet);
+        ``App.result`` reads the outcome there."""
         subs = self._resolve()
-        home = subs[shard_of(id, len(subs))]
         for i in order(shard_of(id, len(subs)), len(subs)):
             q = subs[i]
             if q.job_state(id) != "absent" or q.result(id) is not None:
-                home = q
-                break
-        return home.wait(id, timeout_s=timeout_s)
+                return q
+        return subs[shard_of(id, len(subs))]
+
+    def wait(self, id: str, *, timeout_s: float) -> _ctl.Result:
+        """``wait`` on the shard holding the job or its outcome (the id's when none does yet)."""
+        return (self._holder(id)).wait(id, timeout_s=timeout_s)
 
     def children_values(self, parent_id: str) -> dict[str, bytes]:
         """``children_values`` on the parent's shard."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,9 @@ from echomq.protocol import compose as _c
 from echomq.protocol import observe as _o
 from echomq.protocol import registry as _reg
 
-__all__ = ["ShardFanout"]
+__all__ = ["REFRESH_S", "ShardFanout"]
+
+REFRESH_S = 5.0  # a sharded queue reads the stored list again at most this often
 
 
 class ShardFanout(Queue):
@@ -39,6 +42,7 @@ class ShardFanout(Queue):
         super().__init__(name, **options)
         self._subs: list[Queue] | None = None
         self._next = 0  # the shard the next claim starts at
+        self._fresh_until = 0.0  # monotonic: the cached list is read again after it
         self._held: dict[str, int] = {}  # ids claimed here -> their shard
 
     # -- the layout
@@ -51,13 +55,15 @@ class ShardFanout(Queue):
         return q
 
     def _adopt(self, names: list[str]) -> list[Queue]:
+        self._fresh_until = time.monotonic() + REFRESH_S
         old = {q.name: q for q in self._subs or ()}
         subs = self._subs = [old.get(s) or self._sub(s) for s in names]
         return subs
 
     def _resolve(self) -> list[Queue]:
-        """The shards: the cached list, else the stored one (grown to N when shorter)."""
-        if self._subs is not None:
+        """The shards: the cached list, read again once it is REFRESH_S old (another client
+        may have grown it), else the stored one (grown to N when shorter)."""
+        if self._subs is not None and time.monotonic() < self._fresh_until:
             return self._subs
         stored = Queue.shards(self)
         if len(stored) < self._want:
