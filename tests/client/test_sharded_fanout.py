@@ -59,6 +59,23 @@ def test_browse_merges_the_shards_by_rank(sq: Any, url: str) -> None:
         assert len(sq.browse("schedule", 2)) == 2  # the deprecated spelling still works
 
 
+def test_browse_orders_priorities_as_one_queue_would(sq: Any, r: redis.Redis) -> None:
+    ids = {sq.enqueue(f"p{i}", priority=i % 3).id: i % 3 for i in range(24)}
+    names = sq.shards()
+
+    def score(jid: str) -> float:
+        found = [r.zscore(f"emq:{{{name}}}:pending", jid) for name in names]
+        (s,) = [x for x in found if x is not None]
+        return float(s)
+
+    page = sq.browse("pending", 24)
+    assert sorted(page) == sorted(ids)
+    ranks = [(score(j), j) for j in page]
+    assert ranks == sorted(ranks, reverse=True)  # the reverse claim order, over the shards
+    assert {ids[j] for j in page[:8]} == {2}  # the lowest priority (runs last) comes first
+    assert sq.browse("pending", 5) == page[:5]
+
+
 def test_check_names_the_shard_of_a_violation(sq: Any, url: str, r: redis.Redis) -> None:
     _fill(sq)
     assert sq.check() == []
@@ -187,4 +204,3 @@ def test_a_client_follows_a_reshard_made_by_another(url: str, qname: str) -> Non
         assert old.get_job(late)["payload"] == b"on a new shard"
         assert old.counts()["pending"] == 1
         assert old.shards() == grown == base.shards()
-

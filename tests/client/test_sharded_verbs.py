@@ -245,4 +245,3 @@ def test_app_results_are_read_from_the_job_s_shard(url: str, qname: str) -> None
         assert asyncio.run(from_asyncio()) == (42, 42)
     finally:
         app.close()
-

@@ -64,7 +64,8 @@ class AsyncShardedQueue(AsyncShardFanout):
         return job
 
     async def aclose(self) -> None:
-        """Stop every shard's result waiters, then close the client if this queue made it."""
+        """Close the shards (their result waiters, on asyncio), then the client if this queue
+        made it."""
         for q in self._subs or ():  # async-only
             if q._waiters is not None:  # async-only
                 await q._waiters.close()  # async-only

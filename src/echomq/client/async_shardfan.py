@@ -350,6 +350,7 @@ class AsyncShardFanout(AsyncQueue):
         for q in reversed(subs):
             await q.obliterate(force=force)
         self._subs = None
+        self._held.clear()
         return None
 
     # -- refused for N > 1 (decision 8)

@@ -216,15 +216,16 @@ def check_items(
 
 
 def ranked(k: Keys, state: str, n: int, group: str | None) -> Call[list[tuple[Any, str]]]:
-    """``browse`` with each id's rank: ``(score, id)`` (``(id, id)`` for a lexical set),
-    newest first, so the shards' pages merge into the logical queue's."""
+    """``browse`` with each id's rank: ``(score, id)``, newest first (as ``browse`` reads
+    it: by rank for a waiting set, by time for the others), so the shards' pages merge into
+    the logical queue's: score first, ties by id, as one sorted set orders them."""
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1_000_000:
         raise InvalidArgument(f"n must be an int in 1..1000000, got {n!r}")
-    key, lexical = _state_key(k, state)
+    key, by_rank = _state_key(k, state)
     if group is not None:
         raise InvalidArgument("ranked() browses a whole state; a lane lives on one shard")
-    if lexical:
-        return _cmd(("ZRANGE", key, 0, n - 1, "REV"), lambda r: [(x, x) for x in _strs(r)])
+    if by_rank:
+        return _cmd(("ZRANGE", key, 0, n - 1, "REV", "WITHSCORES"), _pairs)
     args = ("ZRANGE", key, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, n, "WITHSCORES")
     return _cmd(args, _pairs)
 

@@ -59,7 +59,8 @@ class ShardedQueue(ShardFanout):
         return job
 
     def close(self) -> None:
-        """Stop every shard's result waiters, then close the client if this queue made it."""
+        """Close the shards (their result waiters, on asyncio), then the client if this queue
+        made it."""
         super().close()
 
     # -- producers (decision 4)

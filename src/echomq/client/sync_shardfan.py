@@ -338,6 +338,7 @@ class ShardFanout(Queue):
         for q in reversed(subs):
             q.obliterate(force=force)
         self._subs = None
+        self._held.clear()
         return None
 
     # -- refused for N > 1 (decision 8)
