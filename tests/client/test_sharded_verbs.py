@@ -155,6 +155,32 @@ def test_bad_input_to_sharded_verbs_is_typed_and_writes_nothing(sq: Any, r: redi
     assert {name: snapshot(r, name) for name in names} == before
 
 
+def test_bad_input_on_first_use_writes_not_even_the_layout(
+    url: str, qname: str, r: redis.Redis
+) -> None:
+    """The layout is written at a sharded queue's first call; a call refused for its input
+    is refused before that, so it writes nothing at all."""
+    with echomq.Queue(qname, url=url, shards=N) as fresh:
+        for exc, call in [
+            (echomq.InvalidId, lambda: fresh.get_job("nope")),
+            (echomq.InvalidId, lambda: fresh.result("nope")),
+            (echomq.InvalidId, lambda: fresh.pause_lane("bad lane")),
+            (echomq.InvalidId, lambda: fresh.dedup_holder("")),
+            (echomq.InvalidArgument, lambda: fresh.enqueue(b"x", delay_ms=-1)),
+            (echomq.PayloadTooLarge, lambda: fresh.enqueue(b"x" * (17 << 20))),
+            (echomq.InvalidId, lambda: fresh.enqueue_many([b"a", ("nope", b"b")])),
+            (echomq.InvalidArgument, lambda: fresh.claim_batch(0)),
+            (echomq.InvalidArgument, lambda: fresh.browse("pending", -1)),
+            (echomq.InvalidArgument, lambda: fresh.keep_completed(-1)),
+            (echomq.ShardsError, lambda: fresh.limit(2)),
+        ]:
+            with pytest.raises(exc):
+                call()
+        assert snapshot(r, qname) == {}
+        assert fresh.counts()["pending"] == 0  # the first good call writes the layout
+        assert r.hget(f"emq:{{{qname}}}:meta", "shards") is not None
+
+
 def _shape(r: redis.Redis, queue: str) -> list[tuple[str, Any]]:
     """A queue's keys with its name and the job ids taken out, each with its type and its
     fields (hashes, sets) or size: what two queues that saw the same calls share."""

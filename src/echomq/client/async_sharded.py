@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from echomq import keyspace
 from echomq.client.async_queue import AsyncQueue
 from echomq.client.async_shardfan import AsyncShardFanout
 from echomq.client.queueopts import replay_ms
@@ -44,6 +45,7 @@ class AsyncShardedQueue(AsyncShardFanout):
         """The shard holding job ``id``: the one that handed it out here, else the id's own
         shard, then the others (the list read again before giving up); the id's own shard
         when none has it (the verb then answers as a plain queue does for no such job)."""
+        keyspace.check_id(id)  # a bad id refused before the layout is read
         subs = await self._resolve()
         held = self._held.get(id)
         if held is not None and held < len(subs):
@@ -335,6 +337,7 @@ class AsyncShardedQueue(AsyncShardFanout):
 
     async def result(self, id: str) -> _ctl.Result | None:
         """The job's kept outcome on whichever shard keeps it, or None."""
+        keyspace.check_id(id)
         subs = await self._resolve()
         for i in order(shard_of(id, len(subs)), len(subs)):
             found = await subs[i].result(id)
@@ -345,6 +348,7 @@ class AsyncShardedQueue(AsyncShardFanout):
     async def _holder(self, id: str) -> AsyncQueue:
         """The shard holding the job or its kept outcome (the id's own when none does yet);
         ``App.result`` reads the outcome there."""
+        keyspace.check_id(id)
         subs = await self._resolve()
         for i in order(shard_of(id, len(subs)), len(subs)):
             q = subs[i]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from echomq import keyspace
 from echomq.client.async_queue import AsyncQueue
 from echomq.client.autopipe import AutoPipe  # async-only
 from echomq.client.renamed import renamed, respelled
@@ -33,6 +34,7 @@ from echomq.client.shards import _check, grow, shard_of
 from echomq.errors import InvalidArgument
 from echomq.protocol import calls as _p
 from echomq.protocol import compose as _c
+from echomq.protocol import control as _ctl
 from echomq.protocol import observe as _o
 from echomq.protocol import registry as _reg
 
@@ -104,7 +106,8 @@ class AsyncShardFanout(AsyncQueue):
         return await self.propose_shards(grow(self.name, stored, n))
 
     async def _shard(self, key: str) -> AsyncQueue:
-        """The shard a routing key (a lane, a dedup id, an id) belongs to."""
+        """The shard a lane belongs to (a bad lane refused before the layout is read)."""
+        keyspace.check_lane(key)
         subs = await self._resolve()
         return subs[shard_of(key, len(subs))]
 
@@ -185,6 +188,7 @@ class AsyncShardFanout(AsyncQueue):
     async def dedup_holder(self, dedup: str) -> str | None:
         """The holder of ``dedup``: its shard first, then the others (a job with a lane and a
         dedup id lives on its lane's shard)."""
+        _ctl.dedup_holder(self._k, dedup)  # a bad dedup id refused before any I/O
         subs = await self._resolve()
         for i in order(shard_of(dedup, len(subs)), len(subs)):
             holder = await subs[i].dedup_holder(dedup)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from echomq import keyspace
 from echomq.client.queueopts import replay_ms
 from echomq.client.renamed import renamed
 from echomq.client.shardkit import SHARDED, Minted, check_items, order
@@ -39,6 +40,7 @@ class ShardedQueue(ShardFanout):
         """The shard holding job ``id``: the one that handed it out here, else the id's own
         shard, then the others (the list read again before giving up); the id's own shard
         when none has it (the verb then answers as a plain queue does for no such job)."""
+        keyspace.check_id(id)  # a bad id refused before the layout is read
         subs = self._resolve()
         held = self._held.get(id)
         if held is not None and held < len(subs):
@@ -323,6 +325,7 @@ class ShardedQueue(ShardFanout):
 
     def result(self, id: str) -> _ctl.Result | None:
         """The job's kept outcome on whichever shard keeps it, or None."""
+        keyspace.check_id(id)
         subs = self._resolve()
         for i in order(shard_of(id, len(subs)), len(subs)):
             found = subs[i].result(id)
@@ -333,6 +336,7 @@ class ShardedQueue(ShardFanout):
     def _holder(self, id: str) -> Queue:
         """The shard holding the job or its kept outcome (the id's own when none does yet);
         ``App.result`` reads the outcome there."""
+        keyspace.check_id(id)
         subs = self._resolve()
         for i in order(shard_of(id, len(subs)), len(subs)):
             q = subs[i]

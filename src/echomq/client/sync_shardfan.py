@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from echomq import keyspace
 from echomq.client.renamed import renamed, respelled
 from echomq.client.shardkit import (
     merge_ranked,
@@ -25,6 +26,7 @@ from echomq.client.sync_queue import Queue
 from echomq.errors import InvalidArgument
 from echomq.protocol import calls as _p
 from echomq.protocol import compose as _c
+from echomq.protocol import control as _ctl
 from echomq.protocol import observe as _o
 from echomq.protocol import registry as _reg
 
@@ -94,7 +96,8 @@ class ShardFanout(Queue):
         return self.propose_shards(grow(self.name, stored, n))
 
     def _shard(self, key: str) -> Queue:
-        """The shard a routing key (a lane, a dedup id, an id) belongs to."""
+        """The shard a lane belongs to (a bad lane refused before the layout is read)."""
+        keyspace.check_lane(key)
         subs = self._resolve()
         return subs[shard_of(key, len(subs))]
 
@@ -175,6 +178,7 @@ class ShardFanout(Queue):
     def dedup_holder(self, dedup: str) -> str | None:
         """The holder of ``dedup``: its shard first, then the others (a job with a lane and a
         dedup id lives on its lane's shard)."""
+        _ctl.dedup_holder(self._k, dedup)  # a bad dedup id refused before any I/O
         subs = self._resolve()
         for i in order(shard_of(dedup, len(subs)), len(subs)):
             holder = subs[i].dedup_holder(dedup)
