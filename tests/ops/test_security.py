@@ -293,6 +293,8 @@ def exercise(url: str, qname: str) -> None:
     q.logs(job.id)
     q.clear_logs(job.id, keep=1)  # LLEN, LTRIM
     q.clear_logs(job.id)  # DEL
+    q.propose_shards([q.name, q.name + ".shard1.0"])  # HGET, HSET (issue 43)
+    q.shards()  # HGET
     q.update_progress(job.id, "50")  # a progress event
     q.get_job(job.id)
     q.job_state(job.id)

@@ -94,6 +94,8 @@ VERBS: dict[str, Callable[[], Any]] = {
     "limit_lane": lambda: _p.limit_lane(K, LANE, 2),
     "limit": lambda: _p.limit(K, 2),
     "get_limit": lambda: _p.get_limit(K),
+    "shards": lambda: _p.shards(K),
+    "propose_shards": lambda: _p.propose_shards(K, [K.name, K.name + ".shard1.0"]),
     "weight_lane": lambda: _p.weight_lane(K, LANE, 3),
     "reassign": lambda: _p.reassign(K, JID, LANE),
     "lane_depth": lambda: _p.lane_depth(K, LANE),
