@@ -28,13 +28,7 @@ run_worker = worker_support.run_worker
 
 def store(app: App, name: str, names: list[str]) -> list[str]:
     """Store a shard list on the base queue (the ``shards`` verb); the stored list."""
-    q = app.queue(name)
-    if not hasattr(q, "propose_shards"):  # TEMPORARY until the verb lands
-        import redis
-
-        redis.Redis.from_url(app.url).hset(Keys(name).meta, "shards", ",".join(names))
-        return names
-    stored: list[str] = q.propose_shards(names)
+    stored: list[str] = app.queue(name).propose_shards(names)
     assert stored == names
     return stored
 
@@ -90,7 +84,7 @@ def test_a_plain_queue_is_served_as_before(make_app, run_worker, qname) -> None:
     wait_for(lambda: completed(app, [qname]) == [5])
     w.stop()
     assert [ql.keys.name for ql in w.worker._loops] == [qname]
-    assert not hasattr(app.queue(qname), "shards") or app.queue(qname).shards() == [qname]
+    assert app.queue(qname).shards() == [qname]
 
 
 def test_growth_is_served_without_a_restart(make_app, run_worker, qname) -> None:
@@ -174,4 +168,3 @@ def test_shard_names_and_kick_order() -> None:
     loops[2].inflight[("y", 1)] = None  # type: ignore[assignment]
     assert all(kick_order(loops, sset)[0].keys.name == "b" for _ in range(3))
     assert kick_order(loops[:1], sset) == loops[:1]
-

@@ -20,11 +20,11 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from echomq._appface import AppFace
 from echomq.client.executor import AsyncExecutor
-from echomq.protocol.kernel import Call, Keys
+from echomq.protocol import calls as _p
+from echomq.protocol.kernel import Keys
 from echomq.runtime.queueloop import QueueLoop
 
 __all__ = ["REREAD_S", "ShardSet", "kick_order", "lease_of", "logical_of", "take_turn"]
@@ -66,7 +66,7 @@ class ShardSet:
         list that failed to read leaves that queue's shards as they were (served: never
         dropped); the error of the first failure is raised after the others are taken."""
         self._read_at = time.monotonic()
-        replies = await x.pipeline([_stored(name) for name in self.names])
+        replies = await x.pipeline([_p.shards(Keys(name)) for name in self.names])
         new: list[tuple[str, str]] = []
         failed: BaseException | None = None
         for name, reply in zip(self.names, replies, strict=True):
@@ -119,18 +119,6 @@ class ShardSet:
 def lease_of(app: AppFace, logical: str) -> int:
     """The lease of a queue's claims: the longest of its tasks' (default 30 s)."""
     return max((t.lease_ms for t in app.tasks.values() if t.queue == logical), default=30_000)
-
-
-def _decode(reply: Any) -> list[str]:
-    if not reply:
-        return []
-    text = reply.decode() if isinstance(reply, bytes) else str(reply)
-    return text.split(",")
-
-
-def _stored(name: str) -> Call[list[str]]:
-    """TEMPORARY until the ``shards`` verb lands: the stored list, read raw."""
-    return Call(None, (), ("HGET", Keys(name).meta, "shards"), _decode, True)
 
 
 def kick_order(loops: list[QueueLoop], shards: ShardSet) -> list[QueueLoop]:
