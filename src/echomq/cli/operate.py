@@ -27,6 +27,7 @@ from echomq.errors import (
     JobGone,
     StateError,
 )
+from echomq.ops import sharded as _sharded
 from echomq.ops import snapshots as _inspect
 from echomq.protocol import calls as _p
 from echomq.protocol import kernel as _k
@@ -197,7 +198,7 @@ def lanes(
     def go() -> list[_inspect.LaneView]:
         for change in changes:
             q._x.run(change)
-        (view,) = _inspect.snapshot(q._x, [q.name], minutes=0)
+        (view,) = _sharded.snapshot(q._x, [q.name], minutes=0)  # a sharded queue: all lanes
         return [v for v in view.lanes if lane is None or v.name == lane]
 
     rows = _run(ctx, go)
