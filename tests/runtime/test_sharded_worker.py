@@ -168,3 +168,21 @@ def test_shard_names_and_kick_order() -> None:
     loops[2].inflight[("y", 1)] = None  # type: ignore[assignment]
     assert all(kick_order(loops, sset)[0].keys.name == "b" for _ in range(3))
     assert kick_order(loops[:1], sset) == loops[:1]
+
+
+def test_testing_drain_waits_for_every_shard(make_app, qname) -> None:
+    from echomq.testing import drain
+
+    app = make_app()
+
+    @app.task(queue=qname, name="job")
+    def job(n: int) -> None:
+        pass
+
+    shards = store(app, qname, layout(qname, 3))
+    for i, s in enumerate(shards):
+        place(app, job, s, range(i * 10, i * 10 + 5 * (i + 1)))
+    done = drain(app, timeout_s=60)
+    assert done.completed == 5 + 10 + 15 and done.dead == 0
+    assert completed(app, shards) == [5, 10, 15]
+    assert set(done.counts) == set(shards)
