@@ -20,7 +20,7 @@ from echomq import App, current_job
 from echomq.client.shards import grow, layout
 from echomq.protocol.kernel import Keys
 from echomq.runtime.queueloop import QueueLoop
-from echomq.runtime.shardset import ShardSet, kick_order, logical_of
+from echomq.runtime.shardset import ShardSet, kick_order, logical_of, take_turn
 
 make_app = worker_support.make_app
 run_worker = worker_support.run_worker
@@ -162,12 +162,22 @@ def test_shard_names_and_kick_order() -> None:
     assert logical_of("orders.shard2.") == "orders.shard2."
     loops = [QueueLoop(Keys(n), 1000) for n in ("a", "b", "c")]
     sset = ShardSet(["a"])
-    firsts = {kick_order(loops, sset)[0].keys.name for _ in range(3)}
-    assert firsts == {"a", "b", "c"}  # ties rotate: each pump is kicked first in turn
-    loops[0].inflight[("x", 1)] = None  # type: ignore[assignment]
-    loops[2].inflight[("y", 1)] = None  # type: ignore[assignment]
-    assert all(kick_order(loops, sset)[0].keys.name == "b" for _ in range(3))
+    orders = [[q.keys.name for q in kick_order(loops, sset)] for _ in range(3)]
+    assert sorted(o[0] for o in orders) == ["a", "b", "c"]  # each pump is kicked first in turn
+    assert all(sorted(o) == ["a", "b", "c"] for o in orders)  # and every pump every time
     assert kick_order(loops[:1], sset) == loops[:1]
+    # A free slot goes to the pump that has waited longest; the others defer to it.
+    a, b, c = loops
+    assert not take_turn(a, loops, 0) and not take_turn(b, loops, 0)  # both starved: a first
+    assert a.starved and b.starved > a.starved
+    assert not take_turn(c, loops, 1) and a.kick.is_set()  # c defers to a, kicked
+    assert not take_turn(b, loops, 1)  # b too: a waited longer
+    assert take_turn(a, loops, 1) and not a.starved
+    assert take_turn(b, loops, 1) and not b.starved  # then b
+    assert take_turn(c, loops, 1)  # nobody waits: c takes
+    b.starved = 99
+    b.idle.set()  # a parked pump does not ask: nobody defers to it
+    assert take_turn(c, loops, 1)
 
 
 def test_testing_drain_waits_for_every_shard(make_app, qname) -> None:

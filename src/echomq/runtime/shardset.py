@@ -122,15 +122,14 @@ def lease_of(app: AppFace, logical: str) -> int:
 
 
 def kick_order(loops: list[QueueLoop], shards: ShardSet) -> list[QueueLoop]:
-    """The order a release kicks the pumps in: the loop holding the fewest runs first, ties
-    in an order that rotates on every call. Pumps run in the order they are kicked and the
-    first takes the free slot, so when slots are scarce the pumps take turns: a queue (a
-    shard) with a backlog and nothing running is served next, never starved by the others."""
+    """The order a release kicks the pumps in: rotating by one on every call, so no pump is
+    always woken first (pumps run in the order they are kicked; :func:`take_turn` gives a
+    free slot to the pump that waited longest). One pass, as a plain kick of every pump."""
     if len(loops) < 2:
         return loops
     shards.rot += 1
     r = shards.rot % len(loops)
-    return sorted(loops[r:] + loops[:r], key=lambda q: len(q.inflight))
+    return loops[r:] + loops[:r]
 
 
 def take_turn(ql: QueueLoop, loops: list[QueueLoop], free: int) -> bool:
