@@ -223,3 +223,20 @@ def test_dashboard_groups_the_shards_under_their_queue(url: str, sharded, qname:
         for n in names:
             assert f'data-shard="{n}"' in one
         assert 'id="shards"' not in c.get(f"/queues/{names[1]}").text
+
+
+def test_cli_lanes_lists_every_shard_and_sets_a_lane_on_its_shard(
+    cli, url: str, sharded, qname: str
+) -> None:
+    from echomq.client.shards import shard_of
+    from echomq.ops import snapshots
+
+    listed = ok(cli("lanes", qname))
+    assert listed.splitlines()[1].split()[0] == "a"  # shard 2's lane, seen from the queue
+    lane = "tenant-7"
+    home = sharded[shard_of(lane, 3)].name
+    shown = ok(cli("lanes", qname, lane, "--limit", "2", "--pause")).splitlines()
+    assert shown[1].split() == [lane, "0", "0", "2", "1", "yes"]
+    views = snapshots.snapshot(_x(url), [s.name for s in sharded], minutes=0)
+    holders = {v.name: [(g.limit, g.paused) for g in v.lanes if g.name == lane] for v in views}
+    assert holders == {s.name: [(2, True)] if s.name == home else [] for s in sharded}
