@@ -10,6 +10,7 @@ shards directly: each shard is an ordinary queue.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -87,7 +88,8 @@ def test_a_plain_queue_is_served_as_before(make_app, run_worker, qname) -> None:
     assert app.queue(qname).shards() == [qname]
 
 
-def test_growth_is_served_without_a_restart(make_app, run_worker, qname) -> None:
+def test_growth_is_served_without_a_restart(make_app, run_worker, qname, caplog) -> None:
+    caplog.set_level(logging.INFO, "echomq.worker")
     app = make_app()
 
     @app.task(queue=qname, name="job")
@@ -107,6 +109,8 @@ def test_growth_is_served_without_a_restart(make_app, run_worker, qname) -> None
     stats = w.stop()
     assert stats.completed == 16 and stats.lost == 0
     assert [ql.keys.name for ql in w.worker._loops] == more
+    for shard in more[1:]:  # each new shard is logged once, when its loop starts
+        assert caplog.text.count(f"queue {qname}: serving its shard {shard}") == 1
 
 
 def test_a_busy_or_empty_shard_never_parks_the_worker(make_app, run_worker, qname) -> None:

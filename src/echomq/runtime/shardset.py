@@ -102,6 +102,11 @@ class ShardSet:
                 await ql.register(x, app)
                 fresh.append(ql)
                 self.loops.append(ql)
+                if shard != name:  # a shard > 0: say so once (at start, or on growth)
+                    log.info(
+                        "queue %s: serving its shard %s", name, shard,
+                        extra={"queue": name, "shard": shard},
+                    )  # fmt: skip
         except Exception as exc:
             if starting:
                 raise
