@@ -518,7 +518,7 @@ class Worker:
         assert self._x is not None
         while not self._stopping:
             if self._shards.due():  # a shard added since (growth): served from now on
-                with contextlib.suppress(Exception):  # logged by new_loops; read again later
+                with contextlib.suppress(Exception):  # logged: read again on a later beat
                     self._start_loops(await self._shards.new_loops(self._x, self.app, self._finish))
             for ql in list(self._loops):
                 try:

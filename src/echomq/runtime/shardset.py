@@ -25,6 +25,7 @@ from echomq._appface import AppFace
 from echomq.client.executor import AsyncExecutor
 from echomq.protocol import calls as _p
 from echomq.protocol.kernel import Keys
+from echomq.runtime.logfmt import warn_repeated
 from echomq.runtime.queueloop import QueueLoop
 
 __all__ = ["REREAD_S", "ShardSet", "kick_order", "lease_of", "logical_of", "take_turn"]
@@ -64,14 +65,17 @@ class ShardSet:
         """Read every served queue's stored list in one round trip; returns the shards not
         served yet as ``(shard, logical)`` pairs, in list order (shard 0 first at start). A
         list that failed to read leaves that queue's shards as they were (served: never
-        dropped); the error of the first failure is raised after the others are taken."""
+        dropped; at start the queue alone is served); the first failure is raised only
+        when nothing new was found."""
         self._read_at = time.monotonic()
         replies = await x.pipeline([_p.shards(Keys(name)) for name in self.names])
         new: list[tuple[str, str]] = []
         failed: BaseException | None = None
         for name, reply in zip(self.names, replies, strict=True):
             if isinstance(reply, BaseException):
-                log.warning("could not read the shards of %s (%s)", name, reply)
+                warn_repeated(
+                    log, f"shards:{name}", "could not read the shards of %s (%s)", name, reply
+                )
                 failed = failed or reply
                 shards: list[str] = [] if name in self.logical else [name]
             else:
@@ -88,8 +92,10 @@ class ShardSet:
         self, x: AsyncExecutor, app: AppFace, finish: Callable[..., None]
     ) -> list[QueueLoop]:
         """:meth:`read`, then a registered queue loop for each shard not served yet, added to
-        :attr:`loops` (``finish`` bound to it: one callable for all its runs). On the beat a
-        failure is logged and raised, and the shards not set up are read again next time."""
+        :attr:`loops` (``finish`` bound to it: one callable for all its runs). At start a
+        failure is raised (the worker's own error); on the beat it is logged, the loops set
+        up before it are returned (to be started) and the other shards are read again on a
+        later beat."""
         kw = {} if app.max_payload is None else {"max_payload": app.max_payload}
         starting = not self.logical
         fresh: list[QueueLoop] = []
@@ -110,15 +116,10 @@ class ShardSet:
         except Exception as exc:
             if starting:
                 raise
-            log.warning("could not serve new shards yet (%s); trying again", exc)
+            warn_repeated(log, "shards", "could not serve new shards yet (%s); trying again", exc)
             for shard, _ in new[len(fresh) :]:
                 self.logical.pop(shard, None)
-            raise
         return fresh
-
-    def shards_of(self, name: str) -> list[str]:
-        """The shards of one logical queue served now (shard 0 first)."""
-        return [s for s, q in self.logical.items() if q == name]
 
 
 def lease_of(app: AppFace, logical: str) -> int:
