@@ -240,3 +240,19 @@ def test_cli_lanes_lists_every_shard_and_sets_a_lane_on_its_shard(
     views = snapshots.snapshot(_x(url), [s.name for s in sharded], minutes=0)
     holders = {v.name: [(g.limit, g.paused) for g in v.lanes if g.name == lane] for v in views}
     assert holders == {s.name: [(2, True)] if s.name == home else [] for s in sharded}
+
+
+def test_cli_writes_act_on_the_logical_queue(cli, sharded, qname: str) -> None:
+    """An operator's write on a sharded queue acts on every shard (pause, resume, remove of a
+    job on any shard), and a queue-wide limit is refused as the API refuses it: exit 2 with
+    the rule, nothing written."""
+    ok(cli("pause", qname))
+    assert all(s.is_paused() for s in sharded)
+    ok(cli("resume", qname))
+    assert not any(s.is_paused() for s in sharded)
+    far = sharded[2].browse("pending", 50)[-1]
+    assert f"{far}: removed" in ok(cli("remove", qname, far))
+    assert sharded[2].job_state(far) == "absent"
+    refused = cli("limit", qname, "3")
+    assert refused.exit_code != 0 and "shard" in refused.output.lower(), refused.output
+    assert all(s.get_limit() is None for s in sharded)
