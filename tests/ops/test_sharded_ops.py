@@ -256,3 +256,24 @@ def test_cli_writes_act_on_the_logical_queue(cli, sharded, qname: str) -> None:
     refused = cli("limit", qname, "3")
     assert refused.exit_code != 0 and "shard" in refused.output.lower(), refused.output
     assert all(s.get_limit() is None for s in sharded)
+
+
+def test_dashboard_actions_act_on_every_shard(url: str, sharded, qname: str) -> None:
+    """The logical queue's page acts on the logical queue: pause and resume reach every
+    shard, retry-all-dead finds the dead job on shard 1, a job's action finds its shard."""
+    from console_support import _client
+    from test_dashboard import TOKEN, _sign_in
+
+    with _client(url, None, token=TOKEN) as c:
+        csrf = _sign_in(c)
+        for action, paused in (("pause", True), ("resume", False)):
+            res = c.post(f"/queues/{qname}/{action}", data={"csrf": csrf}, follow_redirects=False)
+            assert res.status_code == 303, res.text[:200]
+            assert [s.is_paused() for s in sharded] == [paused] * 3
+        assert sharded[1].counts()["dead"] == 1
+        c.post(f"/queues/{qname}/retry_dead", data={"csrf": csrf}, follow_redirects=False)
+        assert sharded[1].counts()["dead"] == 0
+        far = sharded[2].browse("pending", 50)[-1]
+        path = f"/queues/{qname}/jobs/{far}/cancel"
+        done = c.post(path, data={"csrf": csrf, "confirm": "yes"}, follow_redirects=False)
+        assert done.status_code == 303 and sharded[2].job_state(far) == "absent"
