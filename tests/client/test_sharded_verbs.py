@@ -271,3 +271,50 @@ def test_app_results_are_read_from_the_job_s_shard(url: str, qname: str) -> None
         assert asyncio.run(from_asyncio()) == (42, 42)
     finally:
         app.close()
+
+
+def _old_worker(r: redis.Redis, qname: str, *, shards: bool) -> None:
+    """A live registry entry of a worker serving ``qname``: one of a release before sharded
+    queues (no ``shards`` field) or of this one."""
+    import json
+
+    from echomq import ids
+    from echomq.protocol import registry
+    from echomq.protocol.kernel import Keys
+
+    entry: dict[str, Any] = {
+        "host": "h", "pid": 1, "supervisor": None, "queues": [qname], "concurrency": 1,
+        "executor": "lua", "version": "0.6.0", "started_ms": 1, "ttl_ms": 60_000,
+        "held": 0, "jobs": [],
+    }  # fmt: skip
+    if shards:
+        entry["shards"] = 1
+    call = registry.beat(Keys(qname), ids.mint("WRK"), json.dumps(entry), 60_000)
+    with echomq.Queue(qname, client=r) as q:
+        q._x.run(call)
+
+
+def test_a_queue_whose_workers_all_serve_shard_0_only_is_not_sharded(
+    url: str, r: redis.Redis, qname: str
+) -> None:
+    """Workers of a release before sharded queues serve shard 0 only: while every live
+    worker of the queue is one, sharding it (first use, reshard, the CLI) is refused and
+    nothing is stored; one worker that serves shards is enough."""
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    _old_worker(r, qname, shards=False)
+    with (
+        echomq.Queue(qname, url=url, shards=3) as sq3,
+        pytest.raises(echomq.ShardsError, match="serve shard 0 only"),
+    ):
+        sq3.enqueue(b"x")
+    assert r.hget(f"emq:{{{qname}}}:meta", "shards") is None
+    res = CliRunner().invoke(main, ["--url", url, "reshard", qname, "3", "--create"])
+    assert res.exit_code != 0 and "serve shard 0 only" in res.output, res.output
+    assert r.hget(f"emq:{{{qname}}}:meta", "shards") is None
+    _old_worker(r, qname, shards=True)
+    with echomq.Queue(qname, url=url, shards=3) as sq3:
+        sq3.enqueue(b"x")
+        assert len(sq3.shards()) == 3

@@ -13,18 +13,11 @@ from __future__ import annotations
 import click
 
 from echomq.cli._common import _CREATE, _existing, _fail, _run, main
+from echomq.client import shardkit
 from echomq.client import shards as _shards
 from echomq.errors import EchoMQError
 from echomq.protocol import calls as _p
-
-
-def shrink_refused(name: str, stored: int, n: int) -> str:
-    """The refusal of a shrink, with the procedure (the one ``reshard(n)`` raises)."""
-    return (
-        f"{name!r} has {stored} shards; shrinking to {n} is refused (jobs would have to move). "
-        f"To shrink: stop its producers, let the workers drain every shard (counts() all 0), "
-        f"obliterate it, and recreate it with shards={n}"
-    )
+from echomq.protocol import registry as _registry
 
 
 @main.command()
@@ -42,9 +35,11 @@ def reshard(ctx: click.Context, queue: str, n: int, create: bool) -> None:
     q = _existing(ctx, queue, create=create, verb="shard")
     stored: list[str] = _run(ctx, lambda: q._x.run(_p.shards(q._k)))
     if n < len(stored):
-        _fail(shrink_refused(queue, len(stored), n))
+        _fail(str(shardkit.shrink(queue, len(stored), n)))
     try:
         names = _shards.grow(queue, stored, n)
+        if len(names) > len(stored):
+            shardkit.serving(queue, _run(ctx, lambda: q._x.run(_registry.list_workers(q._k))))
     except EchoMQError as exc:
         _fail(str(exc))
     after: list[str] = _run(ctx, lambda: q._x.run(_p.propose_shards(q._k, names)))

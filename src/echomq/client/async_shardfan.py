@@ -24,6 +24,7 @@ from echomq.client.shardkit import (
     order,
     ranked,
     refused,
+    serving,
     shrink,
     sum_counts,
     union_lanes,
@@ -79,6 +80,7 @@ class AsyncShardFanout(AsyncQueue):
             return self._subs
         stored = await AsyncQueue.shards(self)
         if len(stored) < self._want:
+            serving(self.name, await AsyncQueue.workers(self))
             stored = await AsyncQueue.propose_shards(self, grow(self.name, stored, self._want))
         return self._adopt(stored)
 
@@ -103,6 +105,7 @@ class AsyncShardFanout(AsyncQueue):
         self._want = max(self._want, n)
         if n == len(stored):
             return stored
+        serving(self.name, await AsyncQueue.workers(self))
         return await self.propose_shards(grow(self.name, stored, n))
 
     async def _shard(self, key: str) -> AsyncQueue:

@@ -30,6 +30,7 @@ __all__ = [
     "order",
     "ranked",
     "refused",
+    "serving",
     "shrink",
     "sum_counts",
     "union_lanes",
@@ -163,6 +164,20 @@ def shrink(name: str, stored: int, n: int) -> ShardsError:
         f"To shrink: stop its producers, let the workers drain every shard (counts() all 0), "
         f"obliterate it, and recreate it with shards={n}"
     )
+
+
+def serving(name: str, workers: Sequence[WorkerInfo]) -> None:
+    """Refuse to shard ``name`` while it has live workers and none of them serves shards
+    (workers of a release before sharded queues serve shard 0 only: the jobs routed to the
+    other shards would wait for a worker that never comes). No live worker: allowed (the
+    workers that start later serve every shard)."""
+    if workers and not any(w.shards for w in workers):
+        versions = ", ".join(sorted({w.version for w in workers}))
+        raise ShardsError(
+            f"{name!r} has {len(workers)} live worker(s) ({versions}) that serve shard 0 "
+            "only: upgrade them to a release that serves every shard (their `echomq workers` "
+            "entry shows shards) before sharding the queue"
+        )
 
 
 def order(first: int, n: int) -> Iterator[int]:

@@ -15,6 +15,7 @@ from echomq.client.shardkit import (
     order,
     ranked,
     refused,
+    serving,
     shrink,
     sum_counts,
     union_lanes,
@@ -69,6 +70,7 @@ class ShardFanout(Queue):
             return self._subs
         stored = Queue.shards(self)
         if len(stored) < self._want:
+            serving(self.name, Queue.workers(self))
             stored = Queue.propose_shards(self, grow(self.name, stored, self._want))
         return self._adopt(stored)
 
@@ -93,6 +95,7 @@ class ShardFanout(Queue):
         self._want = max(self._want, n)
         if n == len(stored):
             return stored
+        serving(self.name, Queue.workers(self))
         return self.propose_shards(grow(self.name, stored, n))
 
     def _shard(self, key: str) -> Queue:
