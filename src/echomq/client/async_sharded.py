@@ -17,7 +17,7 @@ from echomq.client.async_queue import AsyncQueue
 from echomq.client.async_shardfan import AsyncShardFanout
 from echomq.client.queueopts import replay_ms
 from echomq.client.renamed import renamed
-from echomq.client.shardkit import SHARDED, Minted, check_items, order
+from echomq.client.shardkit import SHARDED, Minted, check_items, onto, order, per_pair
 from echomq.client.shards import shard_of
 from echomq.errors import EchoMQError, ShardsError
 from echomq.protocol import calls as _p
@@ -123,14 +123,15 @@ class AsyncShardedQueue(AsyncShardFanout):
 
     async def add_flow(self, parent: _c.FlowJob) -> _c.FlowAdded:
         """The whole flow on one shard: its root's lane's, else its root id's, else the next
-        shard in rotation (its nodes with ``queue=None`` are on that shard)."""
+        shard in rotation. Its nodes with ``queue=None`` or naming this logical queue are on
+        that shard (a node naming another queue is placed there, a cross-queue edge)."""
         subs = await self._resolve()
         key = parent.group or parent.id if isinstance(parent, _c.FlowJob) else None
         if key is None:
             self._next, s = self._next + 1, self._next % len(subs)
         else:
             s = shard_of(key, len(subs))
-        return await subs[s].add_flow(parent)
+        return await subs[s].add_flow(onto(parent, self.name, subs[s].name))
 
     # -- workers: claims rotate over the shards, settles go to the job's shard
 
@@ -208,12 +209,12 @@ class AsyncShardedQueue(AsyncShardFanout):
     async def complete_many(self, pairs: Iterable[tuple[str, int]]) -> list[str]:
         """``complete_many`` per shard; the ids refused, in input order."""
         todo = list(pairs)
-        refused_ids: set[str] = set()
+        refused: list[int] = []
         for q, idx in (await self._by_shard(p[0] for p in todo)).items():
-            refused_ids.update(await q.complete_many([todo[i] for i in idx]))
+            refused += per_pair(todo, idx, await q.complete_many([todo[i] for i in idx]))
         for jid, _ in todo:
             self._held.pop(jid, None)
-        return [jid for jid, _ in todo if jid in refused_ids]
+        return [todo[i][0] for i in sorted(refused)]
 
     async def retry(
         self,
@@ -249,13 +250,13 @@ class AsyncShardedQueue(AsyncShardFanout):
     ) -> tuple[list[str], list[str]]:
         """``extend_leases`` per shard: ``(failed ids, cancelled ids)``, in input order."""
         todo = list(pairs)
-        failed: set[str] = set()
-        cancelled: set[str] = set()
+        failed: list[int] = []
+        cancelled: list[int] = []
         for q, idx in (await self._by_shard(p[0] for p in todo)).items():
             f, c = await q.extend_leases([todo[i] for i in idx], lease_ms=lease_ms)
-            failed.update(f)
-            cancelled.update(c)
-        return [j for j, _ in todo if j in failed], [j for j, _ in todo if j in cancelled]
+            failed += per_pair(todo, idx, f)
+            cancelled += per_pair(todo, idx, c)
+        return [todo[i][0] for i in sorted(failed)], [todo[i][0] for i in sorted(cancelled)]
 
     # -- by id (decision 5): the id's shard first, then the others
 

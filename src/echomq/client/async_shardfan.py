@@ -26,18 +26,21 @@ from echomq.client.shardkit import (
     refused,
     serving,
     shrink,
+    slot_range,
     sum_counts,
     union_lanes,
     union_repeats,
     union_workers,
 )
 from echomq.client.shards import _check, grow, shard_of
-from echomq.errors import InvalidArgument
+from echomq.errors import InvalidArgument, ShardsError
 from echomq.protocol import calls as _p
 from echomq.protocol import compose as _c
 from echomq.protocol import control as _ctl
 from echomq.protocol import observe as _o
 from echomq.protocol import registry as _reg
+from echomq.protocol import repeats as _repeats
+from echomq.protocol.kernel import _cmd
 
 __all__ = ["REFRESH_S", "AsyncShardFanout"]
 
@@ -128,17 +131,27 @@ class AsyncShardFanout(AsyncQueue):
         until_ms: int | None = None,
     ) -> str:
         """Register ``name`` on the lane's shard (its jobs join the lane there), else on the
-        name's; a copy registered on another shard before is removed."""
+        name's. A repeat registered on another shard (another lane) is refused, ShardsError:
+        moving it would lose its pause and its fired count; unrepeat it first. Each shard
+        mints its repeats' slots from its own range (``shardkit.REPEAT_SLOTS_PER_SHARD``), so
+        two repeats on two shards never fire one occurrence id."""
+        n = _repeats._name(name)
         subs = await self._resolve()
-        home = subs[shard_of(group or name, len(subs))]
-        said = await home.repeat(
+        s = shard_of(group or n, len(subs))
+        home = subs[s]
+        for q in subs:
+            if q is not home and await q._x.run(_cmd(("EXISTS", q._k.base + "repeat:" + n), bool)):
+                raise ShardsError(
+                    f"repeat {n!r} is registered on shard {q.name!r}; with lane {group!r} it "
+                    f"would move to {home.name!r} and lose its pause and fired count: "
+                    "unrepeat it first"
+                )
+        if s:
+            await home._x.run(slot_range(home._k, s))
+        return await home.repeat(
             name, payload, every_ms=every_ms, cron=cron, tz=tz, group=group, owner=owner,
             limit=limit, until_ms=until_ms,
         )  # fmt: skip
-        for q in subs:
-            if q is not home and await q.unrepeat(name):
-                said = "updated"
-        return said
 
     # -- lanes (decision 6): a lane lives on its shard
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 from echomq import ids, keyspace
 from echomq.client.shards import _check
 from echomq.errors import InvalidArgument, ShardsError
-from echomq.protocol.compose import Repeat
+from echomq.protocol.compose import FlowJob, Repeat
 from echomq.protocol.kernel import Call, Keys, _cmd, _payload
 from echomq.protocol.reads import _state_key
 from echomq.protocol.registry import WorkerInfo
@@ -27,11 +27,15 @@ __all__ = [
     "app_shards",
     "check_items",
     "merge_ranked",
+    "onto",
     "order",
+    "per_pair",
     "ranked",
+    "REPEAT_SLOTS_PER_SHARD",
     "refused",
     "serving",
     "shrink",
+    "slot_range",
     "sum_counts",
     "union_lanes",
     "union_repeats",
@@ -178,6 +182,50 @@ def serving(name: str, workers: Sequence[WorkerInfo]) -> None:
             "only: upgrade them to a release that serves every shard (their `echomq workers` "
             "entry shows shards) before sharding the queue"
         )
+
+
+# Shard i mints its repeats' slots from i * REPEAT_SLOTS_PER_SHARD (meta ``repeat_slots``
+# seeded once, HSETNX): an occurrence's id is its slot and fire time (lua compose.lua), so
+# two repeats of one logical queue on two shards never share one (2^21 slots / 256 shards).
+REPEAT_SLOTS_PER_SHARD = 2_097_152 // 256
+
+
+def slot_range(k: Keys, shard: int) -> Call[int]:
+    """Seed shard ``shard``'s repeat slot counter at the start of its range (a no-op once
+    the shard minted any)."""
+    start = str(shard * REPEAT_SLOTS_PER_SHARD)
+    return _cmd(("HSETNX", k.meta, "repeat_slots", start), int)
+
+
+def onto(node: Any, logical: str, shard: str) -> Any:
+    """A flow's tree with every node that names the logical queue moved onto ``shard`` (a
+    node built from a task names its queue: without this, every such flow would land on
+    shard 0). Anything that is not a FlowJob is passed on for add_flow to refuse."""
+    if not isinstance(node, FlowJob):
+        return node
+    children = node.children
+    if isinstance(children, tuple):
+        children = tuple(onto(c, logical, shard) for c in children)
+    queue = shard if node.queue == logical else node.queue
+    if queue == node.queue and children == node.children:
+        return node
+    return FlowJob(
+        node.payload, id=node.id, queue=queue, group=node.group, fail_parent=node.fail_parent,
+        children=children, priority=node.priority,
+    )  # fmt: skip
+
+
+def per_pair(pairs: Sequence[tuple[str, Any]], idx: Sequence[int], ids: Sequence[str]) -> list[int]:
+    """The indices (into ``pairs``) of one shard's verdicts: ``ids`` are the ids its call
+    answered for its pairs ``idx``, in their order, so each matches the next pair with that
+    id. A batch naming one id twice (a stale and a current token) then answers per pair, as
+    a plain queue does, not once per id."""
+    out, j = [], 0
+    for i in idx:
+        if j < len(ids) and pairs[i][0] == ids[j]:
+            out.append(i)
+            j += 1
+    return out
 
 
 def order(first: int, n: int) -> Iterator[int]:
