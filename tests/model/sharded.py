@@ -102,6 +102,8 @@ class ShardedMachine(ModelMachine):
             for subs in self.subs
         ]
         self.w.qs = [ShardedModel(lambda ids, qi=qi: self.placed(qi, ids)) for qi in (0, 1)]
+        for m, subs in zip(self.w.qs, self.subs, strict=True):
+            m.layout = list(subs)
 
     # ------------------------------------------------------------------ where rows are
 
@@ -227,14 +229,14 @@ class ShardedMachine(ModelMachine):
 
     @rule(**_args(VerbRules.enqueue_many))
     def enqueue_many(self, qi: int, items: list[str], n: int, group: str | None, **kw: Any) -> None:
-        named = pick(sorted(self.m(qi).seen), n)
+        named = pick(sorted(self.m(qi).seen), n) if {"seen", "again"} & set(items) else None
         if not strict("shardroute") and self.clash(qi, named, group, None):
             note("waived: enqueue_many routed away from a named id's shard")
             return
         super().enqueue_many(qi=qi, items=items, n=n, group=group, **kw)
 
     def moves_repeat(self, qi: int, name: str, g: str | None) -> bool:
-        """A repeat registered again with a lane on another shard (FINDINGS S3; waiver
+        """A repeat registered again with a lane on another shard (FINDINGS S2; waiver
         ``shardrepeat``): it is registered anew there, its fired count and pause lost."""
         held = self.m(qi).repeats.get(name)
         moved = held is not None and shard_of(held[1] or name, N) != shard_of(g or name, N)
@@ -258,7 +260,7 @@ class ShardedMachine(ModelMachine):
     ) -> None:
         """Decision 4: a flow is placed whole on its root's shard (the root's lane's, else
         its id's), its nodes on the other logical queue on that queue's shard 0 (the plain
-        name a FlowJob gives). Waiver ``shardflow`` (FINDINGS S4, S5): no lane below a
+        name a FlowJob gives). Waiver ``shardflow`` (FINDINGS S3, S4): no lane below a
         root without one, and no placement check of flows."""
         if not strict("shardflow") and shape[0][3] is None:
             shape = [(k, fp, x, None) for k, fp, x, _ in shape]
@@ -272,7 +274,7 @@ class ShardedMachine(ModelMachine):
                     j.home = home if qq == qi else 0  # type: ignore[attr-defined]
 
     def twice(self, qi: int, picks: list[int]) -> bool:
-        """Pairs naming one id twice (FINDINGS S6; waiver ``shardpairs``): the sharded
+        """Pairs naming one id twice (FINDINGS S5; waiver ``shardpairs``): the sharded
         batch verbs answer per id, not per pair."""
         mine = [t[1] for t in self.tickets if t[0] == qi]
         ids = [pick(mine, p) for p in picks] if mine else []
@@ -295,6 +297,17 @@ class ShardedMachine(ModelMachine):
     def complete_many(self, qi: int, picks: list[int]) -> None:
         if not self.twice(qi, picks):
             super().complete_many(qi=qi, picks=picks)
+
+    @rule(**_args(VerbRules.layout))
+    def layout(self, qi: int, n: int, grow: bool) -> None:
+        """``propose_shards`` of a layout that does not extend the stored one: answered the
+        stored list, nothing changed. A growth (``reshard``) is not drawn here: the jobs
+        queued before it stay on their shards, where a lane's limit and pause no longer
+        reach them all (decision 9), which the model's exact lanes cannot follow."""
+        if n > N:
+            note("layout: a growth, not drawn on the sharded leg")
+            return
+        super().layout(qi=qi, n=n, grow=grow)
 
     # ------------------------------------------------------------------ claims
 
@@ -361,7 +374,7 @@ class ShardedMachine(ModelMachine):
     def agrees(self, qi: int) -> None:
         m, q, name, subs = self.m(qi), self.handles[qi][0], self.names[qi], self.subs[qi]
         self.expired_met(qi)
-        assert q.shards() == subs, f"{name}: the stored layout moved"
+        assert q.shards() == subs == m.layout, f"{name}: the stored layout moved"
         for sub in [q, *self.plain[qi]]:
             violations = sub.check()
             if not strict("negdeps"):  # FINDINGS F13
