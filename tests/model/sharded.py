@@ -9,8 +9,8 @@ design is modelled here, and only here:
 
 - a job lives on one shard (its lane's, else its dedup id's, else its id's; a flow on its
   root's): every per-row check looks the row up on whichever shard holds it (the row key
-  ``emq:{<shard>}:job:<id>``), and asserts it is on exactly one and, for a job admitted
-  outside a flow or a repeat, on the shard its routing key names;
+  ``emq:{<shard>}:job:<id>``), and asserts it is on exactly one, the one decision 4 names
+  (a flow node: its root's; a repeat's job: its lane's, else the repeat's name's);
 - a claim serves the head of its set *on the shard it came from* (claims rotate over the
   shards, so the logical queue has no global order);
 - the kept-history bounds (``keep_completed``, ``keep_dead``) and ``promote(limit)`` apply per
@@ -32,7 +32,6 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import strategies as st
 from hypothesis.stateful import RULE_MARKER, rule
 
 import echomq
@@ -41,11 +40,11 @@ from echomq.client.shards import shard_of
 from echomq.errors import ShardsError
 from echomq.protocol import calls as _protocol
 from model.core import LONG, Job, QueueModel
-from model.draws import ADMIN, LANE, QI, note, pick, strict
+from model.draws import note, pick, strict
 from model.rules_admin import AdminRules
 from model.rules_enqueue import EnqueueClaimRules
 from model.rules_settle import SettleRules
-from model.test_model import FIELDS, ModelMachine, place_key
+from model.test_model import FIELDS, ModelMachine, flow_agrees, place_key
 from model.verbs import VerbRules
 
 N = 3  # shards per logical queue in this leg
@@ -235,23 +234,25 @@ class ShardedMachine(ModelMachine):
             return
         super().enqueue_many(qi=qi, items=items, n=n, group=group, **kw)
 
-    def moves_repeat(self, qi: int, name: str, g: str | None) -> bool:
-        """A repeat registered again with a lane on another shard (FINDINGS S2; waiver
-        ``shardrepeat``): it is registered anew there, its fired count and pause lost."""
-        held = self.m(qi).repeats.get(name)
-        moved = held is not None and shard_of(held[1] or name, N) != shard_of(g or name, N)
-        if moved and not strict("shardrepeat"):
-            note("waived: a repeat moved to another shard")
-        return moved and not strict("shardrepeat")
+    def repeat_waived(self, qi: int, name: str, g: str | None) -> bool:
+        """Waiver ``shardrepeat``: a repeat registered again with a lane on another shard
+        (FINDINGS S2: registered anew there, its fired count and pause lost), or while
+        another repeat is on another shard (S6: their occurrence ids can collide)."""
+        on = shard_of(g or name, N)
+        held = self.m(qi).repeats
+        clash = any(shard_of(lane or rep, N) != on for rep, (_, lane) in held.items())
+        if clash and not strict("shardrepeat"):
+            note("waived: a repeat on another shard than a registered one")
+        return clash and not strict("shardrepeat")
 
     @rule(**_args(AdminRules.repeat))
     def repeat(self, qi: int, name: str, g: str | None) -> None:
-        if not self.moves_repeat(qi, name, g):
+        if not self.repeat_waived(qi, name, g):
             super().repeat(qi=qi, name=name, g=g)
 
     @rule(**_args(AdminRules.repeat_limited))
     def repeat_limited(self, qi: int, name: str, g: str | None, limit: int | None) -> None:
-        if not self.moves_repeat(qi, name, g):
+        if not self.repeat_waived(qi, name, g):
             super().repeat_limited(qi=qi, name=name, g=g, limit=limit)
 
     @rule(**_args(EnqueueClaimRules.add_flow))
@@ -327,7 +328,7 @@ class ShardedMachine(ModelMachine):
 
     # ------------------------------------------------------------------ verbs it refuses
 
-    @rule(qi=QI, n=st.sampled_from((None, 1, 2, 3)))
+    @rule(**_args(EnqueueClaimRules.limit_queue))
     def limit_queue(self, qi: int, n: int | None) -> None:
         """Decision 8: no queue-wide limit over shards; ``limit(None)`` clears every shard."""
         if n is None:
@@ -337,7 +338,7 @@ class ShardedMachine(ModelMachine):
             self.refused(qi, self.q(qi).limit, n)
         assert self.q(qi).get_limit() is None
 
-    @rule(qi=QI, what=st.sampled_from(ADMIN), g=LANE, n=st.sampled_from((None, 1, 2)))
+    @rule(**_args(AdminRules.admin))
     def admin(self, qi: int, what: str, g: str, n: int | None) -> None:
         if what != "rate":
             super().admin(qi=qi, what=what, g=g, n=n)
@@ -355,7 +356,7 @@ class ShardedMachine(ModelMachine):
             return
         super().do_reassign(qi, jid, g)
 
-    @rule(qi=QI, limit=st.sampled_from((1, 100, 100)))
+    @rule(**_args(SettleRules.promote))
     def promote(self, qi: int, limit: int = 100) -> None:
         """Every shard promotes its ``limit`` earliest due jobs."""
         self.tick("scheduled")
@@ -426,15 +427,7 @@ class ShardedMachine(ModelMachine):
             self.row_agrees(qi, jid, j, row, score, logs, errors)
             fl = m.flows.get(jid)
             if fl is not None:
-                deps, proc, fail, unsucc = (next(replies) for _ in range(4))
-                got_f = (
-                    int(deps) if deps is not None else None,
-                    {k.decode(): v for k, v in proc.items()},
-                    {k.decode(): v.decode() for k, v in fail.items()},
-                    {k.decode(): v.decode() for k, v in unsucc.items()},
-                )
-                want_f = (fl.deps, fl.processed, fl.failed, fl.unsuccessful)
-                assert got_f == want_f, f"{name} flow of {jid}: {got_f} != model {want_f}"
+                flow_agrees(name, jid, fl, *(next(replies) for _ in range(4)))
             elif strict("orphans") and strict("negdeps"):
                 assert next(replies) == 0, f"{name}: {jid} is in no flow but has flow keys"
 

@@ -84,7 +84,7 @@ from echomq import JobGone, StaleToken, keyspace
 from echomq.protocol import calls as _protocol
 from echomq.server import EmbeddedServer
 from model import draws
-from model.core import LONG, Job, QueueModel, World
+from model.core import LONG, Flow, Job, QueueModel, World
 from model.draws import STATS, _chunks, _kids, _names, budget, note, strict
 from model.recording import recording
 from model.rules_admin import AdminRules
@@ -125,6 +125,20 @@ def place_key(queue: str, j: Job) -> str:
         )
     sets = {"active": "active", "scheduled": "schedule", "dead": "dead", "completed": "completed"}
     return keyspace.queue_key(queue, sets.get(j.state, "pending"))
+
+
+def flow_agrees(
+    name: str, pid: str, fl: Flow, deps: Any, proc: Any, fail: Any, unsucc: Any
+) -> None:
+    """A parent's flow keys (`:deps`, `:processed`, `:failed`, `:unsuccessful`) as read."""
+    got_f = (
+        int(deps) if deps is not None else None,
+        {k.decode(): v for k, v in proc.items()},
+        {k.decode(): v.decode() for k, v in fail.items()},
+        {k.decode(): v.decode() for k, v in unsucc.items()},
+    )
+    want_f = (fl.deps, fl.processed, fl.failed, fl.unsuccessful)
+    assert got_f == want_f, f"{name} flow of {pid}: {got_f} != model {want_f}"
 
 
 # The row fields the per-step check compares with the model.
@@ -356,15 +370,7 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
             for jid in flowless:
                 assert next(replies) == 0, f"{name}: {jid} is in no flow but has flow keys"
         for pid, fl in flows:
-            deps, proc, fail, unsucc = (next(replies) for _ in range(4))
-            got_f = (
-                int(deps) if deps is not None else None,
-                {k.decode(): v for k, v in proc.items()},
-                {k.decode(): v.decode() for k, v in fail.items()},
-                {k.decode(): v.decode() for k, v in unsucc.items()},
-            )
-            want_f = (fl.deps, fl.processed, fl.failed, fl.unsuccessful)
-            assert got_f == want_f, f"{name} flow of {pid}: {got_f} != model {want_f}"
+            flow_agrees(name, pid, fl, *(next(replies) for _ in range(4)))
         for did in dids:
             holder = next(replies)
             got_h = holder.decode() if holder else None
@@ -453,13 +459,16 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
                     q.close()
 
 
-def run(client: redis.Redis, executors: tuple[str, ...], examples: int) -> None:
+def run(
+    client: redis.Redis,
+    executors: tuple[str, ...],
+    examples: int,
+    machine: type[ModelMachine] = ModelMachine,
+) -> None:
     client.script_flush()
     STATS.clear()
     try:
-        run_state_machine_as_test(
-            lambda: ModelMachine(client, executors), settings=budget(examples)
-        )
+        run_state_machine_as_test(lambda: machine(client, executors), settings=budget(examples))
     finally:
         client.close()
         if os.environ.get("ECHOMQ_MODEL_STATS"):
@@ -482,11 +491,13 @@ def test_machine_mixed_executors(module_server: EmbeddedServer) -> None:
 # machine on one server, its rules run by name, waivers and picks.
 
 
-def machine_on(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+def machine_on(
+    redis_url: str, executor: str, kind: type[ModelMachine] = ModelMachine
+) -> Iterator[ModelMachine]:
     """A machine for fixed scenarios (the ``sm`` fixture of test_model_scenarios.py and
     test_model_protocol.py)."""
     client = redis.Redis.from_url(redis_url)
-    machine = ModelMachine(client, (executor,))
+    machine = kind(client, (executor,))
     machine.server_agrees_with_model()
     yield machine
     machine.teardown()

@@ -7,7 +7,7 @@ adapted: rows looked up on their shard and routed there, claims served per shard
 per-shard bounds, and the verbs a sharded queue refuses asserted refused with nothing
 written).
 
-Open findings (tests/model/FINDINGS.md, S1-S5): the machine runs with their waivers
+Open findings (tests/model/FINDINGS.md, S1-S6): the machine runs with their waivers
 (``OPEN``: it does not draw what they break, everything else is checked), and each is
 pinned below by a strict expected failure, which fails the day its fix lands, so its waiver
 goes with it.
@@ -27,18 +27,19 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from hypothesis.stateful import run_state_machine_as_test
 
 import echomq
-from echomq import FlowJob
+from echomq import FlowJob, keyspace
 from echomq.client.shards import shard_of
 from model.core import LONG, SHORT
-from model.draws import STATS, budget
 from model.recording import public_verbs
 from model.sharded import N, ShardedMachine
 from model.test_model import (  # noqa: F401  (module_server, session_url: the servers)
+    ModelMachine,
     Steps,
+    machine_on,
     module_server,
+    run,
     session_url,
     waive,
 )
@@ -46,28 +47,15 @@ from model.test_model_coverage import NOT_MODELLED, TOUR
 
 pytestmark = pytest.mark.executors
 
-EXAMPLES = 6
-# The open findings' waivers (FINDINGS.md S1-S5), each pinned by a strict xfail below.
+EXAMPLES = 12
+# The open findings' waivers (FINDINGS.md S1-S6), each pinned by a strict xfail below.
 OPEN = ("shardroute", "shardrepeat", "shardflow", "shardpairs")
-
-
-def run(client: redis.Redis, executors: tuple[str, ...], examples: int) -> None:
-    client.script_flush()
-    STATS.clear()
-    try:
-        run_state_machine_as_test(
-            lambda: ShardedMachine(client, executors), settings=budget(examples)
-        )
-    finally:
-        client.close()
-        if os.environ.get("ECHOMQ_MODEL_STATS"):
-            print(sorted(STATS.items()))
 
 
 @pytest.mark.timeout(3600)
 def test_sharded_machine(redis_url: str, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     waive(monkeypatch, *OPEN)
-    run(redis.Redis.from_url(redis_url), (executor,), EXAMPLES)
+    run(redis.Redis.from_url(redis_url), (executor,), EXAMPLES, ShardedMachine)
 
 
 # Steps the tour does not reach on a sharded queue with the open waivers: an enqueue_many
@@ -104,13 +92,8 @@ def test_the_tour_on_a_sharded_queue(
 
 
 @pytest.fixture
-def sm(redis_url: str, executor: str) -> Iterator[ShardedMachine]:
-    client = redis.Redis.from_url(redis_url)
-    machine = ShardedMachine(client, (executor,))
-    machine.server_agrees_with_model()
-    yield machine
-    machine.teardown()
-    client.close()
+def sm(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+    yield from machine_on(redis_url, executor, ShardedMachine)
 
 
 def test_the_refused_verbs_write_nothing(sm: ShardedMachine) -> None:
@@ -217,3 +200,28 @@ def test_s5_a_batch_naming_one_id_twice_answers_per_pair(redis_url: str, executo
         q.pause()
         q.obliterate(force=True)
         q.close()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="FINDINGS S6: occurrence ids collide")
+def test_s6_repeats_on_two_shards_never_share_an_occurrence_id(
+    redis_url: str, executor: str
+) -> None:
+    """An occurrence's id is its repeat's slot and fire time; slots are minted per shard,
+    so two repeats on two shards hold one slot and fire the same id in the same ms (the
+    machine met a job on two shards so). Their slots must differ."""
+    q = echomq.Queue(f"s6-{os.getpid()}-{executor}", shards=N, url=redis_url, executor=executor)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        subs = q.shards()
+        assert shard_of("r1", N) != shard_of("r2", N)
+        slots = []
+        for name in ("r1", "r2"):
+            q.repeat(name, name.encode(), every_ms=LONG)
+            key = keyspace.queue_key(subs[shard_of(name, N)], "repeat:" + name)
+            slots.append(r.hget(key, "slot"))
+        assert None not in slots and slots[0] != slots[1], slots
+    finally:
+        q.pause()
+        q.obliterate(force=True)
+        q.close()
+        r.close()
