@@ -44,7 +44,10 @@ removed before its children settle; a debounce onto a reaped holder). Each reply
 is checked like any other.
 
 Legs: Lua, native (the conftest ``executor`` legs) and mixed (one queue driven alternately
-through a Lua and a native client on a server that loads the module).
+through a Lua and a native client on a server that loads the module). The sharded leg
+(issue 43, test_model_sharded.py) runs this machine on ``Queue(name, shards=3)``, through
+the hooks ``open_queue``, ``jqueue``, ``head``, ``subqueues`` and ``parent_queue`` here
+(identities for the plain legs).
 
 Budget: 30 examples of up to 40 steps per leg (the file takes ~40 s when it passes);
 ``ECHOMQ_MODEL_DEEP=1`` runs 20x the examples with twice the steps.
