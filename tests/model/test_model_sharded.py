@@ -143,6 +143,14 @@ def test_s1_a_named_id_held_on_one_shard_is_a_duplicate_on_any(sm: ShardedMachin
     sm.admit_one(0, jid, b"again", "la", None, None, "simple")  # the model: a duplicate
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="FINDINGS S1: a dedup id split")
+def test_s1_a_dedup_id_held_in_a_lane_dedups_without_it(sm: ModelMachine) -> None:
+    assert shard_of("d1", N) != shard_of("la", N)
+    s = Steps(sm)
+    s.enqueue(qi=0, payload=b"a", group="la", delay=None, did="d1", mode="simple")
+    s.enqueue(qi=0, payload=b"b", group=None, delay=None, did="d1", mode="simple")
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
