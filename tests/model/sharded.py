@@ -234,25 +234,36 @@ class ShardedMachine(ModelMachine):
             return
         super().enqueue_many(qi=qi, items=items, n=n, group=group, **kw)
 
-    def repeat_waived(self, qi: int, name: str, g: str | None) -> bool:
-        """Waiver ``shardrepeat``: a repeat registered again with a lane on another shard
-        (FINDINGS S2: registered anew there, its fired count and pause lost), or while
-        another repeat is on another shard (S6: their occurrence ids can collide)."""
-        on = shard_of(g or name, N)
-        held = self.m(qi).repeats
-        clash = any(shard_of(lane or rep, N) != on for rep, (_, lane) in held.items())
-        if clash and not strict("shardrepeat"):
-            note("waived: a repeat on another shard than a registered one")
-        return clash and not strict("shardrepeat")
+    def repeat_moves(self, qi: int, name: str, g: str | None) -> bool:
+        """FINDINGS S2, fixed by a refusal: a repeat registered again with a lane whose
+        shard is not the one it is registered on would move and lose its pause and fired
+        count, so it is ShardsError with nothing written. (S6, fixed: each shard mints its
+        repeats' slots from its own range, so repeats on several shards are drawn freely.)"""
+        held = self.m(qi).repeats.get(name)
+        return held is not None and shard_of(held[1] or name, N) != shard_of(g or name, N)
+
+    def refused_rule(self, qi: int, step: Callable[[], Any]) -> None:
+        """A rule whose verb the sharded queue refuses: ShardsError, nothing written, the
+        model untouched (its update comes after the verb's reply)."""
+        before = self.snapshot(qi)
+        with pytest.raises(ShardsError):
+            step()
+        assert self.snapshot(qi) == before, "a refused repeat wrote"
 
     @rule(**_args(AdminRules.repeat))
     def repeat(self, qi: int, name: str, g: str | None) -> None:
-        if not self.repeat_waived(qi, name, g):
+        if self.repeat_moves(qi, name, g):
+            self.refused_rule(qi, lambda: AdminRules.repeat(self, qi=qi, name=name, g=g))
+        else:
             super().repeat(qi=qi, name=name, g=g)
 
     @rule(**_args(AdminRules.repeat_limited))
     def repeat_limited(self, qi: int, name: str, g: str | None, limit: int | None) -> None:
-        if not self.repeat_waived(qi, name, g):
+        if self.repeat_moves(qi, name, g):
+            self.refused_rule(
+                qi, lambda: AdminRules.repeat_limited(self, qi=qi, name=name, g=g, limit=limit)
+            )
+        else:
             super().repeat_limited(qi=qi, name=name, g=g, limit=limit)
 
     @rule(**_args(EnqueueClaimRules.add_flow))
@@ -261,8 +272,9 @@ class ShardedMachine(ModelMachine):
     ) -> None:
         """Decision 4: a flow is placed whole on its root's shard (the root's lane's, else
         its id's), its nodes on the other logical queue on that queue's shard 0 (the plain
-        name a FlowJob gives). Waiver ``shardflow`` (FINDINGS S3, S4): no lane below a
-        root without one, and no placement check of flows."""
+        name a FlowJob gives, moved onto the root's shard when it names this logical queue:
+        FINDINGS S3, fixed). Waiver ``shardflow`` (FINDINGS S4): no lane below a root
+        without one."""
         if not strict("shardflow") and shape[0][3] is None:
             shape = [(k, fp, x, None) for k, fp, x, _ in shape]
         before = {id(j) for m in self.w.qs for j in m.jobs.values()}
@@ -271,33 +283,8 @@ class ShardedMachine(ModelMachine):
         home = shard_of(self.m(qi).jobs[root].group or root, N)
         for qq in (0, 1):
             for j in self.m(qq).jobs.values():
-                if id(j) not in before and strict("shardflow"):
+                if id(j) not in before:
                     j.home = home if qq == qi else 0  # type: ignore[attr-defined]
-
-    def twice(self, qi: int, picks: list[int]) -> bool:
-        """Pairs naming one id twice (FINDINGS S5; waiver ``shardpairs``): the sharded
-        batch verbs answer per id, not per pair."""
-        mine = [t[1] for t in self.tickets if t[0] == qi]
-        ids = [pick(mine, p) for p in picks] if mine else []
-        skip = len(set(ids)) < len(ids) and not strict("shardpairs")
-        if skip:
-            note("waived: a batch naming one id twice")
-        return skip
-
-    @rule(**_args(SettleRules.extend_leases))
-    def extend_leases(self, qi: int, picks: list[int], lease: int) -> None:
-        if not self.twice(qi, picks):
-            super().extend_leases(qi=qi, picks=picks, lease=lease)
-
-    @rule(**_args(VerbRules.extend_many))
-    def extend_many(self, qi: int, picks: list[int], lease: int) -> None:
-        if not self.twice(qi, picks):
-            super().extend_many(qi=qi, picks=picks, lease=lease)
-
-    @rule(**_args(VerbRules.complete_many))
-    def complete_many(self, qi: int, picks: list[int]) -> None:
-        if not self.twice(qi, picks):
-            super().complete_many(qi=qi, picks=picks)
 
     @rule(**_args(VerbRules.layout))
     def layout(self, qi: int, n: int, grow: bool) -> None:

@@ -7,10 +7,11 @@ adapted: rows looked up on their shard and routed there, claims served per shard
 per-shard bounds, and the verbs a sharded queue refuses asserted refused with nothing
 written).
 
-Open findings (tests/model/FINDINGS.md, S1-S6): the machine runs with their waivers
-(``OPEN``: it does not draw what they break, everything else is checked), and each is
-pinned below by a strict expected failure, which fails the day its fix lands, so its waiver
-goes with it.
+Findings (tests/model/FINDINGS.md, S1-S6): S2, S3, S5 and S6 are fixed, their pins below
+now plain tests. S1 and S4 are documented limits (docs/API.md, "Sharded queues"): the
+machine runs with their waivers (``OPEN``: it does not draw what they break, everything
+else is checked), and each is pinned below by a strict expected failure, which fails the
+day a fix lands, so its waiver goes with it.
 
 Legs: Lua and native (the conftest ``executor`` legs), ``EXAMPLES`` examples of up to 40
 steps each (``ECHOMQ_MODEL_DEEP=1``: 20x, twice the steps). The tour of
@@ -48,8 +49,9 @@ from model.test_model_coverage import NOT_MODELLED, TOUR
 pytestmark = pytest.mark.executors
 
 EXAMPLES = 12
-# The open findings' waivers (FINDINGS.md S1-S6), each pinned by a strict xfail below.
-OPEN = ("shardroute", "shardrepeat", "shardflow", "shardpairs")
+# The open findings' waivers (FINDINGS.md S1, S4), each pinned by a strict xfail below; S2,
+# S3, S5 and S6 are fixed (their tests below pass, and the machine draws them unwaived).
+OPEN = ("shardroute", "shardflow")
 
 
 @pytest.mark.timeout(3600)
@@ -151,24 +153,19 @@ def test_s1_a_dedup_id_held_in_a_lane_dedups_without_it(sm: ModelMachine) -> Non
     s.enqueue(qi=0, payload=b"b", group=None, delay=None, did="d1", mode="simple")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="FINDINGS S2: a repeat moved to a lane's shard restarts",
-)
-def test_s2_a_repeat_keeps_its_pause_when_it_changes_lane(sm: ShardedMachine) -> None:
+def test_s2_a_repeat_never_moves_shards_with_its_lane(sm: ShardedMachine) -> None:
+    """FINDINGS S2, fixed by a refusal: registered again with a lane of another shard, a
+    repeat would move there and lose its pause and fired count; ShardsError, nothing
+    written, still paused where it is."""
     assert shard_of("r2", N) != shard_of("la", N)
     s = Steps(sm)
     s.repeat(qi=0, name="r2", g=None)  # on the name's shard
     s.pause_repeat(qi=0, name="r2")
-    s.repeat(qi=0, name="r2", g="la")  # the model: registered again, still paused
+    s.repeat(qi=0, name="r2", g="la")  # the machine: refused, nothing written
+    [rep] = [x for x in sm.q(0).repeats() if x.name == "r2"]
+    assert rep.paused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="FINDINGS S3: a flow naming its queue lands on shard 0",
-)
 def test_s3_a_flow_is_placed_on_its_roots_shard(sm: ShardedMachine) -> None:
     s = Steps(sm)
     for _ in range(20):  # a root's id lands off shard 0 but for (1/3)**20
@@ -192,9 +189,6 @@ def test_s4_a_flows_lane_child_is_seen_by_its_lanes_verbs(redis_url: str, execut
         q.close()
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="FINDINGS S5: batch verdicts per id, not per pair"
-)
 def test_s5_a_batch_naming_one_id_twice_answers_per_pair(redis_url: str, executor: str) -> None:
     q = echomq.Queue(f"s5-{os.getpid()}-{executor}", shards=N, url=redis_url, executor=executor)
     try:
@@ -210,7 +204,6 @@ def test_s5_a_batch_naming_one_id_twice_answers_per_pair(redis_url: str, executo
         q.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="FINDINGS S6: occurrence ids collide")
 def test_s6_repeats_on_two_shards_never_share_an_occurrence_id(
     redis_url: str, executor: str
 ) -> None:
