@@ -149,7 +149,17 @@ def _fmt(values: list[float], digits: int = 1) -> str:
     return f"{statistics.median(values):,.{digits}f}"
 
 
-def report(samples: list[Sample], ports: list[int], args: argparse.Namespace) -> str:
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def report(samples: list[Sample], ports: list[int], args: argparse.Namespace, began: str) -> str:
     by_n: dict[int, list[Sample]] = {}
     for s in samples:
         by_n.setdefault(s.shards, []).append(s)
@@ -163,7 +173,8 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace) ->
         f"Command: `{cmd}`. {os.cpu_count()} cores, {platform.system()} "
         f"{platform.release()}, Python {platform.python_version()}, redis-server "
         f"{_server_version(ports[0])}; load average at the end {load}; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. A cluster of 3 primaries "
+        f"{began} to {time.strftime('%H:%M UTC', time.gmtime())}, commit {_commit()}. "
+        f"A cluster of 3 primaries "
         f"({args.replicas} replica(s) each), {args.jobs:,} no-op jobs per measurement "
         f"(`enqueue_many`), one worker process serving every shard at `-c {args.concurrency}`.",
         "",
@@ -173,9 +184,9 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace) ->
         "process (`INFO cpu`, user+sys: also the network); medians:",
         "",
         "| shards | shards per primary (A/B/C) | jobs/s | script µs/job A / B / C | "
-        "busiest, vs N=1 | sum | calls/job | process CPU µs/job A / B / C | busiest, vs N=1 | "
-        "ceiling jobs/s: script, process (vs N=1) |",
-        "|---:|---|---:|---|---:|---:|---:|---|---:|---:|",
+        "busiest, vs N=1 | sum | calls/job | process CPU µs/job A / B / C | "
+        "busiest, vs N=1 | sum | ceiling jobs/s: script, process (vs N=1) |",
+        "|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     base_script = base_cpu = 0.0
     for n, group in sorted(by_n.items()):
@@ -186,7 +197,8 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace) ->
         busiest_script = statistics.median(max(s.script_us.values()) for s in group)
         busiest_cpu = statistics.median(max(s.cpu_us.values()) for s in group)
         total_script = statistics.median(sum(s.script_us.values()) for s in group)
-        if n == 1:
+        total_cpu = statistics.median(sum(s.cpu_us.values()) for s in group)
+        if not base_script:  # the smallest N is the baseline (N = 1: one server)
             base_script, base_cpu = busiest_script, busiest_cpu
         ceil_script, ceil_cpu = 1e6 / busiest_script, 1e6 / busiest_cpu
         lines.append(
@@ -196,7 +208,7 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace) ->
             f"{busiest_script:.1f}, {busiest_script / base_script:.2f}x | {total_script:.1f} | "
             f"{statistics.median(s.calls for s in group):.3f} | "
             f"{' / '.join(f'{v:.1f}' for v in cpu)} | "
-            f"{busiest_cpu:.1f}, {busiest_cpu / base_cpu:.2f}x | "
+            f"{busiest_cpu:.1f}, {busiest_cpu / base_cpu:.2f}x | {total_cpu:.1f} | "
             f"{ceil_script:,.0f}, {ceil_cpu:,.0f} ({base_script / busiest_script:.2f}x, "
             f"{base_cpu / busiest_cpu:.2f}x) |"
         )
@@ -225,6 +237,7 @@ def main() -> None:
         "--shards", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6]
     )
     args = parser.parse_args()
+    began = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     tmp = tempfile.mkdtemp(prefix="echomq-shardbench-")
     appdir = os.path.join(tmp, "app")
     os.makedirs(appdir)
@@ -246,7 +259,7 @@ def main() -> None:
                     f" (enqueue {s.fill_us:.1f}), {s.calls:.2f} calls/job",
                     file=sys.stderr,
                 )
-        print(report(samples, ports, args))
+        print(report(samples, ports, args, began))
     finally:
         cluster.stop()
 
