@@ -12,17 +12,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
+from test_cluster_follow import _kill_and_wait_promotion, _owner_port
 from worker_support import InProcWorker
 
 import echomq
 from conftest import wait_for
 from echomq import keyspace
 from echomq.client.shards import layout, shard_of
-from echomq.server import EmbeddedServer
 from echomq.testing import EmbeddedCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -30,27 +29,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, echomq.EchoMQError)
 # Fixed names, so where their shards land does not depend on the test's pid.
 NAMES = ("orders", "emails", "reports", "billing", "t43-sharded-queue")
-
-
-def _slots(cluster: EmbeddedCluster) -> list[Any]:
-    for node in cluster.nodes:
-        if node.proc is None or node.proc.poll() is not None:
-            continue
-        try:
-            with redis.Redis(port=node.port) as c:
-                return list(c.execute_command("CLUSTER", "SLOTS"))
-        except redis.exceptions.RedisError:
-            continue
-    raise AssertionError("no live node answers CLUSTER SLOTS")
-
-
-def _owner_port(cluster: EmbeddedCluster, queue: str) -> int:
-    """The port of the primary serving the queue's slot, as the cluster sees it now."""
-    slot = keyspace.slot(keyspace.queue_key(queue, "pending"))
-    for start, end, primary, *_ in _slots(cluster):
-        if start <= slot <= end:
-            return int(primary[1])
-    raise AssertionError(f"slot {slot} not covered")
 
 
 def _holder(cluster: EmbeddedCluster, queue: str) -> int:
@@ -70,30 +48,6 @@ def _payload(task: str, i: int) -> bytes:
 
 
 @pytest.fixture
-def small_cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
-    """3 primaries, no replicas: placement only."""
-    c = EmbeddedCluster(tmp_path / "cluster", replicas=0).start(timeout=120)
-    yield c
-    c.stop()
-
-
-def test_three_shards_land_on_three_primaries_and_six_on_two_each(
-    small_cluster: EmbeddedCluster,
-) -> None:
-    ports = {n.port for n in small_cluster.primaries()}
-    for name in NAMES:
-        for n in (3, 6):
-            shards = layout(f"{name}-{n}", n)
-            for shard in shards:  # every shard gets data, so each server can say what it holds
-                with echomq.Queue(shard, url=small_cluster.url) as q:
-                    q.enqueue(b"x")
-            holders = [_holder(small_cluster, s) for s in shards]
-            assert holders == [_owner_port(small_cluster, s) for s in shards]
-            per_primary = sorted(holders.count(p) for p in ports)
-            assert per_primary == [n // 3] * 3, (name, n, shards, holders)
-
-
-@pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
     """3 primaries with a replica each, a 1 s node timeout (a prompt failover)."""
     c = EmbeddedCluster(tmp_path / "cluster", node_timeout_ms=1000).start(timeout=120)
@@ -101,21 +55,20 @@ def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
     c.stop()
 
 
-def _kill_and_wait_promotion(cluster: EmbeddedCluster, queue: str, timeout: float = 30) -> int:
-    """SIGKILL the primary of the queue's slot; return the promoted replica's port."""
-    port = _owner_port(cluster, queue)
-    victim: EmbeddedServer = next(n for n in cluster.nodes if n.port == port)
-    victim.kill()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            now = _owner_port(cluster, queue)
-        except (AssertionError, redis.exceptions.RedisError):
-            now = port
-        if now != port:
-            return now
-        assert time.monotonic() < deadline, "no replica was promoted"
-        time.sleep(0.1)
+def test_three_shards_land_on_three_primaries_and_six_on_two_each(
+    cluster: EmbeddedCluster,
+) -> None:
+    ports = {n.port for n in cluster.primaries()}
+    for name in NAMES:
+        for n in (3, 6):
+            shards = layout(f"{name}-{n}", n)
+            for shard in shards:  # every shard gets data, so each server can say what it holds
+                with echomq.Queue(shard, url=cluster.url) as q:
+                    q.enqueue(b"x")
+            holders = [_holder(cluster, s) for s in shards]
+            assert holders == [_owner_port(cluster, s) for s in shards]
+            per_primary = sorted(holders.count(p) for p in ports)
+            assert per_primary == [n // 3] * 3, (name, n, shards, holders)
 
 
 def test_a_primary_failover_under_load_loses_and_doubles_no_job(
