@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,7 +220,13 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace, be
         "cluster serves with one core per primary before its busiest primary saturates "
         "(N = 1: the one-server ceiling).",
     ]
-    return "\n".join(lines)
+    # Paragraphs wrapped as bench/RESULTS.md is (tables are not).
+    out = [line if line.startswith("|") else _wrap(line) for line in lines]
+    return "\n".join(out)
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 96, break_long_words=False, break_on_hyphens=False)
 
 
 def _server_version(port: int) -> str:
