@@ -123,6 +123,8 @@ class QueueModel:
         # --- issue 24, the queue-wide concurrency limit (meta `limit`): at most this many
         # jobs of the queue in active, lanes included.
         self.limit: int | None = None
+        # --- issue 43, the stored layout of a sharded queue (meta `shards`); None: not stored
+        self.layout: list[str] | None = None
         self.completed = 0
         self.failed = 0
         self.seen: set[str] = set()  # every id this queue ever held

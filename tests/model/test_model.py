@@ -11,9 +11,10 @@ extend / extend_leases, reap / sweep_stalled / promote / pump / fire_due, reproc
 cancel (with and without remove=True), drain, wait, repeat / unrepeat, pause, lane pause and
 limits, queue-wide and lane rate limits; and (issue 38, tests/model/verbs.py) enqueue_many,
 complete_many, extend_many, reprocess_all, reassign, weight_lane, add_log, clear_logs,
-update_progress, enable_events / disable_events and the read plane (browse, pending_size,
-lane_depth, logs, errors, result, get_job, job_state, dedup_holder, dependencies,
-children_values, ignored_failures, rate_limit_ttl). Which verbs the model drives is recorded
+propose_shards and shards (issue 43, a layout that only grows), update_progress,
+enable_events / disable_events and the read plane (browse, pending_size, lane_depth, logs,
+errors, result, get_job, job_state, dedup_holder, dependencies, children_values,
+ignored_failures, rate_limit_ttl). Which verbs the model drives is recorded
 as it runs and compared with ``Queue``'s in tests/model/test_model_coverage.py.
 
 After every step the server must agree with the model: ``check()`` is empty on both queues;
@@ -247,6 +248,7 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         assert q.counts() == m.counts()
         assert q.lanes() == m.lanes()
         assert q.is_paused() == m.paused
+        assert q.shards() == (m.layout or [name])
         fields = (
             "state",
             "attempts",

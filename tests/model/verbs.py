@@ -1,14 +1,14 @@
 """The model's rules for the verbs issue 38 (item 5) found undriven, mixed into
 ``ModelMachine`` (tests/model/test_model.py) so hypothesis draws them among all the others.
 
-Writes: ``enqueue_many`` (minted and named ids, duplicates in the call and against the
-queue, re-admissions, a refused non-JOB id, lanes, delays, a priority), ``complete_many``
-and ``extend_many`` (each pair fenced in turn: a stale token refused), ``reprocess_all``,
-``reassign``, ``weight_lane``, ``add_log`` / ``clear_logs`` / ``update_progress`` (their side
-state is in the model's keyspace check: `:logs` and `progress`, PROTOCOL §2.4), and
-``enable_events`` / ``disable_events`` (an enqueue records nothing while they are off), and
-``forge``: a settle verb with a token derived from the row's count rather than handed out by
-a claim.
+Writes: ``enqueue_many`` (minted and named ids, duplicates in the call and against the queue,
+re-admissions, a refused non-JOB id, lanes, delays, a priority), ``complete_many`` and
+``extend_many`` (each pair fenced in turn: a stale token refused), ``reprocess_all``,
+``reassign``, ``propose_shards`` (a layout that only grows), ``weight_lane``, ``add_log`` /
+``clear_logs`` / ``update_progress`` (their side state is in the model's keyspace check:
+`:logs` and `progress`, PROTOCOL §2.4), and ``enable_events`` / ``disable_events`` (an enqueue
+records nothing while they are off), and ``forge``: a settle verb with a token derived from the
+row's count rather than handed out by a claim.
 
 Reads: ``look`` checks the read plane against the model on one queue: ``browse`` of every
 state, ``pending_size``, ``lane_depth``, ``logs``, ``errors``, ``result``, ``get_job``,
@@ -30,6 +30,7 @@ from hypothesis.stateful import rule
 
 from echomq import Enqueued, JobGone, KindError, StateError
 from echomq import ids as emq_ids
+from echomq.client import shards as _shards
 from model.core import LANES, LONG, SHORT, Job
 from reliability import raw_violations
 
@@ -240,6 +241,22 @@ class VerbRules:
             j.group = g
         else:
             self.expect(StateError, self.q(qi).reassign, jid, g)
+
+    @rule(qi=QI, n=st.integers(1, 4), grow=st.booleans())
+    def layout(self: Any, qi: int, n: int, grow: bool) -> None:
+        """``propose_shards`` (issue 43) stores a layout only when it extends the stored one
+        (or nothing is stored and it names more than the queue); anything else leaves the
+        stored layout, which it answers either way. The jobs are untouched: a layout names
+        sub-queues, it moves nothing."""
+        m, name = self.m(qi), self.names[qi]
+        stored = m.layout or [name]
+        proposal = (
+            _shards.grow(name, stored, max(n, len(stored))) if grow else _shards.layout(name, n)
+        )
+        extends = len(proposal) > len(stored) and proposal[: len(stored)] == stored
+        expected = proposal if extends else stored
+        assert self.q(qi).propose_shards(proposal) == expected
+        m.layout = expected if len(expected) > 1 else None
 
     @rule(qi=QI, g=LANE, w=st.integers(1, 3))
     def weight_lane(self: Any, qi: int, g: str, w: int) -> None:

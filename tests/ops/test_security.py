@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import pickle
 import re
 import socket
@@ -293,6 +294,8 @@ def exercise(url: str, qname: str) -> None:
     q.logs(job.id)
     q.clear_logs(job.id, keep=1)  # LLEN, LTRIM
     q.clear_logs(job.id)  # DEL
+    q.propose_shards([q.name, q.name + ".shard1.0"])  # HGET, HSET (issue 43)
+    q.shards()  # HGET
     q.update_progress(job.id, "50")  # a progress event
     q.get_job(job.id)
     q.job_state(job.id)
@@ -332,6 +335,24 @@ def exercise(url: str, qname: str) -> None:
     q.lanes()
     q.remove(q.enqueue(b"removed").id)
     q.run_now(q.enqueue(b"later", delay_ms=60_000).id)
+    moved = q.enqueue(b"moved", delay_ms=60_000).id
+    q.reschedule(moved, delay_ms=120_000)
+    q.change_priority(moved, 2)
+    q.update_payload(moved, b"rewritten")
+    q.limit(5)
+    q.get_limit()
+    q.limit(None)
+    q.keep_completed(10, 60_000)
+    q.keep_dead(10)
+    q.keep_completed(None)
+    q.keep_dead(None)
+    settled = q.claim(lease_ms=60_000)
+    assert settled is not None
+    q.settle(completed=[(settled.id, settled.token)], n=1, lease_ms=60_000)
+    q.errors(moved)
+    q.dedup_holder("acl-dedup")
+    q.reprocess_all()
+    q.workers()
     # The second round's verbs: results and waiting, dedup, rate limits, cancel, repeats, flows.
     kept = q.enqueue(b"kept", dedup="acl-dedup")
     assert q.enqueue(b"again", dedup="acl-dedup").status == "deduplicated"
@@ -369,6 +390,8 @@ def exercise(url: str, qname: str) -> None:
     q.ignored_failures(flow.parent_id)
     q.pump()
     q.drain(include_scheduled=True)
+    q.cancel_all()
+    q.disable_events()
     q.pause()
     q.obliterate(force=True)
     q.close()
@@ -405,6 +428,21 @@ def exercise(url: str, qname: str) -> None:
         thread.join(30)
         loop.close()
     app.close()
+
+
+def test_exercise_calls_every_public_verb() -> None:
+    """The ACL rule set is only as good as ``exercise()``'s reach: every public verb of
+    ``Queue`` (derived from the class) is called there, so a verb sending a command the rule
+    set lacks fails the ACL test instead of a deployment's user."""
+    source = inspect.getsource(exercise)
+    called = set(re.findall(r"\bq\.([a-z_]+)\(", source))
+    public = {
+        name
+        for klass in echomq.Queue.__mro__[:-1]
+        for name, member in vars(klass).items()
+        if not name.startswith("_") and inspect.isfunction(member)
+    }
+    assert public - called - {"close"} == set(), sorted(public - called)
 
 
 @pytest.fixture

@@ -290,6 +290,19 @@ CASES: list[tuple[str, Case, type[Exception]]] = [
         lambda q, j: q.retry(j["active"], j["token"], delay_ms=0, max_attempts=True, error="e"),
         InvalidArgument,
     ),
+    # a sharded queue's layout (issue 43)
+    ("layout-str", lambda q, j: q.propose_shards(q.name + ",x"), InvalidArgument),
+    ("layout-empty", lambda q, j: q.propose_shards([]), InvalidArgument),
+    ("layout-not-first", lambda q, j: q.propose_shards(["other", q.name]), InvalidArgument),
+    ("layout-twice", lambda q, j: q.propose_shards([q.name, "s1", "s1"]), InvalidArgument),
+    ("layout-bad-name", lambda q, j: q.propose_shards([q.name, "a b"]), InvalidId),
+    ("layout-comma", lambda q, j: q.propose_shards([q.name, "a,b"]), InvalidId),
+    ("layout-not-str", lambda q, j: q.propose_shards([q.name, 3]), InvalidId),
+    (
+        "layout-too-many",
+        lambda q, j: q.propose_shards([q.name, *(f"s{i}" for i in range(300))]),
+        InvalidArgument,
+    ),
     # lane settings
     ("limit-0", lambda q, j: q.limit_lane(LANE, 0), InvalidArgument),
     ("limit-neg", lambda q, j: q.limit_lane(LANE, -1), InvalidArgument),

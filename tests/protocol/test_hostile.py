@@ -314,6 +314,20 @@ VERBS: dict[str, Builder] = {
         {},
     ),
     "get_limit": lambda w, d: ((), {}),
+    "shards": lambda w, d: ((), {}),
+    "propose_shards": lambda w, d: (
+        (
+            d(
+                st.one_of(
+                    st.just([w.name, w.name + ".shard1.0"]),
+                    st.lists(NAMES, max_size=3).map(lambda rest: [w.name, *rest]),
+                    st.lists(NAMES, max_size=3),
+                    NAMES,
+                )
+            ),
+        ),
+        {},
+    ),
     "keep_completed": lambda w, d: (
         (d(st.one_of(st.none(), COUNT)),),
         _kw(d, age_ms=st.one_of(st.none(), num(st.integers(0, 10**9)))),
@@ -470,6 +484,8 @@ def _observe(w: World, verb: str, args: tuple[Any, ...], kwargs: dict[str, Any],
     elif verb == "clear_logs":
         assert isinstance(out, int) and out >= 0
         assert len(q.logs(args[0])) <= kwargs.get("keep", 0)  # the newest keep, 0: none
+    elif verb in ("shards", "propose_shards"):
+        assert out == q.shards() and out[0] == q.name  # the stored layout, this queue first
     elif verb == "obliterate":
         assert q.counts()["pending"] == q.counts()["active"] == 0
     elif verb in ("promote", "reap", "drain", "pending_size", "lane_depth"):

@@ -24,6 +24,7 @@ from queue_verbs_support import (
     smembers,
 )
 
+import echomq
 from conftest import snapshot, wait_for
 from echomq import ids
 from echomq.errors import (
@@ -484,3 +485,38 @@ def test_clear_logs_composes_with_the_lifecycle(anyq: Any, r: redis.Redis, qname
     with pytest.raises(JobGone):
         anyq.clear_logs(readmit)
     assert anyq.check() == []
+
+
+def test_a_layout_only_grows_and_every_client_gets_the_stored_one(
+    anyq: Any, r: redis.Redis, qname: str, url: str
+) -> None:
+    """Issue 43: ``propose_shards`` stores a layout that extends the stored one and answers
+    the stored one either way; ``shards()`` reads it; a job is never touched."""
+    from echomq.client import shards as layouts
+    from echomq.protocol import kernel
+
+    meta = K(qname, "meta")
+    jid = anyq.enqueue(b"x").id
+    before = snapshot(r, qname)
+    assert anyq.shards() == [qname]
+    assert anyq.propose_shards([qname]) == [qname]  # one shard: nothing is stored
+    assert snapshot(r, qname) == before
+    three = layouts.layout(qname, 3)
+    assert anyq.propose_shards(three) == three
+    assert r.hget(meta, "shards") == ",".join(three).encode()
+    assert anyq.propose_shards(layouts.layout(qname, 2)) == three  # shorter: kept
+    other = [qname, qname + ".shard1.x", qname + ".shard2.x", qname + ".shard3.x"]
+    assert anyq.propose_shards(other) == three  # longer but not an extension: kept
+    assert anyq.propose_shards(three) == three  # a resend: the same
+    six = layouts.grow(qname, three, 6)
+    assert six[:3] == three and len(set(six)) == 6
+    assert anyq.propose_shards(six) == six and anyq.shards() == six
+    assert anyq.get_job(jid) is not None and anyq.counts()["pending"] == 1
+    # The script checks what a client did not: a malformed layout is an error, nothing written.
+    stored = snapshot(r, qname)
+    with echomq.Queue(qname, url=url) as raw:
+        for bad in ("other,x", f"{qname},", f"{qname},a b", f"{qname},{qname}"):
+            call = kernel._call("propose_shards", (meta,), (K(qname, ""), bad), lambda v: v)
+            with pytest.raises(redis.ResponseError, match="propose_shards"):
+                raw._x.run(call)
+    assert snapshot(r, qname) == stored

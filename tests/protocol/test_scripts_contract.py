@@ -94,6 +94,8 @@ VERBS: dict[str, Callable[[], Any]] = {
     "limit_lane": lambda: _p.limit_lane(K, LANE, 2),
     "limit": lambda: _p.limit(K, 2),
     "get_limit": lambda: _p.get_limit(K),
+    "shards": lambda: _p.shards(K),
+    "propose_shards": lambda: _p.propose_shards(K, [K.name, K.name + ".shard1.0"]),
     "weight_lane": lambda: _p.weight_lane(K, LANE, 3),
     "reassign": lambda: _p.reassign(K, JID, LANE),
     "lane_depth": lambda: _p.lane_depth(K, LANE),
@@ -407,3 +409,17 @@ def test_the_native_tree_mirrors_the_lua_tree() -> None:
         else:
             assert name[:-2] in includes, f"native/{name}: no lua/include/{name[:-2]}.lua"
     assert {f"cmd_{s}.c" for s in TWINS} <= set(sources)
+
+
+def test_every_script_has_a_reply_row() -> None:
+    """lua/README.md's Replies table names every script (a row may name several, comma
+    separated), and no script that does not exist: the list is the code's, not typed."""
+    text = (LUA / "README.md").read_text(encoding="utf-8")
+    table = text.split("## Replies", 1)[1].split("\n## ", 1)[0]
+    named = {
+        name.strip()
+        for row in re.findall(r"^\| ([a-z_, ]+) \|", table, re.M)
+        for name in row.split(",")
+    } - {"script"}
+    assert set(SCRIPTS) - named == set(), sorted(set(SCRIPTS) - named)
+    assert named - set(SCRIPTS) == set(), sorted(named - set(SCRIPTS))

@@ -206,6 +206,14 @@ def test_clear_logs_rides_out_an_outage(gate: Gate, gq: Queue) -> None:
     assert gq.logs(jid) == [b"c"]
 
 
+def test_propose_shards_rides_out_an_outage(gate: Gate, gq: Queue) -> None:
+    """Resent (``Flags: replay``): a second copy of a stored layout finds it stored and
+    answers it; a layout never shrinks or doubles."""
+    names = [gq.name, gq.name + ".shard1.0", gq.name + ".shard2.0"]
+    assert through_outage(gate, lambda: gq.propose_shards(names)) == names
+    assert through_outage(gate, gq.shards) == names
+
+
 def test_cancel_rides_out_an_outage(gate: Gate, gq: Queue) -> None:
     jid = gq.enqueue(b"x").id
     assert through_outage(gate, lambda: gq.cancel(jid)) in ("removed", "absent")

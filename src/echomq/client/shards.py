@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 from echomq import keyspace
 from echomq.errors import InvalidArgument
+from echomq.protocol.admin import MAX_SHARDS
 
 __all__ = ["MAX_SHARDS", "MAX_SHARDED_NAME", "grow", "layout", "shard_of", "slot_of"]
 
 SLOTS = 16384
-MAX_SHARDS = 256
 # ``.shard255.`` plus a search counter of up to 6 digits still fits the 128-character name.
 MAX_SHARDED_NAME = 110
 _TOLERANCE = 2

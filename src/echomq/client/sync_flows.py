@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from echomq.client.executor import SyncExecutor
+from echomq.protocol import admin as _a
 from echomq.protocol import compose as _c
 from echomq.protocol import observe as _o
 from echomq.protocol.kernel import Keys
@@ -17,6 +20,19 @@ class FlowVerbs:
 
     _k: Keys
     _x: SyncExecutor
+
+    # -- the layout of a sharded queue (issue 43): see echomq.client.shards
+
+    def shards(self) -> list[str]:
+        """The queue's stored layout: its shards' queue names, this queue first; ``[name]``
+        when it is not sharded."""
+        return self._x.run(_a.shards(self._k))
+
+    def propose_shards(self, names: Sequence[str]) -> list[str]:
+        """Store ``names`` as the layout when it extends the stored one (a layout only
+        grows); the stored layout after the call. ``Queue(name, shards=N)`` and ``reshard``
+        call it with ``echomq.client.shards.layout``'s names."""
+        return self._x.run(_a.propose_shards(self._k, names))
 
     # -- events and metrics (D15, D16): see echomq.protocol.observe for the keys' layout
 

@@ -6,10 +6,11 @@ weight a lane, move a job to another); ``protocol.calls`` re-exports every verb 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from echomq import keyspace
-from echomq.errors import JobGone
+from echomq.errors import InvalidArgument, JobGone
 from echomq.protocol.kernel import (
     Call,
     Keys,
@@ -24,6 +25,9 @@ from echomq.protocol.kernel import (
     _str_list,
 )
 
+# The most shards a logical queue has (echomq.client.shards.MAX_SHARDS, lua/propose_shards.lua).
+MAX_SHARDS = 256
+
 __all__ = [
     "drain",
     "get_limit",
@@ -35,9 +39,11 @@ __all__ = [
     "obliterate",
     "pause",
     "pause_lane",
+    "propose_shards",
     "reassign",
     "resume",
     "resume_lane",
+    "shards",
     "weight_lane",
 ]
 
@@ -136,3 +142,30 @@ def lane_depth(k: Keys, group: str) -> Call[int]:
 
 def lanes(k: Keys) -> Call[list[str]]:
     return _cmd(("SMEMBERS", k.lanes), lambda r: sorted(_str_list(r)))
+
+
+def _layout(k: Keys, reply: Any) -> list[str]:
+    return _s(reply).split(",") if reply else [k.name]
+
+
+def shards(k: Keys) -> Call[list[str]]:
+    """The queue's stored layout (issue 43): its sub-queue names, the queue itself first;
+    ``[name]`` for a queue that is not sharded."""
+    return _cmd(("HGET", k.meta, "shards"), lambda r: _layout(k, r))
+
+
+def propose_shards(k: Keys, names: Sequence[str]) -> Call[list[str]]:
+    """propose_shards.lua: store ``names`` as the queue's layout when it extends the stored
+    one (or nothing is stored and it has more than one name); the stored layout after the
+    call either way. ``names`` are checked here: distinct legal queue names, the queue itself
+    first, at most ``MAX_SHARDS``."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise InvalidArgument(f"names is a list of queue names, got {names!r}")
+    checked = [keyspace.check_queue(n) for n in names]
+    if not checked or checked[0] != k.name or len(set(checked)) != len(checked):
+        raise InvalidArgument(
+            f"a layout of {k.name!r} is distinct queue names, {k.name!r} first, got {names!r}"
+        )
+    if len(checked) > MAX_SHARDS:
+        raise InvalidArgument(f"a layout has at most {MAX_SHARDS} shards, got {len(checked)}")
+    return _call("propose_shards", (k.meta,), (k.base, ",".join(checked)), lambda r: _layout(k, r))

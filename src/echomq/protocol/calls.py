@@ -31,9 +31,11 @@ from echomq.protocol.admin import (
     obliterate,
     pause,
     pause_lane,
+    propose_shards,
     reassign,
     resume,
     resume_lane,
+    shards,
     weight_lane,
 )
 from echomq.protocol.kernel import (
@@ -510,6 +512,7 @@ __all__ += [
     "pause_lane",
     "pending_size",
     "promote",
+    "propose_shards",
     "reap",
     "reassign",
     "remove",
@@ -520,6 +523,7 @@ __all__ += [
     "retry",
     "run_now",
     "settle",
+    "shards",
     "complete_many",
     "sweep_stalled",
     "update_payload",
