@@ -277,6 +277,17 @@ class ShardedMachine(ModelMachine):
         without one."""
         if not strict("shardflow") and shape[0][3] is None:
             shape = [(k, fp, x, None) for k, fp, x, _ in shape]
+        gone = [p for p in self.roots[qi] if p not in self.m(qi).jobs]
+        # FINDINGS S1 through a flow: a gone parent's id re-used as a root routed (by the
+        # root's lane) away from the shard that retired it (the deep run met it).
+        if (
+            reuse is not None
+            and gone
+            and not strict("shardroute")
+            and self.clash(qi, pick(gone, reuse), shape[0][3], None)
+        ):
+            note("waived: a flow re-using a gone parent's id on another shard")
+            return
         before = {id(j) for m in self.w.qs for j in m.jobs.values()}
         super().add_flow(qi=qi, shape=shape, reuse=reuse)
         root = self.roots[qi][-1]
