@@ -13,6 +13,7 @@ from sharded_support import N, holder, key_for_shard, shard_queues
 
 import echomq
 from conftest import SyncOverAsync, snapshot
+from echomq.client.shards import shard_of
 
 pytestmark = pytest.mark.executors
 
@@ -145,8 +146,12 @@ def test_fan_out_settings_and_sweeps(sq: Any, url: str) -> None:
 def test_repeats_live_on_one_shard(sq: Any, url: str) -> None:
     lane = key_for_shard(2, N, "lane")
     assert sq.repeat("tick", b"t", every_ms=60_000, group=lane) == "registered"
-    assert sq.repeat("tick", b"t", every_ms=60_000) in ("registered", "updated")
-    assert [rep.name for rep in sq.repeats()] == ["tick"]  # moved, never on two shards
+    assert sq.repeat("tick", b"t", every_ms=120_000, group=lane) == "updated"
+    assert shard_of("tick", N) != 2  # without the lane it would move: refused (FINDINGS S2)
+    with pytest.raises(echomq.ShardsError, match="unrepeat it first"):
+        sq.repeat("tick", b"t", every_ms=60_000)
+    [rep] = sq.repeats()  # never on two shards
+    assert (rep.name, rep.group, rep.every_ms) == ("tick", lane, 120_000)
     assert sq.pause_repeat("tick") and sq.resume_repeat("tick")
     assert sq.unrepeat("tick") and not sq.unrepeat("tick")
     assert sq.repeats() == []
