@@ -5,13 +5,14 @@
 
 Starts a local cluster of 3 primaries (``echomq.testing.EmbeddedCluster``; ``--replicas``
 per primary, none by default: a replica's work is not a primary's) and, per measurement,
-one logical queue of N shards (``echomq.client.shards.layout``: N = 1 is today's queue), the
-same total number of no-op jobs whatever N. Each measurement resets ``INFO commandstats`` on
-every primary, enqueues the jobs (``enqueue_many``, split over the shards), starts one worker
-process serving every shard, and times from the first completion until the queue's completed
-count reaches the total. Then, per primary: the µs of the top-level echomq calls (script
-calls, ``EMQ.*``: ``bench/servertime.py``) and the process CPU (``INFO cpu``), each divided
-by the total jobs, so a primary's figure is its share of the cost of one logical job.
+one logical queue ``echomq.Queue(name, shards=N)`` (N = 1 is today's queue), the same total
+number of no-op jobs whatever N. Each measurement resets ``INFO commandstats`` on every
+primary, enqueues the jobs (``enqueue_many``: the sharded queue splits them by shard), starts
+one worker process on the queue (``echomq worker -q name``: it serves every shard), and
+times from the first completion until the queue's completed count reaches the total. Then,
+per primary: the µs of the top-level echomq calls (script calls, ``EMQ.*``:
+``bench/servertime.py``) and the process CPU (``INFO cpu``), each divided by the total
+jobs, so a primary's figure is its share of the cost of one logical job.
 
 The projected ceiling: a logical job costs the busiest primary ``max_p µs/job``, so with one
 core per primary the cluster serves at most ``1e6 / max_p`` jobs/s (= jobs/s per primary
@@ -45,15 +46,15 @@ import redis
 from servertime import top_level_calls, top_level_usec
 
 import echomq
-from echomq.client.shards import layout, slot_of
+from echomq.client.shards import slot_of
 from echomq.testing import EmbeddedCluster
 
 APP = """
 import os, echomq
 app = echomq.App()
-for name in os.environ["SHARD_QUEUES"].split(","):
-    app.task(name=f"noop.{name}", queue=name, inline=True)(lambda i: None)
+app.task(name="noop", queue=os.environ["SHARD_QUEUE"], inline=True)(lambda i: None)
 """
+PAYLOAD = b'{"task": "noop", "args": [0], "kwargs": {}}'
 
 
 @dataclass
@@ -82,42 +83,38 @@ def _cpu_s(c: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _fill(url: str, names: list[str], total: int) -> dict[str, int]:
-    """``total`` no-op jobs spread evenly over the shards; how many each got."""
-    per = {name: total // len(names) + (i < total % len(names)) for i, name in enumerate(names)}
-    for name, count in per.items():
-        payload = f'{{"task": "noop.{name}", "args": [0], "kwargs": {{}}}}'.encode()
-        with echomq.Queue(name, url=url) as q:
-            for start in range(0, count, 5000):
-                q.enqueue_many([payload] * min(5000, count - start))
-    return per
-
-
 def _measure(
     cluster: EmbeddedCluster, base: str, n: int, total: int, concurrency: int, appdir: str
 ) -> Sample:
     url = cluster.url
-    names = layout(base, n)
     owners = _owners(cluster)
     ports = sorted(node.port for node in cluster.primaries())
     admin = {p: redis.Redis(port=p) for p in ports}
-    queues = [echomq.Queue(name, url=url) for name in names]
-    env = {**os.environ, "ECHOMQ_URL": url, "PYTHONPATH": appdir, "SHARD_QUEUES": ",".join(names)}
-    cmd = [sys.executable, "-m", "echomq", "worker", "shardapp:app", "-c", str(concurrency),
-           "--log-level", "ERROR"] + [a for name in names for a in ("-q", name)]  # fmt: skip
+    q = echomq.Queue(base, shards=n, url=url)  # n = 1: today's queue
+    env = {**os.environ, "ECHOMQ_URL": url, "PYTHONPATH": appdir, "SHARD_QUEUE": base}
+    cmd = [sys.executable, "-m", "echomq", "worker", "shardapp:app", "-q", base,
+           "-c", str(concurrency), "--log-level", "ERROR"]  # fmt: skip
     proc = None
     try:
         for c in admin.values():
             c.execute_command("CONFIG", "RESETSTAT")
         cpu0 = {p: _cpu_s(c) for p, c in admin.items()}
-        per = _fill(url, names, total)
+        for start in range(0, total, 5000):  # split by shard: the jobs' ids route them
+            q.enqueue_many([PAYLOAD] * min(5000, total - start))
         fill_us = sum(top_level_usec(c.info("commandstats")) for c in admin.values()) / total
+        names = q.shards()
+        assert len(names) == n, names
+        per = {}
+        for name in names:
+            with echomq.Queue(name, url=url) as shard:
+                per[name] = shard.counts()["pending"]
+        assert sum(per.values()) == total, per
         proc = subprocess.Popen(cmd, env=env)
         # Timed from the first completion, so the worker's start-up is not counted.
-        while sum(q.counts()["completed"] for q in queues) == 0:
+        while q.counts()["completed"] == 0:
             time.sleep(0.005)
         t0 = time.monotonic()
-        while sum(q.counts()["completed"] for q in queues) < total:
+        while q.counts()["completed"] < total:
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
         proc.send_signal(signal.SIGTERM)
@@ -128,20 +125,21 @@ def _measure(
             sample.script_us[p] = top_level_usec(stats) / total
             sample.calls += top_level_calls(stats) / total
             sample.cpu_us[p] = (_cpu_s(c) - cpu0[p]) * 1e6 / total
-        for name, q in zip(names, queues, strict=True):
+        violations = q.check()  # every shard's
+        assert violations == [], violations
+        for name in names:
             sample.placement[name] = owners[slot_of(name)]
-            violations = q.check()
-            assert violations == [], (name, violations)
-            assert q.counts()["completed"] == per[name], (name, q.counts(), per[name])
+            with echomq.Queue(name, url=url) as shard:
+                got = shard.counts()["completed"]
+                assert got == per[name], (name, got, per[name])
         return sample
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        for q in queues:
-            q.pause()
-            q.obliterate(force=True)
-            q.close()
+        q.pause()
+        q.obliterate(force=True)  # every shard, then the stored list
+        q.close()
         for c in admin.values():
             c.close()
 

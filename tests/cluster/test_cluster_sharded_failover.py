@@ -1,7 +1,7 @@
 """A sharded queue (issue 43) on a real 3-primary cluster: where its shards land, and a
 primary failed over under producers and a worker, losing and doubling no job.
 
-A logical queue of N shards is N ordinary queues (``echomq.client.shards.layout``), so each
+``Queue(name, shards=N)`` is N ordinary queues (``echomq.client.shards.layout``), so each
 shard follows a failover as any queue does (test_cluster_failover.py); what these tests add
 is the logical queue's view: every job of it, on whichever shard, completes once.
 """
@@ -21,7 +21,6 @@ from worker_support import InProcWorker
 import echomq
 from conftest import wait_for
 from echomq import keyspace
-from echomq.client.shards import layout, shard_of
 from echomq.testing import EmbeddedCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -61,10 +60,12 @@ def test_three_shards_land_on_three_primaries_and_six_on_two_each(
     ports = {n.port for n in cluster.primaries()}
     for name in NAMES:
         for n in (3, 6):
-            shards = layout(f"{name}-{n}", n)
-            for shard in shards:  # every shard gets data, so each server can say what it holds
-                with echomq.Queue(shard, url=cluster.url) as q:
-                    q.enqueue(b"x")
+            with echomq.Queue(f"{name}-{n}", shards=n, url=cluster.url) as q:
+                # Jobs spread by id: with 300 jobs, every shard gets some (each server can
+                # then say what it holds); (5/6)**300 is the chance one of 6 gets none.
+                q.enqueue_many([b"x"] * 300)
+                shards = q.shards()
+                assert len(shards) == n and q.counts()["pending"] == 300
             holders = [_holder(cluster, s) for s in shards]
             assert holders == [_owner_port(cluster, s) for s in shards]
             per_primary = sorted(holders.count(p) for p in ports)
@@ -81,21 +82,20 @@ def test_a_primary_failover_under_load_loses_and_doubles_no_job(
     more. Durable mode (test_cluster_failover.py): without it, a write the dead primary
     acknowledged but had not yet replicated is lost, and on a loaded box that window is
     long enough to lose an enqueue now and then."""
-    shards = layout(qname, 3)
     url = cluster.url + "?durable=1"
     app = echomq.App(url=url)
     runs: dict[str, int] = {}
     lock = threading.Lock()
 
+    @app.task(name="sharded", queue=qname, lease_ms=2_000)
     def work(i: int) -> None:
         job_id = echomq.current_job().id
         with lock:
             runs[job_id] = runs.get(job_id, 0) + 1
         time.sleep(0.002)
 
-    tasks = [f"sharded.{i}" for i in range(len(shards))]
-    for task, shard in zip(tasks, shards, strict=True):
-        app.task(name=task, queue=shard, lease_ms=2_000)(work)
+    with echomq.Queue(qname, shards=3, url=url) as q:
+        shards = q.shards()  # the layout, stored before any worker reads it
     made: list[str] = []
     stop = threading.Event()
 
@@ -103,28 +103,24 @@ def test_a_primary_failover_under_load_loses_and_doubles_no_job(
         # Each id is minted here and recorded before its enqueue, which is asked again until
         # it answers (a reply lost in the failover answers `duplicate` the second time): the
         # test knows every job it made exactly once. The id routes the job (issue 43, 4).
-        with echomq.Queue(shards[0], url=url, retry_for=30) as base:
-            queues = [base] + [echomq.Queue(s, url=url, retry_for=30) for s in shards[1:]]
+        with echomq.Queue(qname, shards=3, url=url, retry_for=30) as q:
             i = 0
             while not stop.is_set():
                 if len(made) - len(runs) > 300:  # enough waiting
                     time.sleep(0.01)
                     continue
                 jid = echomq.ids.mint()
-                k = shard_of(jid, len(shards))
                 with lock:
                     made.append(jid)
                 while True:
                     try:
-                        queues[k].enqueue(_payload(tasks[k], i), id=jid)
+                        q.enqueue(_payload("sharded", i), id=jid)
                         break
                     except ERRORS:
                         time.sleep(0.05)
                 i += 1
-            for q in queues[1:]:
-                q.close()
 
-    worker = InProcWorker(echomq.Worker(app, queues=shards, concurrency=16, beat_ms=100))
+    worker = InProcWorker(echomq.Worker(app, queues=[qname], concurrency=16, beat_ms=100))
     producers = [threading.Thread(target=produce, daemon=True) for _ in range(2)]
     try:
         for p in producers:
@@ -152,6 +148,9 @@ def test_a_primary_failover_under_load_loses_and_doubles_no_job(
                 wait_for(drained, timeout=60, interval=0.2)
                 counts[shard] = q.counts()
                 assert q.check() == [], shard
+        with echomq.Queue(qname, shards=3, url=cluster.url, retry_for=30) as q:
+            assert q.check() == []
+            assert q.counts()["completed"] == sum(c["completed"] for c in counts.values())
     finally:
         stop.set()
         worker.stop()
