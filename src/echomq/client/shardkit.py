@@ -145,7 +145,7 @@ VERBS: dict[str, str] = {
 _LIMIT = (
     "a sharded queue has no exact queue-wide {what}: each shard would enforce its own. "
     "Use lane {alt} (exact per lane, each lane lives on one shard), or set one per shard "
-    "by hand on AsyncQueue(name) for each name of shards()"
+    "by hand on Queue(name) (or AsyncQueue(name)) for each name of shards()"
 )
 
 
