@@ -43,6 +43,7 @@ from echomq.errors import (
     ResultNotReady,
     ServerNotRunning,
     ServerUnreachable,
+    ShardsError,
     StaleToken,
     StateError,
     VersionFenceError,
@@ -53,7 +54,7 @@ from echomq.protocol.compose import FlowAdded, FlowJob, Repeat
 from echomq.protocol.kernel import WIRE_VERSION, Completed, Enqueued, Job, Retried, Settled
 from echomq.protocol.observe import Event
 from echomq.protocol.registry import HeldJob, WorkerInfo
-from echomq.queue import AsyncQueue, Queue
+from echomq.queue import AsyncQueue, AsyncShardedQueue, Queue, ShardedQueue
 from echomq.tasks.batches import Batch, BatchStatus
 from echomq.tasks.workflow_receipts import ChainReceipt, ChordReceipt, GroupReceipt
 from echomq.tasks.workflows import Chain, Chord, Group
@@ -65,6 +66,7 @@ __all__ = [
     "WIRE_VERSION",
     "App",
     "AsyncQueue",
+    "AsyncShardedQueue",
     "BadArguments",
     "Batch",
     "BatchStatus",
@@ -110,6 +112,8 @@ __all__ = [
     "ServerNotRunning",
     "ServerUnreachable",
     "Settled",
+    "ShardedQueue",
+    "ShardsError",
     "StaleToken",
     "StateError",
     "Task",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -33,6 +33,7 @@ from echomq.client.connect import (
     resolve_url,
     sync_client,
 )
+from echomq.client.shardkit import app_shards
 from echomq.context import JobContext, current_job
 from echomq.errors import (
     EchoMQError,
@@ -47,7 +48,7 @@ from echomq.protocol import compose as _compose
 from echomq.protocol import control as _ctl
 from echomq.protocol import repeats as _repeats
 from echomq.protocol.kernel import Keys, Plan
-from echomq.queue import AsyncQueue, Queue
+from echomq.queue import AsyncQueue, AsyncShardedQueue, Queue, ShardedQueue
 from echomq.serializers import Serializer, resolve_serializer
 from echomq.tasks import batches as _batches
 from echomq.tasks.batches import Batch
@@ -122,6 +123,9 @@ class App:
             leaves each queue's own setting alone (``Queue.keep_completed``).
         keep_dead: the same for the dead set's bound: a count, or ``(count, age_ms)`` (how
             long a dead job is kept, from its death); None leaves it alone.
+        shards: sharded queues by name (``{"orders": 4}``): the app's ``queue("orders")``
+            is ``Queue("orders", shards=4)``, so its tasks' jobs spread over the shards
+            (docs/API.md, "Sharded queues").
     """
 
     def __init__(
@@ -135,10 +139,12 @@ class App:
         name: str = "app",
         keep_completed: int | tuple[int | None, int | None] | None = None,
         keep_dead: int | tuple[int | None, int | None] | None = None,
+        shards: Mapping[str, int] | None = None,
     ) -> None:
         self.name = keyspace.check_lane(name)
         self.keep_completed = _keep_pair("keep_completed", keep_completed)
         self.keep_dead = _keep_pair("keep_dead", keep_dead)
+        self.shards = app_shards(shards)
         self.periodics: dict[tuple[str, str], Periodic] = {}
         self._url = url  # App(url=...): step 2 of echomq.client.connect.resolve_url
         self._resolved: Resolved | None = None
@@ -453,8 +459,8 @@ class App:
         """Every queue a registered task uses, sorted."""
         return sorted({t.queue for t in self.tasks.values()})
 
-    def _queue_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"durable": self.durable}
+    def _queue_kwargs(self, name: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"durable": self.durable, "shards": self.shards.get(name)}
         from_url = bool(self._url or not self._client)  # a client= passed in has no URL
         if self.durable is None:
             kwargs["durable"] = parse_url(self.url)[2] if from_url else 0
@@ -477,7 +483,7 @@ class App:
         """The sync :class:`Queue` ``name`` on this app's server (cached)."""
         q = self._queues.get(name)
         if q is None:
-            q = self._queues[name] = Queue(name, client=self.client(), **self._queue_kwargs())
+            q = self._queues[name] = Queue(name, client=self.client(), **self._queue_kwargs(name))
         return q
 
     def aqueue(self, name: str) -> AsyncQueue:
@@ -489,7 +495,7 @@ class App:
             client = self._aclients.get(loop)
             if client is None:
                 client = self._aclients[loop] = async_client(self.url)
-            q = per_loop[name] = AsyncQueue(name, client=client, **self._queue_kwargs())
+            q = per_loop[name] = AsyncQueue(name, client=client, **self._queue_kwargs(name))
         return q
 
     # ------------------------------------------------------------------ results by id
@@ -504,11 +510,13 @@ class App:
         none, the value expired, or no such job). ``queue``: the job's queue; default the
         one queue of the app's tasks (``InvalidArgument`` when they use several)."""
         q = self.queue(self._result_queue(queue))
+        q = q._holder(id) if isinstance(q, ShardedQueue) else q  # the job's shard
         return self._decoded(id, q._x.run(_ctl.outcome(q._k, id)))
 
     async def aresult(self, id: str, *, queue: str | None = None) -> Any:
         """:meth:`result` for asyncio code."""
         q = self.aqueue(self._result_queue(queue))
+        q = await q._holder(id) if isinstance(q, AsyncShardedQueue) else q
         return self._decoded(id, await q._x.run(_ctl.outcome(q._k, id)))
 
     def wait_result(self, id: str, *, timeout_s: float, queue: str | None = None) -> Any:

@@ -66,6 +66,7 @@ __all__ = [
     "ResultNotReady",
     "ServerNotRunning",
     "ServerUnreachable",
+    "ShardsError",
     "StaleToken",
     "StateError",
     "VersionFenceError",
@@ -83,6 +84,11 @@ class InvalidId(EchoMQError, ValueError):
 
 class InvalidArgument(EchoMQError, ValueError):
     """A malformed argument (lease, count, delay, state name ...). Raised before any I/O."""
+
+
+class ShardsError(InvalidArgument):
+    """A verb a sharded queue (``Queue(name, shards=N)``, N > 1) cannot keep exact, or a
+    shrink of its layout; the message names the rule and the alternative. Nothing written."""
 
 
 class PayloadTooLarge(EchoMQError, ValueError):

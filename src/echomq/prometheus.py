@@ -6,12 +6,14 @@ Two halves:
   queue; nothing runs in the workers): per-queue gauges per state and per lane (depth, in
   flight, limit, weight, paused), the age of the oldest waiting job (from its id's mint time),
   the headroom of the earliest lease deadline, the completed/failed totals of ``counts()``
-  and, when the settling scripts write them (D16), the last full minute's throughput.
+  and, when the settling scripts write them (D16), the last full minute's throughput. A
+  sharded queue (issue 43) is one ``queue`` label with its shards' sums, and
+  ``echomq_shard_jobs{queue,shard,state}`` breaks its jobs down per shard.
 - :class:`PrometheusHooks` measures inside a worker through its lifecycle hooks
   (``Worker(app, hooks=PrometheusHooks().hooks())``): time in queue (claim minus the id's
   mint time) and run time per task, outcomes (completed, retried, dead, lost), and the
   worker's own counts of leases lost (stale-token refusals of extend or settle), stall
-  deaths and reaps.
+  deaths and reaps. A run of a shard is labelled with its logical queue.
 
 Worker metrics are plain counters and histograms, so they are multi-process safe in
 ``prometheus_client``'s multiprocess mode: set ``PROMETHEUS_MULTIPROC_DIR`` (an empty
@@ -51,7 +53,9 @@ from echomq import ids
 from echomq.client.executor import SyncExecutor, sync_client
 from echomq.hooks import Hooks
 from echomq.ops import backlog as _backlog
+from echomq.ops import sharded as _sharded
 from echomq.ops import snapshots as _inspect
+from echomq.runtime.shardset import logical_of
 
 __all__ = [
     "DEFAULT_LANES",
@@ -107,7 +111,7 @@ class QueueCollector(Collector):
 
     def views(self) -> list[_inspect.QueueView]:
         with self._lock:
-            return _inspect.snapshot(self._x, self._names(), minutes=2)
+            return _sharded.snapshot(self._x, self._names(), minutes=2)
 
     def describe(self) -> Iterable[Metric]:
         # Metric names only: registering must not need the server.
@@ -115,7 +119,7 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            views = _inspect.snapshot(self._x, self._names(), minutes=2)
+            views = _sharded.snapshot(self._x, self._names(), minutes=2)
             found = _backlog.of_views(self._x, views)
         yield from families(views, lanes=self._lanes)
         yield from backlog_families(found)
@@ -177,9 +181,16 @@ def families(views: Iterable[_inspect.QueueView], *, lanes: int | None = None) -
     lane_paused = GaugeMetricFamily(
         "echomq_lane_paused", "1 when the lane is paused.", labels=["queue", "lane"]
     )
+    shard_jobs = GaugeMetricFamily(
+        "echomq_shard_jobs",
+        "Jobs per shard of a sharded queue and state (the queue's series are their sums).",
+        labels=["queue", "shard", "state"],
+    )
     for v in views:
         for state in ("pending", "active", "schedule", "dead"):
             jobs.add_metric([v.name, state], v.counts.get(state, 0))
+            for shard in v.shards:  # a sharded queue (echomq.ops.sharded): the breakdown
+                shard_jobs.add_metric([v.name, shard.name, state], shard.counts.get(state, 0))
         paused.add_metric([v.name], 1 if v.paused else 0)
         done.add_metric([v.name], v.counts.get("completed", 0))
         failed.add_metric([v.name], v.counts.get("failed", 0))
@@ -206,7 +217,7 @@ def families(views: Iterable[_inspect.QueueView], *, lanes: int | None = None) -
             lane_depth.add_metric([v.name, OTHER_LANE], sum(lane.depth for lane in rest))
             lane_active.add_metric([v.name, OTHER_LANE], sum(lane.active for lane in rest))
     yield from (jobs, paused, done, failed, oldest, lease, rate)
-    yield from (lane_depth, lane_active, lane_limit, lane_weight, lane_paused)
+    yield from (lane_depth, lane_active, lane_limit, lane_weight, lane_paused, shard_jobs)
 
 
 def backlog_families(found: Iterable[_backlog.Backlog]) -> Iterator[Metric]:
@@ -340,16 +351,18 @@ class PrometheusHooks:
             minted = None
         if minted is not None:
             # The mint clock is the producer's: a skewed producer could make this negative.
-            self.m.time_in_queue.labels(job.queue, job.task).observe(max(0.0, now - minted))
+            queue = logical_of(job.queue)  # a shard's run: its logical queue (issue 43)
+            self.m.time_in_queue.labels(queue, job.task).observe(max(0.0, now - minted))
         self._started[(job.queue, job.id, job.token)] = now
 
     def after_job(self, job: Any, outcome: str, error: BaseException | None = None) -> None:
         start = self._started.pop((job.queue, job.id, job.token), None)
+        queue = logical_of(job.queue)
         if start is not None:
-            self.m.run_time.labels(job.queue, job.task).observe(max(0.0, self._clock() - start))
-        self.m.outcomes.labels(job.queue, job.task, outcome).inc()
+            self.m.run_time.labels(queue, job.task).observe(max(0.0, self._clock() - start))
+        self.m.outcomes.labels(queue, job.task, outcome).inc()
         if outcome == "retried":
-            self.m.retries.labels(job.queue, job.task).inc()
+            self.m.retries.labels(queue, job.task).inc()
         self._sync_stats()
 
     def stale_refused(self, n: int = 1) -> None:

@@ -139,6 +139,9 @@ async def adrain(
     counts: dict[str, dict[str, int]] = {}
     timed_out = False
     try:
+        # A sharded queue (issue 43): every shard is watched, its counts under its own name.
+        for aq in list(watchers):
+            watchers += [AsyncQueue(s, url=target) for s in (await aq.shards())[1:]]
         seen_empty = 0
         while not run.done():
             empty, counts = await _settled(watchers)

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from echomq.client.executor import SyncExecutor, sync_client
 from echomq.ops import console as _console
+from echomq.ops import sharded as _sharded
 from echomq.ops import snapshots as _inspect
 
 __all__ = ["render", "run_top"]
@@ -120,7 +121,7 @@ def run_top(
         if not queues and now - found_at > 10:
             names = _inspect.discover(client)
             found_at = now
-        views = _inspect.snapshot(x, names, minutes=0)
+        views = _sharded.snapshot(x, names, minutes=0)  # a sharded queue: its sums
         return render(url, views, previous, now, console.width)
 
     try:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import time
@@ -56,7 +55,7 @@ from echomq.errors import (
 from echomq.hooks import Hooks
 from echomq.protocol import calls as _p
 from echomq.protocol import control as _ctl
-from echomq.protocol.kernel import MAX_ARG, Job, Keys
+from echomq.protocol.kernel import MAX_ARG, Job
 from echomq.runtime import gcpolicy as _gcpolicy
 from echomq.runtime.logfmt import log_startup, repeats_reset, stop_line, warn_repeated
 from echomq.runtime.pool import ProcessPool, default_size
@@ -69,6 +68,7 @@ from echomq.runtime.queueloop import (
     quiet,
 )
 from echomq.runtime.runner import Runner, Running, Settle
+from echomq.runtime.shardset import ShardSet, kick_order, take_turn
 from echomq.runtime.signals import run_with_signals
 from echomq.runtime.slots import Slots
 from echomq.runtime.strands import Strands, check_limit
@@ -160,7 +160,9 @@ class Worker:
             self.hooks = otel.hooks().around(self.hooks)
         self.stats = WorkerStats()
         self._strands = Strands(self.max_stranded, self.stats, self._kick_all)
-        self._loops: list[QueueLoop] = []
+        self._shards = ShardSet(self.queue_names)
+        self._loops: list[QueueLoop] = self._shards.loops  # one a shard (runtime.shardset)
+        self._background: list[asyncio.Future[Any]] = []
         self._runner = Runner(app, self.hooks, beat_ms)
         self._stopping = False
         self._stop_event: asyncio.Event | None = None
@@ -208,7 +210,7 @@ class Worker:
         self._kick_all()
 
     def _kick_all(self) -> None:
-        for ql in self._loops:
+        for ql in kick_order(self._loops, self._shards):  # pumps take turns: none starves
             ql.kick.set()
 
     async def arun(self) -> WorkerStats:
@@ -240,26 +242,16 @@ class Worker:
         if self.registry.pool:
             self.pool = self._runner.pool = ProcessPool(self.pool_size)
             await self.pool.start(threads)
-        kw = {} if self.app.max_payload is None else {"max_payload": self.app.max_payload}
-        for name in self.queue_names:
-            leases = [t.lease_ms for t in self.app.tasks.values() if t.queue == name]
-            ql = QueueLoop(Keys(name, **kw), max(leases, default=30_000))
-            ql.finish = functools.partial(self._finish, ql)  # one callable for all its runs
-            self._loops.append(ql)
-        for ql in self._loops:
-            await ql.register(self._x, self.app)
+        fresh = await self._shards.new_loops(self._x, self.app, self._finish)  # every shard
         await self.hooks.call("on_startup", self)
         log_startup(
             log, self.app, self.queue_names, self.concurrency, _redacted_text(url),
             self._x.executor or "lua",
         )  # fmt: skip
-        background = [asyncio.ensure_future(self._supervised(self._beat))]
         announce = asyncio.ensure_future(self._supervised(self._announce))
-        background.append(announce)
-        for ql in self._loops:
-            ql.kick.set()
-            for fn in (self._pump, self._waker, self._heartbeat):
-                background.append(asyncio.ensure_future(self._supervised(fn, ql)))
+        background = self._background
+        background += [asyncio.ensure_future(self._supervised(self._beat)), announce]
+        self._start_loops(fresh)
         try:
             await self._stop_event.wait()
             await self._shutdown()
@@ -277,6 +269,12 @@ class Worker:
             extra=dataclasses.asdict(self.stats),
         )  # fmt: skip
         return self.stats
+
+    def _start_loops(self, loops: list[QueueLoop]) -> None:
+        for ql in loops:
+            ql.kick.set()
+            for fn in (self._pump, self._waker, self._heartbeat):
+                self._background.append(asyncio.ensure_future(self._supervised(fn, ql)))
 
     async def _supervised(self, loop_fn: Callable[..., Any], *args: Any) -> None:
         """Run one of the worker's loops; a bug in it is logged and the loop restarted,
@@ -319,7 +317,7 @@ class Worker:
                     ask = share
                 elif ql.at_limit and ql.settles:
                     ask = len(ql.settles)
-            if ask:
+            if ask and (len(self._loops) == 1 or take_turn(ql, self._loops, self._slots.free)):
                 if self._budget is None:
                     want = self._slots.acquire(ask)
                 else:  # --max-jobs-per-child: never claim past the limit
@@ -519,7 +517,10 @@ class Worker:
         """The sweeps any worker may run: promote due jobs, recover lapsed leases."""
         assert self._x is not None
         while not self._stopping:
-            for ql in self._loops:
+            if self._shards.due():  # a shard added since (growth): served from now on
+                with contextlib.suppress(Exception):  # logged: read again on a later beat
+                    self._start_loops(await self._shards.new_loops(self._x, self.app, self._finish))
+            for ql in list(self._loops):
                 try:
                     # Promote, the stall sweep, due repeats (D19) and the flow outbox (D18):
                     # one round trip when there is nothing to do; each occurrence is enqueued

@@ -104,6 +104,7 @@ def test_lifecycle() -> None:
         "retry_for",
         "durable",
         "executor",
+        "shards",
     ]
 
 

@@ -26,6 +26,7 @@ SEAMS: dict[str, str] = {
     "handback-floor": "the shutdown hand-back is a delay 0 (spends an attempt)",
     "progress-kept": "a reprocess keeps the previous run's progress (issue 38's verbs)",
     "reassign-priority": "a reassigned waiting job loses its priority (issue 38's verbs)",
+    "shard-lane": "a sharded queue routes a lane's job by its id, not its lane (issue 43)",
 }
 
 # seam -> [(file, the fixed code's exact text, the mutant's)]: each undoes the line of the
@@ -256,6 +257,18 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
             "src/echomq/lua/reassign.lua",
             "rcall('ZADD', waiting_key(base, dst), row[3] or 0, id)",
             "rcall('ZADD', waiting_key(base, dst), 0, id)",
+        ),
+    ],
+    "shard-lane": [  # issue 43: Python only (the sharded client routes), both twins
+        (
+            "src/echomq/client/async_sharded.py",
+            "        key, minter = opts.group or opts.dedup or opts.id, self._x.minter\n",
+            "        key, minter = opts.dedup or opts.id, self._x.minter\n",
+        ),
+        (
+            "src/echomq/client/sync_sharded.py",
+            "        key, minter = opts.group or opts.dedup or opts.id, self._x.minter\n",
+            "        key, minter = opts.dedup or opts.id, self._x.minter\n",
         ),
     ],
 }

@@ -60,7 +60,9 @@ Seams:
   ``retired-bytesum``, ``handback-floor`` (see ``SEAMS``; Python-only fixes have no C edit);
 - issue 38: ``progress-kept``, a reprocess that keeps the previous run's progress, and
   ``reassign-priority``, a reassign that drops the job's priority (verbs the model drives
-  since issue 38: update_progress, reassign).
+  since issue 38: update_progress, reassign);
+- issue 43: ``shard-lane``, a sharded queue that routes a lane's job by its id (the lane's
+  jobs spread over the shards; test_model_sharded.py's leg).
 
 Each seam costs a CI-budget run of the model file (~40-60 s on a quiet machine), a machine
 run and a build of the native module.

@@ -391,7 +391,11 @@ class EnqueueClaimRules:
             self.take(qi, job)
         for job in jobs:
             self.m(qi).jobs[job.id].score = self.score(qi, "active", job.id, t0 + lease, t1 + lease)
-        deadlines = {self.m(qi).jobs[job.id].score for job in jobs}
+        self.one_deadline(qi, [job.id for job in jobs])
+
+    def one_deadline(self, qi: int, ids: list[str]) -> None:
+        """A batch shares one lease deadline (the sharded leg: one per shard's batch)."""
+        deadlines = {self.m(qi).jobs[jid].score for jid in ids}
         assert len(deadlines) <= 1, f"a batch shares one lease deadline: {deadlines}"
 
     @rule(

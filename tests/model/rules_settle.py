@@ -59,13 +59,14 @@ class SettleRules:
         m.completed += 1
         if keep:
             m.keep(jid, result, j.attempts, None)
-        s = self.r.zscore(self.key(qi, "completed"), jid)
+        done = keyspace.queue_key(self.jqueue(qi, jid), "completed")
+        s = self.r.zscore(done, jid)
         if s is None:
             # Trimmed by its own call: only a batch's completions can be, sharing one finish
             # time (then ordered by id), and a batch's newest survive (a bound is >= 1), so
             # the set's newest score is this call's. The model's trim then decides whether
             # the server was right to drop it.
-            newest = self.r.zrange(self.key(qi, "completed"), -1, -1, withscores=True)
+            newest = self.r.zrange(done, -1, -1, withscores=True)
             s = newest[0][1] if newest else self.now()
         m.keep_completed_row(jid, int(s))
         self.w.child_done(qi, jid, j, result)
@@ -88,15 +89,20 @@ class SettleRules:
         m = self.m(qi)
         if not m.dead_added:
             return
-        on = dict(self.r.zrange(self.key(qi, "dead"), 0, -1, withscores=True))
+        on = self.dead_scores(qi)
         for jid, j in m.jobs.items():
             if j.state == "dead":
-                s = on.get(jid.encode())
+                s = on.get(jid)
                 if s is not None:
                     j.died = float(s)
                 elif not j.died:  # a death of an earlier step keeps the time checked then
                     j.died = self.t_prev - 0.5
         m.trim_dead()
+
+    def dead_scores(self, qi: int) -> dict[str, float]:
+        """The dead set's ids and scores (the sharded leg: every shard's)."""
+        on = self.r.zrange(self.key(qi, "dead"), 0, -1, withscores=True)
+        return {k.decode(): s for k, s in on}
 
     def do_retry(
         self, qi: int, jid: str, token: int, delay: int, max_attempts: int, error: str, keep: bool
@@ -399,18 +405,21 @@ class SettleRules:
             return
         known = set(m.jobs)
         for name, (payload, g) in sorted(live.items()):
-            key = keyspace.lane_key(self.names[qi], g) if g else self.key(qi, "pending")
             fresh = [
-                i.decode()
-                for i in self.r.zrange(key, 0, -1)
-                if i.decode() not in known
-                and self.r.hget(self.jkey(qi, i.decode()), "payload") == payload
+                i
+                for i in self.waiting_ids(qi, g)
+                if i not in known and self.r.hget(self.jkey(qi, i), "payload") == payload
             ]
             assert len(fresh) == 1, f"repeat {name}: occurrences {fresh}"
             m.admit(fresh[0], Job(payload, g))
             known.add(fresh[0])
             if m.repeat_limit.get(name) is not None:
                 m.repeat_fired[name] = m.repeat_fired.get(name, 0) + 1
+
+    def waiting_ids(self, qi: int, g: str | None) -> list[str]:
+        """The ids in a waiting set of queue qi (the sharded leg: every shard's)."""
+        key = keyspace.lane_key(self.names[qi], g) if g else self.key(qi, "pending")
+        return [i.decode() for i in self.r.zrange(key, 0, -1)]
 
     @rule(qi=QI)
     def fire_due(self, qi: int) -> None:

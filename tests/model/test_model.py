@@ -44,7 +44,10 @@ removed before its children settle; a debounce onto a reaped holder). Each reply
 is checked like any other.
 
 Legs: Lua, native (the conftest ``executor`` legs) and mixed (one queue driven alternately
-through a Lua and a native client on a server that loads the module).
+through a Lua and a native client on a server that loads the module). The sharded leg
+(issue 43, test_model_sharded.py) runs this machine on ``Queue(name, shards=3)``, through
+the hooks ``open_queue``, ``jqueue``, ``head``, ``subqueues`` and ``parent_queue`` here
+(identities for the plain legs).
 
 Budget: 30 examples of up to 40 steps per leg (the file takes ~40 s when it passes);
 ``ECHOMQ_MODEL_DEEP=1`` runs 20x the examples with twice the steps.
@@ -84,7 +87,7 @@ from echomq import JobGone, StaleToken, keyspace
 from echomq.protocol import calls as _protocol
 from echomq.server import EmbeddedServer
 from model import draws
-from model.core import LONG, Job, QueueModel, World
+from model.core import LONG, Flow, Job, QueueModel, World
 from model.draws import STATS, _chunks, _kids, _names, budget, note, strict
 from model.recording import recording
 from model.rules_admin import AdminRules
@@ -117,6 +120,53 @@ def module_server(
         yield srv
 
 
+def place_key(queue: str, j: Job) -> str:
+    """The set of ``queue`` that holds a job in ``j``'s state (its lane's, waiting)."""
+    if j.state == "pending":
+        return (
+            keyspace.lane_key(queue, j.group) if j.group else keyspace.queue_key(queue, "pending")
+        )
+    sets = {"active": "active", "scheduled": "schedule", "dead": "dead", "completed": "completed"}
+    return keyspace.queue_key(queue, sets.get(j.state, "pending"))
+
+
+def flow_agrees(
+    name: str, pid: str, fl: Flow, deps: Any, proc: Any, fail: Any, unsucc: Any
+) -> None:
+    """A parent's flow keys (`:deps`, `:processed`, `:failed`, `:unsuccessful`) as read."""
+    got_f = (
+        int(deps) if deps is not None else None,
+        {k.decode(): v for k, v in proc.items()},
+        {k.decode(): v.decode() for k, v in fail.items()},
+        {k.decode(): v.decode() for k, v in unsucc.items()},
+    )
+    want_f = (fl.deps, fl.processed, fl.failed, fl.unsuccessful)
+    assert got_f == want_f, f"{name} flow of {pid}: {got_f} != model {want_f}"
+
+
+# The row fields the per-step check compares with the model.
+FIELDS = (
+    "state",
+    "attempts",
+    "group",
+    "stalled",
+    "last_error",
+    "payload",
+    "lease_epoch",
+    "floor",
+    "cancel",
+    "parent",
+    "parent_policy",
+    "parent_queue",
+    "children",
+    "priority",  # issue 24: absent for 0
+    "expires",
+    "progress",  # issue 38: update_progress
+    "keep_logs",  # issue 38: the option
+    "kids",  # last: compared as a set of ids below
+)
+
+
 class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBasedStateMachine):
     def __init__(self, client: redis.Redis, executors: tuple[str, ...]) -> None:
         super().__init__()
@@ -126,7 +176,7 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         # issue 38: every handle records the verbs called on it (test_model_coverage.py)
         self.calls: set[str] = set()
         self.handles = [
-            [recording(echomq.Queue(n, client=client, executor=e), self.calls) for e in executors]
+            [recording(self.open_queue(n, client, e), self.calls) for e in executors]
             for n in self.names
         ]
         self._turn = 0
@@ -143,6 +193,15 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
 
     # ------------------------------------------------------------------ helpers
 
+    def open_queue(self, name: str, client: redis.Redis, executor: str) -> echomq.Queue:
+        """The machine's handle on a queue (the sharded leg opens a sharded queue)."""
+        return echomq.Queue(name, client=client, executor=executor)
+
+    def jqueue(self, qi: int, jid: str) -> str:
+        """The queue whose keys hold ``jid``'s row and side keys (the sharded leg: the
+        shard holding it)."""
+        return self.names[qi]
+
     def q(self, qi: int) -> echomq.Queue:
         """The queue's handle for this call: on the mixed leg the executors take turns."""
         qs = self.handles[qi]
@@ -156,14 +215,14 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         return keyspace.queue_key(self.names[qi], suffix)
 
     def jkey(self, qi: int, jid: str) -> str:
-        return keyspace.job_key(self.names[qi], jid)
+        return keyspace.job_key(self.jqueue(qi, jid), jid)
 
     def now(self) -> int:
         sec, usec = self.r.time()
         return int(sec) * 1000 + int(usec) // 1000
 
     def score(self, qi: int, place: str, jid: str, lo: int, hi: int) -> int:
-        s = self.r.zscore(self.key(qi, place), jid)
+        s = self.r.zscore(keyspace.queue_key(self.jqueue(qi, jid), place), jid)
         assert s is not None, f"{jid} is not in {place}"
         assert lo <= s <= hi, f"{jid} has {place} score {s}, outside [{lo}, {hi}]"
         return int(s)
@@ -219,12 +278,16 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         assert m.limit is None or m.active_count() < m.limit, "a claim past the queue's limit"
         assert not j.expired, f"claimed {job.id} past its ttl (issue 24): it must be dead"
         # The head of its set: by priority, then mint order, the expired ones skipped.
-        assert job.id == m.leasable(j.group)[0], "a claim must serve the head of its set"
+        assert job.id == self.head(qi, j.group, job.id), "a claim must serve the head of its set"
         assert job.token == j.attempts + 1, f"token {job.token}, model {j.attempts + 1}"
         assert (job.group, job.payload) == (j.group, j.payload)
         m.take(job.id)
         self.tickets.append((qi, job.id, job.token))
         return j
+
+    def head(self, qi: int, g: str | None, jid: str) -> str:
+        """The job a claim that served ``jid`` (of lane ``g``) had to serve: its set's head."""
+        return self.m(qi).leasable(g)[0]
 
     def live(self, qi: int, *states: str) -> list[str]:
         return sorted(i for i, j in self.m(qi).jobs.items() if not states or j.state in states)
@@ -249,33 +312,13 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         assert q.lanes() == m.lanes()
         assert q.is_paused() == m.paused
         assert q.shards() == (m.layout or [name])
-        fields = (
-            "state",
-            "attempts",
-            "group",
-            "stalled",
-            "last_error",
-            "payload",
-            "lease_epoch",
-            "floor",
-            "cancel",
-            "parent",
-            "parent_policy",
-            "parent_queue",
-            "children",
-            "priority",  # issue 24: absent for 0
-            "expires",
-            "progress",  # issue 38: update_progress
-            "keep_logs",  # issue 38: the option
-            "kids",  # last: compared as a set of ids below
-        )
         jobs = sorted(m.jobs.items())
         gone = sorted(m.seen - set(m.jobs))
         seen = sorted(m.seen)
         pipe = self.r.pipeline(transaction=False)
         for jid, j in jobs:
-            pipe.hmget(self.jkey(qi, jid), fields)
-            pipe.zscore(self.place(qi, j), jid)
+            pipe.hmget(self.jkey(qi, jid), FIELDS)
+            pipe.zscore(place_key(self.jqueue(qi, jid), j), jid)
             pipe.lrange(self.jkey(qi, jid) + ":logs", 0, -1)  # issue 38: add_log
             pipe.lrange(self.jkey(qi, jid) + ":errors", 0, -1)  # and retry's error history
         for jid in gone:
@@ -307,54 +350,7 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         for jid, j in jobs:
             row, score = next(replies), next(replies)
             logs, errors = next(replies), next(replies)
-            assert [x.decode() for x in logs] == j.logs, f"{name} {jid}: logs {logs}, {j.logs}"
-            assert [x.decode() for x in errors] == j.errors, f"{jid}: errors {errors}, {j.errors}"
-            want = [
-                j.state,
-                str(j.attempts),
-                j.group,
-                str(j.stalled) if j.stalled else None,
-                j.last_error,
-                j.payload,
-                str(j.epoch) if j.epoch is not None else None,
-                str(j.floor) if j.floor else None,
-                j.cancel,
-                j.parent,
-                j.policy,
-                self.names[j.pq] if j.pq is not None else None,
-                str(j.children) if j.children else None,
-                str(j.priority) if j.priority else None,
-                str(j.expires) if j.expires is not None else None,
-                j.progress,
-                str(j.keep_logs) if j.keep_logs is not None else None,
-                _kids(j.kids),
-            ]
-            got = [
-                v if v is None or f == "payload" else v.decode()
-                for f, v in zip(fields, row, strict=True)
-            ]
-            got[-1] = _kids(_chunks(got[-1])) if got[-1] else None
-            if not strict("cancel"):
-                want[8] = got[8]
-            assert got == want, (
-                f"{name} {jid}: row {dict(zip(fields, got, strict=True))} "
-                f"!= model {dict(zip(fields, want, strict=True))}"
-            )
-            want_score = j.score if j.state in ("active", "scheduled", "completed") else 0
-            if j.state == "pending":
-                want_score = j.priority  # issue 24: a waiting job is scored by its priority
-            if j.state != "dead":
-                j.died = 0
-            elif score is not None and not j.died:
-                # D25: a death since the last check is scored by the server's time of it.
-                assert self.t_prev - 1 <= score <= self.now(), f"{jid} died at {score}"
-                j.died = want_score = score
-            else:
-                want_score = j.died
-            if j.state == "awaiting_children":
-                assert score is None, f"{jid} is awaiting its children but is in a set"
-            else:
-                assert score == want_score, f"{jid} ({j.state}) score {score}, not {want_score}"
+            self.row_agrees(qi, jid, j, row, score, logs, errors)
         for jid in gone:
             assert next(replies) == 0, f"{name}: {jid} has no row but left keys behind"
         for jid in seen:
@@ -377,15 +373,7 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
             for jid in flowless:
                 assert next(replies) == 0, f"{name}: {jid} is in no flow but has flow keys"
         for pid, fl in flows:
-            deps, proc, fail, unsucc = (next(replies) for _ in range(4))
-            got_f = (
-                int(deps) if deps is not None else None,
-                {k.decode(): v for k, v in proc.items()},
-                {k.decode(): v.decode() for k, v in fail.items()},
-                {k.decode(): v.decode() for k, v in unsucc.items()},
-            )
-            want_f = (fl.deps, fl.processed, fl.failed, fl.unsuccessful)
-            assert got_f == want_f, f"{name} flow of {pid}: {got_f} != model {want_f}"
+            flow_agrees(name, pid, fl, *(next(replies) for _ in range(4)))
         for did in dids:
             holder = next(replies)
             got_h = holder.decode() if holder else None
@@ -397,27 +385,75 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
         want_states = [m.jobs[j].state if j in m.jobs else "absent" for j in seen]
         assert states == want_states
 
-    def place(self, qi: int, j: Job) -> str:
-        if j.state == "pending":
-            return (
-                keyspace.lane_key(self.names[qi], j.group) if j.group else self.key(qi, "pending")
-            )
-        return self.key(
-            qi,
-            {
-                "active": "active",
-                "scheduled": "schedule",
-                "dead": "dead",
-                "completed": "completed",
-            }.get(j.state, "pending"),
+    def row_agrees(
+        self, qi: int, jid: str, j: Job, row: list[Any], score: float | None, logs: Any, errors: Any
+    ) -> None:
+        """One job's row (FIELDS), its score in its set, its `:logs` and `:errors` against
+        the model's ``j``."""
+        name = self.names[qi]
+        assert [x.decode() for x in logs] == j.logs, f"{name} {jid}: logs {logs}, {j.logs}"
+        assert [x.decode() for x in errors] == j.errors, f"{jid}: errors {errors}, {j.errors}"
+        want = [
+            j.state,
+            str(j.attempts),
+            j.group,
+            str(j.stalled) if j.stalled else None,
+            j.last_error,
+            j.payload,
+            str(j.epoch) if j.epoch is not None else None,
+            str(j.floor) if j.floor else None,
+            j.cancel,
+            j.parent,
+            j.policy,
+            self.parent_queue(j),
+            str(j.children) if j.children else None,
+            str(j.priority) if j.priority else None,
+            str(j.expires) if j.expires is not None else None,
+            j.progress,
+            str(j.keep_logs) if j.keep_logs is not None else None,
+            _kids(j.kids),
+        ]
+        got = [
+            v if v is None or f == "payload" else v.decode()
+            for f, v in zip(FIELDS, row, strict=True)
+        ]
+        got[-1] = _kids(_chunks(got[-1])) if got[-1] else None
+        if not strict("cancel"):
+            want[8] = got[8]
+        assert got == want, (
+            f"{name} {jid}: row {dict(zip(FIELDS, got, strict=True))} "
+            f"!= model {dict(zip(FIELDS, want, strict=True))}"
         )
+        want_score = j.score if j.state in ("active", "scheduled", "completed") else 0
+        if j.state == "pending":
+            want_score = j.priority  # issue 24: a waiting job is scored by its priority
+        if j.state != "dead":
+            j.died = 0
+        elif score is not None and not j.died:
+            # D25: a death since the last check is scored by the server's time of it.
+            assert self.t_prev - 1 <= score <= self.now(), f"{jid} died at {score}"
+            j.died = want_score = score
+        else:
+            want_score = j.died
+        if j.state == "awaiting_children":
+            assert score is None, f"{jid} is awaiting its children but is in a set"
+        else:
+            assert score == want_score, f"{jid} ({j.state}) score {score}, not {want_score}"
+
+    def parent_queue(self, j: Job) -> str | None:
+        """The row field `parent_queue` of a cross-queue flow child: its parent's queue."""
+        return self.names[j.pq] if j.pq is not None else None
+
+    def subqueues(self, qi: int) -> list[str]:
+        """The queues queue qi is made of (the sharded leg: its shards)."""
+        return [self.names[qi]]
 
     def teardown(self) -> None:
         try:
             for qs in self.handles:
                 qs[0].pause()
                 qs[0].obliterate(force=True)
-            for name in self.names:
+            for name in (sub for qi in (0, 1) for sub in self.subqueues(qi)):
                 left = list(self.r.scan_iter(match=f"emq:{{{name}}}:*", count=1000))
                 assert left == [], f"obliterate left {left[:5]}"
         finally:
@@ -426,13 +462,16 @@ class ModelMachine(EnqueueClaimRules, SettleRules, AdminRules, VerbRules, RuleBa
                     q.close()
 
 
-def run(client: redis.Redis, executors: tuple[str, ...], examples: int) -> None:
+def run(
+    client: redis.Redis,
+    executors: tuple[str, ...],
+    examples: int,
+    machine: type[ModelMachine] = ModelMachine,
+) -> None:
     client.script_flush()
     STATS.clear()
     try:
-        run_state_machine_as_test(
-            lambda: ModelMachine(client, executors), settings=budget(examples)
-        )
+        run_state_machine_as_test(lambda: machine(client, executors), settings=budget(examples))
     finally:
         client.close()
         if os.environ.get("ECHOMQ_MODEL_STATS"):
@@ -455,11 +494,13 @@ def test_machine_mixed_executors(module_server: EmbeddedServer) -> None:
 # machine on one server, its rules run by name, waivers and picks.
 
 
-def machine_on(redis_url: str, executor: str) -> Iterator[ModelMachine]:
+def machine_on(
+    redis_url: str, executor: str, kind: type[ModelMachine] = ModelMachine
+) -> Iterator[ModelMachine]:
     """A machine for fixed scenarios (the ``sm`` fixture of test_model_scenarios.py and
     test_model_protocol.py)."""
     client = redis.Redis.from_url(redis_url)
-    machine = ModelMachine(client, (executor,))
+    machine = kind(client, (executor,))
     machine.server_agrees_with_model()
     yield machine
     machine.teardown()

@@ -356,7 +356,8 @@ class VerbRules:
         held = any(used >= most for most, used in m.lane_rate.values())
         raw = [
             v
-            for v in raw_violations(self.r, self.names[qi])
+            for sub in self.subqueues(qi)
+            for v in raw_violations(self.r, sub)
             if v not in kept and not (held and v.startswith("the live ring is"))
         ]
         assert raw == [], raw

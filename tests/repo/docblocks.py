@@ -1,5 +1,6 @@
-"""The code blocks of README.md and docs/guides/*.md, and the driver that runs one document's
-blocks in order, as a user pastes them (test_docs_run.py runs it in a subprocess).
+"""The code blocks of README.md, docs/SCALING.md and docs/guides/*.md, and the driver that
+runs one document's blocks in order, as a user pastes them (test_docs_run.py runs it in a
+subprocess).
 
 The convention, which docs/guides/contributing-docs.md explains to writers: every fenced
 block has a language. A ``python``, ``bash`` or ``sh`` block runs, unless the line right above

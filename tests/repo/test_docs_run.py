@@ -1,6 +1,7 @@
-"""Docs that run: every ``python``/``bash``/``sh`` block of README.md and docs/guides/*.md runs
-here, in order, as a user pastes it, or carries an excerpt marker saying why not. The marker
-convention is in tests/repo/docblocks.py and, for writers, docs/guides/contributing-docs.md.
+"""Docs that run: every ``python``/``bash``/``sh`` block of README.md, docs/SCALING.md and
+docs/guides/*.md runs here, in order, as a user pastes it, or carries an excerpt marker saying
+why not. The marker convention is in tests/repo/docblocks.py and, for writers,
+docs/guides/contributing-docs.md.
 
 Each document is one test: its blocks run in one subprocess (one Python namespace, shell
 blocks with ``bash -e``), from an empty directory, against a private server the test starts
@@ -21,7 +22,11 @@ from docblocks import Block, parse, problems, runnable, to_json
 from echomq.server import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "docs" / "SCALING.md",
+    *sorted((ROOT / "docs" / "guides").glob("*.md")),
+]
 DRIVER = Path(__file__).with_name("docblocks.py")
 
 

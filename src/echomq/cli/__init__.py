@@ -9,7 +9,7 @@ default to ``redis://127.0.0.1:6379/0``.
 from __future__ import annotations
 
 # The command modules register their commands on ``main`` when imported.
-from echomq.cli import batch, operate, scale, serve, upgrade, views, work
+from echomq.cli import batch, operate, scale, serve, shards, upgrade, views, work
 from echomq.cli._common import main
 
-__all__ = ["batch", "main", "operate", "scale", "serve", "upgrade", "views", "work"]
+__all__ = ["batch", "main", "operate", "scale", "serve", "shards", "upgrade", "views", "work"]

@@ -203,7 +203,14 @@ def _queue(ctx: click.Context, name: str) -> Queue:
     url = _url(ctx)
     try:
         # An operator command fails fast with a clear line; it does not ride out outages.
-        return Queue(name, url=url, retry_for=0)
+        q = Queue(name, url=url, retry_for=0)
+        # A sharded queue (issue 43) is operated as a whole: pause, drain, remove, cancel ...
+        # act on every shard, and a queue-wide limit is refused (ShardsError) as the API does.
+        n = len(q.shards())
+        if n > 1:
+            q.close()
+            q = Queue(name, url=url, retry_for=0, shards=n)
+        return q
     except EchoMQError as exc:
         _fail(str(exc))
         raise

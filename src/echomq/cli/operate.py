@@ -22,11 +22,13 @@ from echomq.cli._common import (
     main,
     state_choice,
 )
+from echomq.client.shards import shard_of
 from echomq.errors import (
     EchoMQError,
     JobGone,
     StateError,
 )
+from echomq.ops import sharded as _sharded
 from echomq.ops import snapshots as _inspect
 from echomq.protocol import calls as _p
 from echomq.protocol import kernel as _k
@@ -178,26 +180,34 @@ def lanes(
     if weight is not None and not 1 <= weight <= 1_000_000:
         _fail(f"--weight must be in [1, 1000000], got {weight}")
     q = _queue(ctx, queue)
+
     # Every change is built (and so checked) before the first one is sent: bad input
     # writes nothing.
-    changes: list[Any] = []
-    try:
+    def build(k: _k.Keys) -> list[Any]:
+        changes: list[Any] = []
         if lane is not None:
             keyspace.check_lane(lane)
         if lane is not None and weight is not None:
-            changes.append(_p.weight_lane(q._k, lane, weight))
+            changes.append(_p.weight_lane(k, lane, weight))
         if lane is not None and (limit is not None or no_limit):
-            changes.append(_p.limit_lane(q._k, lane, None if no_limit else limit))
+            changes.append(_p.limit_lane(k, lane, None if no_limit else limit))
         if lane is not None and pause_it is not None:
-            changes.append((_p.pause_lane if pause_it else _p.resume_lane)(q._k, lane))
+            changes.append((_p.pause_lane if pause_it else _p.resume_lane)(k, lane))
+        return changes
+
+    try:
+        changes = build(q._k)
     except EchoMQError as exc:
         _fail(str(exc))
     _existing(ctx, queue, create=create and setting, verb="sets" if setting else "", q=q)
 
     def go() -> list[_inspect.LaneView]:
+        (shards,) = _sharded.layouts(q._x, [q.name]).values()
+        if changes and lane is not None and len(shards) > 1:  # the lane's shard (issue 43)
+            changes[:] = build(_k.Keys(shards[shard_of(lane, len(shards))]))
         for change in changes:
             q._x.run(change)
-        (view,) = _inspect.snapshot(q._x, [q.name], minutes=0)
+        (view,) = _sharded.snapshot(q._x, [q.name], minutes=0)  # a sharded queue: all lanes
         return [v for v in view.lanes if lane is None or v.name == lane]
 
     rows = _run(ctx, go)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import sys
 import time
@@ -37,6 +38,7 @@ from echomq.errors import (
     EchoMQError,
 )
 from echomq.ops import console as _console
+from echomq.ops import sharded as _sharded
 from echomq.ops import snapshots as _inspect
 from echomq.protocol import calls as _p
 from echomq.protocol import kernel as _k
@@ -60,7 +62,8 @@ def _stats_rows(url: str, names: list[str]) -> tuple[str, list[tuple[str, list[s
         # asked again) rather than print a dead primary's error.
         views = _inspect.riding_out(
             x,
-            lambda: _inspect.snapshot(x, names or _inspect.discover(client), minutes=0),
+            # A sharded queue: one row of its sums (echomq.ops.sharded).
+            lambda: _sharded.snapshot(x, names or _inspect.discover(client), minutes=0),
             _connect.DEFAULT_RETRY_FOR,
             fail_fast=True,
         )
@@ -231,23 +234,29 @@ def browse(
     """List the jobs in a state (pending, active, scheduled, dead, completed: the rows a
     queue keeps with keep_completed), newest first: id, task, arguments, attempts, priority,
     last error, age, and the run-at (scheduled), the finish time (completed) or the worker
-    holding it (active), the columns of the dashboard's lists."""
+    holding it (active), the columns of the dashboard's lists. A sharded queue's shards are
+    merged: by time where the state has one, else taking turns, ``-n`` in all."""
     q = _existing(ctx, queue)
     # The CLI keeps "schedule" as a plain alias; Queue.browse warns on it (a deprecation).
     state = "scheduled" if state == "schedule" else state
-    if ids_only:
-        for job_id in _run(ctx, lambda: q.browse(state, count, group=group)):
-            click.echo(job_id)
-        return
+    n = _run(ctx, lambda: _k._int("count", count, 1, 1000))
 
     def read() -> tuple[int, list[_console.JobRow]]:
         x = q._x
-        k = q._k
-        page = _inspect.page(x, k, state, 0, _k._int("count", count, 1, 1000), group)
+        (shards,) = _sharded.layouts(x, [q.name]).values()
+        parts = []
+        for name in shards:
+            k = _p.Keys(name)
+            page = _inspect.page(x, k, state, 0, n, group)
+            parts.append(_console.rows(x, k, page.items, page.state))
         now_ms = int(x.run(_k._cmd(("TIME",), lambda r: int(r[0]) * 1000 + int(r[1]) // 1000)))
-        return now_ms, _console.rows(x, k, page.items, page.state)
+        return now_ms, _sharded.merged_rows(parts, n)
 
     now_ms, rows = _run(ctx, read)
+    if ids_only:
+        for row in rows:
+            click.echo(row.id)
+        return
     for line in _console.table(rows, "schedule" if state == "scheduled" else state, now_ms):
         click.echo(line)
 
@@ -349,11 +358,12 @@ def job(ctx: click.Context, queue: str, job_id: str) -> None:
 @click.argument("queues", nargs=-1, required=True)
 @click.pass_context
 def check(ctx: click.Context, queues: tuple[str, ...]) -> None:
-    """Run the consistency checker; exits 1 when any violation is found."""
+    """Run the consistency checker; exits 1 when any violation is found. A sharded queue is
+    checked shard by shard, a violation prefixed with its shard's name."""
     bad = 0
     for name in queues:
         q = _existing(ctx, name)
-        violations = _run(ctx, q.check)
+        violations = _run(ctx, functools.partial(_sharded.check, q._x, q.name))
         for line in violations:
             click.echo(f"{name}: {line}")
         bad += len(violations)

@@ -29,6 +29,8 @@ from echomq.client.executor import AsyncExecutor
 from echomq.client.native import resolve_executor
 from echomq.client.queueopts import durable_replicas, replay_ms
 from echomq.client.renamed import renamed, respelled
+from echomq.client.shardkit import SHARDED
+from echomq.client.shards import _check
 from echomq.client.waiters import ResultWaiters  # async-only
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 from echomq.protocol import calls as _p
@@ -73,7 +75,15 @@ class AsyncQueue(AsyncFlowVerbs):
             primary loads it (read once, at the first connect), else Lua; ``native``
             raises ``ExecutorUnavailable`` at the first call on a server without it.
             Default: the URL's ``executor=`` option, else ``ECHOMQ_EXECUTOR``, else auto.
+        shards: N > 1 returns a sharded queue of at least N shards (API.md "Sharded queues").
     """
+
+    def __new__(cls, name: str = "", *args: Any, shards: int | None = None, **kw: Any) -> Any:
+        # shards=N > 1: the sharded twin, registered by client/async_sharded.py (no import
+        # cycle: echomq.queue imports both before any queue is made).
+        if shards is None or cls not in SHARDED or _check(name, shards) == 1:
+            return super().__new__(cls)
+        return super().__new__(SHARDED[cls])
 
     def __init__(
         self,
@@ -85,6 +95,7 @@ class AsyncQueue(AsyncFlowVerbs):
         retry_for: float = DEFAULT_RETRY_FOR,
         durable: int | None = None,
         executor: str | None = None,
+        shards: int | None = None,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
@@ -163,26 +174,19 @@ class AsyncQueue(AsyncFlowVerbs):
         ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
         ``expired`` by the claim that meets it. ``keep_logs``: the job keeps its newest
         ``keep_logs`` log lines (``add_log`` trims to it unless it names its own ``keep``)."""
-        return await self._pipe.run(  # sync: return self._x.run(
-            _p.enqueue(
-                self._k,
-                payload,
-                job_options(
-                    delay_ms,
-                    at_ms,
-                    group,
-                    id,
-                    dedup,
-                    dedup_ttl_ms,
-                    dedup_mode,
-                    priority,
-                    ttl_ms,
-                    keep_logs=keep_logs,
-                ),
-                replay_ms=replay_ms(self._x.retry_for),
-                minter=self._x.minter,
-            )
+        opts = job_options(
+            delay_ms,
+            at_ms,
+            group,
+            id,
+            dedup,
+            dedup_ttl_ms,
+            dedup_mode,
+            priority,
+            ttl_ms,
+            keep_logs=keep_logs,
         )
+        return await self._enqueue_job(payload, opts)
 
     async def _enqueue_job(self, payload: bytes | str, opts: JobOptions) -> Enqueued:
         """``enqueue`` with the job's options as one checked record (``Task.options``)."""
@@ -210,26 +214,19 @@ class AsyncQueue(AsyncFlowVerbs):
         """Enqueue many jobs in few round trips; one verdict per item, in input order.
         ``priority``: one priority for every job (0..2**21, lower runs first); ``ttl_ms``
         and ``keep_logs``: every job's expiry and log bound, as ``enqueue``."""
-        return await self._x.run(
-            _p.enqueue_many(
-                self._k,
-                items,
-                job_options(
-                    delay_ms,
-                    at_ms,
-                    group,
-                    None,
-                    None,
-                    None,
-                    "simple",
-                    priority,
-                    ttl_ms,
-                    keep_logs=keep_logs,
-                ),
-                replay_ms=replay_ms(self._x.retry_for),
-                minter=self._x.minter,
-            )
+        opts = job_options(
+            delay_ms,
+            at_ms,
+            group,
+            None,
+            None,
+            None,
+            "simple",
+            priority,
+            ttl_ms,
+            keep_logs=keep_logs,
         )
+        return await self._enqueue_many_job(items, opts)
 
     async def _enqueue_many_job(
         self, items: Iterable[bytes | str | tuple[str, bytes | str]], opts: JobOptions

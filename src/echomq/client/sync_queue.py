@@ -19,6 +19,8 @@ from echomq.client.executor import SyncExecutor
 from echomq.client.native import resolve_executor
 from echomq.client.queueopts import durable_replicas, replay_ms
 from echomq.client.renamed import renamed, respelled
+from echomq.client.shardkit import SHARDED
+from echomq.client.shards import _check
 from echomq.client.sync_flows import FlowVerbs
 from echomq.errors import EchoMQError, InvalidArgument, JobGone, StateError
 from echomq.protocol import calls as _p
@@ -63,7 +65,15 @@ class Queue(FlowVerbs):
             primary loads it (read once, at the first connect), else Lua; ``native``
             raises ``ExecutorUnavailable`` at the first call on a server without it.
             Default: the URL's ``executor=`` option, else ``ECHOMQ_EXECUTOR``, else auto.
+        shards: N > 1 returns a sharded queue of at least N shards (API.md "Sharded queues").
     """
+
+    def __new__(cls, name: str = "", *args: Any, shards: int | None = None, **kw: Any) -> Any:
+        # shards=N > 1: the sharded twin, registered by client/sync_sharded.py (no import
+        # cycle: echomq.queue imports both before any queue is made).
+        if shards is None or cls not in SHARDED or _check(name, shards) == 1:
+            return super().__new__(cls)
+        return super().__new__(SHARDED[cls])
 
     def __init__(
         self,
@@ -75,6 +85,7 @@ class Queue(FlowVerbs):
         retry_for: float = DEFAULT_RETRY_FOR,
         durable: int | None = None,
         executor: str | None = None,
+        shards: int | None = None,
     ) -> None:
         self._k = _p.Keys(name, max_payload)
         if client is not None and url is not None:
@@ -148,26 +159,19 @@ class Queue(FlowVerbs):
         ``ttl_ms``: not claimed within that long (server clock), the job is dead-lettered
         ``expired`` by the claim that meets it. ``keep_logs``: the job keeps its newest
         ``keep_logs`` log lines (``add_log`` trims to it unless it names its own ``keep``)."""
-        return self._x.run(
-            _p.enqueue(
-                self._k,
-                payload,
-                job_options(
-                    delay_ms,
-                    at_ms,
-                    group,
-                    id,
-                    dedup,
-                    dedup_ttl_ms,
-                    dedup_mode,
-                    priority,
-                    ttl_ms,
-                    keep_logs=keep_logs,
-                ),
-                replay_ms=replay_ms(self._x.retry_for),
-                minter=self._x.minter,
-            )
+        opts = job_options(
+            delay_ms,
+            at_ms,
+            group,
+            id,
+            dedup,
+            dedup_ttl_ms,
+            dedup_mode,
+            priority,
+            ttl_ms,
+            keep_logs=keep_logs,
         )
+        return self._enqueue_job(payload, opts)
 
     def _enqueue_job(self, payload: bytes | str, opts: JobOptions) -> Enqueued:
         """``enqueue`` with the job's options as one checked record (``Task.options``)."""
@@ -195,26 +199,19 @@ class Queue(FlowVerbs):
         """Enqueue many jobs in few round trips; one verdict per item, in input order.
         ``priority``: one priority for every job (0..2**21, lower runs first); ``ttl_ms``
         and ``keep_logs``: every job's expiry and log bound, as ``enqueue``."""
-        return self._x.run(
-            _p.enqueue_many(
-                self._k,
-                items,
-                job_options(
-                    delay_ms,
-                    at_ms,
-                    group,
-                    None,
-                    None,
-                    None,
-                    "simple",
-                    priority,
-                    ttl_ms,
-                    keep_logs=keep_logs,
-                ),
-                replay_ms=replay_ms(self._x.retry_for),
-                minter=self._x.minter,
-            )
+        opts = job_options(
+            delay_ms,
+            at_ms,
+            group,
+            None,
+            None,
+            None,
+            "simple",
+            priority,
+            ttl_ms,
+            keep_logs=keep_logs,
         )
+        return self._enqueue_many_job(items, opts)
 
     def _enqueue_many_job(
         self, items: Iterable[bytes | str | tuple[str, bytes | str]], opts: JobOptions

@@ -43,35 +43,41 @@ class Backlog:
 
 
 def backlogs(x: SyncExecutor, names: Sequence[str]) -> list[Backlog]:
-    """The backlog of each queue of ``names``, read in two pipelines (the snapshot, then the
-    due delayed jobs at the snapshot's server time)."""
-    return of_views(x, _inspect.snapshot(x, names, minutes=0))
+    """The backlog of each queue of ``names`` (a sharded queue's summed over its shards,
+    ``echomq.ops.sharded``), read in three pipelines (the shard lists, the snapshot, then
+    the due delayed jobs at the snapshot's server time)."""
+    from echomq.ops import sharded as _sharded
+
+    return of_views(x, _sharded.snapshot(x, names, minutes=0))
 
 
 def of_views(x: SyncExecutor, views: Sequence[_inspect.QueueView]) -> list[Backlog]:
     """The backlogs of snapshots already read (one more pipeline: the due delayed jobs)."""
     calls: list[Call[Any]] = []
     for v in views:
-        k = Keys(v.name)
-        calls.append(_cmd(("ZCOUNT", k.schedule, "-inf", v.now_ms), int))
-        calls.append(
-            _cmd(
-                ("ZRANGEBYSCORE", k.schedule, "-inf", v.now_ms, "WITHSCORES", "LIMIT", 0, 1),
-                list,
+        for shard in v.shards or [v]:  # a sharded queue (ops.sharded): each shard's
+            k = Keys(shard.name)
+            calls.append(_cmd(("ZCOUNT", k.schedule, "-inf", v.now_ms), int))
+            calls.append(
+                _cmd(
+                    ("ZRANGEBYSCORE", k.schedule, "-inf", v.now_ms, "WITHSCORES", "LIMIT", 0, 1),
+                    list,
+                )
             )
-        )
-    replies = x.pipeline(calls) if calls else []
+    replies = iter(x.pipeline(calls) if calls else [])
     out: list[Backlog] = []
-    for i, v in enumerate(views):
-        due_reply, first_reply = replies[2 * i], replies[2 * i + 1]
-        for r in (due_reply, first_reply):
-            if isinstance(r, Exception):
-                raise r
-        due = int(due_reply)
+    for v in views:
+        due = 0
         waited = [v.oldest_waiting_age_s] if v.oldest_waiting_age_s is not None else []
-        first = _inspect._member_score(first_reply)  # the earliest due: waited longest
-        if first is not None:
-            waited.append(max(0.0, (v.now_ms - first[1]) / 1000))
+        for _ in v.shards or [v]:
+            due_reply, first_reply = next(replies), next(replies)
+            for r in (due_reply, first_reply):
+                if isinstance(r, Exception):
+                    raise r
+            due += int(due_reply)
+            first = _inspect._member_score(first_reply)  # the earliest due: waited longest
+            if first is not None:
+                waited.append(max(0.0, (v.now_ms - first[1]) / 1000))
         waiting = v.counts.get("pending", 0)
         out.append(
             Backlog(

@@ -65,6 +65,8 @@ class QueueView:
     failed: list[int] = field(default_factory=list)
     lanes: list[LaneView] = field(default_factory=list)
     limit: int | None = None  # the queue-wide concurrency limit (PROTOCOL D24), None: none
+    # A sharded queue's view (echomq.ops.sharded): the sums, and here each shard's own view.
+    shards: list[QueueView] = field(default_factory=list)
 
     @property
     def oldest_waiting_age_s(self) -> float | None:
@@ -80,7 +82,7 @@ class QueueView:
         return (self.lease_deadline_ms - self.now_ms) / 1000
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "counts": self.counts,
             "paused": self.paused,
@@ -92,6 +94,9 @@ class QueueView:
             "failed_per_minute": self.failed,
             "lanes": [vars(lane) for lane in self.lanes],
         }
+        if self.shards:  # a sharded queue's breakdown; absent for a plain queue
+            out["shards"] = [v.as_dict() for v in self.shards]
+        return out
 
 
 def riding_out(

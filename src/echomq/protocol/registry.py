@@ -83,6 +83,8 @@ class WorkerInfo:
     # The data layouts it serves (echomq.client.layout); 0: not recorded (a worker before 0.6).
     layout: int = 0
     min_layout: int = 0
+    # Whether it serves every shard of a sharded queue (issue 43); False: shard 0 only.
+    shards: bool = False
 
     @property
     def layouts(self) -> str:
@@ -150,6 +152,7 @@ def _info(worker_id: str, raw: bytes | str, lapses_ms: int) -> WorkerInfo | None
             pool=int(e.get("pool", 0)),
             layout=int(e.get("layout", 0)),
             min_layout=int(e.get("min_layout", 0)),
+            shards=bool(e.get("shards", 0)),
         )
     except (ValueError, KeyError, TypeError, IndexError):
         return None  # an entry this version cannot read (a newer writer, a planted key)

@@ -110,6 +110,10 @@ class QueueLoop:
 
     keys: Keys
     lease_ms: int
+    logical: str = ""  # the logical queue of a shard (runtime.shardset); "": keys.name
+    # Asked for slots and found none: its ticket (0: not starved); the oldest ticket gets the
+    # next free slot (runtime.shardset.take_turn).
+    starved: int = 0
     inflight: dict[tuple[str, int], Running] = field(default_factory=dict)  # by (id, token)
     newest: dict[str, Running] = field(default_factory=dict)  # the latest run of each id
     settles: list[Settle] = field(default_factory=list)
@@ -178,14 +182,20 @@ class QueueLoop:
         """At worker start: the app's ``@app.periodic`` repeats of this queue (stale ones of
         the same app dropped, D19), its tasks' queue-wide ``rate_limit`` (D21) and the app's
         kept-history settings (``App(keep_completed=, keep_dead=)``, D25)."""
+        if self.logical and self.logical != self.keys.name:  # a shard > 0: kept history only
+            await self._keep(x, app)
+            return
         await x.run(app.sync_periodic(self.keys))
+        await self._keep(x, app)
+        for task in app.tasks.values():
+            if task.queue == self.keys.name and task.rate_limit is not None:
+                await x.call(_ctl.rate_limit(self.keys, *task.rate_limit))
+
+    async def _keep(self, x: AsyncExecutor, app: AppFace) -> None:
         if app.keep_completed is not None:
             await x.call(_p.keep_completed(self.keys, *app.keep_completed))
         if app.keep_dead is not None:
             await x.call(_p.keep_dead(self.keys, *app.keep_dead))
-        for task in app.tasks.values():
-            if task.queue == self.keys.name and task.rate_limit is not None:
-                await x.call(_ctl.rate_limit(self.keys, *task.rate_limit))
 
     async def push_back(self, x: AsyncExecutor, pushed: list[Settle], stats: WorkerStats) -> None:
         """Hand rate-limited jobs back without spending an attempt (``echomq.RateLimit``). A

@@ -84,6 +84,9 @@ class Registry:
             # Added in 0.6 (issue 39): readers before it ignore fields they do not know.
             "layout": _layout.LAYOUT,
             "min_layout": _layout.MIN_LAYOUT,
+            # Issue 43: this worker serves every shard of a sharded queue it serves (a
+            # producer refuses to shard a queue whose live workers all lack it).
+            "shards": 1,
         }
         self._seen: dict[tuple[str, int], int] = {}  # (id, token) -> server ms first seen
         self._server_ms = 0  # the last beat's server clock

@@ -87,6 +87,7 @@ from echomq.errors import (
 from echomq.ops import backlog as _backlog
 from echomq.ops import console as _console
 from echomq.ops import flowtree as _flowtree
+from echomq.ops import sharded as _sharded
 from echomq.ops import snapshots as _inspect
 from echomq.protocol import calls as _p
 from echomq.protocol import control as _ctl
@@ -201,7 +202,7 @@ def create_app(
 
     def overview_data() -> list[_inspect.QueueView]:
         return _inspect.riding_out(
-            st.x, lambda: _inspect.snapshot(st.x, st.names(), lanes=True, minutes=30), _RIDE_OUT_S
+            st.x, lambda: _sharded.snapshot(st.x, st.names(), lanes=True, minutes=30), _RIDE_OUT_S
         )
 
     def overview(request: Request) -> Response:
@@ -242,7 +243,7 @@ def create_app(
         if per not in PAGE_SIZES:
             raise InvalidArgument(f"per must be one of {', '.join(map(str, PAGE_SIZES))}")
         offset = _int_param(request, "offset", 0)
-        view = _inspect.snapshot(st.x, [name], lanes=True, minutes=30)[0]
+        view = _sharded.snapshot(st.x, [name], lanes=True, minutes=30)[0]  # a sharded one: sums
         st.sample(view)
         page = _inspect.page(st.x, k, state, offset, per, lane)
         if page.total and offset >= page.total:
@@ -347,7 +348,7 @@ def create_app(
 
     def charts_data(request: Request) -> dict[str, Any]:
         name = _queue_name(request)
-        view = _inspect.snapshot(st.x, [name], lanes=True, minutes=60)[0]
+        view = _sharded.snapshot(st.x, [name], lanes=True, minutes=60)[0]
         st.sample(view)
         minute = view.now_ms // 60_000
         with st._lock:
@@ -448,7 +449,7 @@ def create_app(
 
         from echomq import prometheus
 
-        views = _inspect.snapshot(st.x, st.names(), lanes=True, minutes=2)
+        views = _sharded.snapshot(st.x, st.names(), lanes=True, minutes=2)
         registry = CollectorRegistry(auto_describe=False)
         found = _backlog.of_views(st.x, views)  # the autoscaling gauges too
         registry.register(

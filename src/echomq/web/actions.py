@@ -333,6 +333,9 @@ def perform(
     from echomq.queue import Queue
 
     q = Queue(queue, client=client, retry_for=0)
+    n = len(q.shards())
+    if n > 1:  # a sharded queue (issue 43): its actions act on every shard, by id on the job's
+        q = Queue(queue, client=client, retry_for=0, shards=n)
     if job_id is not None:
         q._k.job(job_id)  # a malformed id is InvalidId (400) before the verb runs
         return JOB_TABLE[action].run(q, job_id, f, app)
