@@ -76,10 +76,10 @@ class AsyncShardFanout(AsyncQueue):
         subs = self._subs = [old.get(s) or self._sub(s) for s in names]
         return subs
 
-    async def _resolve(self) -> list[AsyncQueue]:
+    async def _resolve(self, fresh: bool = False) -> list[AsyncQueue]:
         """The shards: the cached list, read again once it is REFRESH_S old (another client
-        may have grown it), else the stored one (grown to N when shorter)."""
-        if self._subs is not None and time.monotonic() < self._fresh_until:
+        may have grown it) or when ``fresh``, else the stored one (grown to N when shorter)."""
+        if not fresh and self._subs is not None and time.monotonic() < self._fresh_until:
             return self._subs
         stored = await AsyncQueue.shards(self)
         if len(stored) < self._want:
@@ -90,8 +90,7 @@ class AsyncShardFanout(AsyncQueue):
     async def shards(self) -> list[str]:
         """The stored list of shard names (shard 0 first), read again (the cache follows it:
         another client may have grown it)."""
-        await self._resolve()
-        return [q.name for q in self._adopt(await AsyncQueue.shards(self))]
+        return [q.name for q in await self._resolve(fresh=True)]
 
     async def propose_shards(self, names: Sequence[str]) -> list[str]:
         """Shard 0's ``propose_shards``; the cache follows the stored list it returns."""

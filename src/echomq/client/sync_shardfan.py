@@ -66,10 +66,10 @@ class ShardFanout(Queue):
         subs = self._subs = [old.get(s) or self._sub(s) for s in names]
         return subs
 
-    def _resolve(self) -> list[Queue]:
+    def _resolve(self, fresh: bool = False) -> list[Queue]:
         """The shards: the cached list, read again once it is REFRESH_S old (another client
-        may have grown it), else the stored one (grown to N when shorter)."""
-        if self._subs is not None and time.monotonic() < self._fresh_until:
+        may have grown it) or when ``fresh``, else the stored one (grown to N when shorter)."""
+        if not fresh and self._subs is not None and time.monotonic() < self._fresh_until:
             return self._subs
         stored = Queue.shards(self)
         if len(stored) < self._want:
@@ -80,8 +80,7 @@ class ShardFanout(Queue):
     def shards(self) -> list[str]:
         """The stored list of shard names (shard 0 first), read again (the cache follows it:
         another client may have grown it)."""
-        self._resolve()
-        return [q.name for q in self._adopt(Queue.shards(self))]
+        return [q.name for q in self._resolve(fresh=True)]
 
     def propose_shards(self, names: Sequence[str]) -> list[str]:
         """Shard 0's ``propose_shards``; the cache follows the stored list it returns."""
