@@ -1,7 +1,8 @@
 """Issue 43: one logical queue with 1, 3 and 6 shards on a 3-primary cluster, server CPU per job.
 
     python bench/cluster_sharded.py [--jobs 30000] [--rounds 3] [--concurrency 50]
-                                    [--replicas 0] [--shards 1,3,6]
+                                    [--replicas 0] [--shards 1,3,6] [--handler-ms 0]
+                                    [--server-config NAME=VALUE ...] [--callgrind]
 
 Starts a local cluster of 3 primaries (``echomq.testing.EmbeddedCluster``; ``--replicas``
 per primary, none by default: a replica's work is not a primary's) and, per measurement,
@@ -23,12 +24,26 @@ with ``check() == []`` on every shard and completed == the jobs enqueued on it.
 
 On a small machine every primary and the worker share the same cores: jobs/s measures
 contention; the µs per job (server work per job, wherever it runs) is the figure that
-survives a loaded box.
+survives a loaded box. Two more ways to take the box out of the figure:
+
+- ``--handler-ms 10 --concurrency 1000``: each job sleeps 10 ms in an async handler, so the
+  total rate is set by the worker's slots (about the same for every N) and a shard holds
+  hundreds of jobs in flight, as a hot queue with real jobs does ("at the same total rate").
+- ``--callgrind``: every primary runs under ``valgrind --tool=callgrind`` and the figure is
+  the instructions each executes per logical job, which neither preemption nor cache
+  contention moves (the servers run 30-50 times slower: use fewer jobs, and read jobs/s as
+  nothing). ``INFO commandstats`` counts wall time inside a call, so on a box with more busy
+  processes than cores (N = 3: three servers and a worker on 2 cores) a preempted script is
+  charged for the wait; ``INFO cpu`` (process CPU) is not.
+
+``--server-config NAME=VALUE`` sets a server setting on every node
+(``--server-config zset-max-listpack-entries=16``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import signal
@@ -50,9 +65,15 @@ from echomq.client.shards import slot_of
 from echomq.testing import EmbeddedCluster
 
 APP = """
-import os, echomq
+import asyncio, os, echomq
 app = echomq.App()
-app.task(name="noop", queue=os.environ["SHARD_QUEUE"], inline=True)(lambda i: None)
+MS = float(os.environ.get("SHARD_HANDLER_MS", "0"))
+if MS:
+    @app.task(name="noop", queue=os.environ["SHARD_QUEUE"])
+    async def noop(i):
+        await asyncio.sleep(MS / 1000)
+else:
+    app.task(name="noop", queue=os.environ["SHARD_QUEUE"], inline=True)(lambda i: None)
 """
 PAYLOAD = b'{"task": "noop", "args": [0], "kwargs": {}}'
 
@@ -66,6 +87,47 @@ class Sample:
     placement: dict[str, int] = field(default_factory=dict)  # shard -> primary port
     fill_us: float = 0.0  # script µs per job of the enqueues, all primaries
     calls: float = 0.0  # top-level calls per job, all primaries
+    instr: dict[int, float] = field(default_factory=dict)  # primary port -> instructions/job
+
+
+class Instructions:
+    """The instructions each primary executes, its server running under callgrind: zeroed
+    before a measurement, dumped after it (``callgrind_control``)."""
+
+    def __init__(self, outdir: Path) -> None:
+        self.outdir = outdir
+        self.pids: dict[int, int] = {}  # primary port -> the pid of its valgrind
+
+    def wrapper(self) -> str:
+        """A server binary (for ``ECHOMQ_SERVER_BIN``) that runs the real one under callgrind."""
+        from echomq.server import find_binary
+
+        path = self.outdir / "server-under-callgrind"
+        path.write_text(
+            "#!/bin/sh\n"
+            f"exec valgrind --tool=callgrind --callgrind-out-file={self.outdir}/out.%p "
+            f'--dump-instr=no --collect-jumps=no {find_binary()} "$@"\n'
+        )
+        path.chmod(0o755)
+        return str(path)
+
+    def _control(self, flag: str) -> None:
+        for pid in self.pids.values():
+            subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True)
+
+    def zero(self, cluster: EmbeddedCluster) -> None:
+        self.pids = {n.port: n.proc.pid for n in cluster.primaries() if n.proc is not None}
+        self._control("-z")
+
+    def read(self) -> dict[int, int]:
+        """Each primary's instructions since :meth:`zero`."""
+        self._control("-d")
+        out = {}
+        for port, pid in self.pids.items():
+            newest = max(self.outdir.glob(f"out.{pid}.*"), key=lambda f: f.stat().st_mtime)
+            with newest.open() as f:
+                out[port] = next(int(x.split()[1]) for x in f if x.startswith("summary:"))
+        return out
 
 
 def _owners(cluster: EmbeddedCluster) -> dict[int, int]:
@@ -84,20 +146,30 @@ def _cpu_s(c: redis.Redis) -> float:
 
 
 def _measure(
-    cluster: EmbeddedCluster, base: str, n: int, total: int, concurrency: int, appdir: str
+    cluster: EmbeddedCluster,
+    base: str,
+    n: int,
+    total: int,
+    concurrency: int,
+    appdir: str,
+    handler_ms: float = 0.0,
+    instructions: Instructions | None = None,
 ) -> Sample:
     url = cluster.url
     owners = _owners(cluster)
     ports = sorted(node.port for node in cluster.primaries())
     admin = {p: redis.Redis(port=p) for p in ports}
     q = echomq.Queue(base, shards=n, url=url)  # n = 1: today's queue
-    env = {**os.environ, "ECHOMQ_URL": url, "PYTHONPATH": appdir, "SHARD_QUEUE": base}
+    env = {**os.environ, "ECHOMQ_URL": url, "PYTHONPATH": appdir, "SHARD_QUEUE": base,
+           "SHARD_HANDLER_MS": str(handler_ms)}  # fmt: skip
     cmd = [sys.executable, "-m", "echomq", "worker", "shardapp:app", "-q", base,
            "-c", str(concurrency), "--log-level", "ERROR"]  # fmt: skip
     proc = None
     try:
         for c in admin.values():
             c.execute_command("CONFIG", "RESETSTAT")
+        if instructions is not None:
+            instructions.zero(cluster)
         cpu0 = {p: _cpu_s(c) for p, c in admin.items()}
         for start in range(0, total, 5000):  # split by shard: the jobs' ids route them
             q.enqueue_many([PAYLOAD] * min(5000, total - start))
@@ -120,6 +192,8 @@ def _measure(
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         sample = Sample(n, total / elapsed, fill_us=fill_us)
+        if instructions is not None:
+            sample.instr = {p: v / total for p, v in instructions.read().items()}
         for p, c in admin.items():
             stats = c.info("commandstats")
             sample.script_us[p] = top_level_usec(stats) / total
@@ -166,7 +240,11 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace, be
         f"python bench/cluster_sharded.py --jobs {args.jobs} --rounds {args.rounds} "
         f"--concurrency {args.concurrency} --replicas {args.replicas} "
         f"--shards {','.join(map(str, args.shards))}"
+        + (f" --handler-ms {args.handler_ms:g}" if args.handler_ms else "")
+        + "".join(f" --server-config {kv}" for kv in args.server_config)
+        + (" --callgrind" if args.callgrind else "")
     )
+    jobs = f"jobs sleeping {args.handler_ms:g} ms" if args.handler_ms else "no-op jobs"
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [
         f"Command: `{cmd}`. {os.cpu_count()} cores, {platform.system()} "
@@ -174,7 +252,7 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace, be
         f"{_server_version(ports[0])}; load average at the end {load}; "
         f"{began} to {time.strftime('%H:%M UTC', time.gmtime())}, commit {_commit()}. "
         f"A cluster of 3 primaries "
-        f"({args.replicas} replica(s) each), {args.jobs:,} no-op jobs per measurement "
+        f"({args.replicas} replica(s) each), {args.jobs:,} {jobs} per measurement "
         f"(`enqueue_many`), one worker process serving every shard at `-c {args.concurrency}`.",
         "",
         "Server µs per logical job on each primary (A, B, C: the primaries in port order), "
@@ -211,6 +289,27 @@ def report(samples: list[Sample], ports: list[int], args: argparse.Namespace, be
             f"{ceil_script:,.0f}, {ceil_cpu:,.0f} ({base_script / busiest_script:.2f}x, "
             f"{base_cpu / busiest_cpu:.2f}x) |"
         )
+    if samples and samples[0].instr:
+        lines += [
+            "",
+            "Instructions per logical job on each primary (callgrind `Ir`: everything the "
+            "server process executed during the measurement, divided by the jobs), medians:",
+            "",
+            "| shards | instructions/job A / B / C | busiest, vs N=1 | sum, vs N=1 | calls/job |",
+            "|---:|---|---:|---:|---:|",
+        ]
+        base_busy = base_sum = 0.0
+        for n, group in sorted(by_n.items()):
+            per = [statistics.median(s.instr[p] for s in group) for p in ports]
+            busy = statistics.median(max(s.instr.values()) for s in group)
+            whole = statistics.median(sum(s.instr.values()) for s in group)
+            if not base_busy:
+                base_busy, base_sum = busy, whole
+            lines.append(
+                f"| {n} | {' / '.join(f'{v:,.0f}' for v in per)} | {busy:,.0f}, "
+                f"{busy / base_busy:.2f}x | {whole:,.0f}, {whole / base_sum:.2f}x | "
+                f"{statistics.median(s.calls for s in group):.3f} |"
+            )
     lines += [
         "",
         "Every measurement ended with `check() == []` on every shard and completed == the "
@@ -239,24 +338,60 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--replicas", type=int, default=0, help="replicas per primary")
     parser.add_argument(
+        "--handler-ms",
+        type=float,
+        default=0.0,
+        help="each job sleeps this long in an async handler (0: an inline no-op)",
+    )
+    parser.add_argument(
         "--shards", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6]
     )
+    parser.add_argument(
+        "--server-config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server setting for every node (repeatable)",
+    )
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="run the primaries under valgrind's callgrind and count instructions per job",
+    )
     args = parser.parse_args()
+    server_args: list[str] = []
+    for kv in args.server_config:
+        name, sep, value = kv.partition("=")
+        if not sep or not name:
+            parser.error(f"--server-config takes NAME=VALUE, not {kv!r}")
+        server_args += [f"--{name}", value]
     began = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     tmp = tempfile.mkdtemp(prefix="echomq-shardbench-")
     appdir = os.path.join(tmp, "app")
     os.makedirs(appdir)
     Path(appdir, "shardapp.py").write_text(APP)
-    cluster = EmbeddedCluster(Path(tmp, "cluster"), replicas=args.replicas).start()
+    instructions = None
+    if args.callgrind:
+        instructions = Instructions(Path(tmp))
+        os.environ["ECHOMQ_SERVER_BIN"] = instructions.wrapper()
+    cluster = EmbeddedCluster(Path(tmp, "cluster"), replicas=args.replicas, args=server_args)
+    cluster.start(timeout=120 if args.callgrind else 30)
     try:
         ports = sorted(node.port for node in cluster.primaries())
         samples: list[Sample] = []
         # A warm-up per N, not reported: every primary compiles the scripts on first use.
         for n in args.shards:
-            _measure(cluster, f"bench43-n{n}", n, 2_000, args.concurrency, appdir)
+            _measure(cluster, f"bench43-n{n}", n, 2_000, args.concurrency, appdir, args.handler_ms)
+        measure = functools.partial(
+            _measure,
+            concurrency=args.concurrency,
+            appdir=appdir,
+            handler_ms=args.handler_ms,
+            instructions=instructions,
+        )
         for r in range(args.rounds):
             for n in args.shards:
-                s = _measure(cluster, f"bench43-n{n}", n, args.jobs, args.concurrency, appdir)
+                s = measure(cluster, f"bench43-n{n}", n, args.jobs)
                 samples.append(s)
                 script = " / ".join(f"{s.script_us[p]:.1f}" for p in ports)
                 print(
