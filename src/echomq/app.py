@@ -33,7 +33,7 @@ from echomq.client.connect import (
     resolve_url,
     sync_client,
 )
-from echomq.client.shardkit import app_shards
+from echomq.client.shardkit import app_shards, task_rate
 from echomq.context import JobContext, current_job
 from echomq.errors import (
     EchoMQError,
@@ -275,6 +275,8 @@ class App:
                 pool=pool,
                 priority=priority,
             )
+            if t.rate_limit is not None and self.shards.get(t.queue, 1) > 1:
+                raise task_rate(task_name, t.queue)  # the worker would set it on shard 0 alone
             self.tasks[task_name] = t
             return t
 

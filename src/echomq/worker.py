@@ -226,24 +226,21 @@ class Worker:
         durable = self.app.durable if self.app.durable is not None else parse_url(url)[2]
         executor = resolve_executor(None, url)  # the URL's executor=, else ECHOMQ_EXECUTOR
         client = async_client(url)
-        self._x = AsyncExecutor(client, owned=True, durable=durable, executor=executor)
-        # Refuse a foreign deployment before taking any job.
-        await first_fence(self._x, lambda: self._stopping)
-        self.fenced = True
-        await name_connections(client, client_name(self.id))  # CLIENT LIST shows them
+        x = self._x = AsyncExecutor(client, owned=True, durable=durable, executor=executor)
         # Room for every slot's thread and every stranded one: a run never waits in the pool
         # behind a hung thread (its timeout and lease would run while it waits).
         threads = ThreadPoolExecutor(
             max_workers=self.concurrency + max(1, self.max_stranded),
             thread_name_prefix="echomq-job",
         )
-        self._runner.threads = threads
-        self._runner.reads = self._x  # a workflow step's read of its children's values
-        if self.registry.pool:
-            self.pool = self._runner.pool = ProcessPool(self.pool_size)
-            await self.pool.start(threads)
-        fresh = await self._shards.new_loops(self._x, self.app, self._finish)  # every shard
-        await self.hooks.call("on_startup", self)
+        try:
+            fresh = await self._start_up(x, client, threads)
+        except BaseException:  # a refused start leaves no connection, thread or child behind
+            if self.pool is not None:
+                self.pool.close()
+            threads.shutdown(wait=False, cancel_futures=True)
+            await x.close()
+            raise
         log_startup(
             log, self.app, self.queue_names, self.concurrency, _redacted_text(url),
             self._x.executor or "lua",
@@ -269,6 +266,24 @@ class Worker:
             extra=dataclasses.asdict(self.stats),
         )  # fmt: skip
         return self.stats
+
+    async def _start_up(
+        self, x: AsyncExecutor, client: Any, threads: ThreadPoolExecutor
+    ) -> list[QueueLoop]:
+        """Start-up before the first claim: the fence, the pool, a loop for every shard of
+        every queue served, the on_startup hooks. Returns the loops to start."""
+        # Refuse a foreign deployment before taking any job.
+        await first_fence(x, lambda: self._stopping)
+        self.fenced = True
+        await name_connections(client, client_name(self.id))  # CLIENT LIST shows them
+        self._runner.threads = threads
+        self._runner.reads = x  # a workflow step's read of its children's values
+        if self.registry.pool:
+            self.pool = self._runner.pool = ProcessPool(self.pool_size)
+            await self.pool.start(threads)
+        fresh = await self._shards.new_loops(x, self.app, self._finish)  # every shard
+        await self.hooks.call("on_startup", self)
+        return fresh
 
     def _start_loops(self, loops: list[QueueLoop]) -> None:
         for ql in loops:

@@ -318,3 +318,45 @@ def test_a_queue_whose_workers_all_serve_shard_0_only_is_not_sharded(
     with echomq.Queue(qname, url=url, shards=3) as sq3:
         sq3.enqueue(b"x")
         assert len(sq3.shards()) == 3
+
+
+@pytest.mark.parametrize("held", ["limit", "rate_limit"])
+def test_a_queue_with_a_queue_wide_limit_is_not_sharded(
+    url: str, r: redis.Redis, qname: str, held: str
+) -> None:
+    """A queue-wide limit or rate limit stored on a queue would bind shard 0 alone once it is
+    sharded: the first layout is refused (first use, reshard, the CLI; the script checks it
+    too, ``EMQSTATE limited``) and nothing is stored; cleared, the queue shards."""
+    from click.testing import CliRunner
+
+    from echomq.cli import main
+
+    with echomq.Queue(qname, url=url) as plain:
+        plain.enqueue(b"x")
+        if held == "limit":
+            plain.limit(4)
+        else:
+            plain.rate_limit(10, 1000)
+        before = snapshot(r, qname)
+        with pytest.raises(echomq.StateError, match=r"^EMQSTATE limited "):
+            plain.propose_shards([qname, f"{qname}.shard1.7"])
+        with (
+            echomq.Queue(qname, url=url, shards=3) as sq3,
+            pytest.raises(echomq.ShardsError, match="clear_rate_limit"),
+        ):
+            sq3.enqueue(b"y")
+        with echomq.Queue(qname, url=url, shards=3) as sq3, pytest.raises(echomq.ShardsError):
+            sq3.reshard(3)
+        res = CliRunner().invoke(main, ["--url", url, "reshard", qname, "3", "--create"])
+        assert res.exit_code != 0 and "queue-wide limit" in res.output, res.output
+        assert snapshot(r, qname) == before
+        assert r.hget(f"emq:{{{qname}}}:meta", "shards") is None
+        plain.limit(None)
+        plain.clear_rate_limit()
+    with echomq.Queue(qname, url=url, shards=3) as sq3:
+        sq3.enqueue(b"y")
+        assert len(sq3.shards()) == 3
+        names = sq3.shards()
+    echomq.Queue(names[0], url=url).limit(2)  # a limit per shard, by hand: growth keeps it
+    with echomq.Queue(qname, url=url, shards=3) as sq3:
+        assert len(sq3.reshard(4)) == 4

@@ -124,6 +124,9 @@ TOUR: list[tuple[str, dict[str, Any]]] = [
     ("reprocess_all", {"qi": 0, "state": "completed", "delay": LONG}),
     ("reassign", {"qi": 0, "n": 1, "g": "lb"}),
     ("weight_lane", {"qi": 0, "g": "la", "w": 2}),
+    ("limit_queue", {"qi": 1, "n": 2}),  # a limited queue's first layout: refused
+    ("layout", {"qi": 1, "n": 3, "grow": False}),
+    ("limit_queue", {"qi": 1, "n": None}),
     ("layout", {"qi": 0, "n": 3, "grow": False}),
     ("layout", {"qi": 0, "n": 2, "grow": False}),
     ("layout", {"qi": 0, "n": 4, "grow": True}),

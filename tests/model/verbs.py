@@ -246,14 +246,21 @@ class VerbRules:
     def layout(self: Any, qi: int, n: int, grow: bool) -> None:
         """``propose_shards`` (issue 43) stores a layout only when it extends the stored one
         (or nothing is stored and it names more than the queue); anything else leaves the
-        stored layout, which it answers either way. The jobs are untouched: a layout names
-        sub-queues, it moves nothing."""
+        stored layout, which it answers either way; the first layout of a queue with a
+        queue-wide limit or rate limit is refused (EMQSTATE limited). The jobs are untouched:
+        a layout names sub-queues, it moves nothing."""
         m, name = self.m(qi), self.names[qi]
         stored = m.layout or [name]
         proposal = (
             _shards.grow(name, stored, max(n, len(stored))) if grow else _shards.layout(name, n)
         )
         extends = len(proposal) > len(stored) and proposal[: len(stored)] == stored
+        if extends and m.layout is None and (m.limit is not None or m.rate is not None):
+            # A queue-wide limit or rate limit would bind shard 0 alone: refused, nothing
+            # stored (issue 43); a queue already sharded keeps any limit set by hand.
+            with pytest.raises(StateError, match=r"^EMQSTATE limited "):
+                self.q(qi).propose_shards(proposal)
+            return
         expected = proposal if extends else stored
         assert self.q(qi).propose_shards(proposal) == expected
         m.layout = expected if len(expected) > 1 else None

@@ -14,10 +14,11 @@ import logging
 import threading
 from typing import Any
 
+import pytest
 import worker_support
 
 from conftest import wait_for
-from echomq import App, current_job
+from echomq import App, ShardsError, Worker, current_job
 from echomq.client.shards import grow, layout
 from echomq.protocol.kernel import Keys
 from echomq.runtime.queueloop import QueueLoop
@@ -200,3 +201,29 @@ def test_testing_drain_waits_for_every_shard(make_app, qname) -> None:
     assert done.completed == 5 + 10 + 15 and done.dead == 0
     assert completed(app, shards) == [5, 10, 15]
     assert set(done.counts) == set(shards)
+
+
+def test_a_task_rate_limit_on_a_sharded_queue_is_refused(make_app, qname, r) -> None:
+    """A task's ``rate_limit=`` is set by the worker on its queue at start, which on a
+    sharded queue is shard 0 alone (the other shards would run unlimited): refused when the
+    app says the queue is sharded (at the decorator), and at worker start when the queue is
+    sharded on the server only; nothing is set on any shard."""
+    sharded = make_app(shards={qname: 3})
+    with pytest.raises(ShardsError, match="rate_limit_lane"):
+        sharded.task(queue=qname, name="limited", rate_limit=(5, 1000))(lambda: None)
+    assert "limited" not in sharded.tasks
+
+    app = make_app()
+    app.task(queue=qname, name="limited", rate_limit=(5, 1000))(lambda: None)
+    names = store(app, qname, layout(qname, 3))
+    clients = r.info("clients")["connected_clients"]
+    w = worker_support.InProcWorker(Worker(app, beat_ms=100))
+    w.thread.join(30)
+    assert not w.thread.is_alive()
+    w.loop.close()
+    assert isinstance(w.error, ShardsError) and "task 'limited'" in str(w.error), w.error
+    # A refused start closes what it opened (no connection left for the GC to find).
+    wait_for(lambda: r.info("clients")["connected_clients"] == clients)
+    for name in names:
+        assert app.queue(name).rate_limit_ttl() == 0
+        assert r.hget(f"emq:{{{name}}}:meta", "rate_max") is None

@@ -15,7 +15,7 @@ import click
 from echomq.cli._common import _CREATE, _existing, _fail, _run, main
 from echomq.client import shardkit
 from echomq.client import shards as _shards
-from echomq.errors import EchoMQError
+from echomq.errors import EchoMQError, StateError
 from echomq.protocol import calls as _p
 from echomq.protocol import registry as _registry
 
@@ -42,7 +42,14 @@ def reshard(ctx: click.Context, queue: str, n: int, create: bool) -> None:
             shardkit.serving(queue, _run(ctx, lambda: q._x.run(_registry.list_workers(q._k))))
     except EchoMQError as exc:
         _fail(str(exc))
-    after: list[str] = _run(ctx, lambda: q._x.run(_p.propose_shards(q._k, names)))
+
+    def propose() -> list[str]:
+        try:
+            return q._x.run(_p.propose_shards(q._k, names))
+        except StateError as exc:  # a queue-wide limit or rate limit: say what to clear
+            raise shardkit.as_limited(queue, exc) or exc from exc
+
+    after: list[str] = _run(ctx, propose)
     if after == stored:
         click.echo(f"{queue} has {len(after)} shards already")
     else:

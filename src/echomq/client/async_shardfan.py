@@ -20,6 +20,7 @@ from echomq.client.async_queue import AsyncQueue
 from echomq.client.autopipe import AutoPipe  # async-only
 from echomq.client.renamed import renamed, respelled
 from echomq.client.shardkit import (
+    as_limited,
     merge_ranked,
     order,
     ranked,
@@ -33,7 +34,7 @@ from echomq.client.shardkit import (
     union_workers,
 )
 from echomq.client.shards import _check, grow, shard_of
-from echomq.errors import InvalidArgument, ShardsError
+from echomq.errors import InvalidArgument, ShardsError, StateError
 from echomq.protocol import calls as _p
 from echomq.protocol import compose as _c
 from echomq.protocol import control as _ctl
@@ -84,8 +85,18 @@ class AsyncShardFanout(AsyncQueue):
         stored = await AsyncQueue.shards(self)
         if len(stored) < self._want:
             serving(self.name, await AsyncQueue.workers(self))
-            stored = await AsyncQueue.propose_shards(self, grow(self.name, stored, self._want))
+            stored = await self._propose(grow(self.name, stored, self._want))
         return self._adopt(stored)
+
+    async def _propose(self, names: Sequence[str]) -> list[str]:
+        """Shard 0's ``propose_shards``, its refusal of a queue with a queue-wide limit or
+        rate limit (``EMQSTATE limited``) raised as the ShardsError that says what to do."""
+        try:
+            return await AsyncQueue.propose_shards(self, names)
+        except StateError as exc:
+            if (refusal := as_limited(self.name, exc)) is not None:
+                raise refusal from exc
+            raise
 
     async def shards(self) -> list[str]:
         """The stored list of shard names (shard 0 first), read again (the cache follows it:
@@ -94,7 +105,7 @@ class AsyncShardFanout(AsyncQueue):
 
     async def propose_shards(self, names: Sequence[str]) -> list[str]:
         """Shard 0's ``propose_shards``; the cache follows the stored list it returns."""
-        return [q.name for q in self._adopt(await AsyncQueue.propose_shards(self, names))]
+        return [q.name for q in self._adopt(await self._propose(names))]
 
     async def reshard(self, n: int) -> list[str]:
         """Grow to ``n`` shards (decision 9): new jobs follow the new layout, queued ones stay

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from echomq import ids, keyspace
 from echomq.client.shards import _check
-from echomq.errors import InvalidArgument, ShardsError
+from echomq.errors import InvalidArgument, ShardsError, StateError
 from echomq.protocol.compose import FlowJob, Repeat
 from echomq.protocol.kernel import Call, Keys, _cmd, _payload
 from echomq.protocol.reads import _state_key
@@ -158,6 +158,32 @@ def refused(verb: str) -> ShardsError:
     return ShardsError(
         "a sharded queue has one event stream per shard (stream ids do not compare across "
         "them): read each with Queue(name).events() for each name of shards()"
+    )
+
+
+def limited(name: str) -> ShardsError:
+    """The ShardsError of sharding ``name`` while it has a queue-wide limit or rate limit
+    (``propose_shards`` refuses it, ``EMQSTATE limited``): a sharded queue has none, and the
+    one stored on the queue would bind shard 0 alone."""
+    return ShardsError(
+        f"{name!r} has a queue-wide limit or rate limit, which a sharded queue cannot keep "
+        "exact (it would bind shard 0 alone): clear it first (limit(None), "
+        "clear_rate_limit()), then shard the queue; use lane limits (limit_lane, "
+        "rate_limit_lane), or set one per shard by hand, after"
+    )
+
+
+def as_limited(name: str, exc: StateError) -> ShardsError | None:
+    """:func:`limited` when ``exc`` is ``propose_shards``'s ``EMQSTATE limited``, else None."""
+    return limited(name) if exc.reason.split(" ", 1)[0] == "limited" else None
+
+
+def task_rate(task: str, queue: str) -> ShardsError:
+    """The ShardsError of a task's ``rate_limit=`` on a sharded queue (the worker would set
+    it on shard 0 alone)."""
+    return ShardsError(
+        f"task {task!r}: rate_limit= on {queue!r}, a sharded queue, is refused: "
+        + _LIMIT.format(what="rate_limit", alt="rate limits (rate_limit_lane)")
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from echomq import keyspace
 from echomq.client.renamed import renamed, respelled
 from echomq.client.shardkit import (
+    as_limited,
     merge_ranked,
     order,
     ranked,
@@ -25,7 +26,7 @@ from echomq.client.shardkit import (
 )
 from echomq.client.shards import _check, grow, shard_of
 from echomq.client.sync_queue import Queue
-from echomq.errors import InvalidArgument, ShardsError
+from echomq.errors import InvalidArgument, ShardsError, StateError
 from echomq.protocol import calls as _p
 from echomq.protocol import compose as _c
 from echomq.protocol import control as _ctl
@@ -74,8 +75,18 @@ class ShardFanout(Queue):
         stored = Queue.shards(self)
         if len(stored) < self._want:
             serving(self.name, Queue.workers(self))
-            stored = Queue.propose_shards(self, grow(self.name, stored, self._want))
+            stored = self._propose(grow(self.name, stored, self._want))
         return self._adopt(stored)
+
+    def _propose(self, names: Sequence[str]) -> list[str]:
+        """Shard 0's ``propose_shards``, its refusal of a queue with a queue-wide limit or
+        rate limit (``EMQSTATE limited``) raised as the ShardsError that says what to do."""
+        try:
+            return Queue.propose_shards(self, names)
+        except StateError as exc:
+            if (refusal := as_limited(self.name, exc)) is not None:
+                raise refusal from exc
+            raise
 
     def shards(self) -> list[str]:
         """The stored list of shard names (shard 0 first), read again (the cache follows it:
@@ -84,7 +95,7 @@ class ShardFanout(Queue):
 
     def propose_shards(self, names: Sequence[str]) -> list[str]:
         """Shard 0's ``propose_shards``; the cache follows the stored list it returns."""
-        return [q.name for q in self._adopt(Queue.propose_shards(self, names))]
+        return [q.name for q in self._adopt(self._propose(names))]
 
     def reshard(self, n: int) -> list[str]:
         """Grow to ``n`` shards (decision 9): new jobs follow the new layout, queued ones stay

@@ -8,6 +8,9 @@
   ARGV[1] base            emq:{q}:
   ARGV[2] proposal        q,<shard 1>,...: names of [A-Za-z0-9._-]{1,128}, the first q, at most 256
   Returns the stored list after the call (q alone when nothing is stored)
+    | error EMQSTATE limited <q>: nothing is stored, the proposal shards the queue and it has
+    a queue-wide limit or rate limit (meta `limit`, `rate_max`): a sharded queue has none,
+    and the one stored would bind shard 0 alone; nothing written
   Flags: writes replay
 ]]
 --@include args
@@ -36,6 +39,8 @@ if stored then
   return stored
 end
 if #names > 1 then
+  local held = redis.call('HMGET', KEYS[1], 'limit', 'rate_max')
+  if held[1] or held[2] then return redis.error_reply('EMQSTATE limited ' .. name) end
   redis.call('HSET', KEYS[1], 'shards', proposal)
   return proposal
 end

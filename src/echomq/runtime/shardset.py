@@ -23,12 +23,21 @@ from collections.abc import Callable, Sequence
 
 from echomq._appface import AppFace
 from echomq.client.executor import AsyncExecutor
+from echomq.client.shardkit import task_rate
 from echomq.protocol import calls as _p
 from echomq.protocol.kernel import Keys
 from echomq.runtime.logfmt import warn_repeated
 from echomq.runtime.queueloop import QueueLoop
 
-__all__ = ["REREAD_S", "ShardSet", "kick_order", "lease_of", "logical_of", "take_turn"]
+__all__ = [
+    "REREAD_S",
+    "ShardSet",
+    "kick_order",
+    "lease_of",
+    "logical_of",
+    "refuse_task_rates",
+    "take_turn",
+]
 
 log = logging.getLogger("echomq.worker")
 
@@ -102,6 +111,8 @@ class ShardSet:
         new: list[tuple[str, str]] = []
         try:
             new = await self.read(x)
+            if starting:
+                refuse_task_rates(app, self.logical)
             for shard, name in new:
                 ql = QueueLoop(Keys(shard, **kw), lease_of(app, name), logical=name)
                 ql.finish = functools.partial(finish, ql)
@@ -120,6 +131,20 @@ class ShardSet:
             for shard, _ in new[len(fresh) :]:
                 self.logical.pop(shard, None)
         return fresh
+
+
+def refuse_task_rates(app: AppFace, logical: dict[str, str]) -> None:
+    """At start: a task's ``rate_limit=`` on a queue that has more than one shard is refused
+    (ShardsError, the worker does not start). The worker sets it on its queue when it starts
+    (``QueueLoop.register``), which on a sharded queue is shard 0 alone: the other shards
+    would run unlimited. ``App(shards=...)`` refuses it when the task is declared; this is
+    for a queue sharded on the server (``echomq reshard``) under an app that does not say so."""
+    count: dict[str, int] = {}
+    for name in logical.values():
+        count[name] = count.get(name, 0) + 1
+    for task in app.tasks.values():
+        if task.rate_limit is not None and count.get(task.queue, 1) > 1:
+            raise task_rate(task.name, task.queue)
 
 
 def lease_of(app: AppFace, logical: str) -> int:
