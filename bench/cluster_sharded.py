@@ -46,6 +46,7 @@ import argparse
 import functools
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
@@ -103,10 +104,11 @@ class Instructions:
         from echomq.server import find_binary
 
         path = self.outdir / "server-under-callgrind"
+        out = shlex.quote(f"{self.outdir}/out.%p")
         path.write_text(
             "#!/bin/sh\n"
-            f"exec valgrind --tool=callgrind --callgrind-out-file={self.outdir}/out.%p "
-            f'--dump-instr=no --collect-jumps=no {find_binary()} "$@"\n'
+            f"exec valgrind --tool=callgrind --callgrind-out-file={out} "
+            f'--dump-instr=no --collect-jumps=no {shlex.quote(find_binary())} "$@"\n'
         )
         path.chmod(0o755)
         return str(path)
@@ -379,19 +381,15 @@ def main() -> None:
     try:
         ports = sorted(node.port for node in cluster.primaries())
         samples: list[Sample] = []
+        measure = functools.partial(
+            _measure, concurrency=args.concurrency, appdir=appdir, handler_ms=args.handler_ms
+        )
         # A warm-up per N, not reported: every primary compiles the scripts on first use.
         for n in args.shards:
-            _measure(cluster, f"bench43-n{n}", n, 2_000, args.concurrency, appdir, args.handler_ms)
-        measure = functools.partial(
-            _measure,
-            concurrency=args.concurrency,
-            appdir=appdir,
-            handler_ms=args.handler_ms,
-            instructions=instructions,
-        )
+            measure(cluster, f"bench43-n{n}", n, 2_000)
         for r in range(args.rounds):
             for n in args.shards:
-                s = measure(cluster, f"bench43-n{n}", n, args.jobs)
+                s = measure(cluster, f"bench43-n{n}", n, args.jobs, instructions=instructions)
                 samples.append(s)
                 script = " / ".join(f"{s.script_us[p]:.1f}" for p in ports)
                 print(

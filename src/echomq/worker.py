@@ -233,34 +233,26 @@ class Worker:
             max_workers=self.concurrency + max(1, self.max_stranded),
             thread_name_prefix="echomq-job",
         )
-        try:
+        try:  # a refused start leaves no connection, thread or child behind either
             fresh = await self._start_up(x, client, threads)
-        except BaseException:  # a refused start leaves no connection, thread or child behind
-            if self.pool is not None:
-                self.pool.close()
-            threads.shutdown(wait=False, cancel_futures=True)
-            await x.close()
-            raise
-        log_startup(
-            log, self.app, self.queue_names, self.concurrency, _redacted_text(url),
-            self._x.executor or "lua",
-        )  # fmt: skip
-        announce = asyncio.ensure_future(self._supervised(self._announce))
-        background = self._background
-        background += [asyncio.ensure_future(self._supervised(self._beat)), announce]
-        self._start_loops(fresh)
-        try:
+            log_startup(
+                log, self.app, self.queue_names, self.concurrency, _redacted_text(url),
+                x.executor or "lua",
+            )  # fmt: skip
+            announce = asyncio.ensure_future(self._supervised(self._announce))
+            self._background += [asyncio.ensure_future(self._supervised(self._beat)), announce]
+            self._start_loops(fresh)
             await self._stop_event.wait()
             await self._shutdown()
             await cancel_tasks([announce])
             await self._unregister()
             await self.hooks.call("on_shutdown", self)
         finally:
-            await cancel_tasks(background)
+            await cancel_tasks(self._background)
             if self.pool is not None:
                 self.pool.close()
             threads.shutdown(wait=False, cancel_futures=True)
-            await self._x.close()
+            await x.close()
         log.info(
             "%s", stop_line(os.getpid(), self.stats, time.monotonic() - began),
             extra=dataclasses.asdict(self.stats),

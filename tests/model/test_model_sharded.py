@@ -117,9 +117,11 @@ def _spread(
     until ``until(homes)`` holds (minted ids are random: a fixed count leaves a shard empty
     now and then, (2/3)**12 of the time for 12 ids over 3 shards); their shards."""
     s = Steps(sm)
-    for i in range(n + 200):
+    for _ in range(n):
+        s.enqueue(qi=0, payload=b"x", group=None, delay=None, did=None, mode="simple")
+    for _ in range(200):
         homes = sm.placed(0, sm.live(0))
-        if i >= n and (until is None or until(homes)):
+        if until is None or until(homes):
             return homes
         s.enqueue(qi=0, payload=b"x", group=None, delay=None, did=None, mode="simple")
     raise AssertionError(f"200 more minted ids and still not placed as asked: {homes}")

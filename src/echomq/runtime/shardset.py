@@ -14,6 +14,7 @@ job lives in (its children, its batch and every by-id verb are there).
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import logging
@@ -139,9 +140,7 @@ def refuse_task_rates(app: AppFace, logical: dict[str, str]) -> None:
     (``QueueLoop.register``), which on a sharded queue is shard 0 alone: the other shards
     would run unlimited. ``App(shards=...)`` refuses it when the task is declared; this is
     for a queue sharded on the server (``echomq reshard``) under an app that does not say so."""
-    count: dict[str, int] = {}
-    for name in logical.values():
-        count[name] = count.get(name, 0) + 1
+    count = collections.Counter(logical.values())  # shards per logical queue
     for task in app.tasks.values():
         if task.rate_limit is not None and count.get(task.queue, 1) > 1:
             raise task_rate(task.name, task.queue)
